@@ -1,0 +1,182 @@
+"""faverify fuzz | repro | kernels."""
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from faverify.case import Case
+from faverify.cli import app
+from faverify.errors import EnvironmentProblem, UsageError
+
+stderr = Console(stderr=True)
+
+
+class Mode(str, Enum):
+    fwd = "fwd"
+    bwd = "bwd"
+    both = "both"
+
+
+def tolerance_from(factor: Optional[str], atol: Optional[str]):
+    from faverify.verdict import DEFAULT_ATOL, DEFAULT_FACTOR, Tolerance, parse_overrides
+    return Tolerance(factor=parse_overrides(factor, DEFAULT_FACTOR, "--factor"),
+                     atol=parse_overrides(atol, DEFAULT_ATOL, "--atol"))
+
+
+FactorOpt = Annotated[Optional[str], typer.Option(help="Allowed multiple of the baseline error: NUMBER or "
+                                                       "TENSOR=NUMBER,... (defaults out=2,lse=2,dq=3,dk=3,dv=3)")]
+AtolOpt = Annotated[Optional[str], typer.Option(help="Floor in units of u(dtype)*scale_T: NUMBER or TENSOR=NUMBER,... "
+                                                     "(default 1 for every tensor)")]
+DeviceOpt = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:INDEX | all")]
+
+
+class _Speed(ProgressColumn):
+    def render(self, task) -> Text:
+        return Text(f"{task.speed:6.1f} cases/s" if task.speed else "     - cases/s")
+
+
+def progress_bar() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _Speed(),
+                    TextColumn("failed {task.fields[failed]}"), TimeElapsedColumn(), console=stderr)
+
+
+def _progress_factory(progress: Progress, total: int):
+    def factory(name: str):
+        task = progress.add_task(name, total=total, failed=0)
+        failed = 0
+
+        def update(result) -> None:
+            nonlocal failed
+            failed += result.failed
+            progress.update(task, advance=1, failed=failed)
+        return update
+    return factory
+
+
+@app.command()
+def fuzz(
+    kernel: Annotated[str, typer.Option(help="Subjects, comma separated: built-in names or package.module:function")] = "sdpa-math",
+    iters: Annotated[int, typer.Option(help="Cases per kernel")] = 200,
+    seed: Annotated[int, typer.Option(help="Same seed, same cases")] = 0,
+    dtype: Annotated[str, typer.Option(help="Comma separated: bf16, fp16, fp32")] = "bf16,fp16",
+    mode: Annotated[Mode, typer.Option(help="Check the forward (out, lse), the backward (dq, dk, dv) or both")] = Mode.both,
+    device: DeviceOpt = "auto",
+    max_seqlen: Annotated[Optional[int], typer.Option(help="Longest seqlen drawn (default 256 on CPU, 2048 on GPU)")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the full results as JSON")] = None,
+    markdown: Annotated[Optional[Path], typer.Option(help="Write the report as Markdown")] = None,
+    factor: FactorOpt = None,
+    atol: AtolOpt = None,
+    gradcheck_every: Annotated[int, typer.Option(help="Finite-difference gradient check every N cases (0: never)")] = 25,
+    db: Annotated[Optional[Path], typer.Option(help="Hypothesis example database (failures found are tried first "
+                                                    "next time)")] = Path(".faverify/examples"),
+    no_db: Annotated[bool, typer.Option("--no-db", help="Use no example database")] = False,
+    shrink_budget: Annotated[int, typer.Option(help="Evaluations spent shrinking each distinct failure")] = 300,
+) -> int:
+    """Fuzz kernels against the FP64 reference; shrink each failure to a minimal case."""
+    from faverify import devices
+    from faverify.dtypes import parse_dtypes
+    from faverify.fuzz import FuzzPlan, run
+    from faverify.report import render
+    from faverify.strategies import limits_for
+    from faverify.subjects import resolve_many
+
+    if iters < 1:
+        raise UsageError("--iters", iters, "must be >= 1")
+    if gradcheck_every < 0:
+        raise UsageError("--gradcheck-every", gradcheck_every, "must be >= 0")
+    if max_seqlen is not None and max_seqlen < 1:
+        raise UsageError("--max-seqlen", max_seqlen, "must be >= 1")
+    if shrink_budget < 0:
+        raise UsageError("--shrink-budget", shrink_budget, "must be >= 0")
+    dtypes = parse_dtypes(dtype)
+    tolerance = tolerance_from(factor, atol)
+    subjects = resolve_many(kernel)  # unknown kernels fail here, before any work
+    targets = devices.resolve(device)
+    plan = FuzzPlan(iters=iters, seed=seed, dtypes=dtypes, limits=limits_for(targets[0].type, max_seqlen),
+                    database=None if no_db else db, gradcheck_every=gradcheck_every, shrink_budget=shrink_budget)
+    command = (f"fuzz --kernel {kernel} --iters {iters} --seed {seed} --dtype {','.join(dtypes)} "
+               f"--mode {mode.value} --device {device}" + (f" --max-seqlen {max_seqlen}" if max_seqlen else ""))
+    with progress_bar() as progress:
+        result = run([s.name for s in subjects], plan, targets[0], mode=mode.value, tolerance=tolerance,
+                     command=command, progress_factory=_progress_factory(progress, iters))
+    _write_outputs(result, json_path, markdown)
+    stderr.print(render(result, "table"), markup=False, highlight=False, soft_wrap=True)
+    return _exit_code(result)
+
+
+def _write_outputs(result, json_path: Optional[Path], markdown: Optional[Path]) -> None:
+    from faverify.report import render
+    if json_path:
+        result.write(json_path)
+    if markdown:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(render(result, "md"))
+
+
+def _exit_code(result) -> int:
+    if result.ran == 0:
+        reasons = {r for k in result.kernels for r in k["summary"]["skip_reasons"]}
+        raise EnvironmentProblem("no case ran: every case was skipped ("
+                                 + "; ".join(sorted(reasons)[:3]) + ")")
+    return 1 if result.failed else 0
+
+
+@app.command()
+def repro(
+    kernel: Annotated[str, typer.Option(help="The subject to run")],
+    case: Annotated[str, typer.Option(help="The case as JSON, or @FILE holding it")],
+    device: DeviceOpt = "auto",
+    mode: Annotated[Mode, typer.Option()] = Mode.both,
+    factor: FactorOpt = None,
+    atol: AtolOpt = None,
+) -> int:
+    """Run one case (as printed by fuzz) and print its error table."""
+    from faverify import devices
+    from faverify.report import METRIC_HEADERS, metrics_rows, table
+    from faverify.runner import evaluate
+    from faverify.subjects import resolve
+
+    text = case
+    if case.startswith("@"):
+        try:
+            text = Path(case[1:]).read_text()
+        except OSError as e:
+            raise UsageError("--case", case, f"cannot read the file ({e.strerror})") from None
+    the_case = Case.from_json(text)
+    subject = resolve(kernel)
+    target = devices.resolve(device)[0]
+    result = evaluate(subject, the_case, target, mode=mode.value, tolerance=tolerance_from(factor, atol))
+    stderr.print(f"{kernel} on {target}: {the_case.short()}", markup=False, highlight=False)
+    if result.metrics:
+        stderr.print(table(metrics_rows(result.metrics), METRIC_HEADERS, "table"), markup=False, highlight=False)
+    stderr.print(f"verdict: {result.status}" + (f" ({result.reason})" if result.reason else ""), markup=False,
+                 highlight=False)
+    if result.status == "skip":
+        raise EnvironmentProblem(f"the case was skipped: {result.reason}")
+    return 1 if result.failed else 0
+
+
+@app.command()
+def kernels() -> int:
+    """List the built-in subjects and what each supports."""
+    from faverify.report import table
+    from faverify.subjects import builtin_names, resolve
+
+    rows = []
+    for name in builtin_names():
+        try:
+            s = resolve(name)
+        except Exception as e:  # a subject that cannot load is listed with the reason
+            rows.append([name, "unavailable", "", "", "", "", f"{type(e).__name__}: {e}"])
+            continue
+        c = s.caps
+        rows.append([name, ",".join(c.dtypes), ",".join(c.devices), f"{c.min_head_dim}..{c.max_head_dim}",
+                     "yes" if c.gqa else "no", ",".join(c.init_modes) if c.init_modes else "n/a", s.description])
+    typer.echo(table(rows, ["kernel", "dtypes", "devices", "head dims", "GQA", "init", "description"], "table"))
+    return 0

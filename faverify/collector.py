@@ -1,0 +1,123 @@
+"""Aggregate case results into what the reports show: counts, error distributions, failures."""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from faverify.runner import CaseResult
+
+
+def repro_command(kernel: str, case_json: str, device: str = "") -> str:
+    dev = f" --device {device}" if device else ""
+    return f"faverify repro --kernel {kernel}{dev} --case '{case_json}'"
+
+
+@dataclass
+class Failure:
+    kernel: str
+    signature: str
+    first: CaseResult  # the case that found it
+    minimal: CaseResult  # after shrinking
+    occurrences: int = 1  # cases of the run that failed with this signature
+    shrink_steps: int = 0
+    note: str = ""
+
+    @property
+    def reproducer(self) -> str:
+        device = self.minimal.device.split(":")[0] if self.minimal.device else ""
+        return repro_command(self.kernel, self.minimal.case.to_json(), device)
+
+    def to_dict(self) -> dict:
+        return {"kernel": self.kernel, "signature": self.signature, "occurrences": self.occurrences,
+                "shrink_steps": self.shrink_steps, "note": self.note, "reproducer": self.reproducer,
+                "first": self.first.to_dict(), "minimal": self.minimal.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Failure":
+        return cls(kernel=d["kernel"], signature=d["signature"], first=CaseResult.from_dict(d["first"]),
+                   minimal=CaseResult.from_dict(d["minimal"]), occurrences=d["occurrences"],
+                   shrink_steps=d["shrink_steps"], note=d.get("note", ""))
+
+
+def _quantile(values: list, q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
+
+
+@dataclass
+class KernelStats:
+    kernel: str
+    counts: Counter = field(default_factory=Counter)  # status -> cases
+    skipped: Counter = field(default_factory=Counter)  # reason -> cases
+    series: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(list)))  # (dtype, tensor) -> stat -> values
+    gradchecks: dict = field(default_factory=lambda: defaultdict(list))  # dtype used -> GradCheck dicts
+    failures: list = field(default_factory=list)
+    per_device: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    def add(self, r: CaseResult) -> None:
+        self.counts[r.status] += 1
+        if r.device:
+            self.per_device[r.device] += 1
+        if r.status == "skip":
+            self.skipped[r.reason] += 1
+        for t, m in r.metrics.items():
+            s = self.series[(r.case.dtype, t)]
+            for stat in ("max_abs", "mean_abs", "rmse", "max_rel", "max_ulp", "ratio"):
+                s[stat].append(getattr(m, stat))
+            s["nan"].append(m.nan)
+            s["inf"].append(m.inf)
+            s["failed"].append(0 if m.passed else 1)
+            s["waived"].append(1 if m.waived else 0)
+        if r.gradcheck and not r.gradcheck["skipped"]:
+            self.gradchecks[r.gradcheck["dtype"]].append(r.gradcheck)
+        for f in self.failures:
+            if f.signature in r.signatures and r is not f.first:
+                f.occurrences += 1
+
+    @property
+    def cases(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def ran(self) -> int:
+        return self.cases - self.counts["skip"]
+
+    @property
+    def failed(self) -> int:
+        return self.counts["fail"] + self.counts["crash"] + self.counts["timeout"]
+
+    def stat_rows(self) -> list:
+        rows = []
+        for (dtype, tensor), s in sorted(self.series.items(), key=lambda kv: (kv[0][0], _ORDER[kv[0][1]])):
+            finite = [x for x in s["ratio"] if x == x]  # drop NaN (baseline non-finite)
+            rows.append({
+                "kernel": self.kernel, "dtype": dtype, "tensor": tensor, "cases": len(s["max_abs"]),
+                "failed": sum(s["failed"]), "waived": sum(s["waived"]), "max_abs": max(s["max_abs"]),
+                "mean_abs": sum(s["mean_abs"]) / len(s["mean_abs"]), "rmse_max": max(s["rmse"]),
+                "max_rel": max(s["max_rel"]), "max_ulp": max(s["max_ulp"]),
+                "nan": sum(s["nan"]), "inf": sum(s["inf"]),
+                "ratio_p50": _quantile(finite, 0.5), "ratio_p99": _quantile(finite, 0.99),
+                "ratio_max": max(finite) if finite else float("nan"),
+            })
+        return rows
+
+    def gradcheck_rows(self) -> list:
+        rows = []
+        for dtype, checks in sorted(self.gradchecks.items()):
+            rel = [c["rel_err"] for c in checks]
+            rows.append({"kernel": self.kernel, "dtype": dtype, "checks": len(checks),
+                         "failed": sum(not c["passed"] for c in checks), "rel_err_p50": _quantile(rel, 0.5),
+                         "rel_err_max": max(rel), "allowed": checks[0]["allowed"]})
+        return rows
+
+    def summary(self) -> dict:
+        return {"kernel": self.kernel, "cases": self.cases, "passed": self.counts["pass"], "failed": self.failed,
+                "crashed": self.counts["crash"], "timed_out": self.counts["timeout"], "skipped": self.counts["skip"],
+                "skip_reasons": dict(self.skipped.most_common()), "per_device": dict(self.per_device),
+                "seconds": self.seconds, "cases_per_second": self.cases / self.seconds if self.seconds else 0.0}
+
+
+_ORDER = {"out": 0, "lse": 1, "dq": 2, "dk": 3, "dv": 4}

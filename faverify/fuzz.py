@@ -1,0 +1,146 @@
+"""Drive Hypothesis over one subject: generate cases, steer toward large errors, shrink each distinct
+failure once, and keep going until --iters cases have run.
+
+Hypothesis stops at its first failure and shrinks it. A fuzz run should still report all its cases, so
+the loop restarts Hypothesis after each shrink with the found signature marked as known: a known
+signature is recorded and counted, but no longer stops the run. Distinct failures (per tensor and kind:
+"out:nan", "dq:tolerance", "crash") are each shrunk to a minimal case.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings, target
+from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import Flaky
+
+from faverify.case import Case
+from faverify.collector import Failure, KernelStats
+from faverify.runner import CaseResult
+from faverify.strategies import Limits, cases
+
+Evaluate = Callable[[Case, bool], CaseResult]  # (case, with gradient check) -> result
+
+
+@dataclass(frozen=True)
+class FuzzPlan:
+    iters: int
+    seed: int
+    dtypes: tuple
+    limits: Limits
+    database: Path | None  # Hypothesis example database; failures found once are tried first next time
+    gradcheck_every: int = 25  # 0: never
+    shrink_budget: int = 300  # evaluations spent shrinking one failure
+    shrink_seconds: float = 120.0
+
+
+class _Interesting(Exception):
+    """Raised inside the Hypothesis test for the failure being found or shrunk."""
+
+
+def fuzz_subject(kernel: str, plan: FuzzPlan, evaluate: Evaluate, stats: KernelStats,
+                 progress: Callable[[CaseResult], None] = lambda r: None) -> KernelStats:
+    start = time.perf_counter()
+    known: set = set()
+    generated = 0
+    rounds = 0
+    db = DirectoryBasedExampleDatabase(str(plan.database)) if plan.database else None
+    while generated < plan.iters:
+        state = {"target": None, "first": None, "best": None, "steps": 0, "t0": 0.0}
+
+        def run_one(case: Case) -> None:
+            if _interesting(case):
+                # one raise site: Hypothesis tells bugs apart by the line that raised
+                raise _Interesting(state["target"])
+
+        def _interesting(case: Case) -> bool:
+            nonlocal generated
+            if state["target"] is None:  # generating
+                if generated >= plan.iters:
+                    return False
+                gc = plan.gradcheck_every > 0 and generated % plan.gradcheck_every == 0
+                r = evaluate(case, gc)
+                generated += 1
+                stats.add(r)
+                progress(r)
+                for t, m in r.metrics.items():
+                    target(min(m.ratio, 1e6) if m.ratio == m.ratio else 0.0, label=f"{t} error ratio")
+                new = [s for s in r.signatures if s not in known]
+                if new:
+                    state.update(target=new[0], first=r, best=r, t0=time.perf_counter())
+                return bool(new)
+            # shrinking: only the same signature counts; past the budget, only the best case replays
+            best: CaseResult = state["best"]
+            if case == best.case:
+                return True
+            if (state["steps"] >= plan.shrink_budget
+                    or time.perf_counter() - state["t0"] > plan.shrink_seconds):
+                return False
+            state["steps"] += 1
+            r = evaluate(case, state["target"] == "gradcheck")
+            if state["target"] in r.signatures:
+                state["best"] = r
+                return True
+            return False
+
+        test = settings(
+            max_examples=max(1, plan.iters - generated), deadline=None, database=db,
+            suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, report_multiple_bugs=False,
+            phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
+            print_blob=False,
+        )(seed(plan.seed + rounds)(given(cases(dtypes=plan.dtypes, limits=plan.limits))(run_one)))
+        before = generated
+        note = ""
+        try:
+            test()
+        except _Interesting:
+            pass
+        except Flaky:
+            note = "flaky: the shrunk case did not fail again when replayed"
+        rounds += 1
+        if state["target"] is not None:
+            known.add(state["target"])
+            stats.failures.append(Failure(kernel=kernel, signature=state["target"], first=state["first"],
+                                          minimal=state["best"], shrink_steps=state["steps"], note=note))
+        elif generated == before or generated < plan.iters:
+            break  # Hypothesis ran out of distinct cases: nothing more to draw
+    stats.seconds += time.perf_counter() - start
+    return stats
+
+
+def run(kernels: list, plan: FuzzPlan, device, *, mode: str, tolerance, command: str,
+        progress_factory: Callable[[str], Callable[[CaseResult], None]] = lambda name: (lambda r: None)):
+    """Fuzz each kernel in turn on one device (in this process); returns the Run document.
+
+    KeyboardInterrupt stops the run early: what was measured so far is still returned, so nothing the
+    user asked to write is lost.
+    """
+    import torch
+
+    from faverify import env as environment
+    from faverify.results import Run
+    from faverify.runner import evaluate as evaluate_case
+    from faverify.subjects import resolve
+
+    device = torch.device(device)
+    all_stats, interrupted = [], False
+    for name in kernels:
+        subject = resolve(name)
+        stats = KernelStats(kernel=name)
+        all_stats.append(stats)
+
+        def evaluate(case: Case, gradcheck: bool, subject=subject) -> CaseResult:
+            return evaluate_case(subject, case, device, mode=mode, tolerance=tolerance, gradcheck=gradcheck)
+
+        try:
+            fuzz_subject(name, plan, evaluate, stats, progress_factory(name))
+        except KeyboardInterrupt:
+            interrupted = True
+            break
+    settings = {"kernels": ",".join(kernels), "iters": plan.iters, "seed": plan.seed, "dtypes": ",".join(plan.dtypes),
+                "mode": mode, "device": str(device), "max_seqlen": plan.limits.max_seqlen,
+                "gradcheck_every": plan.gradcheck_every, "interrupted": interrupted}
+    return Run.from_stats(command, environment.collect(), settings, tolerance.to_dict(), all_stats)

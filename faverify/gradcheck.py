@@ -1,0 +1,95 @@
+"""Finite-difference check of a subject's backward against its own forward.
+
+Comparing gradients with the FP64 reference says whether they are right; this says whether they are the
+derivative of what the subject's forward computes, which catches a backward that is consistent with the
+reference only by accident (a dk that misses the softmax scale where the forward also got it wrong).
+
+L(x) = sum(w * forward(x)) along a random direction e in (q, k, v):
+    analytic = <grad L, e>  (the subject's backward with grad_output w)
+    fd       = (L(x + h e) - L(x - h e)) / 2h
+In fp32 where the subject supports it; otherwise fp16, then bf16. Inputs are quantized to multiples of
+h and clamped so that x +- h e is exact in the dtype: the step is then exactly h, and the remaining
+error is the forward's own rounding, which sets the dtype's allowance below.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from faverify.case import Case
+from faverify.dtypes import TORCH
+from faverify.errors import Unsupported
+from faverify.inputs import make_inputs
+from faverify.subjects.base import Subject
+
+# step h, clamp |x| so that x +- h is exact in the dtype, allowed relative discrepancy
+_SETTINGS = {"fp32": (2.0**-10, 64.0, 1e-3), "fp16": (2.0**-6, 16.0, 0.05), "bf16": (2.0**-5, 3.9, 0.25)}
+
+
+@dataclass
+class GradCheck:
+    dtype: str
+    step: float
+    analytic: float
+    fd: float
+    rel_err: float  # |fd - analytic| / sum |grad| |e|
+    allowed: float
+    passed: bool
+    skipped: bool
+    reason: str
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck:
+    dtype = next((d for d in ("fp32", "fp16", "bf16") if d in subject.caps.dtypes), None)
+    if dtype is None or not subject.caps.backward:
+        return _skip(dtype or "-", "subject has no backward or no supported dtype")
+    h, clamp, allowed = _SETTINGS[dtype]
+    c = dataclasses.replace(case, dtype=dtype, regime="normal", layout="contiguous")
+    why = subject.unsupported(c, device)
+    if why:
+        return _skip(dtype, why)
+    x = make_inputs(c, device)
+    tdtype = TORCH[dtype]
+    g = torch.Generator(device=device).manual_seed(case.seed + 1)
+    base = [_quantize(t, h, clamp).to(tdtype) for t in x.tensors()]
+    direction = [(torch.randint(0, 2, t.shape, generator=g, device=device) * 2 - 1).to(tdtype) for t in base]
+    w = x.dout.to(torch.float64)
+
+    def loss(tensors, grad=False):
+        ins = [t.clone().requires_grad_(grad) for t in tensors]
+        out, _ = subject(*ins, c)
+        value = (out.to(torch.float64) * w).sum()
+        return value, ins, out
+
+    try:
+        _, ins, out = loss(base, grad=True)
+        grads = torch.autograd.grad(out, ins, x.dout.to(tdtype), allow_unused=True)
+        with torch.no_grad():
+            plus, _, _ = loss([t + h * e for t, e in zip(base, direction)])
+            minus, _, _ = loss([t - h * e for t, e in zip(base, direction)])
+    except (Unsupported, ValueError, NotImplementedError) as e:
+        return _skip(dtype, f"{type(e).__name__}: {e}")
+    grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(grads, base)]
+    analytic = sum((gr.double() * e.double()).sum() for gr, e in zip(grads, direction))
+    magnitude = sum((gr.double().abs()).sum() for gr in grads)
+    fd = (plus - minus) / (2 * h)
+    analytic, magnitude, fd = (float(t) for t in (analytic, magnitude, fd))
+    rel = abs(fd - analytic) / magnitude if magnitude > 0 else (0.0 if abs(fd) < 1e-12 else math.inf)
+    passed = math.isfinite(rel) and rel <= allowed
+    reason = "" if passed else (f"{dtype}: directional derivative of the forward {fd:.6g} vs backward "
+                                f"{analytic:.6g} (relative {rel:.3g} > {allowed:g})")
+    return GradCheck(dtype, h, analytic, fd, rel, allowed, passed, False, reason)
+
+
+def _quantize(t: torch.Tensor, h: float, clamp: float) -> torch.Tensor:
+    return (t.float() / h).round().clamp(-(clamp / h) + 1, clamp / h - 1) * h
+
+
+def _skip(dtype: str, reason: str) -> GradCheck:
+    return GradCheck(dtype, 0.0, 0.0, 0.0, 0.0, 0.0, True, True, reason)

@@ -1,0 +1,162 @@
+"""Error statistics of one tensor against the FP64 reference, and the verdict on it.
+
+All statistics of a case are computed on the device and moved to the host in one transfer: the fuzz
+loop runs thousands of cases and each host sync costs as much as a small kernel.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from faverify.verdict import Tolerance
+
+_STATS = ("max_abs", "mean_abs", "rmse", "ref_max", "max_ulp", "nan", "inf", "masked_bad",
+          "baseline_max_abs", "worst")
+
+
+@dataclass
+class TensorMetrics:
+    tensor: str
+    max_abs: float
+    mean_abs: float
+    rmse: float
+    max_rel: float  # max_abs / max|ref|
+    max_ulp: float  # in the tensor's own dtype, against the reference rounded to it (see _max_ulp)
+    nan: int  # NaN where the reference is finite
+    inf: int
+    masked_bad: int  # entries of rows that see no key that are not (out 0, lse -inf, dq 0)
+    baseline_max_abs: float
+    ratio: float  # max_abs / baseline_max_abs
+    scale: float
+    allowed: float
+    waived: bool  # ill-conditioned case: the tolerance was not applied (verdict.Tolerance.ill_conditioned)
+    worst_index: list  # index of the largest error, in the tensor's own shape
+    passed: bool
+    reason: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TensorMetrics":
+        return cls(**d)
+
+
+def measure(got: dict, ref: dict, base: dict, scales: dict, *, dtype: str, tolerance: Tolerance,
+            tensors: tuple[str, ...], masked_rows: torch.Tensor | None) -> dict:
+    """Metrics for each named tensor the subject produced. masked_rows: bool [sq], rows that see no key."""
+    rows, names = [], []
+    for name in tensors:
+        if got.get(name) is None:
+            continue
+        rows.append(_raw_stats(name, got[name], ref[name], base[name], masked_rows))
+        names.append(name)
+    if not rows:
+        return {}
+    scale_values = torch.stack([scales[n].to(torch.float64) for n in names])
+    logit = scales["logit"].to(torch.float64).expand(len(names))
+    host = torch.cat([torch.stack(rows).to(torch.float64), scale_values[:, None], logit[:, None]], dim=1).tolist()
+    result = {}
+    for name, values in zip(names, host):
+        s = dict(zip(_STATS, values[:-2]))
+        scale, max_logit = values[-2:]
+        worst = _unravel(int(s["worst"]), tuple(got[name].shape))
+        result[name] = _judge(name, s, scale, max_logit, worst, dtype, tolerance)
+    return result
+
+
+def _raw_stats(name, got, ref, base, masked_rows):
+    g = got.detach().to(torch.float64)
+    fin = torch.isfinite(ref)
+    gfin = torch.isfinite(g)
+    ok = fin & gfin
+    err = torch.where(ok, (g - ref).abs(), torch.zeros((), dtype=g.dtype, device=g.device))
+    n = fin.sum().clamp(min=1)
+    # a non-finite output where the reference is finite is the worst element there is
+    ranking = torch.where(fin & ~gfin, torch.full_like(err, math.inf), err)
+    b = base.to(torch.float64)
+    bfin = torch.isfinite(b)
+    base_err = torch.where(fin & bfin, (b - ref).abs(), torch.zeros_like(err)).amax() if err.numel() else err.sum()
+    base_err = torch.where(((fin & ~bfin).any()), torch.full_like(base_err, math.nan), base_err)
+    zero = err.sum() * 0
+    return torch.stack([
+        err.amax() if err.numel() else zero,
+        err.sum() / n,
+        (err.square().sum() / n).sqrt(),
+        torch.where(fin, ref.abs(), torch.zeros_like(ref)).amax() if ref.numel() else zero,
+        _max_ulp(got.detach(), ref, ok),
+        (fin & torch.isnan(g)).sum().to(g.dtype),
+        (fin & torch.isinf(g)).sum().to(g.dtype),
+        _masked_bad(name, g, masked_rows),
+        base_err,
+        ranking.reshape(-1).argmax().to(g.dtype) if err.numel() else zero,
+    ])
+
+
+def _masked_bad(name, g, masked_rows):
+    """Rows that see no key: out and dq must be 0, lse -inf (DESIGN.md)."""
+    if masked_rows is None or name not in ("out", "lse", "dq") or not bool(masked_rows.any()):
+        return g.new_zeros(())
+    if name == "lse":  # [b, h, sq]
+        sel = g[:, :, masked_rows]
+        return (sel != -math.inf).sum().to(g.dtype)
+    sel = g[:, masked_rows]  # [b, sq, h, d]
+    return (sel != 0).sum().to(g.dtype)
+
+
+def _ordered(t: torch.Tensor) -> torch.Tensor:
+    """Map float bits to integers that count representable values in order (ULP distances)."""
+    bits = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
+            torch.float64: torch.int64}[t.dtype]
+    i = t.contiguous().view(bits).to(torch.int64)
+    low = torch.iinfo(bits).min
+    return torch.where(i < 0, low - i, i)
+
+
+_ULP_FLOOR = 2.0**-10  # relative to max|ref|
+
+
+def _max_ulp(got, ref, ok):
+    """ULP distance over the entries whose reference is at least 2^-10 of the tensor's largest: near zero
+    the representable values crowd together and a harmless 1e-9 error counts thousands of ULPs."""
+    if got.numel() == 0:
+        return ref.new_zeros(())
+    d = (_ordered(got) - _ordered(ref.to(got.dtype))).abs()
+    a = torch.where(ok, ref.abs(), torch.zeros_like(ref))
+    significant = ok & (a >= _ULP_FLOOR * a.amax())
+    return torch.where(significant, d, torch.zeros_like(d)).amax().to(torch.float64)
+
+
+def _unravel(flat: int, shape: tuple) -> list:
+    index = []
+    for dim in reversed(shape):
+        index.append(flat % dim if dim else 0)
+        flat //= dim if dim else 1
+    return index[::-1]
+
+
+def _judge(name, s, scale, logit, worst, dtype, tolerance) -> TensorMetrics:
+    # lse is float32, but its floor follows the inputs' dtype, as its baseline does
+    base = s["baseline_max_abs"]
+    allowed = tolerance.allowed(name, dtype, base, scale, logit)
+    reasons = []
+    if s["nan"]:
+        reasons.append(f"{int(s['nan'])} NaN where the reference is finite")
+    if s["inf"]:
+        reasons.append(f"{int(s['inf'])} Inf where the reference is finite")
+    if s["masked_bad"]:
+        want = "-inf" if name == "lse" else "0"
+        reasons.append(f"{int(s['masked_bad'])} entries of rows that see no key are not {want}")
+    waived = name != "lse" and tolerance.ill_conditioned(logit)
+    if s["max_abs"] > allowed and not waived:
+        reasons.append(f"max error {s['max_abs']:.3g} > allowed {allowed:.3g}")
+    ratio = s["max_abs"] / base if base > 0 else (0.0 if s["max_abs"] == 0 else math.inf)
+    return TensorMetrics(
+        tensor=name, max_abs=s["max_abs"], mean_abs=s["mean_abs"], rmse=s["rmse"],
+        max_rel=s["max_abs"] / s["ref_max"] if s["ref_max"] > 0 else (0.0 if s["max_abs"] == 0 else math.inf),
+        max_ulp=s["max_ulp"], nan=int(s["nan"]), inf=int(s["inf"]), masked_bad=int(s["masked_bad"]),
+        baseline_max_abs=base, ratio=ratio, scale=scale, allowed=allowed, waived=waived, worst_index=worst,
+        passed=not reasons, reason="; ".join(reasons),
+    )

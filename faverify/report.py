@@ -1,0 +1,122 @@
+"""Render a run as terminal tables or GitHub-flavored Markdown (pipe tables, numbers right-aligned)."""
+from __future__ import annotations
+
+import math
+
+from tabulate import tabulate
+
+from faverify.collector import Failure
+from faverify.env import header_lines
+from faverify.results import Run
+
+TABLE_FORMAT = {"table": "simple", "md": "github"}
+
+
+def num(x) -> float:
+    """Numbers as stored in run files, where NaN and Inf are strings."""
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def fmt(x, spec: str = ".3g") -> str:
+    v = num(x)
+    if math.isnan(v):
+        return "-"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return format(v, spec)
+
+
+def ratio(x) -> str:
+    v = num(x)
+    return fmt(v, ".2f") if math.isnan(v) or math.isinf(v) or v < 1e4 else fmt(v, ".3g")
+
+
+def table(rows: list, headers: list, style: str) -> str:
+    if not rows:
+        return "(none)"
+    return tabulate(rows, headers=headers, tablefmt=TABLE_FORMAT[style], numalign="right", stralign="left",
+                    disable_numparse=True)
+
+
+def _heading(text: str, style: str, level: int = 2) -> str:
+    return f"{'#' * level} {text}" if style == "md" else f"== {text} =="
+
+
+def metrics_rows(metrics: dict) -> list:
+    rows = []
+    for t, m in metrics.items():
+        m = m if isinstance(m, dict) else m.to_dict()
+        rows.append([t, fmt(m["max_abs"]), fmt(m["baseline_max_abs"]), ratio(m["ratio"]), fmt(m["allowed"]),
+                     fmt(m["max_ulp"], ".0f"), str(m["nan"]), str(m["inf"]), str(m["masked_bad"]),
+                     str(m["worst_index"]),
+                     ("pass" if m["passed"] else "FAIL") + (" (waived: ill-conditioned)" if m["waived"] else "")])
+    return rows
+
+
+METRIC_HEADERS = ["tensor", "max err", "baseline err", "ratio", "allowed", "max ulp", "nan", "inf",
+                  "masked bad", "worst index", "verdict"]
+
+
+def failure_block(f: Failure, style: str) -> str:
+    m = f.minimal
+    lines = [f"{f.kernel}: {f.signature} ({f.occurrences} case(s); shrunk in {f.shrink_steps} steps)"
+             + (f"; {f.note}" if f.note else ""),
+             f"minimal case: {m.case.short()}",
+             f"reason: {m.reason}"]
+    block = "\n".join(("- " + line) if style == "md" else line for line in lines)
+    parts = [block]
+    if style == "md":
+        parts.append(f"```json\n{m.case.to_json()}\n```")
+    else:
+        parts.append(m.case.to_json())
+    if m.metrics:
+        parts.append(table(metrics_rows(m.metrics), METRIC_HEADERS, style))
+    parts.append(("reproduce: `" + f.reproducer + "`") if style == "md" else "reproduce: " + f.reproducer)
+    return "\n\n".join(parts) if style == "md" else "\n".join(parts)
+
+
+def render(run: Run, style: str = "table") -> str:
+    out = [_heading("faverify " + run.command, style, 1)]
+    env = header_lines(run.environment)
+    out.append("\n".join(("- " + line) if style == "md" else line for line in env))
+    settings = ", ".join(f"{k}={v}" for k, v in run.settings.items())
+    out.append(("- " if style == "md" else "") + f"settings: {settings}")
+    out.append(("- " if style == "md" else "") + f"tolerance: {run.tolerance.get('rule', '')}")
+
+    out.append(_heading("Summary", style))
+    rows = []
+    for k in run.kernels:
+        s = k["summary"]
+        verdict = "FAIL" if s["failed"] else ("nothing ran" if s["cases"] == s["skipped"] else "pass")
+        rows.append([s["kernel"], str(s["cases"]), str(s["passed"]), str(s["failed"]), str(s["crashed"]),
+                     str(s["timed_out"]), str(s["skipped"]), fmt(s["seconds"], ".1f"),
+                     fmt(s["cases_per_second"], ".1f"), verdict])
+    out.append(table(rows, ["kernel", "cases", "passed", "failed", "crashed", "timed out", "skipped", "seconds",
+                            "cases/s", "verdict"], style))
+
+    out.append(_heading("Error statistics (against FP64; ratio = max err / naive same-dtype max err)", style))
+    rows = [[r["kernel"], r["dtype"], r["tensor"], str(r["cases"]), str(r["failed"]), str(r["waived"]), fmt(r["max_abs"]),
+             fmt(r["mean_abs"]), fmt(r["max_rel"]), fmt(r["max_ulp"], ".0f"), str(r["nan"]), str(r["inf"]),
+             ratio(r["ratio_p50"]), ratio(r["ratio_p99"]), ratio(r["ratio_max"])]
+            for k in run.kernels for r in k["stats"]]
+    out.append(table(rows, ["kernel", "dtype", "tensor", "cases", "failed", "waived", "max err", "mean err", "max rel",
+                            "max ulp", "nan", "inf", "ratio p50", "ratio p99", "ratio max"], style))
+
+    out.append(_heading("Gradient checks (finite differences of the subject's own forward)", style))
+    rows = [[r["kernel"], r["dtype"], str(r["checks"]), str(r["failed"]), fmt(r["rel_err_p50"]),
+             fmt(r["rel_err_max"]), fmt(r["allowed"])] for k in run.kernels for r in k["gradcheck"]]
+    out.append(table(rows, ["kernel", "dtype", "checks", "failed", "rel err p50", "rel err max", "allowed"], style))
+
+    skipped = [[k["summary"]["kernel"], str(n), reason] for k in run.kernels
+               for reason, n in k["summary"]["skip_reasons"].items()]
+    if skipped:
+        out.append(_heading("Skipped cases", style))
+        out.append(table(skipped[:40], ["kernel", "cases", "reason"], style))
+
+    failures = run.failures()
+    out.append(_heading(f"Failures ({len(failures)})", style))
+    out.extend(failure_block(f, style) for f in failures) if failures else out.append("none")
+    return "\n\n".join(out) + "\n"

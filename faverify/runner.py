@@ -1,0 +1,158 @@
+"""Evaluate one case on one subject: inputs -> subject -> FP64 reference and baseline -> metrics -> verdict.
+
+evaluate() never raises for anything the subject does: an unsupported case is a skip with the reason,
+any other exception in the subject is a failing case with its message. Only our own bugs propagate.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from faverify.case import Case
+from faverify.errors import Unsupported
+from faverify.inputs import Inputs, make_inputs
+from faverify.metrics import TensorMetrics, measure
+from faverify.reference import naive, reference
+from faverify.subjects.base import Subject
+from faverify.verdict import Tolerance
+
+MODES = {"fwd": ("out", "lse"), "bwd": ("dq", "dk", "dv"), "both": ("out", "lse", "dq", "dk", "dv")}
+STATUSES = ("pass", "fail", "skip", "crash", "timeout")
+
+
+@dataclass
+class CaseResult:
+    kernel: str
+    case: Case
+    status: str  # one of STATUSES; crash and timeout come from the worker (isolation.py)
+    reason: str = ""
+    metrics: dict = field(default_factory=dict)  # tensor -> TensorMetrics
+    signatures: list = field(default_factory=list)  # e.g. ["out:tolerance", "dq:nan"]; empty unless failing
+    gradcheck: dict | None = None  # gradcheck.GradCheck.to_dict()
+    seconds: float = 0.0
+    device: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("fail", "crash", "timeout")
+
+    def to_dict(self) -> dict:
+        return {"kernel": self.kernel, "case": self.case.to_dict(), "status": self.status, "reason": self.reason,
+                "metrics": {k: m.to_dict() for k, m in self.metrics.items()}, "signatures": list(self.signatures),
+                "gradcheck": self.gradcheck, "seconds": self.seconds, "device": self.device}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CaseResult":
+        return cls(kernel=d["kernel"], case=Case.from_dict(d["case"]), status=d["status"], reason=d["reason"],
+                   metrics={k: TensorMetrics.from_dict(m) for k, m in d["metrics"].items()},
+                   signatures=list(d["signatures"]), gradcheck=d.get("gradcheck"), seconds=d["seconds"],
+                   device=d.get("device", ""))
+
+
+def failure(kernel: str, case: Case, status: str, reason: str, signature: str, device: str = "") -> CaseResult:
+    return CaseResult(kernel=kernel, case=case, status=status, reason=reason, signatures=[signature], device=device)
+
+
+def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: str = "both",
+             tolerance: Tolerance | None = None, gradcheck: bool = False) -> CaseResult:
+    device = torch.device(device)
+    tolerance = tolerance or Tolerance()
+    start = time.perf_counter()
+    result = _evaluate(subject, case, device, mode, tolerance)
+    if gradcheck and result.status == "pass":
+        from faverify.gradcheck import directional
+        result.gradcheck = directional(subject, case, device).to_dict()
+        if not result.gradcheck["passed"] and not result.gradcheck["skipped"]:
+            result.status = "fail"
+            result.reason = "gradient check: " + result.gradcheck["reason"]
+            result.signatures = ["gradcheck"]
+    result.seconds = time.perf_counter() - start
+    result.device = str(device)
+    return result
+
+
+def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tolerance: Tolerance) -> CaseResult:
+    name = subject.name
+    reason = subject.unsupported(case, device)
+    backward = mode != "fwd"
+    if reason is None and backward and not subject.caps.backward:
+        reason = "subject has no backward"
+    if reason:
+        return CaseResult(name, case, "skip", reason)
+
+    x = make_inputs(case, device, requires_grad=backward)
+    try:
+        out, lse = subject(x.q, x.k, x.v, case)
+    except (Unsupported, ValueError, NotImplementedError) as e:
+        return CaseResult(name, case, "skip", f"{type(e).__name__}: {e}")
+    except Exception as e:  # the subject's failure, recorded with its message
+        return failure(name, case, "fail", f"forward raised {type(e).__name__}: {e}", f"error:{type(e).__name__}")
+    problem = _check_outputs(case, x.q, out, lse)
+    if problem:
+        return failure(name, case, "fail", problem, "contract")
+
+    got = {"out": out, "lse": lse}
+    if backward:
+        if not out.requires_grad:
+            return CaseResult(name, case, "skip", "the subject's output has no autograd graph (no backward)")
+        try:
+            grads = torch.autograd.grad(out, (x.q, x.k, x.v), x.dout, allow_unused=True)
+        except Exception as e:
+            return failure(name, case, "fail", f"backward raised {type(e).__name__}: {e}", f"error:{type(e).__name__}")
+        for gname, grad, inp in zip(("dq", "dk", "dv"), grads, (x.q, x.k, x.v)):
+            got[gname] = grad if grad is not None else torch.zeros_like(inp)
+
+    metrics = compare(case, x, got, tolerance, MODES[mode])
+    signatures = [f"{t}:{_kind(m)}" for t, m in metrics.items() if not m.passed]
+    if signatures:
+        reason = "; ".join(f"{t}: {m.reason}" for t, m in metrics.items() if not m.passed)
+        return CaseResult(name, case, "fail", reason, metrics, signatures)
+    return CaseResult(name, case, "pass", "", metrics)
+
+
+def compare(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple) -> dict:
+    """Judge a subject's tensors (any of out, lse, dq, dk, dv) for `case` against the FP64 reference."""
+    q, k, v = (t.detach() for t in x.tensors())
+    backward = any(got.get(t) is not None for t in ("dq", "dk", "dv"))
+    dout = x.dout if backward else None
+    with torch.no_grad():
+        ref, scales = reference(q, k, v, dout, causal=case.causal, scale=case.scale)
+        base = naive(q, k, v, dout, causal=case.causal, scale=case.scale)
+        rows = torch.arange(case.seqlen_q, device=q.device)
+        if case.seqlen_k == 0:
+            masked = torch.ones_like(rows, dtype=torch.bool)
+        elif case.causal:
+            masked = rows + case.seqlen_k - case.seqlen_q + 1 <= 0
+        else:
+            masked = torch.zeros_like(rows, dtype=torch.bool)
+        return measure(got, ref, base, scales, dtype=case.dtype, tolerance=tolerance, tensors=tensors,
+                       masked_rows=masked)
+
+
+def _kind(m: TensorMetrics) -> str:
+    if m.nan:
+        return "nan"
+    if m.inf:
+        return "inf"
+    if m.masked_bad:
+        return "masked-rows"
+    return "tolerance"
+
+
+def _check_outputs(case: Case, q: torch.Tensor, out, lse) -> str | None:
+    """The calling convention (DESIGN.md): out like q, lse [b, h, seqlen_q] float32."""
+    if not isinstance(out, torch.Tensor):
+        return f"out is {type(out).__name__}, expected a tensor"
+    if tuple(out.shape) != tuple(q.shape):
+        return f"out has shape {tuple(out.shape)}, expected {tuple(q.shape)} ([b, s, h, d])"
+    if out.dtype != q.dtype:
+        return f"out has dtype {out.dtype}, expected the input dtype {q.dtype}"
+    if lse is not None:
+        want = (case.batch, case.nheads, case.seqlen_q)
+        if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != want:
+            return f"lse has shape {tuple(getattr(lse, 'shape', ()))}, expected {want} ([b, h, seqlen_q])"
+        if lse.dtype != torch.float32:
+            return f"lse has dtype {lse.dtype}, expected torch.float32"
+    return None

@@ -1,0 +1,90 @@
+"""Hypothesis strategies that draw Cases.
+
+Every strategy shrinks toward the simplest case that still fails: batch 1, one head, no GQA, seqlen 1,
+the first head dim of HEAD_DIMS, regime "normal", layout "contiguous", init "-inf", default scale,
+seed 0. Sequence lengths come from block-boundary values most of the time (where tail handling breaks)
+and from the whole range otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+from faverify.case import DTYPES, INITS, LAYOUTS, MAX_HEAD_DIM, REGIMES, Case
+from faverify.errors import UsageError
+
+# Block boundaries of common tile sizes (16..128) and their neighbours, odd lengths, one-row cases.
+SEQLENS = (1, 2, 17, 63, 64, 65, 113, 127, 128, 129, 203, 255, 256, 257, 383, 511, 512, 513,
+           1000, 1023, 1024, 1025, 2047, 2048)
+# Powers of two and the non-powers real models use (40, 72, 80, 96, 160, 192).
+HEAD_DIMS = (16, 32, 40, 64, 72, 80, 96, 128, 160, 192, 256)
+GROUPS = (1, 2, 4, 8)  # query heads per kv head: 1 is MHA, the rest GQA, nheads_k == 1 is MQA
+SCALES = (None, 1e-3, 2.0)  # default d^-0.5, tiny (near-uniform attention), large (sharp attention)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Largest shapes drawn; they follow the device so a CPU run stays quick."""
+
+    max_seqlen: int
+    max_batch: int
+    max_heads: int
+    max_elements: int  # cap on batch * seqlen * nheads * head_dim of the largest of q, k
+
+    def __post_init__(self) -> None:
+        for name in ("max_seqlen", "max_batch", "max_heads", "max_elements"):
+            if getattr(self, name) < 1:
+                raise UsageError(name.replace("_", "-"), getattr(self, name), "must be >= 1")
+
+
+CPU_LIMITS = Limits(max_seqlen=256, max_batch=2, max_heads=4, max_elements=1 << 17)
+GPU_LIMITS = Limits(max_seqlen=2048, max_batch=4, max_heads=16, max_elements=1 << 22)
+
+
+def limits_for(device_type: str, max_seqlen: int | None = None) -> Limits:
+    base = GPU_LIMITS if device_type == "cuda" else CPU_LIMITS
+    if max_seqlen is None:
+        return base
+    return Limits(max_seqlen, base.max_batch, base.max_heads, max(base.max_elements, max_seqlen * 16))
+
+
+def seqlens(*, max_seqlen: int) -> st.SearchStrategy[int]:
+    """Block-boundary lengths first (shrinks to 1), then any length up to max_seqlen."""
+    boundary = [s for s in SEQLENS if s <= max_seqlen] or [1]
+    return st.one_of(st.sampled_from(boundary), st.integers(min_value=1, max_value=max_seqlen))
+
+
+@st.composite
+def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes: tuple = REGIMES,
+          layouts: tuple = LAYOUTS, inits: tuple = INITS, causal: bool | None = None,
+          head_dims: tuple = HEAD_DIMS) -> Case:
+    """A Case within `limits`. Arguments narrow the choices; each must be a non-empty subset."""
+    for name, chosen, allowed in (("dtypes", dtypes, DTYPES), ("regimes", regimes, REGIMES),
+                                  ("layouts", layouts, LAYOUTS), ("inits", inits, INITS)):
+        if not chosen or not set(chosen) <= set(allowed):
+            raise UsageError(name, chosen, f"must be a non-empty subset of {', '.join(allowed)}")
+    if not head_dims or not all(1 <= d <= MAX_HEAD_DIM for d in head_dims):
+        raise UsageError("head_dims", head_dims, f"must be non-empty, each in 1..{MAX_HEAD_DIM}")
+
+    dtype = draw(st.sampled_from(dtypes))
+    is_causal = draw(st.booleans()) if causal is None else causal
+    head_dim = draw(st.one_of(st.sampled_from(head_dims),
+                              st.integers(min(head_dims), max(head_dims)))) if len(head_dims) > 1 else head_dims[0]
+    nheads_k = draw(st.integers(1, max(1, min(4, limits.max_heads))))
+    group = draw(st.sampled_from([g for g in GROUPS if g * nheads_k <= limits.max_heads] or [1]))
+    nheads = nheads_k * group
+    cap = max(1, min(limits.max_seqlen, limits.max_elements // (nheads * head_dim)))
+    seqlen_q = draw(seqlens(max_seqlen=cap))
+    seqlen_k = draw(seqlens(max_seqlen=cap))
+    batch = draw(st.integers(1, max(1, min(limits.max_batch,
+                                           limits.max_elements // (max(seqlen_q, seqlen_k) * nheads * head_dim)))))
+    return Case(
+        batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, nheads=nheads, nheads_k=nheads_k, head_dim=head_dim,
+        dtype=dtype, causal=is_causal,
+        softmax_scale=draw(st.sampled_from(SCALES)),
+        regime=draw(st.sampled_from(regimes)),
+        layout=draw(st.sampled_from(layouts)),
+        init=draw(st.sampled_from(inits)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )

@@ -1,0 +1,76 @@
+"""What a subject is: a callable with the faverify signature and a statement of what it supports.
+
+The call signature (DESIGN.md): fn(q, k, v, *, causal, softmax_scale[, init]) on [b, s, h, d] tensors,
+returning out or (out, lse). Its backward is whatever torch autograd gives through it.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from faverify.case import DTYPES, INITS, Case
+from faverify.errors import Unsupported
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    dtypes: tuple = DTYPES
+    devices: tuple = ("cpu", "cuda")
+    min_head_dim: int = 1
+    max_head_dim: int = 256
+    gqa: bool = True
+    init_modes: tuple | None = None  # None: the subject takes no init; cases run whatever their init
+    backward: bool = True
+    lse: bool = False  # returns (out, lse)
+
+    def reason_unsupported(self, case: Case, device: torch.device) -> str | None:
+        if case.dtype not in self.dtypes:
+            return f"dtype {case.dtype} not supported (supports {', '.join(self.dtypes)})"
+        if device.type not in self.devices:
+            return f"device {device.type} not supported (supports {', '.join(self.devices)})"
+        if not self.min_head_dim <= case.head_dim <= self.max_head_dim:
+            return f"head_dim {case.head_dim} outside {self.min_head_dim}..{self.max_head_dim}"
+        if not self.gqa and case.nheads_k != case.nheads:
+            return "GQA/MQA (nheads_k != nheads) not supported"
+        if self.init_modes is not None and case.init not in self.init_modes:
+            return f"init {case.init} not supported"
+        return None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Subject:
+    name: str
+    fn: Callable
+    caps: Capabilities
+    description: str = ""
+
+    def unsupported(self, case: Case, device: torch.device) -> str | None:
+        return self.caps.reason_unsupported(case, device)
+
+    def __call__(self, q, k, v, case: Case):
+        """Run the subject on one case: (out, lse or None). Unsupported -> faverify.errors.Unsupported."""
+        kwargs = {"causal": case.causal, "softmax_scale": case.scale}
+        if self.caps.init_modes is not None:
+            kwargs["init"] = case.init
+        result = self.fn(q, k, v, **kwargs)
+        if isinstance(result, (tuple, list)):
+            if len(result) != 2:
+                raise TypeError(f"{self.name} returned {len(result)} values; expected out or (out, lse)")
+            return result[0], result[1]
+        return result, None
+
+
+def takes_init(fn: Callable) -> bool:
+    try:
+        return "init" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+__all__ = ["Capabilities", "Subject", "Unsupported", "INITS", "takes_init"]

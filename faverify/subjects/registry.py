@@ -1,0 +1,52 @@
+"""Name -> Subject. Built-in subjects load lazily: importing the Triton or CUDA kernels costs seconds."""
+from __future__ import annotations
+
+from typing import Callable
+
+from faverify.errors import UsageError
+from faverify.subjects import sdpa, user
+from faverify.subjects.base import Subject
+
+
+def _triton() -> Subject:
+    from faverify.kernels.triton.subject import make
+    return make()
+
+
+def _cuda(variant: str) -> Callable[[], Subject]:
+    def load() -> Subject:
+        from faverify.kernels.cuda.subject import make
+        return make(variant)
+    return load
+
+
+_BUILTIN: dict[str, Callable[[], Subject]] = {name: (lambda n=name: sdpa.make(n)) for name in sdpa.names()}
+_BUILTIN["triton"] = _triton
+_BUILTIN["cuda"] = _cuda("cuda")
+_BUILTIN["cuda-simt"] = _cuda("cuda-simt")
+
+
+def builtin_names() -> tuple:
+    return tuple(_BUILTIN)
+
+
+def register(name: str, factory: Callable[[], Subject]) -> None:
+    """For mutants and tests: make a subject resolvable by name."""
+    _BUILTIN[name] = factory
+
+
+def resolve(name: str) -> Subject:
+    name = name.strip()
+    if name in _BUILTIN:
+        return _BUILTIN[name]()
+    if ":" in name:
+        return user.load(name)
+    raise UsageError("--kernel", name, f"unknown kernel; built-in: {', '.join(_BUILTIN)}, "
+                                       "or package.module:function")
+
+
+def resolve_many(text: str) -> list:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--kernel", text, "give at least one kernel")
+    return [resolve(n) for n in dict.fromkeys(names)]

@@ -1,0 +1,55 @@
+"""torch's scaled_dot_product_attention backends as subjects.
+
+torch's `is_causal=True` is top-left aligned when seqlen_q != seqlen_k, so causal cases with unequal
+lengths pass `causal_lower_right` to follow the bottom-right convention (anchors/sdpa-numerics.md).
+A backend that cannot run a case ("No available kernel") skips it with torch's reason.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from faverify.errors import Unsupported
+from faverify.subjects.base import Capabilities, Subject
+
+_BACKENDS = {
+    "sdpa-math": ("MATH", "torch SDPA math backend (reference-style, materializes the score matrix)",
+                  Capabilities()),
+    "sdpa-flash": ("FLASH_ATTENTION", "torch SDPA FlashAttention-2 backend",
+                   Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",))),
+    "sdpa-efficient": ("EFFICIENT_ATTENTION", "torch SDPA memory-efficient (xformers) backend",
+                       Capabilities(devices=("cuda",))),
+    "sdpa-cudnn": ("CUDNN_ATTENTION", "torch SDPA cuDNN backend",
+                   Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",))),
+}
+
+
+def names() -> tuple:
+    return tuple(_BACKENDS)
+
+
+def make(name: str) -> Subject:
+    backend_name, description, caps = _BACKENDS[name]
+
+    def fn(q, k, v, *, causal: bool, softmax_scale: float):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.attention.bias import causal_lower_right
+
+        sq, sk = q.shape[1], k.shape[1]
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        try:
+            with sdpa_kernel(getattr(SDPBackend, backend_name)), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch warns on every lower-right mask with sq > sk
+                is_causal = causal and sq == sk  # top-left and bottom-right agree when sq == sk
+                mask = causal_lower_right(sq, sk) if causal and sq != sk else None
+                out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=is_causal,
+                                                     scale=softmax_scale, enable_gqa=kt.shape[1] != qt.shape[1])
+        except RuntimeError as e:
+            if "No available kernel" in str(e):
+                raise Unsupported(f"{name}: no available kernel for this case") from None
+            raise
+        return out.transpose(1, 2)
+
+    return Subject(name=name, fn=fn, caps=caps, description=description)

@@ -1,0 +1,38 @@
+"""A subject the user names as package.module:function.
+
+function(q, k, v, *, causal, softmax_scale[, init]) takes [b, s, h, d] tensors and returns out or
+(out, lse). It may carry a `faverify_capabilities` dict (keys of subjects.base.Capabilities) to declare
+what it supports; cases outside it are skipped with the reason.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from faverify.errors import UsageError
+from faverify.subjects.base import Capabilities, Subject, takes_init
+
+
+def load(spec: str) -> Subject:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UsageError("--kernel", spec, "must be a built-in name or package.module:function")
+    if os.getcwd() not in sys.path:  # the console script does not put the working directory on the path
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # any import failure is the user's module, not ours
+        raise UsageError("--kernel", spec, f"cannot import module {module_name!r}: {type(e).__name__}: {e}") from None
+    fn = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        raise UsageError("--kernel", spec, f"module {module_name!r} has no callable {attr!r}")
+    declared = dict(getattr(fn, "faverify_capabilities", {}) or {})
+    try:
+        if "init_modes" not in declared and takes_init(fn):
+            declared["init_modes"] = ("-inf", "-1e30")
+        caps = Capabilities(**{k: tuple(v) if isinstance(v, list) else v for k, v in declared.items()})
+    except TypeError as e:
+        raise UsageError("--kernel", spec, f"faverify_capabilities is not valid: {e}") from None
+    doc = (fn.__doc__ or "").strip().splitlines()
+    return Subject(name=spec, fn=fn, caps=caps, description=doc[0] if doc else "user function")

@@ -1,0 +1,63 @@
+"""For your own pytest suite: faverify's strategies, inputs, reference and verdict in one assertion.
+
+    from hypothesis import given
+    from faverify.testing import assert_attention_close, cases, make_inputs
+
+    @given(cases(dtypes=("bf16",), limits=GPU_LIMITS))
+    def test_my_attention(case):
+        x = make_inputs(case, "cuda")
+        out = my_attention(x.q, x.k, x.v, causal=case.causal, softmax_scale=case.scale)
+        assert_attention_close(out, case)
+
+Gradients are checked too when given in a dict: compute them with grad_output = x.dout, from inputs made
+with make_inputs(case, device, requires_grad=True).
+"""
+from __future__ import annotations
+
+import torch
+
+from faverify.case import Case
+from faverify.collector import repro_command
+from faverify.inputs import Inputs, make_inputs
+from faverify.report import METRIC_HEADERS, metrics_rows, table
+from faverify.runner import compare
+from faverify.strategies import CPU_LIMITS, GPU_LIMITS, Limits, cases
+from faverify.verdict import Tolerance
+
+__all__ = ["assert_attention_close", "cases", "make_inputs", "Case", "Inputs", "Limits", "CPU_LIMITS",
+           "GPU_LIMITS", "Tolerance"]
+
+
+def assert_attention_close(subject_output, case: Case, *, kernel: str = "package.module:function",
+                           tolerance: Tolerance | None = None) -> dict:
+    """Raise AssertionError (with the error table and a reproducer) unless the output passes the verdict.
+
+    subject_output: out, (out, lse), or a dict with any of out, lse, dq, dk, dv. Inputs are rebuilt from
+    the case's seed on the output's device, so they must have come from make_inputs(case, that device).
+    Returns the per-tensor metrics when it passes.
+    """
+    if isinstance(subject_output, dict):
+        got = dict(subject_output)
+    elif isinstance(subject_output, (tuple, list)):
+        got = {"out": subject_output[0], "lse": subject_output[1] if len(subject_output) > 1 else None}
+    else:
+        got = {"out": subject_output}
+    unknown = set(got) - {"out", "lse", "dq", "dk", "dv"}
+    if unknown:
+        raise ValueError(f"subject_output has unknown tensor(s) {sorted(unknown)}; use out, lse, dq, dk, dv")
+    first = next((t for t in got.values() if isinstance(t, torch.Tensor)), None)
+    if first is None:
+        raise ValueError("subject_output holds no tensor")
+    x = make_inputs(case, first.device)
+    names = tuple(t for t in ("out", "lse", "dq", "dk", "dv") if got.get(t) is not None)
+    metrics = compare(case, x, got, tolerance or Tolerance(), names)
+    failed = {t: m for t, m in metrics.items() if not m.passed}
+    if failed:
+        device = first.device.type
+        raise AssertionError(
+            f"attention output is not close to the FP64 reference for {case.short()}\n"
+            + "; ".join(f"{t}: {m.reason}" for t, m in failed.items()) + "\n"
+            + table(metrics_rows(metrics), METRIC_HEADERS, "table") + "\n"
+            + f"case: {case.to_json()}\n"
+            + f"reproduce: {repro_command(kernel, case.to_json(), device)}")
+    return metrics

@@ -1,0 +1,74 @@
+"""Subjects with one planted bug each, for the tests: faverify must catch every one of them.
+
+Plain torch with autograd, in the subject signature (q, k, v, *, causal, softmax_scale) on [b, s, h, d].
+"""
+import torch
+
+
+def _attention(q, k, v, *, causal, scale, mask_top_left=False, accumulate=None):
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    qt = q.transpose(1, 2).float()
+    kt = k.transpose(1, 2).float().repeat_interleave(h // hk, dim=1)
+    vt = v.transpose(1, 2).float().repeat_interleave(h // hk, dim=1)
+    s = qt @ kt.transpose(-1, -2) * scale
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i if mask_top_left else j > i + sk - sq, float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    if accumulate is None:
+        o = p @ vt  # fp32 throughout: a cast of P would also cast dP = dO V^T, which overflows fp16
+    else:  # partial sums of 16 keys added into an accumulator of dtype `accumulate`
+        o = torch.zeros(b, h, sq, d, dtype=accumulate, device=q.device)
+        for j0 in range(0, sk, 16):
+            o = (o + (p[..., j0:j0 + 16] @ vt[:, :, j0:j0 + 16]).to(accumulate)).to(accumulate)
+    return o.float().transpose(1, 2).to(q.dtype)
+
+
+def correct(q, k, v, *, causal, softmax_scale):
+    """The same code with no bug planted: the control."""
+    return _attention(q, k, v, causal=causal, scale=softmax_scale)
+
+
+def wrong_scale(q, k, v, *, causal, softmax_scale):
+    """Scales logits by 1/d instead of the given softmax_scale."""
+    return _attention(q, k, v, causal=causal, scale=1.0 / q.shape[-1])
+
+
+def fp16_accumulation(q, k, v, *, causal, softmax_scale):
+    """Accumulates P @ V in fp16."""
+    return _attention(q, k, v, causal=causal, scale=softmax_scale, accumulate=torch.float16)
+
+
+def top_left_mask(q, k, v, *, causal, softmax_scale):
+    """Masks causal rows top-left aligned (torch's is_causal) instead of bottom-right."""
+    return _attention(q, k, v, causal=causal, scale=softmax_scale, mask_top_left=True)
+
+
+def raises_type_error(q, k, v, *, causal, softmax_scale):
+    """Crashes on causal cases: an exception other than ValueError is a failure."""
+    if causal:
+        raise TypeError("planted crash")
+    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+def declines_fp32(q, k, v, *, causal, softmax_scale):
+    """Declares fp32 unsupported by raising NotImplementedError: a skip, never a pass."""
+    if q.dtype == torch.float32:
+        raise NotImplementedError("fp32 is not implemented")
+    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+def with_lse(q, k, v, *, causal, softmax_scale):
+    """Returns (out, lse) with lse in log2 units: caught through lse alone."""
+    out = correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    s = (q.transpose(1, 2).float() @ k.transpose(1, 2).float().repeat_interleave(h // hk, 1).transpose(-1, -2))
+    s = s * softmax_scale
+    if causal:
+        i = torch.arange(sq)[:, None]
+        j = torch.arange(sk)[None, :]
+        s = s.masked_fill(j > i + sk - sq, float("-inf"))
+    return out, torch.logsumexp(s, dim=-1) / 0.6931471805599453

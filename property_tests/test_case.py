@@ -1,0 +1,54 @@
+import dataclasses
+
+import pytest
+from hypothesis import given
+
+from faverify.case import Case
+from faverify.errors import UsageError
+from faverify.strategies import CPU_LIMITS, GPU_LIMITS, cases
+
+
+@given(cases(limits=GPU_LIMITS))
+def test_json_round_trip(case):
+    assert Case.from_json(case.to_json()) == case
+
+
+@given(cases(limits=CPU_LIMITS))
+def test_drawn_cases_respect_limits(case):
+    assert case.batch <= CPU_LIMITS.max_batch and case.nheads <= CPU_LIMITS.max_heads
+    assert max(case.seqlen_q, case.seqlen_k) <= CPU_LIMITS.max_seqlen
+    assert case.batch * max(case.seqlen_q, case.seqlen_k) * case.nheads * case.head_dim <= CPU_LIMITS.max_elements
+    assert case.nheads % case.nheads_k == 0
+
+
+@pytest.mark.parametrize("field,value,rule", [
+    ("nheads_k", 3, "must divide nheads"),
+    ("head_dim", 300, "<= 256"),
+    ("dtype", "fp8", "must be one of"),
+    ("regime", "wild", "must be one of"),
+    ("softmax_scale", -1.0, "> 0"),
+    ("seqlen_q", 0, ">= 1"),
+    ("batch", 1.5, "integer"),
+])
+def test_invalid_fields_name_the_field_value_and_rule(field, value, rule):
+    base = dict(batch=1, seqlen_q=4, seqlen_k=4, nheads=4, nheads_k=2, head_dim=16)
+    with pytest.raises(UsageError) as e:
+        Case(**{**base, field: value})
+    assert e.value.argument == field and e.value.value == value and rule in str(e.value)
+
+
+def test_from_json_rejects_unknown_and_missing_fields():
+    good = Case(1, 2, 3, 2, 1, 16).to_dict()
+    with pytest.raises(UsageError, match="unknown field"):
+        Case.from_dict({**good, "colour": 1})
+    with pytest.raises(UsageError, match="missing required"):
+        Case.from_dict({k: v for k, v in good.items() if k != "head_dim"})
+    with pytest.raises(UsageError, match="not valid JSON"):
+        Case.from_json("{not json")
+
+
+def test_bottom_right_causal_visibility():
+    c = Case(1, seqlen_q=5, seqlen_k=3, nheads=1, nheads_k=1, head_dim=8, causal=True)
+    assert [c.visible_keys(i) for i in range(5)] == [0, 0, 1, 2, 3]
+    assert c.has_masked_rows
+    assert not dataclasses.replace(c, seqlen_k=5).has_masked_rows

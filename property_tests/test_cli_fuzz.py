@@ -1,0 +1,128 @@
+"""faverify fuzz / repro / kernels through CliRunner: exit codes, messages, minimal cases, output files."""
+import json
+import re
+import time
+
+import pytest
+
+from property_tests.cli_helpers import cli, read_json
+
+
+def minimal_cases(stderr: str) -> list:
+    return [json.loads(line) for line in stderr.splitlines() if line.startswith('{"batch"')]
+
+
+def test_sdpa_math_200_cases_pass_on_cpu_in_under_a_minute(tmp_path):
+    start = time.perf_counter()
+    r = cli("fuzz", "--kernel", "sdpa-math", "--iters", "200", "--device", "cpu",
+            "--json", tmp_path / "run.json", "--markdown", tmp_path / "run.md")
+    elapsed = time.perf_counter() - start
+    assert r.exit_code == 0, r.stderr
+    assert elapsed < 60
+    for section in ("Error statistics", "Gradient checks", "Summary", "tolerance:", "torch "):
+        assert section in r.stderr
+    run = read_json(tmp_path / "run.json")
+    assert run["schema"] == "faverify.run" and run["kernels"][0]["summary"]["passed"] == 200
+    assert {row["tensor"] for row in run["kernels"][0]["stats"]} == {"out", "dq", "dk", "dv"}
+    assert run["kernels"][0]["gradcheck"][0]["checks"] == 8  # every 25th of 200
+    assert "| sdpa-math" in (tmp_path / "run.md").read_text()
+
+
+@pytest.mark.parametrize("bug,signature_prefix,check", [
+    # softmax over one key is 1 whatever the scale: two keys is the smallest case that shows it
+    ("wrong_scale", "", lambda c: c["seqlen_k"] == 2 and c["batch"] == 1 and c["seqlen_q"] == 1),
+    # top-left vs bottom-right differ only when causal and seqlen_q != seqlen_k
+    ("top_left_mask", "", lambda c: c["causal"] and c["seqlen_q"] != c["seqlen_k"]
+        and max(c["seqlen_q"], c["seqlen_k"]) <= 2),
+    # fp16 accumulation overflows at bf16 magnitudes: found at the smallest shape there is
+    ("fp16_accumulation", "out:inf", lambda c: c["regime"] == "bf16-scale" and c["seqlen_k"] == 1),
+])
+def test_planted_bugs_exit_1_with_a_minimal_case(bug, signature_prefix, check):
+    r = cli("fuzz", "--kernel", f"property_tests.planted:{bug}", "--iters", "200", "--device", "cpu")
+    assert r.exit_code == 1, r.stderr
+    found = minimal_cases(r.stderr)
+    assert found, r.stderr
+    assert any(check(c) for c in found), found
+    assert signature_prefix in r.stderr
+    assert "faverify repro --kernel property_tests.planted:" + bug in r.stderr
+
+
+def test_control_of_the_planted_bugs_passes():
+    r = cli("fuzz", "--kernel", "property_tests.planted:correct", "--iters", "100", "--device", "cpu",
+            "--dtype", "bf16,fp16,fp32")
+    assert r.exit_code == 0, r.stderr
+
+
+def test_repro_reruns_a_printed_case():
+    r = cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "50", "--device", "cpu", "--no-db")
+    command = re.search(r"reproduce: faverify repro --kernel (\S+) --device cpu --case '([^']+)'", r.stderr)
+    assert command
+    again = cli("repro", "--kernel", command.group(1), "--device", "cpu", "--case", command.group(2))
+    assert again.exit_code == 1 and "FAIL" in again.stderr
+    ok = cli("repro", "--kernel", "sdpa-math", "--device", "cpu", "--case", command.group(2))
+    assert ok.exit_code == 0 and "verdict: pass" in ok.stderr
+
+
+def test_same_seed_same_cases(tmp_path):
+    runs = []
+    for i in range(2):
+        cli("fuzz", "--kernel", "sdpa-math", "--iters", "20", "--device", "cpu", "--no-db", "--seed", "7",
+            "--json", tmp_path / f"{i}.json")
+        runs.append(read_json(tmp_path / f"{i}.json")["kernels"][0]["stats"])
+    strip = [[{k: v for k, v in row.items()} for row in run] for run in runs]
+    assert strip[0] == strip[1]
+
+
+def test_database_replays_a_failure_first(tmp_path):
+    args = ("fuzz", "--kernel", "property_tests.planted:top_left_mask", "--iters", "30", "--device", "cpu",
+            "--db", tmp_path / "db", "--json")
+    cli(*args, tmp_path / "first.json")
+    cli(*args, tmp_path / "second.json", "--seed", "99")
+    second = read_json(tmp_path / "second.json")["kernels"][0]["failures"]
+    assert second and second[0]["first"]["case"]["causal"]
+    assert any((tmp_path / "db").iterdir())
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("fuzz", "--kernel", "nosuch"), "--kernel='nosuch': unknown kernel"),
+    (("fuzz", "--bogus-flag"), "No such option"),
+    (("fuzz", "--dtype", "fp8"), "--dtype='fp8'"),
+    (("fuzz", "--iters", "0"), "--iters=0: must be >= 1"),
+    (("fuzz", "--iters", "many"), "many"),
+    (("fuzz", "--device", "tpu"), "--device='tpu'"),
+    (("fuzz", "--factor", "out=abc"), "--factor"),
+    (("repro", "--kernel", "sdpa-math", "--case", "{bad"), "not valid JSON"),
+    (("repro", "--kernel", "sdpa-math", "--case", '{"batch": 1}'), "missing required"),
+])
+def test_usage_errors_exit_2_with_one_line(args, needle):
+    r = cli(*args)
+    assert r.exit_code == 2
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("faverify: error:") and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_no_gpu_asked_for_exits_2():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the no-GPU path cannot be shown here")
+    r = cli("fuzz", "--device", "cuda", "--iters", "1")
+    assert r.exit_code == 2 and "no CUDA GPU" in r.stderr
+
+
+def test_nothing_ran_is_never_exit_0():
+    r = cli("fuzz", "--kernel", "property_tests.planted:declines_fp32", "--dtype", "fp32", "--iters", "5",
+            "--device", "cpu")
+    assert r.exit_code == 2 and "no case ran" in r.stderr and "fp32 is not implemented" in r.stderr
+
+
+def test_crashing_subject_is_a_failure_not_a_crash_of_the_run():
+    r = cli("fuzz", "--kernel", "property_tests.planted:raises_type_error", "--iters", "30", "--device", "cpu")
+    assert r.exit_code == 1 and "error:TypeError" in r.stderr and "planted crash" in r.stderr
+
+
+def test_kernels_lists_the_builtins():
+    r = cli("kernels")
+    assert r.exit_code == 0
+    for name in ("sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "triton", "cuda"):
+        assert name in r.stdout

@@ -1,0 +1,50 @@
+import torch
+
+from faverify.case import Case
+from faverify.gradcheck import directional
+from faverify.subjects import resolve
+from faverify.subjects.base import Capabilities, Subject
+from property_tests.planted import correct
+
+
+class _WrongDk(torch.autograd.Function):
+    """Right forward, backward that forgets the softmax scale in dk."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        with torch.enable_grad():
+            qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+            out = correct(qq, kk, vv, causal=False, softmax_scale=scale)
+        ctx.save_for_backward(qq, kk, vv, out)
+        ctx.scale = scale
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, dout):
+        qq, kk, vv, out = ctx.saved_tensors
+        dq, dk, dv = torch.autograd.grad(out, (qq, kk, vv), dout)
+        return dq, dk / ctx.scale, dv, None
+
+
+def wrong_dk(q, k, v, *, causal, softmax_scale):
+    return _WrongDk.apply(q, k, v, softmax_scale)
+
+
+def test_directional_derivative_agrees_for_a_correct_backward():
+    g = directional(resolve("sdpa-math"), Case(1, 33, 17, 2, 1, 32, causal=True, seed=4), torch.device("cpu"))
+    assert g.passed and not g.skipped and g.dtype == "fp32" and g.rel_err < 1e-4
+
+
+def test_directional_derivative_catches_a_backward_that_is_not_the_forward_s():
+    s = Subject("wrong-dk", wrong_dk, Capabilities())
+    g = directional(s, Case(1, 16, 16, 1, 1, 16, seed=1), torch.device("cpu"))
+    assert not g.passed and "directional derivative" in g.reason
+
+
+def test_low_precision_subjects_are_checked_in_their_widest_dtype():
+    s = Subject("fp16-only", correct, Capabilities(dtypes=("bf16", "fp16")))
+    g = directional(s, Case(1, 16, 24, 2, 2, 32, seed=2), torch.device("cpu"))
+    assert g.dtype == "fp16" and g.passed, g.reason
+    b = directional(Subject("bf16-only", correct, Capabilities(dtypes=("bf16",))), Case(1, 16, 24, 2, 2, 32, seed=2),
+                    torch.device("cpu"))
+    assert b.dtype == "bf16" and b.passed, b.reason

@@ -1,0 +1,132 @@
+import dataclasses
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from torch.nn.attention.bias import causal_lower_right
+
+import faverify.reference as reference_module
+from faverify.case import Case
+from faverify.inputs import make_inputs
+from faverify.reference import naive, reference
+from faverify.strategies import Limits, cases
+
+SMALL = Limits(max_seqlen=70, max_batch=2, max_heads=4, max_elements=1 << 14)
+
+
+def torch_fp64(case, x):
+    """torch's own float64 math attention, bottom-right causal, with autograd gradients."""
+    q, k, v = (t.detach().double().transpose(1, 2).requires_grad_() for t in x.tensors())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mask = causal_lower_right(case.seqlen_q, case.seqlen_k) if case.causal else None
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=case.scale,
+                                           enable_gqa=case.nheads != case.nheads_k)
+    grads = torch.autograd.grad(o, (q, k, v), x.dout.double().transpose(1, 2))
+    return [o.transpose(1, 2)] + [g.transpose(1, 2) for g in grads]
+
+
+@given(cases(limits=SMALL, dtypes=("fp32",), regimes=("normal", "outliers", "peaked")))
+def test_matches_torch_float64_math_attention(case):
+    x = make_inputs(case, "cpu")
+    ref, _ = reference(*x.tensors(), x.dout, causal=case.causal, scale=case.scale)
+    expected = torch_fp64(case, x)
+    for name, e in zip(("out", "dq", "dk", "dv"), expected):
+        # rows that see no key: torch gives 0 as the convention asks
+        assert torch.allclose(ref[name], e, atol=1e-12, rtol=1e-10), name
+
+
+def test_lse_matches_logsumexp():
+    c = Case(2, 9, 13, 4, 2, 16, dtype="fp32", causal=True, seed=5)
+    x = make_inputs(c, "cpu")
+    ref, _ = reference(*x.tensors(), causal=True, scale=c.scale)
+    k = x.k.double().repeat_interleave(2, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", x.q.double(), k) * c.scale
+    s = s.masked_fill(torch.arange(13)[None, :] > torch.arange(9)[:, None] + 4, float("-inf"))
+    assert torch.allclose(ref["lse"], torch.logsumexp(s, dim=-1), atol=1e-12)
+
+
+def test_gradients_match_finite_differences_of_the_forward():
+    c = Case(1, 7, 5, 2, 1, 8, dtype="fp32", causal=True, seed=11)
+    x = make_inputs(c, "cpu")
+    q, k, v = (t.double() for t in x.tensors())
+    w = x.dout.double()
+    ref, _ = reference(q, k, v, w, causal=True, scale=c.scale)
+    g = torch.Generator().manual_seed(0)
+    dirs = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in (q, k, v)]
+    h = 1e-6
+
+    def loss(sign):
+        ins = [t + sign * h * e for t, e in zip((q, k, v), dirs)]
+        out, _ = reference(*ins, causal=True, scale=c.scale)
+        return (out["out"] * w).sum()
+
+    fd = (loss(1) - loss(-1)) / (2 * h)
+    analytic = sum((ref[n] * e).sum() for n, e in zip(("dq", "dk", "dv"), dirs))
+    assert abs(fd - analytic) <= 1e-7 * abs(analytic)
+
+
+def test_rows_that_see_no_key_follow_the_convention():
+    c = Case(1, 6, 2, 2, 2, 8, dtype="fp32", causal=True, seed=2)  # rows 0..3 see no key
+    x = make_inputs(c, "cpu")
+    ref, scales = reference(*x.tensors(), x.dout, causal=True, scale=c.scale)
+    assert (ref["out"][:, :4] == 0).all() and (ref["dq"][:, :4] == 0).all()
+    assert torch.isinf(ref["lse"][:, :, :4]).all() and (ref["lse"][:, :, :4] < 0).all()
+    assert torch.isfinite(ref["lse"][:, :, 4:]).all()
+    assert all(torch.isfinite(s) for s in scales.values())
+
+
+def test_no_keys_at_all():
+    c = Case(1, 3, 0, 2, 1, 8, dtype="fp32")
+    x = make_inputs(c, "cpu")
+    ref, _ = reference(*x.tensors(), x.dout, causal=False, scale=c.scale)
+    assert (ref["out"] == 0).all() and (ref["lse"] == float("-inf")).all()
+    assert ref["dk"].shape == (1, 0, 1, 8) and (ref["dq"] == 0).all()
+
+
+def test_chunking_does_not_change_the_result(monkeypatch):
+    c = Case(2, 67, 33, 4, 2, 16, dtype="fp32", causal=True, seed=4)
+    x = make_inputs(c, "cpu")
+    whole, _ = reference(*x.tensors(), x.dout, causal=True, scale=c.scale)
+    monkeypatch.setitem(reference_module._CHUNK_BUDGET, "cpu", 1)  # one query row per chunk
+    rows, _ = reference(*x.tensors(), x.dout, causal=True, scale=c.scale)
+    for name in whole:
+        assert torch.allclose(whole[name], rows[name], atol=1e-13, rtol=0), name
+
+
+def test_dk_scale_does_not_vanish_when_dk_is_exactly_zero():
+    """seqlen_k == 1: dk is exactly 0, but the terms that cancelled to give it are not."""
+    c = Case(1, 5, 1, 2, 1, 16, dtype="fp32", seed=7)
+    x = make_inputs(c, "cpu")
+    ref, scales = reference(*x.tensors(), x.dout, causal=False, scale=c.scale)
+    assert ref["dk"].abs().max() < 1e-12
+    assert scales["dk"] > 0.1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_naive_baseline_is_what_torch_computes_in_that_dtype(dtype):
+    c = Case(1, 20, 37, 2, 2, 32, dtype="fp32", seed=9)
+    x = make_inputs(c, "cpu")
+    q, k, v = (t.to(dtype).transpose(1, 2) for t in x.tensors())
+    s = (q @ k.transpose(-1, -2)) * c.scale
+    expected = (torch.softmax(s, dim=-1) @ v).transpose(1, 2)
+    got = naive(*(t.to(dtype) for t in x.tensors()), causal=False, scale=c.scale)["out"]
+    assert got.dtype == dtype
+    ulp = torch.finfo(dtype).eps
+    assert ((got.float() - expected.float()).abs() <= 2 * ulp * expected.float().abs().clamp(min=1)).all()
+
+
+def test_naive_baseline_is_worse_than_fp32_but_close():
+    c = Case(1, 64, 64, 2, 2, 64, dtype="fp32", seed=1)
+    x = make_inputs(c, "cpu")
+    ref, _ = reference(*x.tensors(), x.dout, causal=False, scale=c.scale)
+    for dtype, lo, hi in ((torch.bfloat16, 1e-3, 3e-2), (torch.float16, 1e-4, 4e-3)):
+        b = naive(*(t.to(dtype) for t in x.tensors()), x.dout.to(dtype), causal=False, scale=c.scale)
+        for name in ("out", "dq", "dk", "dv"):
+            err = (b[name].double() - ref[name]).abs().max().item()
+            assert lo < err < hi, (dtype, name, err)
+    b32 = naive(*x.tensors(), x.dout, causal=False, scale=c.scale)
+    assert (b32["out"].double() - ref["out"]).abs().max() < 1e-5
+    assert dataclasses.replace(c) == c

@@ -1,0 +1,70 @@
+import pytest
+import torch
+
+from faverify.case import Case
+from faverify.errors import UsageError
+from faverify.runner import evaluate
+from faverify.subjects import resolve
+
+
+def test_sdpa_math_passes_odd_shapes_on_cpu():
+    s = resolve("sdpa-math")
+    for case in (Case(2, 17, 33, 4, 2, 40, "bf16", True, seed=1),
+                 Case(1, 65, 17, 2, 1, 72, "fp16", True, layout="packed", regime="outliers", seed=2),
+                 Case(1, 1, 1, 1, 1, 16, "fp32", layout="strided")):
+        r = evaluate(s, case, "cpu")
+        assert r.status == "pass", r.reason
+        assert set(r.metrics) == {"out", "dq", "dk", "dv"}  # sdpa gives no lse
+
+
+def test_gpu_only_backends_skip_on_cpu_with_the_reason():
+    r = evaluate(resolve("sdpa-flash"), Case(1, 4, 4, 1, 1, 16), "cpu")
+    assert r.status == "skip" and "device cpu not supported" in r.reason
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("nosuch_module_xyz:fn", "cannot import module"),
+    ("property_tests.planted:nosuch", "has no callable"),
+    ("bogus", "unknown kernel"),
+])
+def test_bad_kernel_names(spec, message):
+    with pytest.raises(UsageError) as e:
+        resolve(spec)
+    assert e.value.argument == "--kernel" and message in str(e.value)
+
+
+def test_exceptions_skip_or_fail_by_type():
+    crash = resolve("property_tests.planted:raises_type_error")
+    r = evaluate(crash, Case(1, 4, 4, 1, 1, 16, causal=True), "cpu")
+    assert r.status == "fail" and "TypeError: planted crash" in r.reason and r.signatures == ["error:TypeError"]
+    decline = resolve("property_tests.planted:declines_fp32")
+    r = evaluate(decline, Case(1, 4, 4, 1, 1, 16, dtype="fp32"), "cpu")
+    assert r.status == "skip" and "fp32 is not implemented" in r.reason
+
+
+def test_contract_violations_are_failures(tmp_path, monkeypatch):
+    (tmp_path / "shapes.py").write_text(
+        "import torch\n"
+        "def wrong_dtype(q, k, v, *, causal, softmax_scale):\n"
+        "    return q.float()\n"
+        "def wrong_lse(q, k, v, *, causal, softmax_scale):\n"
+        "    return q.clone(), torch.zeros(3)\n"
+        "def declared(q, k, v, *, causal, softmax_scale):\n"
+        "    return q.clone()\n"
+        "declared.faverify_capabilities = {'dtypes': ['fp16'], 'gqa': False}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = evaluate(resolve("shapes:wrong_dtype"), Case(1, 4, 4, 1, 1, 16, dtype="bf16"), "cpu", mode="fwd")
+    assert r.status == "fail" and "expected the input dtype" in r.reason
+    r = evaluate(resolve("shapes:wrong_lse"), Case(1, 4, 4, 1, 1, 16), "cpu", mode="fwd")
+    assert r.status == "fail" and "lse has shape" in r.reason
+    declared = resolve("shapes:declared")
+    assert evaluate(declared, Case(1, 4, 4, 1, 1, 16, dtype="bf16"), "cpu").reason.startswith("dtype bf16")
+    assert "GQA" in evaluate(declared, Case(1, 4, 4, 2, 1, 16, dtype="fp16"), "cpu").reason
+
+
+def test_modes_select_tensors():
+    s = resolve("property_tests.planted:with_lse")
+    c = Case(1, 8, 8, 2, 2, 16, seed=3)
+    assert set(evaluate(s, c, "cpu", mode="fwd").metrics) == {"out", "lse"}
+    assert set(evaluate(s, c, "cpu", mode="bwd").metrics) == {"dq", "dk", "dv"}
+    assert not torch.is_grad_enabled() or True

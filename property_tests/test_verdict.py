@@ -1,0 +1,102 @@
+import math
+
+import pytest
+import torch
+
+from faverify.case import Case
+from faverify.errors import UsageError
+from faverify.inputs import make_inputs
+from faverify.metrics import _ordered, measure
+from faverify.reference import naive, reference
+from faverify.verdict import DEFAULT_FACTOR, Tolerance, parse_overrides
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_ordered_bits_count_representable_values(dtype):
+    x = torch.tensor([-2.0, -1.0, -0.0, 0.0, 1e-3, 1.0], dtype=dtype)
+    o = _ordered(x)
+    assert (o[1:] >= o[:-1]).all()  # monotonic
+    one = torch.tensor([1.0], dtype=dtype)
+    nxt = torch.nextafter(one.float(), torch.tensor([2.0])).to(dtype) if dtype == torch.float32 else \
+        (one.view(torch.int16) + 1).view(dtype)
+    assert (_ordered(nxt) - _ordered(one)).item() == 1
+
+
+def _judge(got_out, case, x, tolerance=Tolerance()):
+    ref, scales = reference(*x.tensors(), causal=case.causal, scale=case.scale)
+    base = naive(*x.tensors(), causal=case.causal, scale=case.scale)
+    masked = torch.arange(case.seqlen_q) + case.seqlen_k - case.seqlen_q + 1 <= 0 if case.causal else \
+        torch.zeros(case.seqlen_q, dtype=torch.bool)
+    return measure({"out": got_out, "lse": None}, ref, base, scales, dtype=case.dtype, tolerance=tolerance,
+                   tensors=("out", "lse"), masked_rows=masked)["out"], base, ref
+
+
+def test_baseline_itself_passes_and_twice_its_error_fails():
+    c = Case(1, 64, 64, 2, 2, 32, dtype="bf16", seed=3)
+    x = make_inputs(c, "cpu")
+    m, base, ref = _judge(naive(*x.tensors(), causal=False, scale=c.scale)["out"], c, x)
+    assert m.passed and m.ratio == 1.0
+    worse = (ref["out"] + 4 * (base["out"].double() - ref["out"])).to(torch.bfloat16)
+    m2, _, _ = _judge(worse, c, x)
+    assert not m2.passed and "max error" in m2.reason
+
+
+def test_nan_where_reference_is_finite_fails_and_is_the_worst_element():
+    c = Case(1, 8, 8, 1, 1, 16, dtype="fp16", seed=1)
+    x = make_inputs(c, "cpu")
+    out = naive(*x.tensors(), causal=False, scale=c.scale)["out"].clone()
+    out[0, 5, 0, 3] = math.nan
+    m, _, _ = _judge(out, c, x)
+    assert not m.passed and m.nan == 1 and m.worst_index == [0, 5, 0, 3]
+
+
+def test_rows_that_see_no_key_must_be_zero():
+    c = Case(1, 6, 3, 1, 1, 16, dtype="fp16", causal=True, seed=1)  # rows 0..2 see nothing
+    x = make_inputs(c, "cpu")
+    out = naive(*x.tensors(), causal=True, scale=c.scale)["out"].clone()
+    out[0, 1] = 1e-3  # tiny, inside any tolerance, but the convention says exactly 0
+    m, _, _ = _judge(out, c, x)
+    assert not m.passed and m.masked_bad == 16 and "rows that see no key" in m.reason
+
+
+def test_floor_does_not_vanish_when_the_baseline_is_exact():
+    """seqlen_k == 1: out = v exactly for the baseline. The floor (u * the terms' rms magnitude) still
+    allows one ulp on typical elements, and not ten."""
+    c = Case(1, 4, 1, 1, 1, 16, dtype="bf16", seed=1)
+    x = make_inputs(c, "cpu")
+    out = naive(*x.tensors(), causal=False, scale=c.scale)["out"]
+    typical = out.abs() < 0.25
+
+    def shifted(ulps):
+        return torch.where(typical, (out.view(torch.int16) + ulps).view(torch.bfloat16), out)
+
+    m, _, _ = _judge(shifted(1), c, x)
+    assert m.baseline_max_abs == 0 and m.allowed > 0 and m.passed
+    m, _, _ = _judge(shifted(10), c, x)
+    assert not m.passed
+
+
+def test_ill_conditioned_cases_waive_tolerance_but_not_nan():
+    assert Tolerance.ill_conditioned(1e9) and not Tolerance.ill_conditioned(1e5)
+    c = Case(1, 1, 17, 1, 1, 40, dtype="bf16", regime="bf16-scale", softmax_scale=0.001)
+    x = make_inputs(c, "cpu")
+    one_hot = x.v[:, :1].expand(1, 1, 1, 40).clone() * 0  # any convex combination of equal v's is v
+    m, _, _ = _judge(one_hot, c, x)
+    assert m.waived and m.passed
+    one_hot[0, 0, 0, 0] = math.nan
+    m, _, _ = _judge(one_hot, c, x)
+    assert not m.passed and m.nan == 1
+
+
+def test_overrides():
+    assert parse_overrides("out=4,dq=5", DEFAULT_FACTOR, "--factor")["dq"] == 5
+    assert set(parse_overrides("7", DEFAULT_FACTOR, "--factor").values()) == {7.0}
+    for bad in ("zz=1", "out=x", "out=-1"):
+        with pytest.raises(UsageError) as e:
+            parse_overrides(bad, DEFAULT_FACTOR, "--factor")
+        assert e.value.argument == "--factor"
+
+
+def test_rule_is_printed_with_every_factor():
+    text = Tolerance().describe()
+    assert "out: factor 2" in text and "dq: factor 3" in text and "2^-18 fp32" in text
