@@ -65,8 +65,11 @@ class KernelStats:
             self.skipped[r.reason] += 1
         for t, m in r.metrics.items():
             s = self.series[(r.case.dtype, t)]
-            for stat in ("max_abs", "mean_abs", "rmse", "max_rel", "max_ulp", "ratio"):
+            for stat in ("max_abs", "mean_abs", "rmse", "max_rel", "max_ulp"):
                 s[stat].append(getattr(m, stat))
+            if not m.waived:  # an ill-conditioned case's ratio to the baseline means nothing
+                s["ratio"].append(m.ratio)
+                s["usage"].append(m.max_abs / m.allowed if m.allowed > 0 else 0.0)
             s["nan"].append(m.nan)
             s["inf"].append(m.inf)
             s["failed"].append(0 if m.passed else 1)
@@ -93,6 +96,7 @@ class KernelStats:
         rows = []
         for (dtype, tensor), s in sorted(self.series.items(), key=lambda kv: (kv[0][0], _ORDER[kv[0][1]])):
             finite = [x for x in s["ratio"] if x == x]  # drop NaN (baseline non-finite)
+            usage = [x for x in s["usage"] if x == x]
             rows.append({
                 "kernel": self.kernel, "dtype": dtype, "tensor": tensor, "cases": len(s["max_abs"]),
                 "failed": sum(s["failed"]), "waived": sum(s["waived"]), "max_abs": max(s["max_abs"]),
@@ -101,6 +105,7 @@ class KernelStats:
                 "nan": sum(s["nan"]), "inf": sum(s["inf"]),
                 "ratio_p50": _quantile(finite, 0.5), "ratio_p99": _quantile(finite, 0.99),
                 "ratio_max": max(finite) if finite else float("nan"),
+                "usage_max": max(usage) if usage else float("nan"),
             })
         return rows
 

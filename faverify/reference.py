@@ -120,7 +120,8 @@ class _ScaleAccumulator:
     dS_ij = P_ij (dP_ij - D_i)                   -> P_ij (|dP_ij| + |D_i|)   (the two terms that cancel)
     dq_i  = scale sum_j dS_ij k_j                -> scale sum_j |dS|_ij rms(k_j)
     dk_j  = scale sum_i dS_ij q_i                -> scale sum_i |dS|_ij rms(q_i)
-    lse_i = m_i + log sum_j exp(s_ij - m_i)      -> max |s_ij| over seen keys + |lse_i|
+    s_ij  = scale sum_d q_id k_jd                -> scale max||q_i|| max||k_j||  (>= scale sum_d |q_id k_jd|)
+    lse_i = m_i + log sum_j exp(s_ij - m_i)      -> the logit scale above + max |lse_i|
     rms over the head dim keeps each one a matrix-vector product, cheap next to the reference itself.
     A rounding of each term costs about u times this, whatever cancellation makes of the sum.
     """
@@ -130,13 +131,14 @@ class _ScaleAccumulator:
         self.v_rms, self.k_rms, self.q_rms = _rms(V), _rms(K), _rms(Q)  # [b, hk, 1|g, s]
         self.dO_rms = _rms(dO) if dO is not None else None
         zero = torch.zeros((), dtype=Q.dtype, device=Q.device)
-        self.out = self.dq = self.logit = zero
+        self.out = self.dq = zero
+        # Cauchy-Schwarz bounds the sum of |q_d k_d| that a logit adds up (and cancels) in fp32
+        self.logit = scale * Q.norm(dim=-1).amax() * K.norm(dim=-1).amax() if K.shape[3] else zero
         b, hk, g = Q.shape[:3]
         self.dv_cols = torch.zeros(b, hk, g, K.shape[3], dtype=Q.dtype, device=Q.device)
         self.dk_cols = torch.zeros_like(self.dv_cols)
 
     def add_forward(self, s, p):
-        self.logit = torch.maximum(self.logit, s.nan_to_num(neginf=0.0).abs().amax())
         self.out = torch.maximum(self.out, (p * self.v_rms.unsqueeze(-2)).sum(-1).amax())
 
     def add_backward(self, i0, i1, p, dp, D):

@@ -100,10 +100,10 @@ def render(run: Run, style: str = "table") -> str:
     out.append(_heading("Error statistics (against FP64; ratio = max err / naive same-dtype max err)", style))
     rows = [[r["kernel"], r["dtype"], r["tensor"], str(r["cases"]), str(r["failed"]), str(r["waived"]), fmt(r["max_abs"]),
              fmt(r["mean_abs"]), fmt(r["max_rel"]), fmt(r["max_ulp"], ".0f"), str(r["nan"]), str(r["inf"]),
-             ratio(r["ratio_p50"]), ratio(r["ratio_p99"]), ratio(r["ratio_max"])]
+             ratio(r["ratio_p50"]), ratio(r["ratio_p99"]), ratio(r["ratio_max"]), fmt(r.get("usage_max"), ".2f")]
             for k in run.kernels for r in k["stats"]]
     out.append(table(rows, ["kernel", "dtype", "tensor", "cases", "failed", "waived", "max err", "mean err", "max rel",
-                            "max ulp", "nan", "inf", "ratio p50", "ratio p99", "ratio max"], style))
+                            "max ulp", "nan", "inf", "ratio p50", "ratio p99", "ratio max", "err/allowed max"], style))
 
     out.append(_heading("Gradient checks (finite differences of the subject's own forward)", style))
     rows = [[r["kernel"], r["dtype"], str(r["checks"]), str(r["failed"]), fmt(r["rel_err_p50"]),

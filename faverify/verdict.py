@@ -3,18 +3,19 @@
 For each tensor T: fail if T has NaN/Inf where the FP64 reference is finite; fail if a row that sees no
 key is not (out 0, lse -inf); fail if
 
-    max|T - ref| > factor_T * max|baseline_T - ref| + (atol_T * u(dtype) + 2 * u32 * max|s|) * scale_T
+    max|T - ref| > factor_T * max|baseline_T - ref| + (atol_T * u(dtype) + 2 * u32 * S) * scale_T
 
 where the baseline is the naive same-dtype attention, u(dtype) the floor unit (dtypes.FLOOR_UNIT: the unit
 roundoff 2^-8 for bf16, 2^-11 for fp16, and 64 roundings 2^-18 for fp32), u32 = 2^-24, scale_T the magnitude of the terms summed into T (reference._ScaleAccumulator) and max|s| the
 largest logit. The second term is the floor that does not vanish when the reference is exactly zero (dk
 with seqlen_k == 1) or when the baseline happens to be exact:
 - atol_T * u(dtype) * scale_T: one rounding of each term in the case's dtype;
-- 2 * u32 * max|s| * scale_T: the fp32 rounding of the logits that every conforming kernel makes
-  (accumulation is fp32), carried through softmax: a logit off by d moves P_ij by about 2d P_ij. It only
-  matters when logits are huge. For lse the term is 2 * u32 * max|s| (lse moves with the logits 1:1).
-When that logit error passes 1 (max|s| > 2^23: every element 133120 gives logits near 1e9, one fp32 ulp
-of which is 64), the attention weights are not determined by the fp32 logits at all: a conforming kernel
+- 2 * u32 * S * scale_T: the fp32 rounding of the logits that every conforming kernel makes (accumulation
+  is fp32; the error of a dot product follows the sum of |terms|, not the result, which may cancel),
+  carried through softmax: a logit off by e moves P_ij by about 2e P_ij. It only matters when logits are
+  huge. For lse the term is 2 * u32 * S (lse moves with the logits 1:1).
+When that logit error passes 1 (S > 2^23: every element 133120 gives logits near 1e9, one fp32 ulp of
+which is 64), the attention weights are not determined by the fp32 logits at all: a conforming kernel
 may legitimately give all the weight to one key among equals. The case is then ill-conditioned: the
 tolerance is waived for out and the gradients (counted and reported as waived), while NaN/Inf, the
 rows-that-see-no-key rule and lse are still checked.
@@ -49,7 +50,7 @@ class Tolerance:
         return self.factor[tensor] * floor + self.atol[tensor] * FLOOR_UNIT[dtype] * scale + carried
 
     def describe(self) -> str:
-        return ("max|T-ref| <= factor*max|baseline-ref| + (atol*u(dtype) + 2*u32*max|logit|)*scale_T, "
+        return ("max|T-ref| <= factor*max|baseline-ref| + (atol*u(dtype) + 2*u32*S)*scale_T, S = scale*max||q||*max||k||, "
                 "u = 2^-8 bf16, 2^-11 fp16, 2^-18 fp32; "
                 + ", ".join(f"{t}: factor {self.factor[t]:g}, atol {self.atol[t]:g}" for t in TENSORS))
 

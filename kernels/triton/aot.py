@@ -1,0 +1,158 @@
+"""Compile every Triton kernel variant ahead of time for sm_80 and sm_90, with no GPU.
+
+A variant is a kernel with its compile-time constants: dtype, padded head dim (16..256), causal, and
+whether the head dim fills the padding (EVEN_D; the odd-head-dim path is compiled for bf16, it differs
+from the others only in masks), each with the tile its launcher picks by default. Pointers and strides are
+declared 16-byte aligned, as they are for contiguous inputs. For each variant: shared memory from the
+compiler, registers and stack frame from cuobjdump on the cubin (ptxas puts spilled registers in the
+stack frame; a nonzero one is reported as a spill).
+
+    python -m faverify.kernels.triton.aot [--jobs N] [--arch 80,90]
+
+Run with TRITON_INTERPRET unset: interpreted kernels cannot be compiled. Exit status 1 on any failure.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+
+ELEM = {"fp16": 2, "bf16": 2, "fp32": 4}
+KERNELS = ("fwd", "dkdv", "dq", "preprocess")
+
+
+@dataclass(frozen=True)
+class Variant:
+    kernel: str
+    dtype: str
+    block_d: int
+    causal: bool
+    even_d: bool
+
+    def __str__(self) -> str:
+        return (f"{self.kernel} {self.dtype} D{self.block_d} {'causal' if self.causal else 'full'}"
+                f"{'' if self.even_d else ' odd-d'}")
+
+
+def variants() -> list:
+    out = []
+    for kernel in KERNELS:
+        for dtype in ("bf16", "fp16", "fp32"):
+            for block_d in (16, 32, 64, 128, 256):
+                for causal in ((False,) if kernel == "preprocess" else (False, True)):
+                    for even_d in ((True, False) if dtype == "bf16" else (True,)):
+                        out.append(Variant(kernel, dtype, block_d, causal, even_d))
+    return out
+
+
+def _signature(fn, dtype: str, constants: dict) -> dict:
+    sig = {}
+    for name in fn.arg_names:
+        if name in constants:
+            sig[name] = "constexpr"
+        elif name in ("Lse", "Delta"):
+            sig[name] = "*fp32"
+        elif name[0].isupper():
+            sig[name] = f"*{dtype}"
+        elif name in ("qk_scale", "softmax_scale", "init"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def _resources(cubin: bytes) -> dict:
+    from triton.backends.nvidia import compiler as nv
+
+    tool = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    found = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", text))
+    return {"registers": int(found.get("REG", -1)), "stack": int(found.get("STACK", -1)),
+            "local": int(found.get("LOCAL", -1))}
+
+
+def compile_variant(v: Variant, capability: int) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from faverify.kernels.triton import configs
+    from faverify.kernels.triton.backward import _bwd_dkdv, _bwd_dq, _bwd_preprocess
+    from faverify.kernels.triton.forward import _fwd_kernel
+
+    fn = {"fwd": _fwd_kernel, "dkdv": _bwd_dkdv, "dq": _bwd_dq, "preprocess": _bwd_preprocess}[v.kernel]
+    constants = {"BLOCK_D": v.block_d, "EVEN_D": v.even_d}
+    options = {"num_warps": 4, "num_stages": 1}
+    tile = None
+    if v.kernel == "preprocess":
+        constants["BLOCK_M"] = 64
+    else:
+        tile = configs.default(v.kernel, v.block_d, ELEM[v.dtype], v.causal)
+        constants.update(CAUSAL=v.causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, INTERPRETED=False,
+                         IEEE=v.dtype == "fp32")
+        options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if name[0].isupper() or name.startswith("stride_")}
+    attrs = {k: a for k, a in attrs.items() if fn.arg_names[k[0]] not in constants}
+    start = time.perf_counter()
+    result = {"variant": str(v), **asdict(v), "sm": capability, "tile": str(tile) if tile else "M64"}
+    try:
+        compiled = triton.compile(ASTSource(fn, _signature(fn, v.dtype, constants), constants, attrs),
+                                  target=GPUTarget("cuda", capability, 32), options=options)
+    except Exception as e:  # reported per variant; the other variants still compile
+        result.update(ok=False, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
+        return result
+    result.update(ok=True, shared=compiled.metadata.shared, seconds=round(time.perf_counter() - start, 2),
+                  **_resources(compiled.asm["cubin"]))
+    limit = configs.SMEM_LIMIT[capability // 10]
+    if compiled.metadata.shared > limit:
+        result.update(ok=False, error=f"needs {compiled.metadata.shared} B of shared memory, sm_{capability} "
+                                      f"allows {limit}")
+    return result
+
+
+def _job(args):
+    return compile_variant(*args)
+
+
+def compile_all(capabilities=(80, 90), jobs: int = 2) -> list:
+    work = [(v, cap) for cap in capabilities for v in variants()]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(_job, work, chunksize=4))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--arch", default="80,90", help="compute capabilities, e.g. 80,90")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("aot: unset TRITON_INTERPRET: interpreted kernels cannot be compiled", file=sys.stderr)
+        return 2
+    from tabulate import tabulate
+
+    start = time.perf_counter()
+    results = compile_all(tuple(int(a) for a in args.arch.split(",")), args.jobs)
+    rows = [[r["variant"], f"sm_{r['sm']}", r["tile"], r.get("shared", "-"), r.get("registers", "-"),
+             r.get("stack", "-"), ("ok" if r.get("stack", 0) + r.get("local", 0) == 0 else "ok, spills")
+             if r["ok"] else "FAIL: " + r["error"]] for r in results]
+    print(tabulate(rows, headers=["variant", "arch", "tile", "shared B", "regs", "stack B", "result"],
+                   tablefmt="simple"))
+    failed = [r for r in results if not r["ok"]]
+    spilled = [r for r in results if r["ok"] and r["stack"] + r["local"] > 0]
+    print(f"{len(results)} variants compiled in {time.perf_counter() - start:.0f} s, {len(failed)} failed, "
+          f"{len(spilled)} spill")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Flash backward in Triton by recomputation (FlashAttention-2): only lse is stored by the forward.
+
+    D   = rowsum(dO * O)                                    _bwd_preprocess, fp32
+    P   = exp2(q k^T * scale * log2(e) - lse * log2(e))     recomputed from lse; 0 where masked and in
+                                                            rows that saw no key (lse = -inf)
+    dV  = P^T dO                                            _bwd_dkdv: one program per key tile, looping
+    dP  = dO V^T                                              over the query tiles that see it, and over
+    dS  = P * (dP - D)                                        the query heads of its GQA group, so dk and
+    dK  = scale * dS^T Q                                      dv are summed without atomics
+    dQ  = scale * dS K                                      _bwd_dq: one program per query tile
+P and dS are rounded to the input dtype only as matmul operands; every sum is fp32. No atomics anywhere:
+the backward gives the same bits on every run.
+"""
+import triton
+import triton.language as tl
+
+from faverify.kernels.triton.common import cast, load_rows, mm
+
+
+@triton.jit(do_not_specialize=["seqlen_q", "head_dim", "nheads"])
+def _bwd_preprocess(Out, DO, Delta,  #
+                    stride_ob, stride_os, stride_oh,  #
+                    stride_db, stride_ds, stride_dh,  #
+                    nheads, seqlen_q, head_dim,  #
+                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr):
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // nheads).to(tl.int64)
+    off_h = (off_bh % nheads).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    cols_ok = offs_d[None, :] < head_dim
+    o = load_rows(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
+                  offs_m, seqlen_q, cols_ok, True, True, EVEN_D)
+    do = load_rows(DO + off_b * stride_db + off_h * stride_dh + offs_m[:, None] * stride_ds + offs_d[None, :],
+                   offs_m, seqlen_q, cols_ok, True, True, EVEN_D)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(Delta + off_bh.to(tl.int64) * seqlen_q + offs_m, delta, mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_ds,  #
+                lo, hi, offs_m0, offs_n, cols_ok_t, cols_ok, seqlen_q, seqlen_k, diag, qk_scale,  #
+                MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,  #
+                INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    for start_m in tl.range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + offs_m0
+        # q^T tile [BLOCK_D, BLOCK_M] and dO tile [BLOCK_M, BLOCK_D]
+        qT = load_rows(q_ptrs + start_m * stride_qs, offs_m, seqlen_q, cols_ok_t, False, MASK, EVEN_D)
+        do = load_rows(do_ptrs + start_m * stride_ds, offs_m, seqlen_q, cols_ok, True, MASK, EVEN_D)
+        if MASK:
+            lse = tl.load(lse_ptr + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
+            delta = tl.load(delta_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
+        else:
+            lse = tl.load(lse_ptr + offs_m)
+            delta = tl.load(delta_ptr + offs_m)
+        # rows that saw no key have lse = -inf: +inf makes their P exactly 0
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+        # P^T = exp2(k q^T * scale log2(e) - lse log2(e))  [BLOCK_N, BLOCK_M], masked logits -> -inf first
+        # (a hidden logit can exceed lse by far: exp2 of it would overflow before a mask zeroed it)
+        sT = mm(k, qT, INTERPRETED, IEEE) * qk_scale
+        if MASK:
+            keep = (offs_m[None, :] < seqlen_q) & (offs_n[:, None] < seqlen_k)
+            if CAUSAL:
+                keep = keep & (offs_n[:, None] <= offs_m[None, :] + diag)
+            sT = tl.where(keep, sT, float("-inf"))
+        pT = tl.math.exp2(sT - lse2[None, :])
+        # dV += P^T dO
+        dv += mm(cast(pT, do.dtype, INTERPRETED), do, INTERPRETED, IEEE)
+        # dP^T = V dO^T, dS^T = P^T * (dP^T - D)
+        dpT = mm(v, tl.trans(do), INTERPRETED, IEEE)
+        dsT = pT * (dpT - delta[None, :])
+        # dK += dS^T Q (the softmax scale is applied once at the end)
+        dk += mm(cast(dsT, qT.dtype, INTERPRETED), tl.trans(qT), INTERPRETED, IEEE)
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "head_dim", "nheads_k", "group"])
+def _bwd_dkdv(Q, K, V, DO, Lse, Delta, DK, DV,  #
+              stride_qb, stride_qs, stride_qh,  #
+              stride_kb, stride_ks, stride_kh,  #
+              stride_vb, stride_vs, stride_vh,  #
+              stride_db, stride_ds, stride_dh,  #
+              stride_dkb, stride_dks, stride_dkh,  #
+              stride_dvb, stride_dvs, stride_dvh,  #
+              nheads_k, group, seqlen_q, seqlen_k, head_dim, softmax_scale, qk_scale,  #
+              CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,  #
+              EVEN_D: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    start_n = tl.program_id(0) * BLOCK_N
+    off_bhk = tl.program_id(1)
+    off_b = (off_bhk // nheads_k).to(tl.int64)
+    off_hk = (off_bhk % nheads_k).to(tl.int64)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    cols_ok = offs_d[None, :] < head_dim
+    k = load_rows(K + off_b * stride_kb + off_hk * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :],
+                  offs_n, seqlen_k, cols_ok, True, True, EVEN_D)
+    v = load_rows(V + off_b * stride_vb + off_hk * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
+                  offs_n, seqlen_k, cols_ok, True, True, EVEN_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    diag = seqlen_k - seqlen_q  # query i sees key j iff i >= j - diag
+    if CAUSAL:
+        # rows that see some key of the tile start at start_n - diag; rows that see all of it at
+        # start_n + BLOCK_N - 1 - diag (tile-aligned down / up)
+        lo = tl.maximum(start_n - diag, 0) // BLOCK_M * BLOCK_M
+        full = tl.minimum(tl.maximum(start_n + BLOCK_N - 1 - diag, 0), seqlen_q)
+        full = tl.minimum((full + BLOCK_M - 1) // BLOCK_M * BLOCK_M, seqlen_q // BLOCK_M * BLOCK_M)
+        full = tl.maximum(full, lo)
+    else:
+        lo = 0
+        full = 0
+    mid = seqlen_q // BLOCK_M * BLOCK_M  # tiles past this one hold the seqlen_q tail
+    if start_n + BLOCK_N > seqlen_k:
+        mid = full  # this key tile holds the seqlen_k tail: mask every query tile
+    mid = tl.maximum(mid, full)
+    for g in range(0, group):
+        off_h = off_hk * group + g
+        off_bh = off_b * (nheads_k * group) + off_h
+        q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + offs_m0[None, :] * stride_qs + offs_d[:, None]
+        do_ptrs = DO + off_b * stride_db + off_h * stride_dh + offs_m0[:, None] * stride_ds + offs_d[None, :]
+        lse_ptr = Lse + off_bh * seqlen_q
+        delta_ptr = Delta + off_bh * seqlen_q
+        # diagonal tiles (masked), then tiles every row of which sees the whole key tile, then the tail
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_ds,  #
+                             lo, full, offs_m0, offs_n, tl.trans(cols_ok), cols_ok, seqlen_q, seqlen_k, diag,
+                             qk_scale, True, CAUSAL, BLOCK_M, EVEN_D, INTERPRETED, IEEE)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_ds,  #
+                             full, mid, offs_m0, offs_n, tl.trans(cols_ok), cols_ok, seqlen_q, seqlen_k, diag,
+                             qk_scale, False, CAUSAL, BLOCK_M, EVEN_D, INTERPRETED, IEEE)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_ds,  #
+                             mid, seqlen_q, offs_m0, offs_n, tl.trans(cols_ok), cols_ok, seqlen_q, seqlen_k, diag,
+                             qk_scale, True, CAUSAL, BLOCK_M, EVEN_D, INTERPRETED, IEEE)
+    dk = dk * softmax_scale
+    out_ok = offs_n[:, None] < seqlen_k
+    if not EVEN_D:
+        out_ok = out_ok & cols_ok
+    tl.store(DK + off_b * stride_dkb + off_hk * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :],
+             cast(dk, DK.dtype.element_ty, INTERPRETED), mask=out_ok)
+    tl.store(DV + off_b * stride_dvb + off_hk * stride_dvh + offs_n[:, None] * stride_dvs + offs_d[None, :],
+             cast(dv, DV.dtype.element_ty, INTERPRETED), mask=out_ok)
+
+
+@triton.jit
+def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
+              lo, hi, offs_m, offs_n0, cols_ok_t, seqlen_k, diag, qk_scale,  #
+              MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,  #
+              INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n0
+        kT = load_rows(k_ptrs + start_n * stride_ks, cols, seqlen_k, cols_ok_t, False, MASK, EVEN_D)
+        vT = load_rows(v_ptrs + start_n * stride_vs, cols, seqlen_k, cols_ok_t, False, MASK, EVEN_D)
+        s = mm(q, kT, INTERPRETED, IEEE) * qk_scale
+        if MASK:
+            keep = cols[None, :] < seqlen_k
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= offs_m[:, None] + diag)
+            s = tl.where(keep, s, float("-inf"))
+        p = tl.math.exp2(s - lse2[:, None])
+        dp = mm(do, vT, INTERPRETED, IEEE)
+        ds = p * (dp - delta[:, None])
+        # dQ += dS K
+        dq += mm(cast(ds, kT.dtype, INTERPRETED), tl.trans(kT), INTERPRETED, IEEE)
+    return dq
+
+
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "head_dim", "nheads", "group"])
+def _bwd_dq(Q, K, V, DO, Lse, Delta, DQ,  #
+            stride_qb, stride_qs, stride_qh,  #
+            stride_kb, stride_ks, stride_kh,  #
+            stride_vb, stride_vs, stride_vh,  #
+            stride_db, stride_ds, stride_dh,  #
+            stride_dqb, stride_dqs, stride_dqh,  #
+            nheads, group, seqlen_q, seqlen_k, head_dim, softmax_scale, qk_scale,  #
+            CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,  #
+            EVEN_D: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // nheads).to(tl.int64)
+    off_h = (off_bh % nheads).to(tl.int64)
+    off_hk = off_h // group
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    cols_ok = offs_d[None, :] < head_dim
+    q = load_rows(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
+                  offs_m, seqlen_q, cols_ok, True, True, EVEN_D)
+    do = load_rows(DO + off_b * stride_db + off_h * stride_dh + offs_m[:, None] * stride_ds + offs_d[None, :],
+                   offs_m, seqlen_q, cols_ok, True, True, EVEN_D)
+    row = off_bh.to(tl.int64) * seqlen_q + offs_m
+    lse = tl.load(Lse + row, mask=offs_m < seqlen_q, other=float("inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    delta = tl.load(Delta + row, mask=offs_m < seqlen_q, other=0.0)
+    k_ptrs = K + off_b * stride_kb + off_hk * stride_kh + offs_n0[None, :] * stride_ks + offs_d[:, None]
+    v_ptrs = V + off_b * stride_vb + off_hk * stride_vh + offs_n0[None, :] * stride_vs + offs_d[:, None]
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    diag = seqlen_k - seqlen_q
+    if CAUSAL:
+        full = tl.minimum(tl.maximum(start_m * BLOCK_M + diag + 1, 0), seqlen_k)
+        hi = tl.minimum(tl.maximum((start_m + 1) * BLOCK_M + diag, 0), seqlen_k)
+    else:
+        full = seqlen_k
+        hi = seqlen_k
+    full = full // BLOCK_N * BLOCK_N
+    dq = _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, 0, full, offs_m, offs_n0,
+                   tl.trans(cols_ok), seqlen_k, diag, qk_scale, False, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, full, hi, offs_m, offs_n0,
+                   tl.trans(cols_ok), seqlen_k, diag, qk_scale, True, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE)
+    dq = dq * softmax_scale
+    out_ok = offs_m[:, None] < seqlen_q
+    if not EVEN_D:
+        out_ok = out_ok & cols_ok
+    tl.store(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
+             cast(dq, DQ.dtype.element_ty, INTERPRETED), mask=out_ok)

@@ -1,0 +1,87 @@
+"""Pieces shared by the Triton forward and backward kernels."""
+import os
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634  # exp(x) == exp2(x * LOG2E): the kernels fold it into the softmax scale
+LN2 = 0.6931471805599453
+
+# The Triton interpreter (TRITON_INTERPRET=1, <= 3.6) computes bfloat16 wrongly in two places, silently:
+# - a tl.dot on bf16 operands multiplies the raw bits (garbage);
+# - a conversion fp32 -> bf16 truncates instead of rounding to nearest even (one ulp off, half the time).
+# Kernels take INTERPRETED=True there and emulate the GPU: dot operands are upcast to fp32 (a product of
+# two bf16 or fp16 values is exact in fp32, and the GPU accumulates in fp32 too), and bf16 casts round to
+# nearest even by integer arithmetic on the fp32 bits before the (then exact) truncating conversion.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _interpreter_index_shim() -> None:
+    """The interpreter (Triton <= 3.6) converts a scalar to a Python int with int(array), and scalars
+    there are one-element arrays of shape (1,), which NumPy >= 2.4 refuses to convert. Loop bounds
+    derived from program_id (the causal tile ranges) hit it. Convert through .item() instead."""
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_faverify_shim", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0].item()))
+
+    patched._faverify_shim = True
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRET:
+    _interpreter_index_shim()
+
+
+def block_d(head_dim: int) -> int:
+    """Head dims are padded to a power of two >= 16 inside the kernels: five compiled variants, 16..256."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+@triton.jit
+def mm(a, b, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    """a @ b with fp32 accumulation. IEEE: full fp32 products for fp32 inputs (not tf32)."""
+    if INTERPRETED:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def load_rows(ptrs, rows, n_rows, cols_ok, ROWS_ALONG_0: tl.constexpr, MASK_ROWS: tl.constexpr,
+              EVEN_D: tl.constexpr):
+    """Load a tile whose sequence index is `rows` (along dim 0 if ROWS_ALONG_0 else dim 1), masking the
+    sequence tail only when MASK_ROWS and the head-dim padding only when not EVEN_D: a mask that varies
+    along the contiguous head dim stops the compiler from vectorizing the load."""
+    if ROWS_ALONG_0:
+        row_ok = rows[:, None] < n_rows
+    else:
+        row_ok = rows[None, :] < n_rows
+    if MASK_ROWS:
+        if EVEN_D:
+            return tl.load(ptrs, mask=row_ok, other=0.0)
+        else:
+            return tl.load(ptrs, mask=row_ok & cols_ok, other=0.0)
+    else:
+        if EVEN_D:
+            return tl.load(ptrs)
+        else:
+            return tl.load(ptrs, mask=cols_ok, other=0.0)
+
+
+@triton.jit
+def cast(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
+    """x.to(dtype), rounding to nearest even also under the interpreter (see INTERPRET above)."""
+    if INTERPRETED:
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+    return x.to(dtype)

@@ -1,0 +1,137 @@
+"""Tile configurations for the Triton kernels: candidates as data, a pruning predicate, defaults, and the
+table of what was chosen (filled by `tune`, shown by `faverify bench`).
+
+A launch uses, in order: the tuned choice for its key if `tune` has run for it, else the default for its
+head dim. Tuning is explicit (bench, or FAVERIFY_TRITON_AUTOTUNE=1): a fuzz run draws thousands of shapes
+and must not stop to benchmark each.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from faverify.kernels.triton.common import INTERPRET
+
+
+@dataclass(frozen=True)
+class Tile:
+    block_m: int  # query rows per tile
+    block_n: int  # keys per tile
+    num_warps: int
+    num_stages: int
+
+    def __str__(self) -> str:
+        return f"M{self.block_m} N{self.block_n} w{self.num_warps} s{self.num_stages}"
+
+
+KINDS = ("fwd", "dkdv", "dq")
+CANDIDATES = {
+    "fwd": [Tile(m, n, w, s) for m in (32, 64, 128) for n in (16, 32, 64, 128) for w in (4, 8) for s in (1, 2, 3, 4)],
+    # dkdv: block_n keys stay on chip while block_m query rows stream past; dq the other way round
+    "dkdv": [Tile(m, n, w, s) for m in (16, 32, 64) for n in (32, 64, 128) for w in (4, 8) for s in (1, 2, 3)],
+    "dq": [Tile(m, n, w, s) for m in (32, 64, 128) for n in (16, 32, 64) for w in (4, 8) for s in (1, 2, 3)],
+}
+SMEM_LIMIT = {8: 163 * 1024, 9: 227 * 1024}  # usable shared memory per block, by compute capability major
+
+
+def shared_bytes(kind: str, tile: Tile, block_d: int, elem: int) -> int:
+    """Shared memory a config needs: the pipelined streaming tiles plus the resident ones (an estimate,
+    checked against the compiler's own figure by the AOT compile test)."""
+    if kind == "fwd":  # q resident, k and v streamed
+        return (tile.block_m * block_d + tile.num_stages * 2 * tile.block_n * block_d) * elem
+    if kind == "dkdv":  # k, v resident, q and dO streamed
+        return (2 * tile.block_n * block_d + tile.num_stages * 2 * tile.block_m * block_d) * elem
+    return (2 * tile.block_m * block_d + tile.num_stages * 2 * tile.block_n * block_d) * elem
+
+
+def fp32_registers(kind: str, tile: Tile, block_d: int) -> float:
+    """fp32 values each thread holds: accumulators plus score tiles, counted as if all were live at once.
+    The compiler reuses some (s and p share registers), so up to 192 fits in 255 registers; past it, it
+    spills to the stack (seen in the AOT report: M128 N128 w4 at head dim 128, 256 by this count, gets a
+    12 KB stack frame on sm_80). The AOT report's stack column checks every default against this."""
+    m, n = tile.block_m, tile.block_n
+    held = {"fwd": m * block_d + m * n,  # acc, s/p
+            "dkdv": 2 * n * block_d + 2 * n * m,  # dk, dv, p^T, ds^T
+            "dq": m * block_d + 2 * m * n}[kind]  # dq, p, ds
+    return held / (32 * tile.num_warps)
+
+
+def keep(kind: str, tile: Tile, block_d: int, elem: int, capability_major: int = 9) -> bool:
+    """Prune configs that cannot fit or cannot pay off."""
+    if shared_bytes(kind, tile, block_d, elem) > SMEM_LIMIT.get(capability_major, SMEM_LIMIT[8]):
+        return False
+    if fp32_registers(kind, tile, block_d) > 192:
+        return False
+    # 8 warps on a small tile leave each warp too little work (the Triton tutorial's rule)
+    if tile.num_warps == 8 and tile.block_m * tile.block_n < 128 * 128 and kind == "fwd":
+        return False
+    return True
+
+
+def candidates(kind: str, block_d: int, elem: int, capability_major: int = 9) -> list:
+    return [t for t in CANDIDATES[kind] if keep(kind, t, block_d, elem, capability_major)]
+
+
+# Interpreter: tiles small next to CPU-sized seqlens (<= 256) so every case still has several tiles and
+# tails, unequal so a swapped BLOCK_M/BLOCK_N shows; large enough that NumPy does the work, not Python.
+# What `faverify bench --tune` times: the candidates around the measured optimum (all of CANDIDATES would
+# cost minutes of compilation per shape).
+TUNING = {
+    "fwd": [Tile(128, 64, 4, s) for s in (2, 3, 4)] + [Tile(128, 128, w, s) for w in (4, 8) for s in (2, 3)]
+    + [Tile(64, 64, 4, 3), Tile(64, 64, 4, 4), Tile(64, 128, 4, 3)],
+    "dkdv": [Tile(32, 128, 4, 2), Tile(32, 128, 4, 3), Tile(64, 128, 8, 2), Tile(64, 128, 8, 3),
+             Tile(32, 64, 4, 3), Tile(64, 64, 4, 3)],
+    "dq": [Tile(128, 32, 4, 2), Tile(128, 32, 4, 3), Tile(128, 64, 8, 2), Tile(128, 64, 8, 3),
+           Tile(64, 32, 4, 3), Tile(64, 64, 4, 3)],
+}
+
+
+def tuning_candidates(kind: str, block_d: int, elem: int, capability_major: int = 9) -> list:
+    return [t for t in TUNING[kind] if keep(kind, t, block_d, elem, capability_major)]
+
+
+_INTERPRETED = {"fwd": Tile(64, 32, 4, 1), "dkdv": Tile(32, 64, 4, 1), "dq": Tile(64, 32, 4, 1)}
+
+
+def default(kind: str, block_d: int, elem: int, causal: bool) -> Tile:
+    """Starting points measured on an H200 (anchors/h200.md for the forward), pruned to what fits."""
+    if INTERPRET:
+        return _INTERPRETED[kind]  # small tiles: many tiles and tails even at CPU-sized seqlens
+    wide = block_d * elem > 256  # d > 128 in 16-bit, d > 64 in fp32
+    if kind == "fwd":  # the best of the anchor's sweep at seqlen 16384 (bf16)
+        preferred = {(64, False): Tile(128, 64, 4, 4), (64, True): Tile(128, 128, 4, 3),
+                     (128, False): Tile(128, 64, 4, 2), (128, True): Tile(128, 128, 8, 3)}.get(
+            (block_d, causal), Tile(128, 64, 4, 3) if not wide else Tile(64, 64, 4, 2))
+    elif kind == "dkdv":
+        preferred = Tile(32, 128, 4, 3) if not wide else Tile(32, 64, 8, 2)
+    else:
+        preferred = Tile(128, 32, 4, 3) if not wide else Tile(64, 32, 8, 2)
+    if keep(kind, preferred, block_d, elem, 8):
+        return preferred
+    # the largest tile that fits an sm_80 block (fp32 at head dim 256 needs small ones), deepest pipeline
+    return max(candidates(kind, block_d, elem, 8),
+               key=lambda t: (t.block_m * t.block_n, t.num_stages, -t.num_warps))
+
+
+_CHOSEN: dict = {}  # (kind, block_d, elem, causal, seqlen bucket) -> Tile
+
+
+def seqlen_bucket(seqlen: int) -> int:
+    return min(16384, max(1024, 1 << (max(seqlen, 1) - 1).bit_length()))
+
+
+def select(kind: str, block_d: int, elem: int, causal: bool, seqlen: int) -> Tile:
+    return _CHOSEN.get((kind, block_d, elem, causal, seqlen_bucket(seqlen))) or default(kind, block_d, elem, causal)
+
+
+def record(kind: str, block_d: int, elem: int, causal: bool, seqlen: int, tile: Tile) -> None:
+    _CHOSEN[(kind, block_d, elem, causal, seqlen_bucket(seqlen))] = tile
+
+
+def chosen() -> dict:
+    """What tuning picked so far, for display."""
+    return dict(_CHOSEN)
+
+
+def autotune_requested() -> bool:
+    return os.environ.get("FAVERIFY_TRITON_AUTOTUNE", "0") not in ("", "0")

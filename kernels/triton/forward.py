@@ -1,0 +1,110 @@
+"""Flash forward in Triton (FlashAttention-2: tiles of queries stay on chip, keys stream past them).
+
+For a tile of BLOCK_M query rows, over key tiles of BLOCK_N:
+    s   = q k^T * scale * log2(e)               logits in log2 units, fp32
+    m'  = max(m, rowmax(s))                     running max
+    p   = exp2(s - m'),  alpha = exp2(m - m')   (guarded: never (-inf) - (-inf))
+    l   = l * alpha + rowsum(p)                 running sum
+    acc = acc * alpha + p.to(dtype) @ v         P is rounded to the input dtype only as this operand
+out = acc / l and lse = (m + log2 l) * ln 2; a row that saw no key has l == 0: out 0, lse -inf.
+The running max starts at `init` (-inf or -1e30, a runtime value); both guards are always on, so the two
+starts give the same bits.
+
+Causal is bottom-right aligned (query i sees key j iff j <= i + seqlen_k - seqlen_q). Key tiles that
+every row of the query tile sees run without a mask; the diagonal tiles and the seqlen_k tail run with
+one; tiles above the diagonal are skipped.
+"""
+import triton
+import triton.language as tl
+
+from faverify.kernels.triton.common import cast, load_rows, mm
+
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
+               lo, hi, offs_m, offs_n, mask_dk, mask_dv, seqlen_k, diag, qk_scale,  #
+               MASK: tl.constexpr, CAUSAL: tl.constexpr,  #
+               BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        k = load_rows(k_ptrs + start_n * stride_ks, cols, seqlen_k, mask_dk, False, MASK, EVEN_D)
+        # s = q k^T, scaled into log2 units below
+        qk = mm(q, k, INTERPRETED, IEEE)
+        if MASK:
+            keep = cols[None, :] < seqlen_k
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= offs_m[:, None] + diag)
+            qk = tl.where(keep, qk, float("-inf"))
+        # m' = max(m, rowmax(s))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        # Started at -inf, a row that has seen only masked keys keeps m' = -inf, and s - m' would be NaN.
+        # Started at -1e30, m' stays finite and exp2(-inf - m') is 0. One select per row makes both right.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk * qk_scale - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_rows(v_ptrs + start_n * stride_vs, cols, seqlen_k, mask_dv, True, MASK, EVEN_D)
+        # acc = acc * alpha + P V, P rounded to the input dtype as the matmul operand
+        acc = acc * alpha[:, None] + mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "head_dim", "nheads", "group"])
+def _fwd_kernel(Q, K, V, Out, Lse,  #
+                stride_qb, stride_qs, stride_qh,  #
+                stride_kb, stride_ks, stride_kh,  #
+                stride_vb, stride_vs, stride_vh,  #
+                stride_ob, stride_os, stride_oh,  #
+                nheads, group, seqlen_q, seqlen_k, head_dim, qk_scale, init,  #
+                CAUSAL: tl.constexpr,  #
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,  #
+                INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // nheads).to(tl.int64)
+    off_h = (off_bh % nheads).to(tl.int64)
+    off_hk = off_h // group  # query head h reads kv head h // group (GQA/MQA)
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < head_dim
+    q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
+    q = load_rows(q_ptrs, offs_m, seqlen_q, mask_d[None, :], True, True, EVEN_D)
+    # k is read transposed: a [BLOCK_D, BLOCK_N] tile
+    k_ptrs = K + off_b * stride_kb + off_hk * stride_kh + offs_n[None, :] * stride_ks + offs_d[:, None]
+    v_ptrs = V + off_b * stride_vb + off_hk * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + init
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    diag = seqlen_k - seqlen_q  # bottom-right alignment: row i sees keys j <= i + diag
+    if CAUSAL:
+        # keys every row of the tile sees: j <= start_m * BLOCK_M + diag
+        full = tl.minimum(tl.maximum(start_m * BLOCK_M + diag + 1, 0), seqlen_k)
+        # keys some row of the tile sees: j < (start_m + 1) * BLOCK_M + diag
+        hi = tl.minimum(tl.maximum((start_m + 1) * BLOCK_M + diag, 0), seqlen_k)
+    else:
+        full = seqlen_k
+        hi = seqlen_k
+    full = full // BLOCK_N * BLOCK_N
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
+                               0, full, offs_m, offs_n, mask_d[:, None], mask_d[None, :], seqlen_k, diag, qk_scale,
+                               False, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
+                               full, hi, offs_m, offs_n, mask_d[:, None], mask_d[None, :], seqlen_k, diag, qk_scale,
+                               True, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE)
+
+    # out = acc / l, lse = ln 2 * (m + log2 l); a row that saw no key (l == 0) gives 0 and -inf
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    o_ptrs = Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
+    if EVEN_D:
+        tl.store(o_ptrs, cast(out, Out.dtype.element_ty, INTERPRETED), mask=offs_m[:, None] < seqlen_q)
+    else:
+        tl.store(o_ptrs, cast(out, Out.dtype.element_ty, INTERPRETED), mask=(offs_m[:, None] < seqlen_q) & mask_d[None, :])
+    tl.store(Lse + off_bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)

@@ -1,0 +1,110 @@
+"""Launchers, autograd, and the public flash_attn_func of the Triton kernels."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from faverify.kernels.triton import configs
+from faverify.kernels.triton.backward import _bwd_dkdv, _bwd_dq, _bwd_preprocess
+from faverify.kernels.triton.common import INTERPRET, LOG2E, block_d
+from faverify.kernels.triton.forward import _fwd_kernel
+from faverify.kernels.validate import check_inputs
+
+INIT_VALUE = {"-inf": float("-inf"), "-1e30": -1e30}
+EMULATE = INTERPRET  # emulate GPU bf16 numerics under the interpreter (common.py says why); tests switch it
+
+
+def _strides(t: torch.Tensor) -> tuple:
+    """(batch, seq, head) strides of a [b, s, h, d] tensor; the last dim is contiguous (validated)."""
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _common(q):
+    d = q.shape[3]
+    bd = block_d(d)
+    return dict(BLOCK_D=bd, EVEN_D=d == bd, INTERPRETED=EMULATE, IEEE=q.dtype == torch.float32)
+
+
+def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile | None = None):
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+    if sq == 0:
+        return out, lse
+    if sk == 0:  # no key at all: every row follows the convention for rows that see none
+        return out.zero_(), lse.fill_(float("-inf"))
+    c = _common(q)
+    tile = tile or configs.select("fwd", c["BLOCK_D"], q.element_size(), causal, max(sq, sk))
+    grid = (triton.cdiv(sq, tile.block_m), b * h)
+    _fwd_kernel[grid](q, k, v, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+                      h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init],
+                      CAUSAL=causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+                      num_warps=tile.num_warps, num_stages=tile.num_stages, **c)
+    return out, lse
+
+
+def backward(dout, q, k, v, out, lse, scale: float, causal: bool, tiles: dict | None = None):
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    dq = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
+    dk = torch.empty((b, sk, hk, d), dtype=k.dtype, device=k.device)
+    dv = torch.empty((b, sk, hk, d), dtype=v.dtype, device=v.device)
+    if sq == 0 or sk == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    if dout.stride(-1) != 1:  # autograd may hand us an expanded gradient (stride 0): one copy of dO only
+        dout = dout.contiguous()
+    c = _common(q)
+    elem = q.element_size()
+    tiles = tiles or {}
+    pick = {kind: tiles.get(kind) or configs.select(kind, c["BLOCK_D"], elem, causal, max(sq, sk))
+            for kind in ("dkdv", "dq")}
+    delta = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+    pre_m = 64 if not INTERPRET else 32
+    _bwd_preprocess[(triton.cdiv(sq, pre_m), b * h)](out, dout, delta, *_strides(out), *_strides(dout), h, sq, d,
+                                                     BLOCK_M=pre_m, BLOCK_D=c["BLOCK_D"], EVEN_D=c["EVEN_D"])
+    t = pick["dkdv"]
+    _bwd_dkdv[(triton.cdiv(sk, t.block_n), b * hk)](
+        q, k, v, dout, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+        *_strides(dk), *_strides(dv), hk, h // hk, sq, sk, d, scale, scale * LOG2E,
+        CAUSAL=causal, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **c)
+    t = pick["dq"]
+    _bwd_dq[(triton.cdiv(sq, t.block_m), b * h)](
+        q, k, v, dout, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq),
+        h, h // hk, sq, sk, d, scale, scale * LOG2E,
+        CAUSAL=causal, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **c)
+    return dq, dk, dv
+
+
+class FlashAttnFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, softmax_scale, init):
+        out, lse = forward(q, k, v, softmax_scale, causal, init)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale, ctx.causal = softmax_scale, causal
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = backward(dout, q, k, v, out, lse, ctx.scale, ctx.causal)
+        return dq, dk, dv, None, None, None
+
+
+def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None = None, init: str = "-inf",
+                    return_lse: bool = False):
+    """FlashAttention forward (and backward through autograd) in Triton.
+
+    q: [batch, seqlen_q, nheads, head_dim]; k, v: [batch, seqlen_k, nheads_k, head_dim], nheads_k dividing
+    nheads (GQA/MQA); fp16, bf16 or fp32; head_dim 1..256; any strides with a contiguous last dimension.
+    causal: bottom-right aligned (query i sees key j iff j <= i + seqlen_k - seqlen_q).
+    softmax_scale: defaults to head_dim ** -0.5.
+    init: start of the running max, "-inf" (guarded) or "-1e30" (guarded at l == 0); same result either way.
+    Returns out [batch, seqlen_q, nheads, head_dim] in the input dtype, and with return_lse also
+    lse [batch, nheads, seqlen_q] float32 (natural log; -inf for a row that sees no key).
+    """
+    scale = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale, init=init, allow_cpu=INTERPRET,
+                         device_hint="CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before import")
+    out, lse = FlashAttnFunction.apply(q, k, v, causal, scale, init)
+    return (out, lse) if return_lse else out

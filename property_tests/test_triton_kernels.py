@@ -1,0 +1,176 @@
+"""The bundled Triton kernels: on the CPU through the interpreter (with its bf16 handling), on the GPU
+compiled (marked gpu). Correctness is judged by the same reference and verdict as everything else."""
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from faverify.case import Case
+from faverify.inputs import make_inputs
+from faverify.runner import compare, evaluate
+from faverify.strategies import Limits, cases
+from faverify.subjects import resolve
+from faverify.verdict import Tolerance
+from property_tests.cli_helpers import cli
+
+HAS_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_GPU else "cpu"
+SMALL = Limits(max_seqlen=130, max_batch=2, max_heads=4, max_elements=1 << 14)
+
+
+def flash():
+    from faverify.kernels.triton import flash_attn_func
+    return flash_attn_func
+
+
+def run(case, *, init=None, backward=True):
+    x = make_inputs(case, DEVICE, requires_grad=backward)
+    out, lse = flash()(x.q, x.k, x.v, causal=case.causal, softmax_scale=case.scale, init=init or case.init,
+                       return_lse=True)
+    got = {"out": out, "lse": lse}
+    if backward:
+        got.update(zip(("dq", "dk", "dv"), torch.autograd.grad(out, (x.q, x.k, x.v), x.dout)))
+    return x, got
+
+
+@settings(max_examples=12)
+@given(cases(limits=SMALL, dtypes=("bf16",)))
+def test_bf16_is_right_against_fp64(case):
+    """bf16 on the CPU goes through the interpreter, which gets bf16 dots and casts wrong by itself."""
+    x, got = run(case)
+    metrics = compare(case, x, got, Tolerance(), tuple(got))
+    assert all(m.passed for m in metrics.values()), {t: m.reason for t, m in metrics.items() if not m.passed}
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the interpreter's bf16 handling only exists on the CPU path")
+def test_without_the_interpreter_emulation_bf16_would_be_wrong(monkeypatch):
+    """Shows the handling is needed: switched off, the same kernel gives garbage in bf16."""
+    from faverify.kernels.triton import interface
+    case = Case(1, 64, 64, 2, 2, 64, dtype="bf16", seed=3)
+    monkeypatch.setattr(interface, "EMULATE", False)
+    x, got = run(case, backward=False)
+    metrics = compare(case, x, got, Tolerance(), ("out", "lse"))
+    assert not metrics["out"].passed
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_init_modes_give_the_same_bits(dtype):
+    case = Case(2, 70, 33, 4, 2, 40, dtype=dtype, causal=True, seed=5)  # rows 0..36 see no key
+    _, a = run(case, init="-inf")
+    _, b = run(case, init="-1e30")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert torch.isinf(a["lse"][:, :, :37]).all() and (a["out"][:, :37] == 0).all()
+    assert (a["dq"][:, :37] == 0).all()
+
+
+def test_no_keys_at_all():
+    case = Case(1, 5, 0, 2, 1, 16, seed=1)
+    x, got = run(case)
+    assert (got["out"] == 0).all() and (got["lse"] == float("-inf")).all() and (got["dq"] == 0).all()
+    assert got["dk"].shape == (1, 0, 1, 16)
+
+
+def test_backward_is_deterministic():
+    case = Case(2, 97, 131, 4, 1, 64, dtype="bf16", causal=True, seed=2)
+    _, a = run(case)
+    _, b = run(case)
+    for name in ("dq", "dk", "dv"):
+        assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.parametrize("head_dim", [1, 8, 24, 100, 256])
+def test_head_dims_padded_inside(head_dim):
+    case = Case(1, 40, 50, 2, 1, head_dim, dtype="fp16", causal=True, seed=head_dim)
+    r = evaluate(resolve("triton"), case, DEVICE)
+    assert r.status == "pass", r.reason
+
+
+def test_gqa_sums_dk_dv_over_the_group():
+    case = Case(1, 33, 65, 8, 2, 32, dtype="fp32", seed=7)
+    x, got = run(case)
+    # the same computation with k and v expanded per query head, gradients summed by hand
+    k = x.k.detach().repeat_interleave(4, dim=2).requires_grad_()
+    v = x.v.detach().repeat_interleave(4, dim=2).requires_grad_()
+    q = x.q.detach().requires_grad_()
+    out = flash()(q, k, v, softmax_scale=case.scale)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), x.dout)
+    assert torch.allclose(got["dk"], dk.reshape(1, 65, 2, 4, 32).sum(3), atol=1e-4)
+    assert torch.allclose(got["dv"], dv.reshape(1, 65, 2, 4, 32).sum(3), atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "strided", "packed"])
+def test_strided_inputs_without_copies(layout, monkeypatch):
+    case = Case(2, 65, 65, 4, 2, 64, dtype="bf16", causal=True, layout=layout, seed=9)
+    x = make_inputs(case, DEVICE)
+    copies = []
+    original = torch.Tensor.contiguous
+    monkeypatch.setattr(torch.Tensor, "contiguous",
+                        lambda self, *a, **k: copies.append(tuple(self.shape)) or original(self, *a, **k))
+    out, lse = flash()(x.q, x.k, x.v, causal=True, return_lse=True)
+    monkeypatch.undo()
+    assert not copies  # q, k, v are read in place through their strides
+    metrics = compare(case, x, {"out": out, "lse": lse}, Tolerance(), ("out", "lse"))
+    assert all(m.passed for m in metrics.values())
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda q, k, v: flash()(q, *(torch.cat([k, k[:, :, :1]], 2),) * 2), "must divide number of heads"),
+    (lambda q, k, v: flash()(q, k, v.float()), "same dtype"),
+    (lambda q, k, v: flash()(q[..., ::2], k[..., ::2], v[..., ::2]), "contiguous in its last dimension"),
+    (lambda q, k, v: flash()(q, k, v, init="zero"), "init must be one of"),
+    (lambda q, k, v: flash()(q, k, v, softmax_scale=-1.0), "softmax_scale must be a finite number > 0"),
+    (lambda q, k, v: flash()(q[0], k[0], v[0]), "must have 4 dimensions"),
+    (lambda q, k, v: flash()(q.to(torch.int32), k, v), "dtype"),
+])
+def test_bad_inputs_name_the_rule(call, message):
+    q = torch.randn(1, 8, 4, 32, device=DEVICE, dtype=torch.float16)
+    k = torch.randn(1, 8, 2, 32, device=DEVICE, dtype=torch.float16)
+    with pytest.raises(ValueError, match=message):
+        call(q, k, k.clone())
+
+
+def test_head_dim_over_256_is_rejected():
+    q = torch.randn(1, 4, 1, 264, device=DEVICE, dtype=torch.float16)
+    with pytest.raises(ValueError, match="head_dim must be in 1..256"):
+        flash()(q, q, q)
+
+
+@pytest.mark.slow
+def test_fuzz_60_cases_every_dtype_on_this_machine():
+    r = cli("fuzz", "--kernel", "triton", "--iters", "60", "--dtype", "bf16,fp16,fp32", "--device", DEVICE)
+    assert r.exit_code == 0, r.stderr
+
+
+@pytest.mark.slow
+def test_every_variant_compiles_for_sm80_and_sm90(capsys):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "faverify.kernels.triton.aot", "--jobs", str(os.cpu_count() or 2)],
+                          capture_output=True, text=True, env=env, timeout=1500)
+    with capsys.disabled():  # the table of shared memory per variant belongs in the CI log
+        print("\n" + proc.stdout[-20000:])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "0 failed" in proc.stdout
+
+
+@pytest.mark.gpu
+def test_memory_is_linear_in_seqlen():
+    """Forward + backward at seqlen 65536, head dim 128: no seqlen^2 buffer."""
+    case = Case(1, 65536, 65536, 8, 8, 128, dtype="bf16", causal=True)
+    x = make_inputs(case, "cuda", requires_grad=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = flash()(x.q, x.k, x.v, causal=True)
+    grads = torch.autograd.grad(out, (x.q, x.k, x.v), x.dout)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    tensor = x.q.numel() * x.q.element_size()
+    needed = tensor * 4  # out, dq, dk, dv (inputs and dout were allocated before)
+    print(f"peak extra memory {peak / 2**20:.1f} MiB for {needed / 2**20:.1f} MiB of outputs and gradients")
+    assert peak <= 1.2 * needed + (1 << 20) * 8, (peak, needed)
+    assert all(torch.isfinite(g).all() for g in grads)
