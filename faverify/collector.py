@@ -55,10 +55,12 @@ class KernelStats:
     gradchecks: dict = field(default_factory=lambda: defaultdict(list))  # dtype used -> GradCheck dicts
     failures: list = field(default_factory=list)
     per_device: Counter = field(default_factory=Counter)
+    phases: Counter = field(default_factory=Counter)  # seconds per phase, summed over cases
     seconds: float = 0.0
 
     def add(self, r: CaseResult) -> None:
         self.counts[r.status] += 1
+        self.phases.update(r.phases)
         if r.device:
             self.per_device[r.device] += 1
         if r.status == "skip":
@@ -122,7 +124,8 @@ class KernelStats:
         return {"kernel": self.kernel, "cases": self.cases, "passed": self.counts["pass"], "failed": self.failed,
                 "crashed": self.counts["crash"], "timed_out": self.counts["timeout"], "skipped": self.counts["skip"],
                 "skip_reasons": dict(self.skipped.most_common()), "per_device": dict(self.per_device),
-                "seconds": self.seconds, "cases_per_second": self.cases / self.seconds if self.seconds else 0.0}
+                "seconds": self.seconds, "cases_per_second": self.cases / self.seconds if self.seconds else 0.0,
+                "ms_per_case": {k: round(1e3 * v / max(1, self.cases), 3) for k, v in sorted(self.phases.items())}}
 
 
 _ORDER = {"out": 0, "lse": 1, "dq": 2, "dk": 3, "dv": 4}

@@ -96,6 +96,10 @@ def render(run: Run, style: str = "table") -> str:
                      fmt(s["cases_per_second"], ".1f"), verdict])
     out.append(table(rows, ["kernel", "cases", "passed", "failed", "crashed", "timed out", "skipped", "seconds",
                             "cases/s", "verdict"], style))
+    timing = "; ".join(f"{k['summary']['kernel']}: " + ", ".join(f"{p} {v:.2f}" for p, v in
+                                                                 k["summary"].get("ms_per_case", {}).items())
+                       for k in run.kernels)
+    out.append(("- " if style == "md" else "") + f"ms per case by phase: {timing}")
 
     out.append(_heading("Error statistics (against FP64; ratio = max err / naive same-dtype max err)", style))
     rows = [[r["kernel"], r["dtype"], r["tensor"], str(r["cases"]), str(r["failed"]), str(r["waived"]), fmt(r["max_abs"]),

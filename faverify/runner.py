@@ -32,6 +32,7 @@ class CaseResult:
     signatures: list = field(default_factory=list)  # e.g. ["out:tolerance", "dq:nan"]; empty unless failing
     gradcheck: dict | None = None  # gradcheck.GradCheck.to_dict()
     seconds: float = 0.0
+    phases: dict = field(default_factory=dict)  # seconds per phase: subject, reference, gradcheck
     device: str = ""
 
     @property
@@ -41,14 +42,14 @@ class CaseResult:
     def to_dict(self) -> dict:
         return {"kernel": self.kernel, "case": self.case.to_dict(), "status": self.status, "reason": self.reason,
                 "metrics": {k: m.to_dict() for k, m in self.metrics.items()}, "signatures": list(self.signatures),
-                "gradcheck": self.gradcheck, "seconds": self.seconds, "device": self.device}
+                "gradcheck": self.gradcheck, "seconds": self.seconds, "phases": self.phases, "device": self.device}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CaseResult":
         return cls(kernel=d["kernel"], case=Case.from_dict(d["case"]), status=d["status"], reason=d["reason"],
                    metrics={k: TensorMetrics.from_dict(m) for k, m in d["metrics"].items()},
                    signatures=list(d["signatures"]), gradcheck=d.get("gradcheck"), seconds=d["seconds"],
-                   device=d.get("device", ""))
+                   phases=d.get("phases", {}), device=d.get("device", ""))
 
 
 def failure(kernel: str, case: Case, status: str, reason: str, signature: str, device: str = "") -> CaseResult:
@@ -60,20 +61,41 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
     device = torch.device(device)
     tolerance = tolerance or Tolerance()
     start = time.perf_counter()
-    result = _evaluate(subject, case, device, mode, tolerance)
+    clock = _Clock(device)
+    result = _evaluate(subject, case, device, mode, tolerance, clock)
     if gradcheck and result.status == "pass":
         from faverify.gradcheck import directional
         result.gradcheck = directional(subject, case, device).to_dict()
+        clock.lap("gradcheck")
         if not result.gradcheck["passed"] and not result.gradcheck["skipped"]:
             result.status = "fail"
             result.reason = "gradient check: " + result.gradcheck["reason"]
             result.signatures = ["gradcheck"]
     result.seconds = time.perf_counter() - start
+    result.phases = clock.laps
     result.device = str(device)
     return result
 
 
-def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tolerance: Tolerance) -> CaseResult:
+class _Clock:
+    """Wall time per phase of a case; synchronizes the GPU at each lap so kernels are charged to their
+    phase (the case ends in a device-to-host copy anyway)."""
+
+    def __init__(self, device: torch.device):
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
+        self.device = device
+        self.laps: dict = {}
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        self.sync(self.device)
+        now = time.perf_counter()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self.t
+        self.t = now
+
+
+def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tolerance: Tolerance,
+              clock: _Clock) -> CaseResult:
     name = subject.name
     reason = subject.unsupported(case, device)
     backward = mode != "fwd"
@@ -83,6 +105,7 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         return CaseResult(name, case, "skip", reason)
 
     x = make_inputs(case, device, requires_grad=backward)
+    clock.lap("inputs")
     try:
         out, lse = subject(x.q, x.k, x.v, case)
     except (Unsupported, ValueError, NotImplementedError) as e:
@@ -103,8 +126,9 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
             return failure(name, case, "fail", f"backward raised {type(e).__name__}: {e}", f"error:{type(e).__name__}")
         for gname, grad, inp in zip(("dq", "dk", "dv"), grads, (x.q, x.k, x.v)):
             got[gname] = grad if grad is not None else torch.zeros_like(inp)
-
+    clock.lap("subject")
     metrics = compare(case, x, got, tolerance, MODES[mode])
+    clock.lap("reference")
     signatures = [f"{t}:{_kind(m)}" for t, m in metrics.items() if not m.passed]
     if signatures:
         reason = "; ".join(f"{t}: {m.reason}" for t, m in metrics.items() if not m.passed)

@@ -1,6 +1,7 @@
 """faverify fuzz | repro | kernels."""
 from __future__ import annotations
 
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -41,12 +42,41 @@ class _Speed(ProgressColumn):
         return Text(f"{task.speed:6.1f} cases/s" if task.speed else "     - cases/s")
 
 
-def progress_bar() -> Progress:
+class _Lines:
+    """Progress when stderr is not a terminal (CI logs, a remote run): a line every 10 seconds."""
+
+    def __init__(self, every: float = 10.0):
+        self.every = every
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def add_task(self, name, total, failed=0):
+        return {"name": name, "total": total, "done": 0, "failed": failed, "start": time.perf_counter(),
+                "last": time.perf_counter()}
+
+    def update(self, task, advance=1, failed=None):
+        task["done"] += advance
+        task["failed"] = task["failed"] if failed is None else failed
+        now = time.perf_counter()
+        if now - task["last"] >= self.every or task["done"] == task["total"]:
+            task["last"] = now
+            rate = task["done"] / max(now - task["start"], 1e-9)
+            stderr.print(f"{task['name']}: {task['done']}/{task['total']} cases, {rate:.1f} cases/s, "
+                         f"failed {task['failed']}", markup=False, highlight=False)
+
+
+def progress_bar():
+    if not stderr.is_terminal:
+        return _Lines()
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _Speed(),
                     TextColumn("failed {task.fields[failed]}"), TimeElapsedColumn(), console=stderr)
 
 
-def _progress_factory(progress: Progress, total: int):
+def _progress_factory(progress, total: int):
     def factory(name: str):
         task = progress.add_task(name, total=total, failed=0)
         failed = 0
