@@ -14,11 +14,10 @@ the backward gives the same bits on every run.
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import cast, load_rows, mm
+from faverify.kernels.triton.common import cast, generic_args, load_rows, mm
 
 
-@triton.jit(do_not_specialize=["seqlen_q", "head_dim", "nheads"])
-def _bwd_preprocess(Out, DO, Delta,  #
+def _preprocess(Out, DO, Delta,  #
                     stride_ob, stride_os, stride_oh,  #
                     stride_db, stride_ds, stride_dh,  #
                     nheads, seqlen_q, head_dim,  #
@@ -75,8 +74,7 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, st
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "head_dim", "nheads_k", "group"])
-def _bwd_dkdv(Q, K, V, DO, Lse, Delta, DK, DV,  #
+def _dkdv(Q, K, V, DO, Lse, Delta, DK, DV,  #
               stride_qb, stride_qs, stride_qh,  #
               stride_kb, stride_ks, stride_kh,  #
               stride_vb, stride_vs, stride_vh,  #
@@ -167,8 +165,7 @@ def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
     return dq
 
 
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "head_dim", "nheads", "group"])
-def _bwd_dq(Q, K, V, DO, Lse, Delta, DQ,  #
+def _dq(Q, K, V, DO, Lse, Delta, DQ,  #
             stride_qb, stride_qs, stride_qh,  #
             stride_kb, stride_ks, stride_kh,  #
             stride_vb, stride_vs, stride_vh,  #
@@ -216,3 +213,12 @@ def _bwd_dq(Q, K, V, DO, Lse, Delta, DQ,  #
         out_ok = out_ok & cols_ok
     tl.store(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
              cast(dq, DQ.dtype.element_ty, INTERPRETED), mask=out_ok)
+
+
+_SIZES = ["seqlen_q", "seqlen_k", "head_dim", "nheads", "nheads_k", "group"]
+_bwd_preprocess = triton.jit(do_not_specialize=[a for a in _SIZES if a in _preprocess.__code__.co_varnames])(_preprocess)
+_bwd_dkdv = triton.jit(do_not_specialize=[a for a in _SIZES if a in _dkdv.__code__.co_varnames])(_dkdv)
+_bwd_dq = triton.jit(do_not_specialize=[a for a in _SIZES if a in _dq.__code__.co_varnames])(_dq)
+_bwd_preprocess_generic = triton.jit(do_not_specialize=generic_args(_preprocess))(_preprocess)
+_bwd_dkdv_generic = triton.jit(do_not_specialize=generic_args(_dkdv))(_dkdv)
+_bwd_dq_generic = triton.jit(do_not_specialize=generic_args(_dq))(_dq)

@@ -38,6 +38,21 @@ if INTERPRET:
     _interpreter_index_shim()
 
 
+def generic_args(fn) -> list:
+    """Every runtime argument of a kernel (pointers, strides, sizes, scalars).
+
+    Triton compiles a kernel once per specialization of its integer and pointer arguments (== 1, divisible
+    by 16, 16-byte aligned). A fuzz run draws thousands of shapes and layouts, whose strides fall into a
+    new pattern case after case, and each costs a compile of seconds. So each kernel exists twice: a fast
+    build, specialized (vectorized loads need the divisibility), used when every stride is a multiple of
+    16 and every pointer 16-byte aligned; and this generic build, specialized on nothing: one compile per
+    set of compile-time constants, whatever the strides."""
+    import inspect
+
+    return [name for name, p in inspect.signature(fn).parameters.items()
+            if p.annotation is inspect.Parameter.empty or "constexpr" not in str(p.annotation)]
+
+
 def block_d(head_dim: int) -> int:
     """Head dims are padded to a power of two >= 16 inside the kernels: five compiled variants, 16..256."""
     return max(16, triton.next_power_of_2(head_dim))

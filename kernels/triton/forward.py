@@ -17,7 +17,7 @@ one; tiles above the diagonal are skipped.
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import cast, load_rows, mm
+from faverify.kernels.triton.common import cast, generic_args, load_rows, mm
 
 
 @triton.jit
@@ -51,8 +51,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "head_dim", "nheads", "group"])
-def _fwd_kernel(Q, K, V, Out, Lse,  #
+def _fwd(Q, K, V, Out, Lse,  #
                 stride_qb, stride_qs, stride_qh,  #
                 stride_kb, stride_ks, stride_kh,  #
                 stride_vb, stride_vs, stride_vh,  #
@@ -108,3 +107,7 @@ def _fwd_kernel(Q, K, V, Out, Lse,  #
     else:
         tl.store(o_ptrs, cast(out, Out.dtype.element_ty, INTERPRETED), mask=(offs_m[:, None] < seqlen_q) & mask_d[None, :])
     tl.store(Lse + off_bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+
+
+_fwd_kernel = triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "head_dim", "nheads", "group"])(_fwd)
+_fwd_kernel_generic = triton.jit(do_not_specialize=generic_args(_fwd))(_fwd)

@@ -5,9 +5,9 @@ import torch
 import triton
 
 from faverify.kernels.triton import configs
-from faverify.kernels.triton.backward import _bwd_dkdv, _bwd_dq, _bwd_preprocess
+from faverify.kernels.triton import backward as _bwd
+from faverify.kernels.triton import forward as _fwd
 from faverify.kernels.triton.common import INTERPRET, LOG2E, block_d
-from faverify.kernels.triton.forward import _fwd_kernel
 from faverify.kernels.validate import check_inputs
 
 INIT_VALUE = {"-inf": float("-inf"), "-1e30": -1e30}
@@ -17,6 +17,17 @@ EMULATE = INTERPRET  # emulate GPU bf16 numerics under the interpreter (common.p
 def _strides(t: torch.Tensor) -> tuple:
     """(batch, seq, head) strides of a [b, s, h, d] tensor; the last dim is contiguous (validated)."""
     return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _aligned(*tensors) -> bool:
+    """All strides multiples of 16 and all pointers 16-byte aligned: the fast, specialized builds apply."""
+    return all(t.data_ptr() % 16 == 0 and all(s % 16 == 0 for s in t.stride()[:-1]) for t in tensors)
+
+
+def _build(name: str, *tensors):
+    """The fast build of kernel `name` when the tensors allow it, else the generic one (common.generic_args)."""
+    module = _fwd if name == "_fwd_kernel" else _bwd
+    return getattr(module, name if INTERPRET or _aligned(*tensors) else name + "_generic")
 
 
 def _common(q):
@@ -37,7 +48,7 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
     c = _common(q)
     tile = tile or configs.select("fwd", c["BLOCK_D"], q.element_size(), causal, max(sq, sk))
     grid = (triton.cdiv(sq, tile.block_m), b * h)
-    _fwd_kernel[grid](q, k, v, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+    _build("_fwd_kernel", q, k, v, out)[grid](q, k, v, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
                       h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init],
                       CAUSAL=causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                       num_warps=tile.num_warps, num_stages=tile.num_stages, **c)
@@ -61,15 +72,15 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, tiles: dict | 
             for kind in ("dkdv", "dq")}
     delta = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
     pre_m = 64 if not INTERPRET else 32
-    _bwd_preprocess[(triton.cdiv(sq, pre_m), b * h)](out, dout, delta, *_strides(out), *_strides(dout), h, sq, d,
+    _build("_bwd_preprocess", out, dout)[(triton.cdiv(sq, pre_m), b * h)](out, dout, delta, *_strides(out), *_strides(dout), h, sq, d,
                                                      BLOCK_M=pre_m, BLOCK_D=c["BLOCK_D"], EVEN_D=c["EVEN_D"])
     t = pick["dkdv"]
-    _bwd_dkdv[(triton.cdiv(sk, t.block_n), b * hk)](
+    _build("_bwd_dkdv", q, k, v, dout, dk, dv)[(triton.cdiv(sk, t.block_n), b * hk)](
         q, k, v, dout, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
         *_strides(dk), *_strides(dv), hk, h // hk, sq, sk, d, scale, scale * LOG2E,
         CAUSAL=causal, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **c)
     t = pick["dq"]
-    _bwd_dq[(triton.cdiv(sq, t.block_m), b * h)](
+    _build("_bwd_dq", q, k, v, dout, dq)[(triton.cdiv(sq, t.block_m), b * h)](
         q, k, v, dout, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq),
         h, h // hk, sq, sk, d, scale, scale * LOG2E,
         CAUSAL=causal, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **c)
