@@ -73,8 +73,15 @@ class Case:
         return max(0, min(self.seqlen_k, i + self.seqlen_k - self.seqlen_q + 1))
 
     @property
+    def masked_rows(self) -> int:
+        """How many query rows see no key: always the first ones (bottom-right alignment)."""
+        if self.seqlen_k == 0:
+            return self.seqlen_q
+        return max(0, self.seqlen_q - self.seqlen_k) if self.causal else 0
+
+    @property
     def has_masked_rows(self) -> bool:
-        return self.visible_keys(0) == 0
+        return self.masked_rows > 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -56,6 +56,8 @@ class KernelStats:
     failures: list = field(default_factory=list)
     per_device: Counter = field(default_factory=Counter)
     phases: Counter = field(default_factory=Counter)  # seconds per phase, summed over cases
+    signature_counts: Counter = field(default_factory=Counter)  # failure signature -> cases
+    restarts: int = 0  # worker processes started again after a crash or a timeout
     seconds: float = 0.0
 
     def add(self, r: CaseResult) -> None:
@@ -78,9 +80,7 @@ class KernelStats:
             s["waived"].append(1 if m.waived else 0)
         if r.gradcheck and not r.gradcheck["skipped"]:
             self.gradchecks[r.gradcheck["dtype"]].append(r.gradcheck)
-        for f in self.failures:
-            if f.signature in r.signatures and r is not f.first:
-                f.occurrences += 1
+        self.signature_counts.update(r.signatures)
 
     @property
     def cases(self) -> int:
@@ -124,6 +124,7 @@ class KernelStats:
         return {"kernel": self.kernel, "cases": self.cases, "passed": self.counts["pass"], "failed": self.failed,
                 "crashed": self.counts["crash"], "timed_out": self.counts["timeout"], "skipped": self.counts["skip"],
                 "skip_reasons": dict(self.skipped.most_common()), "per_device": dict(self.per_device),
+                "worker_restarts": self.restarts,
                 "seconds": self.seconds, "cases_per_second": self.cases / self.seconds if self.seconds else 0.0,
                 "ms_per_case": {k: round(1e3 * v / max(1, self.cases), 3) for k, v in sorted(self.phases.items())}}
 

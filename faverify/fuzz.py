@@ -114,36 +114,144 @@ def fuzz_subject(kernel: str, plan: FuzzPlan, evaluate: Evaluate, stats: KernelS
     return stats
 
 
-def run(kernels: list, plan: FuzzPlan, device, *, mode: str, tolerance, command: str,
-        progress_factory: Callable[[str], Callable[[CaseResult], None]] = lambda name: (lambda r: None)):
-    """Fuzz each kernel in turn on one device (in this process); returns the Run document.
+def _settings(plan: FuzzPlan, *, examples: int, database, phases) -> settings:
+    return settings(max_examples=max(1, examples), deadline=None, database=database, phases=phases,
+                    suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
+                    report_multiple_bugs=False, print_blob=False)
 
-    KeyboardInterrupt stops the run early: what was measured so far is still returned, so nothing the
-    user asked to write is lost.
+
+# The draw and its replay must use the very same settings: Hypothesis's choices depend on max_examples.
+_REPLAYABLE = (Phase.generate, Phase.shrink)
+
+
+def draw_cases(plan: FuzzPlan) -> list:
+    """The cases a seed gives, without evaluating any: the same list for the same plan, on any machine."""
+    drawn: list = []
+
+    def keep(case: Case) -> None:
+        drawn.append(case)
+
+    record = _settings(plan, examples=plan.iters, database=None, phases=_REPLAYABLE)(
+        seed(plan.seed)(given(cases(dtypes=plan.dtypes, limits=plan.limits))(keep)))
+    record()
+    return drawn[:plan.iters]
+
+
+def shrink_by_replay(plan: FuzzPlan, index: int, first: CaseResult, signature: str, evaluate: Evaluate):
+    """Hypothesis draws the plan's sequence again, skips to case `index` (known to fail with `signature`)
+    and shrinks from there. Returns (minimal result, evaluations spent, note)."""
+    state = {"calls": 0, "best": first, "steps": 0, "t0": time.perf_counter(), "armed": False}
+
+    def interesting(case: Case) -> bool:
+        if not state["armed"]:
+            state["calls"] += 1
+            if state["calls"] <= index:
+                return False
+            state["armed"] = True
+            return case == first.case  # the replayed draw reaches the same failing case
+        best: CaseResult = state["best"]
+        if case == best.case:
+            return True
+        if state["steps"] >= plan.shrink_budget or time.perf_counter() - state["t0"] > plan.shrink_seconds:
+            return False
+        state["steps"] += 1
+        r = evaluate(case, signature == "gradcheck")
+        if signature in r.signatures:
+            state["best"] = r
+            return True
+        return False
+
+    def body(case: Case) -> None:
+        if interesting(case):
+            raise _Interesting(signature)
+
+    test = _settings(plan, examples=plan.iters, database=None, phases=_REPLAYABLE)(
+        seed(plan.seed)(given(cases(dtypes=plan.dtypes, limits=plan.limits))(body)))
+    note = ""
+    try:
+        test()
+        note = "not shrunk: drawing the sequence again did not reach the failing case"
+    except _Interesting:
+        pass
+    except Flaky:
+        note = "flaky: the shrunk case did not fail again when replayed"
+    return state["best"], state["steps"], note
+
+
+def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
+                  progress: Callable[[CaseResult], None] = lambda r: None) -> KernelStats:
+    start = time.perf_counter()
+    drawn = draw_cases(plan)
+    every = plan.gradcheck_every
+    first: dict = {}  # signature -> (index, result) of the first case that showed it
+
+    def record(index: int, result: CaseResult) -> None:
+        stats.add(result)
+        progress(result)
+        for s in result.signatures:
+            if s not in first or index < first[s][0]:
+                first[s] = (index, result)
+
+    pool.map(((i, c, every > 0 and i % every == 0) for i, c in enumerate(drawn)), record)
+    for signature, (index, found) in sorted(first.items(), key=lambda kv: kv[1][0]):
+        minimal, steps, note = shrink_by_replay(plan, index, found, signature, pool.evaluate)
+        stats.failures.append(Failure(kernel=kernel, signature=signature, first=found, minimal=minimal,
+                                      shrink_steps=steps, note=note))
+    stats.seconds += time.perf_counter() - start
+    return stats
+
+
+def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, command: str,
+        workers: int = 1, isolate: bool = True, timeout: float = 300.0,
+        progress_factory: Callable[[str], Callable[[CaseResult], None]] = lambda name: (lambda r: None)):
+    """Fuzz each kernel in turn; returns the Run document.
+
+    workers: processes per device (several: the parallel mode above). isolate=False evaluates in this
+    process (one device, sequential), for speed where no subject can crash the process.
+    KeyboardInterrupt (and SIGTERM, turned into one by the CLI) stops the run early: what was measured
+    so far is still returned, so nothing the user asked to write is lost.
     """
     import torch
 
     from faverify import env as environment
+    from faverify.isolation import Pool
     from faverify.results import Run
     from faverify.runner import evaluate as evaluate_case
     from faverify.subjects import resolve
 
-    device = torch.device(device)
+    devices = [torch.device(d) for d in devices]
+    parallel = isolate and workers * len(devices) > 1
     all_stats, interrupted = [], False
     for name in kernels:
-        subject = resolve(name)
         stats = KernelStats(kernel=name)
         all_stats.append(stats)
-
-        def evaluate(case: Case, gradcheck: bool, subject=subject) -> CaseResult:
-            return evaluate_case(subject, case, device, mode=mode, tolerance=tolerance, gradcheck=gradcheck)
-
+        pool = None
         try:
-            fuzz_subject(name, plan, evaluate, stats, progress_factory(name))
+            if isolate:
+                pool = Pool(name, devices, workers if parallel else 1, mode, tolerance.to_dict(), timeout)
+            if parallel:
+                fuzz_parallel(name, plan, pool, stats, progress_factory(name))
+            else:
+                if pool is not None:
+                    evaluate = pool.evaluate
+                else:
+                    subject = resolve(name)
+
+                    def evaluate(case: Case, gradcheck: bool, subject=subject) -> CaseResult:
+                        return evaluate_case(subject, case, devices[0], mode=mode, tolerance=tolerance,
+                                             gradcheck=gradcheck)
+                fuzz_subject(name, plan, evaluate, stats, progress_factory(name))
         except KeyboardInterrupt:
             interrupted = True
+        finally:
+            if pool is not None:
+                stats.restarts = pool.restarts
+                pool.close()
+        if interrupted:
             break
-    settings = {"kernels": ",".join(kernels), "iters": plan.iters, "seed": plan.seed, "dtypes": ",".join(plan.dtypes),
-                "mode": mode, "device": str(device), "max_seqlen": plan.limits.max_seqlen,
-                "gradcheck_every": plan.gradcheck_every, "interrupted": interrupted}
-    return Run.from_stats(command, environment.collect(), settings, tolerance.to_dict(), all_stats)
+    settings_doc = {"kernels": ",".join(kernels), "iters": plan.iters, "seed": plan.seed,
+                    "dtypes": ",".join(plan.dtypes), "mode": mode, "devices": ",".join(str(d) for d in devices),
+                    "workers_per_device": workers if parallel else 1, "isolated": isolate,
+                    "max_seqlen": plan.limits.max_seqlen, "gradcheck_every": plan.gradcheck_every,
+                    "interrupted": interrupted}
+    return Run.from_stats(command, environment.collect(), settings_doc, tolerance.to_dict(), all_stats)

@@ -24,6 +24,9 @@ class Run:
     @classmethod
     def from_stats(cls, command: str, environment: dict, settings: dict, tolerance: dict,
                    stats: list) -> "Run":
+        for s in stats:
+            for f in s.failures:  # every case of the run that showed the signature, shrinking aside
+                f.occurrences = max(1, s.signature_counts[f.signature])
         kernels = [{"summary": s.summary(), "stats": s.stat_rows(), "gradcheck": s.gradcheck_rows(),
                     "failures": [f.to_dict() for f in s.failures]} for s in stats]
         return cls(command, environment, settings, tolerance, kernels)

@@ -144,15 +144,8 @@ def compare(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tup
     with torch.no_grad():
         ref, scales = reference(q, k, v, dout, causal=case.causal, scale=case.scale)
         base = naive(q, k, v, dout, causal=case.causal, scale=case.scale)
-        rows = torch.arange(case.seqlen_q, device=q.device)
-        if case.seqlen_k == 0:
-            masked = torch.ones_like(rows, dtype=torch.bool)
-        elif case.causal:
-            masked = rows + case.seqlen_k - case.seqlen_q + 1 <= 0
-        else:
-            masked = torch.zeros_like(rows, dtype=torch.bool)
         return measure(got, ref, base, scales, dtype=case.dtype, tolerance=tolerance, tensors=tensors,
-                       masked_rows=masked)
+                       masked_rows=case.masked_rows)
 
 
 def _kind(m: TensorMetrics) -> str:

@@ -72,3 +72,19 @@ def with_lse(q, k, v, *, causal, softmax_scale):
         j = torch.arange(sk)[None, :]
         s = s.masked_fill(j > i + sk - sq, float("-inf"))
     return out, torch.logsumexp(s, dim=-1) / 0.6931471805599453
+
+
+def segfaults(q, k, v, *, causal, softmax_scale):
+    """Kills its process on causal cases (a stand-in for a CUDA fault that takes the context down)."""
+    if causal:
+        import ctypes
+        ctypes.string_at(0)  # read from address 0: SIGSEGV
+    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+def hangs(q, k, v, *, causal, softmax_scale):
+    """Never returns when seqlen_q > 100 (a stand-in for a kernel that deadlocks)."""
+    if q.shape[1] > 100:
+        import time
+        time.sleep(3600)
+    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)

@@ -50,5 +50,5 @@ def test_from_json_rejects_unknown_and_missing_fields():
 def test_bottom_right_causal_visibility():
     c = Case(1, seqlen_q=5, seqlen_k=3, nheads=1, nheads_k=1, head_dim=8, causal=True)
     assert [c.visible_keys(i) for i in range(5)] == [0, 0, 1, 2, 3]
-    assert c.has_masked_rows
+    assert c.has_masked_rows and c.masked_rows == 2
     assert not dataclasses.replace(c, seqlen_k=5).has_masked_rows

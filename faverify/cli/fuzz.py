@@ -1,6 +1,8 @@
 """faverify fuzz | repro | kernels."""
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
 from enum import Enum
 from pathlib import Path
@@ -107,6 +109,11 @@ def fuzz(
                                                     "next time)")] = Path(".faverify/examples"),
     no_db: Annotated[bool, typer.Option("--no-db", help="Use no example database")] = False,
     shrink_budget: Annotated[int, typer.Option(help="Evaluations spent shrinking each distinct failure")] = 300,
+    workers: Annotated[Optional[int], typer.Option(help="Worker processes per device (default: 1 on the CPU, "
+                                                        "6 per GPU: a GPU case is bound by launches)")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds one case may take before its worker is killed")] = 300.0,
+    isolate: Annotated[bool, typer.Option(help="Run subjects in worker processes, so a crash or a hang is a "
+                                               "failing case, not the end of the run")] = True,
 ) -> int:
     """Fuzz kernels against the FP64 reference; shrink each failure to a minimal case."""
     from faverify import devices
@@ -124,17 +131,26 @@ def fuzz(
         raise UsageError("--max-seqlen", max_seqlen, "must be >= 1")
     if shrink_budget < 0:
         raise UsageError("--shrink-budget", shrink_budget, "must be >= 0")
+    if workers is not None and workers < 1:
+        raise UsageError("--workers", workers, "must be >= 1")
+    if timeout <= 0:
+        raise UsageError("--timeout", timeout, "must be > 0 seconds")
     dtypes = parse_dtypes(dtype)
     tolerance = tolerance_from(factor, atol)
     subjects = resolve_many(kernel)  # unknown kernels fail here, before any work
     targets = devices.resolve(device)
+    if workers is None:
+        workers = 1 if targets[0].type == "cpu" else 6
+    if not isolate and (workers > 1 or len(targets) > 1):
+        raise UsageError("--no-isolate", True, "runs in this process: one device and one worker only")
     plan = FuzzPlan(iters=iters, seed=seed, dtypes=dtypes, limits=limits_for(targets[0].type, max_seqlen),
                     database=None if no_db else db, gradcheck_every=gradcheck_every, shrink_budget=shrink_budget)
     command = (f"fuzz --kernel {kernel} --iters {iters} --seed {seed} --dtype {','.join(dtypes)} "
                f"--mode {mode.value} --device {device}" + (f" --max-seqlen {max_seqlen}" if max_seqlen else ""))
-    with progress_bar() as progress:
-        result = run([s.name for s in subjects], plan, targets[0], mode=mode.value, tolerance=tolerance,
-                     command=command, progress_factory=_progress_factory(progress, iters))
+    with progress_bar() as progress, _sigterm_interrupts():
+        result = run([s.name for s in subjects], plan, targets, mode=mode.value, tolerance=tolerance,
+                     command=command, workers=workers, isolate=isolate, timeout=timeout,
+                     progress_factory=_progress_factory(progress, iters))
     _write_outputs(result, json_path, markdown)
     stderr.print(render(result, "table"), markup=False, highlight=False, soft_wrap=True)
     return _exit_code(result)
@@ -149,7 +165,26 @@ def _write_outputs(result, json_path: Optional[Path], markdown: Optional[Path]) 
         markdown.write_text(render(result, "md"))
 
 
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """A run killed with SIGTERM (a CI timeout, `timeout`) stops like Ctrl-C: results so far are written."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread (some test runners): nothing to install
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _exit_code(result) -> int:
+    if result.settings.get("interrupted") and not result.failed:
+        raise EnvironmentProblem(f"interrupted after {result.ran} cases with no failure; the results so far "
+                                 "were written")
     if result.ran == 0:
         reasons = {r for k in result.kernels for r in k["summary"]["skip_reasons"]}
         raise EnvironmentProblem("no case ran: every case was skipped ("
@@ -255,17 +290,24 @@ def bench(
     subjects = resolve_many(",".join(names))
     modes = ("fwd", "bwd") if mode == Mode.both else (mode.value,)
     rows = []
-    with progress_bar() as progress:
+    interrupted = False
+    with progress_bar() as progress, _sigterm_interrupts():
         todo = configs(parse_dtypes(dtype), head_dims, ints(seqlens, "--seqlens"), choices[causal])
         task = progress.add_task("bench", total=len(todo) * len(subjects), failed=0)
-        for config in todo:
-            for subject in subjects:
-                rows.append(measure(subject, config, target, modes=modes, tune=tune))
-                progress.update(task, advance=1)
+        try:
+            for config in todo:
+                for subject in subjects:
+                    # tiles tuned for one 16-bit dtype serve the other (same element size, same tiles)
+                    tuned_already = config.dtype != todo[0].dtype
+                    rows.append(measure(subject, config, target, modes=modes, tune=tune and not tuned_already))
+                    progress.update(task, advance=1)
+        except KeyboardInterrupt:  # the rows measured so far are still written
+            interrupted = True
     rows = ratios(rows)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps({"schema": "faverify.bench", "version": 1, "rows": rows}, indent=1))
+        json_path.write_text(json.dumps({"schema": "faverify.bench", "version": 1, "interrupted": interrupted,
+                                         "rows": rows}, indent=1, default=str))
     shown = [[r["kernel"], r["dtype"], str(r["head_dim"]), "yes" if r["causal"] else "no", str(r["seqlen"]),
               fmt(r.get("fwd_tflops"), ".1f"), fmt(r.get("fwd_vs_sdpa-flash"), ".2f"), fmt(r.get("fwd_vs_sdpa-cudnn"), ".2f"),
               fmt(r.get("bwd_tflops"), ".1f"), fmt(r.get("bwd_vs_sdpa-flash"), ".2f"), fmt(r.get("bwd_vs_sdpa-cudnn"), ".2f"),
@@ -274,4 +316,6 @@ def bench(
     typer.echo(table(shown, ["kernel", "dtype", "d", "causal", "seqlen", "fwd TF/s", "vs flash", "vs cudnn",
                              "bwd TF/s", "vs flash", "vs cudnn", "FP64 check", "tiles / note"], "table"))
     failed = [r for r in rows if r["validated"] == "fail"]
+    if interrupted and not failed:
+        raise EnvironmentProblem(f"interrupted after {len(rows)} measurements; those were written")
     return 1 if failed else 0

@@ -9,7 +9,9 @@
     dK  = scale * dS^T Q                                      dv are summed without atomics
     dQ  = scale * dS K                                      _bwd_dq: one program per query tile
 P and dS are rounded to the input dtype only as matmul operands; every sum is fp32. No atomics anywhere:
-the backward gives the same bits on every run.
+the backward gives the same bits on every run. P <= 1 always; the exponent is clamped at 0 because at
+huge logits (1e11) the compiler's fma of s * c - lse * log2(e) is off by thousands and exp2 would overflow
+(the forward explains the contraction); there the case is ill-conditioned anyway, but never NaN.
 """
 import triton
 import triton.language as tl
@@ -63,7 +65,7 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, st
             if CAUSAL:
                 keep = keep & (offs_n[:, None] <= offs_m[None, :] + diag)
             sT = tl.where(keep, sT, float("-inf"))
-        pT = tl.math.exp2(sT - lse2[None, :])
+        pT = tl.math.exp2(tl.minimum(sT - lse2[None, :], 0.0))
         # dV += P^T dO
         dv += mm(cast(pT, do.dtype, INTERPRETED), do, INTERPRETED, IEEE)
         # dP^T = V dO^T, dS^T = P^T * (dP^T - D)
@@ -157,7 +159,7 @@ def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
             if CAUSAL:
                 keep = keep & (cols[None, :] <= offs_m[:, None] + diag)
             s = tl.where(keep, s, float("-inf"))
-        p = tl.math.exp2(s - lse2[:, None])
+        p = tl.math.exp2(tl.minimum(s - lse2[:, None], 0.0))
         dp = mm(do, vT, INTERPRETED, IEEE)
         ds = p * (dp - delta[:, None])
         # dQ += dS K

@@ -1,9 +1,10 @@
 """Flash forward in Triton (FlashAttention-2: tiles of queries stay on chip, keys stream past them).
 
 For a tile of BLOCK_M query rows, over key tiles of BLOCK_N:
-    s   = q k^T * scale * log2(e)               logits in log2 units, fp32
-    m'  = max(m, rowmax(s))                     running max
-    p   = exp2(s - m'),  alpha = exp2(m - m')   (guarded: never (-inf) - (-inf))
+    s   = q k^T                                 raw logits, fp32
+    m'  = max(m, rowmax(s))                     running max, in raw units
+    p   = exp2((s - m') * c), alpha = exp2((m - m') * c),   c = scale * log2(e)
+                                                (guarded: never (-inf) - (-inf))
     l   = l * alpha + rowsum(p)                 running sum
     acc = acc * alpha + p.to(dtype) @ v         P is rounded to the input dtype only as this operand
 out = acc / l and lse = (m + log2 l) * ln 2; a row that saw no key has l == 0: out 0, lse -inf.
@@ -13,6 +14,11 @@ starts give the same bits.
 Causal is bottom-right aligned (query i sees key j iff j <= i + seqlen_k - seqlen_q). Key tiles that
 every row of the query tile sees run without a mask; the diagonal tiles and the seqlen_k tail run with
 one; tiles above the diagonal are skipped.
+
+Why subtract before scaling: written as s * c - m' (m' the max of the rounded products s * c), the compiler
+contracts it into fma(s, c, -m'), which is the rounding error of s * c, not 0, for the maximal logit: at
+logits of 1e11 (every element 133120 in bf16) that is +-4096, exp2 overflows and out is NaN. A difference
+of equal numbers is exactly 0, and a product that no add follows cannot be contracted.
 """
 import triton
 import triton.language as tl
@@ -29,7 +35,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         k = load_rows(k_ptrs + start_n * stride_ks, cols, seqlen_k, mask_dk, False, MASK, EVEN_D)
-        # s = q k^T, scaled into log2 units below
+        # s = q k^T (raw: scaled only after the max is subtracted, see the module docstring)
         qk = mm(q, k, INTERPRETED, IEEE)
         if MASK:
             keep = cols[None, :] < seqlen_k
@@ -37,12 +43,12 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
                 keep = keep & (cols[None, :] <= offs_m[:, None] + diag)
             qk = tl.where(keep, qk, float("-inf"))
         # m' = max(m, rowmax(s))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
         # Started at -inf, a row that has seen only masked keys keeps m' = -inf, and s - m' would be NaN.
         # Started at -1e30, m' stays finite and exp2(-inf - m') is 0. One select per row makes both right.
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(qk * qk_scale - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2((qk - m_use[:, None]) * qk_scale)
+        alpha = tl.math.exp2((m_i - m_use) * qk_scale)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = load_rows(v_ptrs + start_n * stride_vs, cols, seqlen_k, mask_dv, True, MASK, EVEN_D)
         # acc = acc * alpha + P V, P rounded to the input dtype as the matmul operand
@@ -97,10 +103,11 @@ def _fwd(Q, K, V, Out, Lse,  #
                                full, hi, offs_m, offs_n, mask_d[:, None], mask_d[None, :], seqlen_k, diag, qk_scale,
                                True, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE)
 
-    # out = acc / l, lse = ln 2 * (m + log2 l); a row that saw no key (l == 0) gives 0 and -inf
+    # out = acc / l, lse = ln 2 * (m c + log2 l); a row that saw no key (l == 0) gives 0 and -inf
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    lse = tl.where(seen, (m_i * qk_scale + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
+                   float("-inf"))
     o_ptrs = Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
     if EVEN_D:
         tl.store(o_ptrs, cast(out, Out.dtype.element_ty, INTERPRETED), mask=offs_m[:, None] < seqlen_q)

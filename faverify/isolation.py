@@ -1,0 +1,198 @@
+"""Crash isolation: subjects run in worker processes.
+
+A worker is a spawned process that resolves one subject and evaluates cases on one device. A CUDA fault
+poisons the process's CUDA context and may kill it; a kernel may hang. Either way the parent records the
+case as a failure (status "crash" or "timeout", with the case), and the next case runs in a fresh worker.
+The run goes on.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+from multiprocessing.connection import wait
+
+from faverify.case import Case
+from faverify.runner import CaseResult, failure
+
+# Messages after which a CUDA context cannot be trusted: the worker reports a crash and exits.
+_POISONED = ("CUDA error", "illegal memory access", "device-side assert", "unspecified launch failure",
+             "CUBLAS_STATUS_EXECUTION_FAILED", "misaligned address")
+STARTUP_SECONDS = 120.0  # importing torch and initializing CUDA happen once per worker, not per case
+
+
+def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, environment: dict) -> None:
+    """The worker's loop: (case, gradcheck) in, CaseResult dict out, until None or a poisoned context."""
+    os.environ.update(environment)
+    try:
+        from faverify.runner import evaluate
+        from faverify.subjects import resolve
+        from faverify.verdict import Tolerance
+
+        subject = resolve(kernel)
+        tol = Tolerance.from_dict(tolerance)
+        conn.send(("ready", None))
+    except BaseException as e:  # a subject that cannot load: told to the parent, which reports it
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        if request is None:
+            return
+        case_dict, gradcheck = request
+        case = Case.from_dict(case_dict)
+        try:
+            result = evaluate(subject, case, device, mode=mode, tolerance=tol, gradcheck=gradcheck)
+        except BaseException as e:  # our own bug while judging: reported as a crash of this case
+            result = failure(kernel, case, "crash", f"faverify raised {type(e).__name__}: {e}\n"
+                             + traceback.format_exc(limit=4), "crash", device)
+        poisoned = result.failed and any(marker in result.reason for marker in _POISONED)
+        if poisoned:
+            result.status, result.signatures = "crash", ["crash"]
+            result.reason = "CUDA context lost: " + result.reason
+        conn.send(("result", result.to_dict()))
+        if poisoned:
+            return
+
+
+class Worker:
+    """One worker process; started on first use, restarted after a crash or a timeout.
+
+    Starting does not wait: the worker spends seconds importing torch and initializing CUDA, and a pool
+    starts all of its workers at once. A case's timeout counts from when its worker is ready."""
+
+    def __init__(self, kernel: str, device: str, mode: str, tolerance: dict, timeout: float,
+                 environment: dict | None = None):
+        self.kernel, self.device, self.mode, self.tolerance = kernel, device, mode, tolerance
+        self.timeout = timeout
+        self.environment = dict(environment or {})
+        self.process = None
+        self.conn = None
+        self.ready = False
+        self.pending: Case | None = None
+        self.sent_at = 0.0
+        self.restarts = 0
+
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, self.kernel, self.device, self.mode, self.tolerance,
+                                                        self.environment), daemon=True)
+        self.process.start()
+        child.close()
+        self.conn, self.ready, self.sent_at = parent, False, time.monotonic()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            try:
+                self.conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+            self.process.join(2)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(5)
+        self.process = None
+
+    def submit(self, case: Case, gradcheck: bool) -> None:
+        if self.process is None or not self.process.is_alive():
+            if self.conn is not None:  # it ran before: this is a fresh worker after a crash or a timeout
+                self.restarts += 1
+            self.start()
+        self.pending = case
+        if self.ready:
+            self.sent_at = time.monotonic()
+        self.conn.send((case.to_dict(), gradcheck))
+
+    def collect(self) -> CaseResult | None:
+        """The pending case's result if it is ready, a crash/timeout result if it never will be, else None."""
+        case = self.pending
+        try:
+            while self.conn.poll():
+                kind, payload = self.conn.recv()
+                if kind == "ready":
+                    self.ready, self.sent_at = True, time.monotonic()
+                    continue
+                self.pending = None
+                if kind == "error":  # the subject would not load in the worker
+                    self.stop()
+                    return failure(self.kernel, case, "crash", f"the worker could not load the subject: {payload}",
+                                   "crash", self.device)
+                result = CaseResult.from_dict(payload)
+                if result.status == "crash":
+                    self.stop()
+                return result
+        except (EOFError, OSError):
+            pass
+        else:
+            if self.process.is_alive():
+                limit = self.timeout if self.ready else STARTUP_SECONDS + self.timeout
+                if time.monotonic() - self.sent_at <= limit:
+                    return None
+                self.stop()
+                self.pending = None
+                return failure(self.kernel, case, "timeout", f"no result within {self.timeout:g} s: the worker "
+                               "was killed and the run went on in a fresh one", "timeout", self.device)
+        code = self.process.exitcode if self.process is not None else None
+        self.stop()
+        self.pending = None
+        return failure(self.kernel, case, "crash", f"the worker process died (exit code {code}) while running "
+                       "this case", "crash", self.device)
+
+    def waitables(self) -> list:
+        return [self.conn, self.process.sentinel]
+
+    def evaluate(self, case: Case, gradcheck: bool = False) -> CaseResult:
+        self.submit(case, gradcheck)
+        while True:
+            wait(self.waitables(), timeout=1.0)
+            result = self.collect()
+            if result is not None:
+                return result
+
+
+class Pool:
+    """Workers over one or more devices. map() keeps every worker busy; evaluate() uses the first."""
+
+    def __init__(self, kernel: str, devices: list, per_device: int, mode: str, tolerance: dict, timeout: float,
+                 environment: dict | None = None):
+        self.workers = [Worker(kernel, str(d), mode, tolerance, timeout, environment)
+                        for d in devices for _ in range(per_device)]
+
+    def evaluate(self, case: Case, gradcheck: bool = False) -> CaseResult:
+        return self.workers[0].evaluate(case, gradcheck)
+
+    def map(self, items, on_result) -> None:
+        """items: iterable of (index, case, gradcheck); on_result(index, result) as each finishes."""
+        queue = iter(items)
+        busy: dict = {}
+        exhausted = False
+        while True:
+            for w in self.workers:
+                if w not in busy and not exhausted:
+                    item = next(queue, None)
+                    if item is None:
+                        exhausted = True
+                        break
+                    index, case, gradcheck = item
+                    w.submit(case, gradcheck)
+                    busy[w] = index
+            if not busy:
+                return
+            wait([c for w in busy for c in w.waitables()], timeout=1.0)
+            for w in list(busy):
+                result = w.collect()
+                if result is not None:
+                    on_result(busy.pop(w), result)
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+    @property
+    def restarts(self) -> int:
+        return sum(w.restarts for w in self.workers)

@@ -1,0 +1,70 @@
+"""Crash isolation: a subject that kills its process or hangs is a failing case, and the run finishes."""
+import json
+
+from faverify.case import Case
+from faverify.isolation import Worker
+from faverify.verdict import Tolerance
+from property_tests.cli_helpers import cli, read_json
+
+
+def test_a_faulting_subject_is_a_crash_and_the_run_goes_on(tmp_path):
+    r = cli("fuzz", "--kernel", "property_tests.planted:segfaults", "--iters", "12", "--device", "cpu",
+            "--shrink-budget", "4", "--json", tmp_path / "run.json")
+    assert r.exit_code == 1, r.stderr
+    run = read_json(tmp_path / "run.json")["kernels"][0]
+    assert run["summary"]["cases"] == 12  # every case ran, before and after the crashes
+    assert run["summary"]["crashed"] >= 1 and run["summary"]["passed"] >= 1
+    assert run["summary"]["worker_restarts"] >= 1
+    crash = [f for f in run["failures"] if f["signature"] == "crash"][0]
+    assert "died" in crash["minimal"]["reason"] and crash["minimal"]["case"]["causal"]
+
+
+def test_a_hanging_subject_times_out_and_the_run_goes_on(tmp_path):
+    r = cli("fuzz", "--kernel", "property_tests.planted:hangs", "--iters", "10", "--device", "cpu",
+            "--max-seqlen", "200", "--timeout", "3", "--shrink-budget", "3", "--json", tmp_path / "run.json")
+    assert r.exit_code == 1, r.stderr
+    run = read_json(tmp_path / "run.json")["kernels"][0]
+    assert run["summary"]["cases"] == 10 and run["summary"]["timed_out"] >= 1
+    hang = [f for f in run["failures"] if f["signature"] == "timeout"][0]
+    assert hang["minimal"]["case"]["seqlen_q"] > 100 and "no result within 3 s" in hang["minimal"]["reason"]
+
+
+def test_worker_results_match_in_process_results():
+    from faverify.runner import evaluate
+    from faverify.subjects import resolve
+    case = Case(2, 33, 17, 4, 2, 40, dtype="fp16", causal=True, seed=3)
+    w = Worker("sdpa-math", "cpu", "both", Tolerance().to_dict(), timeout=60)
+    try:
+        remote = w.evaluate(case)
+    finally:
+        w.stop()
+    local = evaluate(resolve("sdpa-math"), case, "cpu")
+    assert remote.status == local.status == "pass"
+    assert json.dumps({t: m.max_abs for t, m in remote.metrics.items()}) == \
+        json.dumps({t: m.max_abs for t, m in local.metrics.items()})
+
+
+def test_parallel_workers_give_the_same_cases_as_one(tmp_path):
+    """In parallel mode the set of cases depends on the seed only, not on the number of workers (one worker
+    runs the sequential mode, which also steers toward the tolerance edge and so draws differently)."""
+    stats = []
+    for workers in (2, 3):
+        cli("fuzz", "--kernel", "sdpa-math", "--iters", "24", "--device", "cpu", "--no-db", "--seed", "3",
+            "--workers", str(workers), "--gradcheck-every", "0", "--json", tmp_path / f"{workers}.json")
+        rows = read_json(tmp_path / f"{workers}.json")["kernels"][0]["stats"]
+        stats.append(sorted((r["dtype"], r["tensor"], r["cases"], r["max_abs"]) for r in rows))
+    assert stats[0] == stats[1]
+
+
+def test_interrupted_runs_still_write_their_results(tmp_path, monkeypatch):
+    import faverify.fuzz as fuzz_module
+    original = fuzz_module.fuzz_subject
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(fuzz_module, "fuzz_subject", interrupted)
+    r = cli("fuzz", "--kernel", "sdpa-math", "--iters", "5", "--device", "cpu", "--no-isolate",
+            "--json", tmp_path / "run.json")
+    monkeypatch.setattr(fuzz_module, "fuzz_subject", original)
+    assert r.exit_code == 2 and "interrupted" in r.stderr
+    assert read_json(tmp_path / "run.json")["settings"]["interrupted"] is True
