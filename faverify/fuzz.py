@@ -44,6 +44,13 @@ class _Interesting(Exception):
 def fuzz_subject(kernel: str, plan: FuzzPlan, evaluate: Evaluate, stats: KernelStats,
                  progress: Callable[[CaseResult], None] = lambda r: None) -> KernelStats:
     start = time.perf_counter()
+    try:
+        return _fuzz_sequential(kernel, plan, evaluate, stats, progress)
+    finally:
+        stats.seconds += time.perf_counter() - start
+
+
+def _fuzz_sequential(kernel, plan, evaluate, stats, progress) -> KernelStats:
     known: set = set()
     generated = 0
     rounds = 0
@@ -110,7 +117,6 @@ def fuzz_subject(kernel: str, plan: FuzzPlan, evaluate: Evaluate, stats: KernelS
                                           minimal=state["best"], shrink_steps=state["steps"], note=note))
         elif generated == before or generated < plan.iters:
             break  # Hypothesis ran out of distinct cases: nothing more to draw
-    stats.seconds += time.perf_counter() - start
     return stats
 
 
@@ -192,12 +198,21 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
             if s not in first or index < first[s][0]:
                 first[s] = (index, result)
 
-    pool.map(((i, c, every > 0 and i % every == 0) for i, c in enumerate(drawn)), record)
-    for signature, (index, found) in sorted(first.items(), key=lambda kv: kv[1][0]):
-        minimal, steps, note = shrink_by_replay(plan, index, found, signature, pool.evaluate)
-        stats.failures.append(Failure(kernel=kernel, signature=signature, first=found, minimal=minimal,
-                                      shrink_steps=steps, note=note))
-    stats.seconds += time.perf_counter() - start
+    shrinking = False
+    try:
+        pool.map(((i, c, every > 0 and i % every == 0) for i, c in enumerate(drawn)), record)
+        shrinking = True
+        for signature, (index, found) in sorted(first.items(), key=lambda kv: kv[1][0]):
+            minimal, steps, note = shrink_by_replay(plan, index, found, signature, pool.evaluate)
+            stats.failures.append(Failure(kernel=kernel, signature=signature, first=found, minimal=minimal,
+                                          shrink_steps=steps, note=note))
+            del first[signature]
+    finally:
+        # interrupted: the failures found but not shrunk are still reported, as found
+        note = "not shrunk: the run was interrupted" + (" while shrinking" if shrinking else "")
+        for signature, (index, found) in sorted(first.items(), key=lambda kv: kv[1][0]):
+            stats.failures.append(Failure(kernel=kernel, signature=signature, first=found, minimal=found, note=note))
+        stats.seconds += time.perf_counter() - start
     return stats
 
 

@@ -68,3 +68,19 @@ def test_interrupted_runs_still_write_their_results(tmp_path, monkeypatch):
     monkeypatch.setattr(fuzz_module, "fuzz_subject", original)
     assert r.exit_code == 2 and "interrupted" in r.stderr
     assert read_json(tmp_path / "run.json")["settings"]["interrupted"] is True
+
+
+def test_an_interrupted_parallel_run_still_lists_its_failures(tmp_path, monkeypatch):
+    import faverify.isolation as iso
+    original = iso.Pool.map
+
+    def map_some_then_interrupt(self, items, on_result):
+        original(self, list(items)[:20], on_result)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(iso.Pool, "map", map_some_then_interrupt)
+    r = cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "60", "--device", "cpu",
+            "--workers", "2", "--json", tmp_path / "run.json")
+    assert r.exit_code == 1, r.stderr
+    run = read_json(tmp_path / "run.json")["kernels"][0]
+    assert run["summary"]["cases"] == 20 and run["summary"]["seconds"] > 0
+    assert run["failures"] and all("interrupted" in f["note"] for f in run["failures"])
