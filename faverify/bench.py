@@ -99,10 +99,10 @@ def _tune_triton(x, case) -> dict:
                     lambda t: interface.forward(q, k, v, case.scale, case.causal, "-inf", tile=t))
     chosen["fwd"] = best
     tiles.record("fwd", bd, elem, case.causal, case.seqlen_k, best)
-    out, lse = interface.forward(q, k, v, case.scale, case.causal, "-inf")
+    out, _, rows = interface.forward(q, k, v, case.scale, case.causal, "-inf")
     for kind in ("dkdv", "dq"):
         best = _fastest(tiles.tuning_candidates(kind, bd, elem, major),
-                        lambda t, kind=kind: interface.backward(x.dout, q, k, v, out, lse, case.scale, case.causal,
+                        lambda t, kind=kind: interface.backward(x.dout, q, k, v, out, rows, case.scale, case.causal,
                                                                  tiles={kind: t}))
         chosen[kind] = best
         tiles.record(kind, bd, elem, case.causal, case.seqlen_k, best)

@@ -35,6 +35,7 @@ class FuzzPlan:
     gradcheck_every: int = 25  # 0: never
     shrink_budget: int = 300  # evaluations spent shrinking one failure
     shrink_seconds: float = 120.0
+    stop_at_first_failure: bool = False  # `faverify mutants`: a mutant is killed by its first failure
 
 
 class _Interesting(Exception):
@@ -115,6 +116,8 @@ def _fuzz_sequential(kernel, plan, evaluate, stats, progress) -> KernelStats:
             known.add(state["target"])
             stats.failures.append(Failure(kernel=kernel, signature=state["target"], first=state["first"],
                                           minimal=state["best"], shrink_steps=state["steps"], note=note))
+            if plan.stop_at_first_failure:
+                break
         elif generated == before or generated < plan.iters:
             break  # Hypothesis ran out of distinct cases: nothing more to draw
     return stats

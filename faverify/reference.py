@@ -95,7 +95,7 @@ def _attention(q, k, v, dout, *, causal, scale, compute, round_to, with_scales):
             dk_heads += ds.transpose(-1, -2) @ Qc
             dv_heads += p.transpose(-1, -2) @ dOc
             if acc is not None:
-                acc.add_backward(i0, i1, p, dp, D)
+                acc.add_backward(i0, i1, p, dp, (dOc * o).abs().sum(dim=-1, keepdim=True))
 
     tensors = {
         "out": rnd(out).reshape(b, h, sq, d).permute(0, 2, 1, 3),
@@ -117,7 +117,9 @@ class _ScaleAccumulator:
 
     out_i = sum_j P_ij v_j                       -> sum_j P_ij rms(v_j)
     dv_j  = sum_i P_ij dO_i                      -> sum_i P_ij rms(dO_i)
-    dS_ij = P_ij (dP_ij - D_i)                   -> P_ij (|dP_ij| + |D_i|)   (the two terms that cancel)
+    dS_ij = P_ij (dP_ij - D_i)                   -> P_ij (|dP_ij| + sum_d |dO_id O_id|)
+            (the two terms that cancel; D = sum_d dO_id O_id is formed from O rounded to the input dtype,
+            so its error follows the sum of |terms|, not |D|, which may itself cancel)
     dq_i  = scale sum_j dS_ij k_j                -> scale sum_j |dS|_ij rms(k_j)
     dk_j  = scale sum_i dS_ij q_i                -> scale sum_i |dS|_ij rms(q_i)
     s_ij  = scale sum_d q_id k_jd                -> scale max||q_i|| max||k_j||  (>= scale sum_d |q_id k_jd|)
@@ -141,9 +143,9 @@ class _ScaleAccumulator:
     def add_forward(self, s, p):
         self.out = torch.maximum(self.out, (p * self.v_rms.unsqueeze(-2)).sum(-1).amax())
 
-    def add_backward(self, i0, i1, p, dp, D):
+    def add_backward(self, i0, i1, p, dp, D_terms):
         self.dv_cols += (p * self.dO_rms[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
-        ds_mag = p * (dp.abs() + D.abs())
+        ds_mag = p * (dp.abs() + D_terms)
         self.dq = torch.maximum(self.dq, self.scale * (ds_mag * self.k_rms.unsqueeze(-2)).sum(-1).amax())
         self.dk_cols += self.scale * (ds_mag * self.q_rms[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
 

@@ -7,6 +7,7 @@ import torch
 
 def _attention(q, k, v, *, causal, scale, mask_top_left=False, accumulate=None):
     b, sq, h, d = q.shape
+    scale = d ** -0.5 if scale is None else scale
     sk, hk = k.shape[1], k.shape[2]
     qt = q.transpose(1, 2).float()
     kt = k.transpose(1, 2).float().repeat_interleave(h // hk, dim=1)
@@ -66,7 +67,7 @@ def with_lse(q, k, v, *, causal, softmax_scale):
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     s = (q.transpose(1, 2).float() @ k.transpose(1, 2).float().repeat_interleave(h // hk, 1).transpose(-1, -2))
-    s = s * softmax_scale
+    s = s * (d ** -0.5 if softmax_scale is None else softmax_scale)
     if causal:
         i = torch.arange(sq)[:, None]
         j = torch.arange(sk)[None, :]

@@ -1,7 +1,7 @@
 """What a subject is: a callable with the faverify signature and a statement of what it supports.
 
 The call signature (DESIGN.md): fn(q, k, v, *, causal, softmax_scale[, init]) on [b, s, h, d] tensors,
-returning out or (out, lse). Its backward is whatever torch autograd gives through it.
+returning out or (out, lse); softmax_scale is None when the case uses the default, head_dim ** -0.5. Its backward is whatever torch autograd gives through it.
 """
 from __future__ import annotations
 
@@ -54,8 +54,11 @@ class Subject:
         return self.caps.reason_unsupported(case, device)
 
     def __call__(self, q, k, v, case: Case):
-        """Run the subject on one case: (out, lse or None). Unsupported -> faverify.errors.Unsupported."""
-        kwargs = {"causal": case.causal, "softmax_scale": case.scale}
+        """Run the subject on one case: (out, lse or None). Unsupported -> faverify.errors.Unsupported.
+
+        A case with the default scale passes softmax_scale=None: the subject's own default (which must be
+        head_dim ** -0.5) is under test too, and is where a 1/d-instead-of-1/sqrt(d) bug lives."""
+        kwargs = {"causal": case.causal, "softmax_scale": case.softmax_scale}
         if self.caps.init_modes is not None:
             kwargs["init"] = case.init
         result = self.fn(q, k, v, **kwargs)

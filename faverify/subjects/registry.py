@@ -39,6 +39,13 @@ def resolve(name: str) -> Subject:
     name = name.strip()
     if name in _BUILTIN:
         return _BUILTIN[name]()
+    if name.startswith("mutant:"):
+        from faverify.kernels.mutants.catalog import BY_NAME
+        mutant = name.split(":", 1)[1]
+        if mutant not in BY_NAME:
+            raise UsageError("--kernel", name, f"unknown mutant; mutants: {', '.join(BY_NAME)}")
+        from faverify.kernels.triton.subject import make_mutant
+        return make_mutant(mutant)
     if ":" in name:
         return user.load(name)
     raise UsageError("--kernel", name, f"unknown kernel; built-in: {', '.join(_BUILTIN)}, "

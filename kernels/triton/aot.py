@@ -56,7 +56,7 @@ def _signature(fn, dtype: str, constants: dict) -> dict:
     for name in fn.arg_names:
         if name in constants:
             sig[name] = "constexpr"
-        elif name in ("Lse", "Delta"):
+        elif name in ("Lse", "Delta", "Rowmax", "Log2l"):
             sig[name] = "*fp32"
         elif name[0].isupper():
             sig[name] = f"*{dtype}"

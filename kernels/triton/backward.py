@@ -1,17 +1,19 @@
 """Flash backward in Triton by recomputation (FlashAttention-2): only lse is stored by the forward.
 
     D   = rowsum(dO * O)                                    _bwd_preprocess, fp32
-    P   = exp2(q k^T * scale * log2(e) - lse * log2(e))     recomputed from lse; 0 where masked and in
-                                                            rows that saw no key (lse = -inf)
+    P   = exp2(min((q k^T - m) * c, 0) - log2 l)            recomputed from the forward's row max m and
+                                                            log2 l (c = scale log2 e); 0 where masked and
+                                                            in rows that saw no key (log2 l = +inf)
     dV  = P^T dO                                            _bwd_dkdv: one program per key tile, looping
     dP  = dO V^T                                              over the query tiles that see it, and over
     dS  = P * (dP - D)                                        the query heads of its GQA group, so dk and
     dK  = scale * dS^T Q                                      dv are summed without atomics
     dQ  = scale * dS K                                      _bwd_dq: one program per query tile
 P and dS are rounded to the input dtype only as matmul operands; every sum is fp32. No atomics anywhere:
-the backward gives the same bits on every run. P <= 1 always; the exponent is clamped at 0 because at
-huge logits (1e11) the compiler's fma of s * c - lse * log2(e) is off by thousands and exp2 would overflow
-(the forward explains the contraction); there the case is ill-conditioned anyway, but never NaN.
+the backward gives the same bits on every run. Why m and log2 l, not lse: at logits of 1e9 lse's fp32 ulp
+is in the thousands, and exp(s - lse) is then 1 for every key of a row: the gradients blow up (to Inf in
+fp16). With m and l, and (s - m) clamped at 0 (the recomputed s may differ from the forward's by an ulp),
+every P_ij <= 1 / l_i: the gradients stay bounded even where the logits carry no information.
 """
 import triton
 import triton.language as tl
@@ -39,7 +41,7 @@ def _preprocess(Out, DO, Delta,  #
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_ds,  #
+def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
                 lo, hi, offs_m0, offs_n, cols_ok_t, cols_ok, seqlen_q, seqlen_k, diag, qk_scale,  #
                 MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,  #
                 INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
@@ -49,23 +51,23 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, st
         # q^T tile [BLOCK_D, BLOCK_M] and dO tile [BLOCK_M, BLOCK_D]
         qT = load_rows(q_ptrs + start_m * stride_qs, offs_m, seqlen_q, cols_ok_t, False, MASK, EVEN_D)
         do = load_rows(do_ptrs + start_m * stride_ds, offs_m, seqlen_q, cols_ok, True, MASK, EVEN_D)
-        if MASK:
-            lse = tl.load(lse_ptr + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
+        if MASK:  # rows past seqlen_q: log2 l = +inf makes their P exactly 0
+            m = tl.load(m_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
+            l2 = tl.load(l2_ptr + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
             delta = tl.load(delta_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
         else:
-            lse = tl.load(lse_ptr + offs_m)
+            m = tl.load(m_ptr + offs_m)
+            l2 = tl.load(l2_ptr + offs_m)
             delta = tl.load(delta_ptr + offs_m)
-        # rows that saw no key have lse = -inf: +inf makes their P exactly 0
-        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-        # P^T = exp2(k q^T * scale log2(e) - lse log2(e))  [BLOCK_N, BLOCK_M], masked logits -> -inf first
-        # (a hidden logit can exceed lse by far: exp2 of it would overflow before a mask zeroed it)
-        sT = mm(k, qT, INTERPRETED, IEEE) * qk_scale
+        # P^T = exp2(min((k q^T - m) c, 0) - log2 l)  [BLOCK_N, BLOCK_M]; masked logits -> -inf first
+        # (a hidden logit can exceed m by far: exp2 of it would overflow before a mask zeroed it)
+        sT = mm(k, qT, INTERPRETED, IEEE)
         if MASK:
             keep = (offs_m[None, :] < seqlen_q) & (offs_n[:, None] < seqlen_k)
             if CAUSAL:
                 keep = keep & (offs_n[:, None] <= offs_m[None, :] + diag)
             sT = tl.where(keep, sT, float("-inf"))
-        pT = tl.math.exp2(tl.minimum(sT - lse2[None, :], 0.0))
+        pT = tl.math.exp2(tl.minimum((sT - m[None, :]) * qk_scale, 0.0) - l2[None, :])
         # dV += P^T dO
         dv += mm(cast(pT, do.dtype, INTERPRETED), do, INTERPRETED, IEEE)
         # dP^T = V dO^T, dS^T = P^T * (dP^T - D)
@@ -76,7 +78,7 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, st
     return dk, dv
 
 
-def _dkdv(Q, K, V, DO, Lse, Delta, DK, DV,  #
+def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV,  #
               stride_qb, stride_qs, stride_qh,  #
               stride_kb, stride_ks, stride_kh,  #
               stride_vb, stride_vs, stride_vh,  #
@@ -121,16 +123,17 @@ def _dkdv(Q, K, V, DO, Lse, Delta, DK, DV,  #
         off_bh = off_b * (nheads_k * group) + off_h
         q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + offs_m0[None, :] * stride_qs + offs_d[:, None]
         do_ptrs = DO + off_b * stride_db + off_h * stride_dh + offs_m0[:, None] * stride_ds + offs_d[None, :]
-        lse_ptr = Lse + off_bh * seqlen_q
+        m_ptr = Rowmax + off_bh * seqlen_q
+        l2_ptr = Log2l + off_bh * seqlen_q
         delta_ptr = Delta + off_bh * seqlen_q
         # diagonal tiles (masked), then tiles every row of which sees the whole key tile, then the tail
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_ds,  #
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
                              lo, full, offs_m0, offs_n, tl.trans(cols_ok), cols_ok, seqlen_q, seqlen_k, diag,
                              qk_scale, True, CAUSAL, BLOCK_M, EVEN_D, INTERPRETED, IEEE)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_ds,  #
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
                              full, mid, offs_m0, offs_n, tl.trans(cols_ok), cols_ok, seqlen_q, seqlen_k, diag,
                              qk_scale, False, CAUSAL, BLOCK_M, EVEN_D, INTERPRETED, IEEE)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_ds,  #
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
                              mid, seqlen_q, offs_m0, offs_n, tl.trans(cols_ok), cols_ok, seqlen_q, seqlen_k, diag,
                              qk_scale, True, CAUSAL, BLOCK_M, EVEN_D, INTERPRETED, IEEE)
     dk = dk * softmax_scale
@@ -144,7 +147,7 @@ def _dkdv(Q, K, V, DO, Lse, Delta, DK, DV,  #
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
+def _dq_inner(dq, q, do, m, l2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
               lo, hi, offs_m, offs_n0, cols_ok_t, seqlen_k, diag, qk_scale,  #
               MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,  #
               INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
@@ -153,13 +156,13 @@ def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
         cols = start_n + offs_n0
         kT = load_rows(k_ptrs + start_n * stride_ks, cols, seqlen_k, cols_ok_t, False, MASK, EVEN_D)
         vT = load_rows(v_ptrs + start_n * stride_vs, cols, seqlen_k, cols_ok_t, False, MASK, EVEN_D)
-        s = mm(q, kT, INTERPRETED, IEEE) * qk_scale
+        s = mm(q, kT, INTERPRETED, IEEE)
         if MASK:
             keep = cols[None, :] < seqlen_k
             if CAUSAL:
                 keep = keep & (cols[None, :] <= offs_m[:, None] + diag)
             s = tl.where(keep, s, float("-inf"))
-        p = tl.math.exp2(tl.minimum(s - lse2[:, None], 0.0))
+        p = tl.math.exp2(tl.minimum((s - m[:, None]) * qk_scale, 0.0) - l2[:, None])
         dp = mm(do, vT, INTERPRETED, IEEE)
         ds = p * (dp - delta[:, None])
         # dQ += dS K
@@ -167,7 +170,7 @@ def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
     return dq
 
 
-def _dq(Q, K, V, DO, Lse, Delta, DQ,  #
+def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ,  #
             stride_qb, stride_qs, stride_qh,  #
             stride_kb, stride_ks, stride_kh,  #
             stride_vb, stride_vs, stride_vh,  #
@@ -190,8 +193,8 @@ def _dq(Q, K, V, DO, Lse, Delta, DQ,  #
     do = load_rows(DO + off_b * stride_db + off_h * stride_dh + offs_m[:, None] * stride_ds + offs_d[None, :],
                    offs_m, seqlen_q, cols_ok, True, True, EVEN_D)
     row = off_bh.to(tl.int64) * seqlen_q + offs_m
-    lse = tl.load(Lse + row, mask=offs_m < seqlen_q, other=float("inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    m = tl.load(Rowmax + row, mask=offs_m < seqlen_q, other=0.0)
+    l2 = tl.load(Log2l + row, mask=offs_m < seqlen_q, other=float("inf"))
     delta = tl.load(Delta + row, mask=offs_m < seqlen_q, other=0.0)
     k_ptrs = K + off_b * stride_kb + off_hk * stride_kh + offs_n0[None, :] * stride_ks + offs_d[:, None]
     v_ptrs = V + off_b * stride_vb + off_hk * stride_vh + offs_n0[None, :] * stride_vs + offs_d[:, None]
@@ -205,9 +208,9 @@ def _dq(Q, K, V, DO, Lse, Delta, DQ,  #
         full = seqlen_k
         hi = seqlen_k
     full = full // BLOCK_N * BLOCK_N
-    dq = _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, 0, full, offs_m, offs_n0,
+    dq = _dq_inner(dq, q, do, m, l2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, 0, full, offs_m, offs_n0,
                    tl.trans(cols_ok), seqlen_k, diag, qk_scale, False, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE)
-    dq = _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, full, hi, offs_m, offs_n0,
+    dq = _dq_inner(dq, q, do, m, l2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, full, hi, offs_m, offs_n0,
                    tl.trans(cols_ok), seqlen_k, diag, qk_scale, True, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE)
     dq = dq * softmax_scale
     out_ok = offs_m[:, None] < seqlen_q

@@ -57,7 +57,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
     return acc, l_i, m_i
 
 
-def _fwd(Q, K, V, Out, Lse,  #
+def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l,  #
                 stride_qb, stride_qs, stride_qh,  #
                 stride_kb, stride_ks, stride_kh,  #
                 stride_vb, stride_vs, stride_vh,  #
@@ -106,14 +106,20 @@ def _fwd(Q, K, V, Out, Lse,  #
     # out = acc / l, lse = ln 2 * (m c + log2 l); a row that saw no key (l == 0) gives 0 and -inf
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    lse = tl.where(seen, (m_i * qk_scale + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
-                   float("-inf"))
+    log2l = tl.math.log2(tl.where(seen, l_i, 1.0))
+    lse = tl.where(seen, (m_i * qk_scale + log2l) * 0.6931471805599453, float("-inf"))
+    # For the backward, m (raw) and log2 l kept apart: P = exp2((s - m) c - log2 l) needs no difference
+    # of huge numbers, where exp2(s c - lse log2 e) loses everything at logits of 1e9 (lse's ulp is
+    # thousands there). A row that saw no key keeps m = 0, log2 l = +inf: its P is exactly 0.
+    rows = off_bh.to(tl.int64) * seqlen_q + offs_m
+    tl.store(Rowmax + rows, tl.where(seen, m_i, 0.0), mask=offs_m < seqlen_q)
+    tl.store(Log2l + rows, tl.where(seen, log2l, float("inf")), mask=offs_m < seqlen_q)
     o_ptrs = Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
     if EVEN_D:
         tl.store(o_ptrs, cast(out, Out.dtype.element_ty, INTERPRETED), mask=offs_m[:, None] < seqlen_q)
     else:
         tl.store(o_ptrs, cast(out, Out.dtype.element_ty, INTERPRETED), mask=(offs_m[:, None] < seqlen_q) & mask_d[None, :])
-    tl.store(Lse + off_bh.to(tl.int64) * seqlen_q + offs_m, lse, mask=offs_m < seqlen_q)
+    tl.store(Lse + rows, lse, mask=offs_m < seqlen_q)
 
 
 _fwd_kernel = triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "head_dim", "nheads", "group"])(_fwd)

@@ -41,21 +41,25 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
     sk, hk = k.shape[1], k.shape[2]
     out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+    # the backward's P comes from the row max and log2 l (backward.py says why), kept per row
+    rowmax, log2l = torch.empty_like(lse), torch.empty_like(lse)
     if sq == 0:
-        return out, lse
+        return out, lse, (rowmax, log2l)
     if sk == 0:  # no key at all: every row follows the convention for rows that see none
-        return out.zero_(), lse.fill_(float("-inf"))
+        return out.zero_(), lse.fill_(float("-inf")), (rowmax.zero_(), log2l.fill_(float("inf")))
     c = _common(q)
     tile = tile or configs.select("fwd", c["BLOCK_D"], q.element_size(), causal, max(sq, sk))
     grid = (triton.cdiv(sq, tile.block_m), b * h)
-    _build("_fwd_kernel", q, k, v, out)[grid](q, k, v, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+    _build("_fwd_kernel", q, k, v, out)[grid](q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
                       h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init],
                       CAUSAL=causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                       num_warps=tile.num_warps, num_stages=tile.num_stages, **c)
-    return out, lse
+    return out, lse, (rowmax, log2l)
 
 
-def backward(dout, q, k, v, out, lse, scale: float, causal: bool, tiles: dict | None = None):
+def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles: dict | None = None):
+    """rows: the forward's (row max, log2 l) per [b, h, seqlen_q] row."""
+    rowmax, log2l = rows
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     dq = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
@@ -76,12 +80,12 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, tiles: dict | 
                                                      BLOCK_M=pre_m, BLOCK_D=c["BLOCK_D"], EVEN_D=c["EVEN_D"])
     t = pick["dkdv"]
     _build("_bwd_dkdv", q, k, v, dout, dk, dv)[(triton.cdiv(sk, t.block_n), b * hk)](
-        q, k, v, dout, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+        q, k, v, dout, rowmax, log2l, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
         *_strides(dk), *_strides(dv), hk, h // hk, sq, sk, d, scale, scale * LOG2E,
         CAUSAL=causal, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **c)
     t = pick["dq"]
     _build("_bwd_dq", q, k, v, dout, dq)[(triton.cdiv(sq, t.block_m), b * h)](
-        q, k, v, dout, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq),
+        q, k, v, dout, rowmax, log2l, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq),
         h, h // hk, sq, sk, d, scale, scale * LOG2E,
         CAUSAL=causal, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **c)
     return dq, dk, dv
@@ -90,16 +94,16 @@ def backward(dout, q, k, v, out, lse, scale: float, causal: bool, tiles: dict | 
 class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, softmax_scale, init):
-        out, lse = forward(q, k, v, softmax_scale, causal, init)
-        ctx.save_for_backward(q, k, v, out, lse)
+        out, lse, (rowmax, log2l) = forward(q, k, v, softmax_scale, causal, init)
+        ctx.save_for_backward(q, k, v, out, rowmax, log2l)
         ctx.scale, ctx.causal = softmax_scale, causal
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = backward(dout, q, k, v, out, lse, ctx.scale, ctx.causal)
+        q, k, v, out, rowmax, log2l = ctx.saved_tensors
+        dq, dk, dv = backward(dout, q, k, v, out, (rowmax, log2l), ctx.scale, ctx.causal)
         return dq, dk, dv, None, None, None
 
 

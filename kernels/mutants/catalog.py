@@ -1,0 +1,99 @@
+"""The mutants: (file, exact text, replacement), each with the bug and why authors make it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str  # in kernels/triton/
+    old: str  # must occur exactly once
+    new: str
+    bug: str
+    why: str
+
+
+MUTANTS = (
+    Mutant("rescale-with-block-max", "forward.py",
+           "alpha = tl.math.exp2((m_i - m_use) * qk_scale)",
+           "alpha = tl.math.exp2((m_i - tl.max(qk, 1)) * qk_scale)",
+           "the history is rescaled with the block's own max instead of exp(m_old - m_new)",
+           "the two maxima look interchangeable in the algebra; they differ whenever a later block's max is "
+           "below the running max"),
+    Mutant("no-neg-inf-guard", "forward.py",
+           'm_use = tl.where(m_new == float("-inf"), 0.0, m_new)',
+           "m_use = m_new",
+           "a running max started at -inf is subtracted unguarded: (-inf) - (-inf) = NaN on a row whose first "
+           "block is fully masked",
+           "with a -1e30 start it is harmless, and the NaN needs a masked first block to show"),
+    Mutant("no-l-guard", "forward.py",
+           "out = acc / tl.where(seen, l_i, 1.0)[:, None]",
+           "out = acc / l_i[:, None]",
+           "no l == 0 guard: a row that sees no key divides 0 by 0",
+           "no row is ever fully masked without causal masking and seqlen_q > seqlen_k"),
+    Mutant("pv-fp16-accumulation", "forward.py",
+           "acc = acc * alpha[:, None] + mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE)",
+           "acc = (acc * alpha[:, None] + mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE))"
+           ".to(tl.float16).to(tl.float32)",
+           "the P V accumulator is kept in fp16",
+           "it halves the accumulator's registers, and small cases stay inside fp16's range and precision"),
+    Mutant("qk-fp16-accumulation", "forward.py",
+           "qk = mm(q, k, INTERPRETED, IEEE)",
+           "qk = mm(q, k, INTERPRETED, IEEE).to(tl.float16).to(tl.float32)",
+           "the logits q k^T are kept in fp16 (as an fp16 accumulator leaves them)",
+           "fp16 accumulation is the fast path on older tensor cores; logits stay small in normal data"),
+    Mutant("causal-top-left", "forward.py",
+           "diag = seqlen_k - seqlen_q  # bottom-right alignment: row i sees keys j <= i + diag",
+           "diag = 0  # top-left alignment, as torch's is_causal",
+           "causal mask aligned top-left instead of bottom-right",
+           "the two agree whenever seqlen_q == seqlen_k, which is what most tests use"),
+    Mutant("causal-reversed", "forward.py",
+           "keep = keep & (cols[None, :] <= offs_m[:, None] + diag)",
+           "keep = keep & (cols[None, :] >= offs_m[:, None] + diag)",
+           "causal comparison reversed: rows see the future",
+           "a sign or an operand order flipped in an index comparison"),
+    Mutant("tail-not-masked", "forward.py",
+           "keep = cols[None, :] < seqlen_k",
+           "keep = cols[None, :] < (1 << 30)",
+           "the last key block is not masked when seqlen_k is not a multiple of the block",
+           "benchmarks and most tests use seqlens that are multiples of 64 or 128"),
+    Mutant("no-final-division", "forward.py",
+           "out = acc / tl.where(seen, l_i, 1.0)[:, None]",
+           "out = acc",
+           "the final division by l is missing",
+           "a refactor of the epilogue drops it; with one key (l == 1) nothing changes"),
+    Mutant("scale-inverse-d", "interface.py",
+           "    out, lse = FlashAttnFunction.apply(q, k, v, causal, scale, init)",
+           "    scale = 1.0 / q.shape[-1] if softmax_scale is None else scale\n"
+           "    out, lse = FlashAttnFunction.apply(q, k, v, causal, scale, init)",
+           "default softmax scale 1/d instead of 1/sqrt(d)",
+           "both forms appear in papers; with an explicit scale the bug hides"),
+    Mutant("lse-log2", "forward.py",
+           "lse = tl.where(seen, (m_i * qk_scale + log2l) * 0.6931471805599453, float(\"-inf\"))",
+           "lse = tl.where(seen, m_i * qk_scale + log2l, float(\"-inf\"))",
+           "lse returned in log2 units",
+           "the kernel works in log2 throughout and the conversion back to natural log is forgotten"),
+    Mutant("bwd-delta-from-v", "interface.py",
+           "(out, dout, delta, *_strides(out), *_strides(dout), h, sq, d,",
+           "(v, dout, delta, *_strides(v), *_strides(dout), h, sq, d,",
+           "the backward's D = rowsum(dO * O) is computed from V instead of O",
+           "O and V have the same shape in the common case seqlen_q == seqlen_k, nheads == nheads_k"),
+    Mutant("dk-missing-scale", "backward.py",
+           "    dk = dk * softmax_scale\n",
+           "",
+           "dk misses the softmax scale",
+           "dq's scale is applied in one kernel and dk's in another; one gets forgotten"),
+    Mutant("gqa-no-group-sum", "backward.py",
+           "    for g in range(0, group):",
+           "    for g in range(0, 1):",
+           "GQA backward does not sum dk and dv over the query heads of the group",
+           "with nheads == nheads_k (what most tests use) the group has one head"),
+    Mutant("dq-causal-off-by-one", "backward.py",
+           "                keep = keep & (cols[None, :] <= offs_m[:, None] + diag)\n            s = tl.where",
+           "                keep = keep & (cols[None, :] < offs_m[:, None] + diag)\n            s = tl.where",
+           "the dq kernel's causal mask drops the diagonal (< instead of <=)",
+           "an off-by-one in one of three copies of the mask, seen in real kernels' trackers"),
+)
+
+BY_NAME = {m.name: m for m in MUTANTS}
