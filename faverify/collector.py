@@ -69,10 +69,10 @@ class KernelStats:
             self.skipped[r.reason] += 1
         for t, m in r.metrics.items():
             s = self.series[(r.case.dtype, t)]
-            for stat in ("max_abs", "mean_abs", "rmse", "max_rel", "max_ulp"):
-                s[stat].append(getattr(m, stat))
-            if not m.waived:  # an ill-conditioned case's ratio to the baseline means nothing
-                s["ratio"].append(m.ratio)
+            s["cases"].append(1)
+            if not m.waived:  # an ill-conditioned case's errors mean nothing: counted as waived only
+                for stat in ("max_abs", "mean_abs", "rmse", "max_rel", "max_ulp", "ratio"):
+                    s[stat].append(getattr(m, stat))
                 s["usage"].append(m.max_abs / m.allowed if m.allowed > 0 else 0.0)
             s["nan"].append(m.nan)
             s["inf"].append(m.inf)
@@ -99,11 +99,15 @@ class KernelStats:
         for (dtype, tensor), s in sorted(self.series.items(), key=lambda kv: (kv[0][0], _ORDER[kv[0][1]])):
             finite = [x for x in s["ratio"] if x == x]  # drop NaN (baseline non-finite)
             usage = [x for x in s["usage"] if x == x]
+            judged = len(s["max_abs"])
+
+            def top(stat):
+                return max(s[stat]) if judged else float("nan")
             rows.append({
-                "kernel": self.kernel, "dtype": dtype, "tensor": tensor, "cases": len(s["max_abs"]),
-                "failed": sum(s["failed"]), "waived": sum(s["waived"]), "max_abs": max(s["max_abs"]),
-                "mean_abs": sum(s["mean_abs"]) / len(s["mean_abs"]), "rmse_max": max(s["rmse"]),
-                "max_rel": max(s["max_rel"]), "max_ulp": max(s["max_ulp"]),
+                "kernel": self.kernel, "dtype": dtype, "tensor": tensor, "cases": len(s["cases"]),
+                "failed": sum(s["failed"]), "waived": sum(s["waived"]), "max_abs": top("max_abs"),
+                "mean_abs": sum(s["mean_abs"]) / judged if judged else float("nan"), "rmse_max": top("rmse"),
+                "max_rel": top("max_rel"), "max_ulp": top("max_ulp"),
                 "nan": sum(s["nan"]), "inf": sum(s["inf"]),
                 "ratio_p50": _quantile(finite, 0.5), "ratio_p99": _quantile(finite, 0.99),
                 "ratio_max": max(finite) if finite else float("nan"),

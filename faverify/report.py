@@ -9,7 +9,7 @@ from faverify.collector import Failure
 from faverify.env import header_lines
 from faverify.results import Run
 
-TABLE_FORMAT = {"table": "simple", "md": "github"}
+TABLE_FORMAT = {"table": "simple", "md": "pipe"}  # pipe: alignment colons GitHub renders
 
 
 def num(x) -> float:
@@ -34,11 +34,22 @@ def ratio(x) -> str:
     return fmt(v, ".2f") if math.isnan(v) or math.isinf(v) or v < 1e4 else fmt(v, ".3g")
 
 
+def _numeric(cell: str) -> bool:
+    if cell in ("-", "inf", "-inf", ""):
+        return True
+    try:
+        float(cell)
+        return True
+    except ValueError:
+        return False
+
+
 def table(rows: list, headers: list, style: str) -> str:
+    """Cells arrive formatted; columns whose cells are all numbers are right-aligned."""
     if not rows:
         return "(none)"
-    return tabulate(rows, headers=headers, tablefmt=TABLE_FORMAT[style], numalign="right", stralign="left",
-                    disable_numparse=True)
+    align = ["right" if all(_numeric(str(r[i])) for r in rows) else "left" for i in range(len(headers))]
+    return tabulate(rows, headers=headers, tablefmt=TABLE_FORMAT[style], colalign=align, disable_numparse=True)
 
 
 def _heading(text: str, style: str, level: int = 2) -> str:
@@ -96,12 +107,18 @@ def render(run: Run, style: str = "table") -> str:
                      fmt(s["cases_per_second"], ".1f"), verdict])
     out.append(table(rows, ["kernel", "cases", "passed", "failed", "crashed", "timed out", "skipped", "seconds",
                             "cases/s", "verdict"], style))
+    devices = "; ".join(f"{k['summary']['kernel']}: " + ", ".join(f"{d} {n}" for d, n in
+                                                                  sorted(k["summary"].get("per_device", {}).items()))
+                        for k in run.kernels if k["summary"].get("per_device"))
+    if devices:
+        out.append(("- " if style == "md" else "") + f"cases per device: {devices}")
     timing = "; ".join(f"{k['summary']['kernel']}: " + ", ".join(f"{p} {v:.2f}" for p, v in
                                                                  k["summary"].get("ms_per_case", {}).items())
                        for k in run.kernels)
     out.append(("- " if style == "md" else "") + f"ms per case by phase: {timing}")
 
-    out.append(_heading("Error statistics (against FP64; ratio = max err / naive same-dtype max err)", style))
+    out.append(_heading("Error statistics (against FP64; ratio = max err / naive same-dtype max err; "
+                        "waived cases counted apart)", style))
     rows = [[r["kernel"], r["dtype"], r["tensor"], str(r["cases"]), str(r["failed"]), str(r["waived"]), fmt(r["max_abs"]),
              fmt(r["mean_abs"]), fmt(r["max_rel"]), fmt(r["max_ulp"], ".0f"), str(r["nan"]), str(r["inf"]),
              ratio(r["ratio_p50"]), ratio(r["ratio_p99"]), ratio(r["ratio_max"]), fmt(r.get("usage_max"), ".2f")]

@@ -1,6 +1,5 @@
 """The bundled Triton kernels: on the CPU through the interpreter (with its bf16 handling), on the GPU
 compiled (marked gpu). Correctness is judged by the same reference and verdict as everything else."""
-import dataclasses
 import os
 import subprocess
 import sys

@@ -1,94 +1,16 @@
 """faverify fuzz | repro | kernels."""
 from __future__ import annotations
 
-import contextlib
-import signal
-import time
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
-from rich.text import Text
 
 from faverify.case import Case
 from faverify.cli import app
+from faverify.cli.common import (AtolOpt, DeviceOpt, FactorOpt, Mode, progress_bar, progress_factory, sigterm_interrupts,
+                                 stderr, tolerance_from)
 from faverify.errors import EnvironmentProblem, UsageError
-
-stderr = Console(stderr=True)
-
-
-class Mode(str, Enum):
-    fwd = "fwd"
-    bwd = "bwd"
-    both = "both"
-
-
-def tolerance_from(factor: Optional[str], atol: Optional[str]):
-    from faverify.verdict import DEFAULT_ATOL, DEFAULT_FACTOR, Tolerance, parse_overrides
-    return Tolerance(factor=parse_overrides(factor, DEFAULT_FACTOR, "--factor"),
-                     atol=parse_overrides(atol, DEFAULT_ATOL, "--atol"))
-
-
-FactorOpt = Annotated[Optional[str], typer.Option(help="Allowed multiple of the baseline error: NUMBER or "
-                                                       "TENSOR=NUMBER,... (defaults out=2,lse=2,dq=3,dk=3,dv=3)")]
-AtolOpt = Annotated[Optional[str], typer.Option(help="Floor in units of u(dtype)*scale_T: NUMBER or TENSOR=NUMBER,... "
-                                                     "(default 1 for every tensor)")]
-DeviceOpt = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:INDEX | all")]
-
-
-class _Speed(ProgressColumn):
-    def render(self, task) -> Text:
-        return Text(f"{task.speed:6.1f} cases/s" if task.speed else "     - cases/s")
-
-
-class _Lines:
-    """Progress when stderr is not a terminal (CI logs, a remote run): a line every 10 seconds."""
-
-    def __init__(self, every: float = 10.0):
-        self.every = every
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def add_task(self, name, total, failed=0):
-        return {"name": name, "total": total, "done": 0, "failed": failed, "start": time.perf_counter(),
-                "last": time.perf_counter()}
-
-    def update(self, task, advance=1, failed=None):
-        task["done"] += advance
-        task["failed"] = task["failed"] if failed is None else failed
-        now = time.perf_counter()
-        if now - task["last"] >= self.every or task["done"] == task["total"]:
-            task["last"] = now
-            rate = task["done"] / max(now - task["start"], 1e-9)
-            stderr.print(f"{task['name']}: {task['done']}/{task['total']} cases, {rate:.1f} cases/s, "
-                         f"failed {task['failed']}", markup=False, highlight=False)
-
-
-def progress_bar():
-    if not stderr.is_terminal:
-        return _Lines()
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _Speed(),
-                    TextColumn("failed {task.fields[failed]}"), TimeElapsedColumn(), console=stderr)
-
-
-def _progress_factory(progress, total: int):
-    def factory(name: str):
-        task = progress.add_task(name, total=total, failed=0)
-        failed = 0
-
-        def update(result) -> None:
-            nonlocal failed
-            failed += result.failed
-            progress.update(task, advance=1, failed=failed)
-        return update
-    return factory
 
 
 @app.command()
@@ -147,10 +69,10 @@ def fuzz(
                     database=None if no_db else db, gradcheck_every=gradcheck_every, shrink_budget=shrink_budget)
     command = (f"fuzz --kernel {kernel} --iters {iters} --seed {seed} --dtype {','.join(dtypes)} "
                f"--mode {mode.value} --device {device}" + (f" --max-seqlen {max_seqlen}" if max_seqlen else ""))
-    with progress_bar() as progress, _sigterm_interrupts():
+    with progress_bar() as progress, sigterm_interrupts():
         result = run([s.name for s in subjects], plan, targets, mode=mode.value, tolerance=tolerance,
                      command=command, workers=workers, isolate=isolate, timeout=timeout,
-                     progress_factory=_progress_factory(progress, iters))
+                     progress_factory=progress_factory(progress, iters))
     _write_outputs(result, json_path, markdown)
     stderr.print(render(result, "table"), markup=False, highlight=False, soft_wrap=True)
     return _exit_code(result)
@@ -163,22 +85,6 @@ def _write_outputs(result, json_path: Optional[Path], markdown: Optional[Path]) 
     if markdown:
         markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(render(result, "md"))
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts():
-    """A run killed with SIGTERM (a CI timeout, `timeout`) stops like Ctrl-C: results so far are written."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-    try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread (some test runners): nothing to install
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _exit_code(result) -> int:
@@ -245,135 +151,3 @@ def kernels() -> int:
                      "yes" if c.gqa else "no", ",".join(c.init_modes) if c.init_modes else "n/a", s.description])
     typer.echo(table(rows, ["kernel", "dtypes", "devices", "head dims", "GQA", "init", "description"], "table"))
     return 0
-
-
-@app.command()
-def bench(
-    kernel: Annotated[str, typer.Option(help="Subjects to time next to the SDPA backends, comma separated")] = "triton",
-    seqlens: Annotated[str, typer.Option(help="Comma separated")] = "1024,4096,16384",
-    headdims: Annotated[str, typer.Option(help="Comma separated")] = "64,128",
-    dtype: Annotated[str, typer.Option(help="Comma separated: bf16, fp16")] = "bf16,fp16",
-    causal: Annotated[str, typer.Option(help="both | true | false")] = "both",
-    mode: Annotated[Mode, typer.Option(help="Time the forward, the backward, or both")] = Mode.both,
-    tune: Annotated[bool, typer.Option(help="Try the candidate tiles of the bundled Triton kernels per shape")] = True,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the rows as JSON")] = None,
-    device: DeviceOpt = "cuda",
-) -> int:
-    """TFLOP/s of kernels next to torch SDPA (flash, cuDNN, efficient), each validated against FP64 first."""
-    import json
-
-    from faverify import devices
-    from faverify.bench import YARDSTICKS, configs, measure, ratios
-    from faverify.dtypes import parse_dtypes
-    from faverify.report import fmt, table
-    from faverify.subjects import resolve_many
-
-    def ints(text: str, argument: str) -> list:
-        try:
-            values = [int(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise UsageError(argument, text, "must be comma separated integers") from None
-        if not values or min(values) < 1:
-            raise UsageError(argument, text, "must be integers >= 1")
-        return values
-
-    choices = {"both": (False, True), "true": (True,), "false": (False,)}
-    if causal not in choices:
-        raise UsageError("--causal", causal, "must be both, true or false")
-    head_dims = ints(headdims, "--headdims")
-    if max(head_dims) > 256:
-        raise UsageError("--headdims", headdims, "each head dim must be <= 256")
-    target = devices.resolve(device)[0]
-    if target.type != "cuda":
-        raise EnvironmentProblem("bench times GPU kernels: it needs --device cuda and a GPU")
-    names = list(dict.fromkeys([s.strip() for s in kernel.split(",") if s.strip()] + list(YARDSTICKS)))
-    subjects = resolve_many(",".join(names))
-    modes = ("fwd", "bwd") if mode == Mode.both else (mode.value,)
-    rows = []
-    interrupted = False
-    with progress_bar() as progress, _sigterm_interrupts():
-        todo = configs(parse_dtypes(dtype), head_dims, ints(seqlens, "--seqlens"), choices[causal])
-        task = progress.add_task("bench", total=len(todo) * len(subjects), failed=0)
-        try:
-            for config in todo:
-                for subject in subjects:
-                    # tiles tuned for one 16-bit dtype serve the other (same element size, same tiles)
-                    tuned_already = config.dtype != todo[0].dtype
-                    rows.append(measure(subject, config, target, modes=modes, tune=tune and not tuned_already))
-                    progress.update(task, advance=1)
-        except KeyboardInterrupt:  # the rows measured so far are still written
-            interrupted = True
-    rows = ratios(rows)
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps({"schema": "faverify.bench", "version": 1, "interrupted": interrupted,
-                                         "rows": rows}, indent=1, default=str))
-    shown = [[r["kernel"], r["dtype"], str(r["head_dim"]), "yes" if r["causal"] else "no", str(r["seqlen"]),
-              fmt(r.get("fwd_tflops"), ".1f"), fmt(r.get("fwd_vs_sdpa-flash"), ".2f"), fmt(r.get("fwd_vs_sdpa-cudnn"), ".2f"),
-              fmt(r.get("bwd_tflops"), ".1f"), fmt(r.get("bwd_vs_sdpa-flash"), ".2f"), fmt(r.get("bwd_vs_sdpa-cudnn"), ".2f"),
-              r["validated"], " ".join(f"{k}:{v}" for k, v in r.get("tiles", {}).items()) or r.get("note", "")]
-             for r in rows]
-    typer.echo(table(shown, ["kernel", "dtype", "d", "causal", "seqlen", "fwd TF/s", "vs flash", "vs cudnn",
-                             "bwd TF/s", "vs flash", "vs cudnn", "FP64 check", "tiles / note"], "table"))
-    failed = [r for r in rows if r["validated"] == "fail"]
-    if interrupted and not failed:
-        raise EnvironmentProblem(f"interrupted after {len(rows)} measurements; those were written")
-    return 1 if failed else 0
-
-
-@app.command()
-def mutants(
-    iters: Annotated[int, typer.Option(help="Cases each mutant may take to be caught (and the control's cases)")] = 200,
-    seed: Annotated[int, typer.Option()] = 0,
-    dtype: Annotated[str, typer.Option(help="Comma separated: bf16, fp16, fp32")] = "bf16,fp16",
-    device: DeviceOpt = "auto",
-    only: Annotated[Optional[str], typer.Option(help="Comma separated mutant names (default: all)")] = None,
-    shrink_budget: Annotated[int, typer.Option(help="Evaluations spent shrinking each kill")] = 40,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON")] = None,
-    isolate: Annotated[Optional[bool], typer.Option(help="Worker processes (default: on a GPU, where a mutant "
-                                                          "can fault the context)")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds one case may take")] = 300.0,
-) -> int:
-    """Prove the fuzzer catches real bugs: fuzz each seeded-bug mutant of the Triton kernels, then the
-    unmutated kernels (which must pass). Exit 1 if a mutant survives or the control fails."""
-    import json
-
-    from faverify import devices
-    from faverify.dtypes import parse_dtypes
-    from faverify.fuzz import FuzzPlan
-    from faverify.kernels.mutants.catalog import BY_NAME
-    from faverify.mutants import run_mutants
-    from faverify.report import fmt, table
-    from faverify.strategies import limits_for
-    from faverify.verdict import Tolerance
-
-    if iters < 1:
-        raise UsageError("--iters", iters, "must be >= 1")
-    names = [n.strip() for n in (only or ",".join(BY_NAME)).split(",") if n.strip()]
-    for n in names:
-        if n not in BY_NAME:
-            raise UsageError("--only", n, f"unknown mutant; mutants: {', '.join(BY_NAME)}")
-    targets = devices.resolve(device)[:1]
-    plan = FuzzPlan(iters=iters, seed=seed, dtypes=parse_dtypes(dtype), limits=limits_for(targets[0].type),
-                    database=None, shrink_budget=shrink_budget)
-    isolate = targets[0].type == "cuda" if isolate is None else isolate
-    with progress_bar() as progress, _sigterm_interrupts():
-        report = run_mutants(names, plan, targets, tolerance=Tolerance(), isolate=isolate, timeout=timeout,
-                             progress_factory=_progress_factory(progress, iters))
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=1, default=str))
-    rows = [[r["mutant"], "killed" if r["killed"] else ("SURVIVED" if not r["signature"] else
-                                                        "NOT ATTRIBUTABLE (the control fails there too)"),
-             str(r["cases_to_kill"] or "-"), r["signature"],
-             _short_case(r["minimal_case"]), fmt(r["seconds"], ".1f")] for r in report["mutants"]]
-    typer.echo(table(rows, ["mutant", "result", "cases to kill", "caught as", "minimal case", "seconds"], "table"))
-    c = report["control"]
-    typer.echo(f"\nkilled {report['killed']} of {len(report['mutants'])}, median cases to kill "
-               f"{report['median_cases_to_kill']}; control (unmutated triton): {c['cases']} cases, "
-               f"{c['failed']} failed" + (f" ({'; '.join(c['failures'])})" if c["failures"] else ""))
-    return 1 if report["survived"] or c["failed"] or len(report["mutants"]) < len(names) else 0
-
-
-def _short_case(case: Optional[dict]) -> str:
-    return Case.from_dict(case).short() if case else ""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import warnings
 
-import torch
 import torch.nn.functional as F
 
 from faverify.errors import Unsupported

@@ -1,0 +1,85 @@
+"""faverify bench."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from faverify.cli import app
+from faverify.cli.common import DeviceOpt, Mode, progress_bar, sigterm_interrupts
+from faverify.errors import EnvironmentProblem, UsageError
+
+
+@app.command()
+def bench(
+    kernel: Annotated[str, typer.Option(help="Subjects to time next to the SDPA backends, comma separated")] = "triton",
+    seqlens: Annotated[str, typer.Option(help="Comma separated")] = "1024,4096,16384",
+    headdims: Annotated[str, typer.Option(help="Comma separated")] = "64,128",
+    dtype: Annotated[str, typer.Option(help="Comma separated: bf16, fp16")] = "bf16,fp16",
+    causal: Annotated[str, typer.Option(help="both | true | false")] = "both",
+    mode: Annotated[Mode, typer.Option(help="Time the forward, the backward, or both")] = Mode.both,
+    tune: Annotated[bool, typer.Option(help="Try the candidate tiles of the bundled Triton kernels per shape")] = True,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the rows as JSON")] = None,
+    device: DeviceOpt = "cuda",
+) -> int:
+    """TFLOP/s of kernels next to torch SDPA (flash, cuDNN, efficient), each validated against FP64 first."""
+    import json
+
+    from faverify import devices
+    from faverify.bench import YARDSTICKS, configs, measure, ratios
+    from faverify.dtypes import parse_dtypes
+    from faverify.report import fmt, table
+    from faverify.subjects import resolve_many
+
+    def ints(text: str, argument: str) -> list:
+        try:
+            values = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise UsageError(argument, text, "must be comma separated integers") from None
+        if not values or min(values) < 1:
+            raise UsageError(argument, text, "must be integers >= 1")
+        return values
+
+    choices = {"both": (False, True), "true": (True,), "false": (False,)}
+    if causal not in choices:
+        raise UsageError("--causal", causal, "must be both, true or false")
+    head_dims = ints(headdims, "--headdims")
+    if max(head_dims) > 256:
+        raise UsageError("--headdims", headdims, "each head dim must be <= 256")
+    target = devices.resolve(device)[0]
+    if target.type != "cuda":
+        raise EnvironmentProblem("bench times GPU kernels: it needs --device cuda and a GPU")
+    names = list(dict.fromkeys([s.strip() for s in kernel.split(",") if s.strip()] + list(YARDSTICKS)))
+    subjects = resolve_many(",".join(names))
+    modes = ("fwd", "bwd") if mode == Mode.both else (mode.value,)
+    rows = []
+    interrupted = False
+    with progress_bar() as progress, sigterm_interrupts():
+        todo = configs(parse_dtypes(dtype), head_dims, ints(seqlens, "--seqlens"), choices[causal])
+        task = progress.add_task("bench", total=len(todo) * len(subjects), failed=0)
+        try:
+            for config in todo:
+                for subject in subjects:
+                    # tiles tuned for one 16-bit dtype serve the other (same element size, same tiles)
+                    tuned_already = config.dtype != todo[0].dtype
+                    rows.append(measure(subject, config, target, modes=modes, tune=tune and not tuned_already))
+                    progress.update(task, advance=1)
+        except KeyboardInterrupt:  # the rows measured so far are still written
+            interrupted = True
+    rows = ratios(rows)
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps({"schema": "faverify.bench", "version": 1, "interrupted": interrupted,
+                                         "rows": rows}, indent=1, default=str))
+    shown = [[r["kernel"], r["dtype"], str(r["head_dim"]), "yes" if r["causal"] else "no", str(r["seqlen"]),
+              fmt(r.get("fwd_tflops"), ".1f"), fmt(r.get("fwd_vs_sdpa-flash"), ".2f"), fmt(r.get("fwd_vs_sdpa-cudnn"), ".2f"),
+              fmt(r.get("bwd_tflops"), ".1f"), fmt(r.get("bwd_vs_sdpa-flash"), ".2f"), fmt(r.get("bwd_vs_sdpa-cudnn"), ".2f"),
+              r["validated"], " ".join(f"{k}:{v}" for k, v in r.get("tiles", {}).items()) or r.get("note", "")]
+             for r in rows]
+    typer.echo(table(shown, ["kernel", "dtype", "d", "causal", "seqlen", "fwd TF/s", "vs flash", "vs cudnn",
+                             "bwd TF/s", "vs flash", "vs cudnn", "FP64 check", "tiles / note"], "table"))
+    failed = [r for r in rows if r["validated"] == "fail"]
+    if interrupted and not failed:
+        raise EnvironmentProblem(f"interrupted after {len(rows)} measurements; those were written")
+    return 1 if failed else 0

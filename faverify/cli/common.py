@@ -1,0 +1,102 @@
+"""What the commands share: options, progress display, SIGTERM handling, tolerance flags."""
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+stderr = Console(stderr=True)
+
+
+class Mode(str, Enum):
+    fwd = "fwd"
+    bwd = "bwd"
+    both = "both"
+
+
+def tolerance_from(factor: Optional[str], atol: Optional[str]):
+    from faverify.verdict import DEFAULT_ATOL, DEFAULT_FACTOR, Tolerance, parse_overrides
+    return Tolerance(factor=parse_overrides(factor, DEFAULT_FACTOR, "--factor"),
+                     atol=parse_overrides(atol, DEFAULT_ATOL, "--atol"))
+
+
+FactorOpt = Annotated[Optional[str], typer.Option(help="Allowed multiple of the baseline error: NUMBER or "
+                                                       "TENSOR=NUMBER,... (defaults out=2,lse=2,dq=3,dk=3,dv=3)")]
+AtolOpt = Annotated[Optional[str], typer.Option(help="Floor in units of u(dtype)*scale_T: NUMBER or TENSOR=NUMBER,... "
+                                                     "(default 1 for every tensor)")]
+DeviceOpt = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:INDEX | all")]
+
+
+class _Speed(ProgressColumn):
+    def render(self, task) -> Text:
+        return Text(f"{task.speed:6.1f} cases/s" if task.speed else "     - cases/s")
+
+
+class _Lines:
+    """Progress when stderr is not a terminal (CI logs, a remote run): a line every 10 seconds."""
+
+    def __init__(self, every: float = 10.0):
+        self.every = every
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def add_task(self, name, total, failed=0):
+        return {"name": name, "total": total, "done": 0, "failed": failed, "start": time.perf_counter(),
+                "last": time.perf_counter()}
+
+    def update(self, task, advance=1, failed=None):
+        task["done"] += advance
+        task["failed"] = task["failed"] if failed is None else failed
+        now = time.perf_counter()
+        if now - task["last"] >= self.every or task["done"] == task["total"]:
+            task["last"] = now
+            rate = task["done"] / max(now - task["start"], 1e-9)
+            stderr.print(f"{task['name']}: {task['done']}/{task['total']} cases, {rate:.1f} cases/s, "
+                         f"failed {task['failed']}", markup=False, highlight=False)
+
+
+def progress_bar():
+    if not stderr.is_terminal:
+        return _Lines()
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), _Speed(),
+                    TextColumn("failed {task.fields[failed]}"), TimeElapsedColumn(), console=stderr)
+
+
+def progress_factory(progress, total: int):
+    def factory(name: str):
+        task = progress.add_task(name, total=total, failed=0)
+        failed = 0
+
+        def update(result) -> None:
+            nonlocal failed
+            failed += result.failed
+            progress.update(task, advance=1, failed=failed)
+        return update
+    return factory
+
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """A run killed with SIGTERM (a CI timeout, `timeout`) stops like Ctrl-C: results so far are written."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread (some test runners): nothing to install
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,63 @@
+"""faverify report | compare."""
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from faverify.cli import app
+from faverify.errors import UsageError
+
+
+class Format(str, Enum):
+    md = "md"
+    table = "table"
+
+
+@app.command()
+def report(
+    run_file: Annotated[Path, typer.Argument(metavar="RUN.json", help="A run written by fuzz --json")],
+    format: Annotated[Format, typer.Option("--format", help="md: GitHub Markdown; table: the terminal")] = Format.table,
+) -> int:
+    """Render a run as GitHub-flavored Markdown (for a pull request) or terminal tables."""
+    from faverify.report import render
+    from faverify.results import Run
+
+    typer.echo(render(Run.read(run_file, argument="RUN.json"), format.value), nl=False)
+    return 0
+
+
+@app.command()
+def compare(
+    base: Annotated[Path, typer.Argument(metavar="BASE.json", help="The run before the change")],
+    head: Annotated[Path, typer.Argument(metavar="HEAD.json", help="The run after it")],
+    factor: Annotated[float, typer.Option(help="A statistic changed by more than this factor is marked")] = 1.5,
+    format: Annotated[Format, typer.Option("--format", help="md: a pull-request comment; table: the terminal")] = Format.table,
+    all_rows: Annotated[bool, typer.Option("--all", help="Show every row, not only the marked ones")] = False,
+) -> int:
+    """What got worse (+), better (-), newly fails (!) or cannot be compared (x). Exit 1 on + or !."""
+    from faverify.compare import compare as compare_runs
+    from faverify.compare import summary_line
+    from faverify.report import fmt, ratio, table
+    from faverify.results import Run
+
+    if not factor > 1:
+        raise UsageError("--factor", factor, "must be a number > 1")
+    result = compare_runs(Run.read(base, argument="BASE.json"), Run.read(head, argument="HEAD.json"), factor)
+    style = format.value
+    shown = result["rows"] if all_rows else [r for r in result["rows"] if r["mark"]]
+    rows = [[r["kernel"], r["dtype"], r["tensor"], r["statistic"], fmt(r["before"]), fmt(r["after"]),
+             ratio(r["ratio"]), r["mark"]] for r in shown]
+    parts = []
+    if style == "md":
+        parts.append("### faverify: numerics comparison")
+    parts.append(summary_line(result))
+    if result["environment_differences"]:
+        lead = "- " if style == "md" else "  "
+        parts.append("environment differences:\n" + "\n".join(lead + d for d in result["environment_differences"]))
+    parts.append(table(rows, ["kernel", "dtype", "tensor", "statistic", "before", "after", "ratio", "mark"], style)
+                 if rows else "(no statistic changed by more than the factor)")
+    typer.echo("\n\n".join(parts))
+    return 1 if result["regressed"] else 0

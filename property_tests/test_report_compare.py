@@ -1,0 +1,89 @@
+"""report and compare, and the README's CI example."""
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+
+from faverify.cli import app
+from property_tests.cli_helpers import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("runs")
+    for name, kernel in (("good", "sdpa-math"), ("again", "sdpa-math"), ("bad", "property_tests.planted:top_left_mask")):
+        cli("fuzz", "--kernel", kernel, "--iters", "40", "--device", "cpu", "--no-db", "--seed", "4",
+            "--no-isolate", "--json", d / f"{name}.json")
+    return d
+
+
+def test_report_renders_markdown_and_tables(runs):
+    md = cli("report", runs / "good.json", "--format", "md")
+    assert md.exit_code == 0
+    assert "| sdpa-math" in md.stdout and "## Error statistics" in md.stdout and "tolerance:" in md.stdout
+    assert re.search(r"^\|:-+\|-+:\|", md.stdout, re.M)  # pipe table: text left, numbers right aligned
+    table = cli("report", runs / "bad.json")
+    assert table.exit_code == 0 and "faverify repro --kernel property_tests.planted:top_left_mask" in table.stdout
+
+
+def test_two_runs_of_the_same_kernel_compare_clean(runs):
+    r = cli("compare", runs / "good.json", runs / "again.json")
+    assert r.exit_code == 0 and r.stdout.startswith("no regression: 0 worse (+), 0 newly failing (!)")
+
+
+def test_a_worse_kernel_is_marked_worse_and_newly_failing(runs):
+    r = cli("compare", runs / "good.json", runs / "bad.json", "--format", "md")
+    assert r.exit_code == 1
+    assert r.stdout.startswith("### faverify: numerics comparison")
+    assert "REGRESSION" in r.stdout
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| sdpa-math -> ")]
+    assert any(line.rstrip("| ").endswith("+") for line in rows)
+    assert any(line.rstrip("| ").endswith("!") for line in rows)
+
+
+def test_a_different_gpu_is_not_comparable(runs, tmp_path):
+    other = json.loads((runs / "again.json").read_text())
+    other["environment"]["gpus"] = [{"index": 0, "name": "Other GPU", "capability": "8.0", "memory_gib": 80}]
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    r = cli("compare", runs / "good.json", tmp_path / "other.json")
+    assert r.exit_code == 0
+    marks = [line.split()[-1] for line in r.stdout.splitlines() if line.startswith("sdpa-math ")]
+    assert marks and set(marks) == {"x"}
+    assert "GPUs: none -> Other GPU" in r.stdout
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d.update(version=99), "run schema version 99"),
+    (lambda d: d.update(schema="other"), "is not a faverify run file"),
+    (lambda d: d.pop("kernels"), "missing a field"),
+])
+def test_malformed_or_wrong_version_files_exit_2(runs, tmp_path, mutate, message):
+    data = json.loads((runs / "good.json").read_text())
+    mutate(data)
+    (tmp_path / "x.json").write_text(json.dumps(data))
+    r = cli("compare", runs / "good.json", tmp_path / "x.json")
+    assert r.exit_code == 2 and message in r.stderr
+    (tmp_path / "broken.json").write_text("{not json")
+    r = cli("report", tmp_path / "broken.json")
+    assert r.exit_code == 2 and "not valid JSON" in r.stderr
+
+
+def test_every_command_and_flag_of_the_readme_ci_example_exists():
+    text = (ROOT / "README.md").read_text()
+    yaml = re.search(r"```yaml\n(.+?)\n```", text, re.S).group(1)
+    group = typer.main.get_command(app)
+    calls = re.findall(r"faverify ([^&|>\n]+)", yaml)
+    assert len(calls) >= 3
+    for call in calls:
+        words = shlex.split(call.strip())
+        command = group.commands.get(words[0])
+        assert command is not None, f"no command {words[0]!r}"
+        known = {opt for p in command.params for opt in p.opts + p.secondary_opts}
+        for word in words[1:]:
+            if word.startswith("--"):
+                assert word.split("=")[0] in known, f"faverify {words[0]} has no flag {word}"
