@@ -43,10 +43,16 @@ def generator(seed: int, device: torch.device | str) -> torch.Generator:
 
 def make_inputs(case: Case, device: torch.device | str, *, requires_grad: bool = False) -> Inputs:
     device = torch.device(device)
-    q, k, v, dout = draw_values(case, device)
     dtype = TORCH[case.dtype]
-    q, k, v, dout = (t.to(dtype) for t in (q, k, v, dout))
-    q, k, v = _lay_out(case, q, k, v, requires_grad)
+    values = Inputs(*(t.to(dtype) for t in draw_values(case, device)))
+    return lay_out(case, values, requires_grad=requires_grad)
+
+
+def lay_out(case: Case, values: Inputs, *, requires_grad: bool = False) -> Inputs:
+    """Logical-layout tensors of the case's dtype placed in memory per case.layout (also used for the
+    stored inputs of golden files)."""
+    q, k, v = _lay_out(case, values.q, values.k, values.v, requires_grad)
+    dout = values.dout
     if case.layout == "transposed":
         dout = dout.transpose(1, 2).contiguous().transpose(1, 2)
     return Inputs(q, k, v, dout)

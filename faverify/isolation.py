@@ -43,10 +43,16 @@ def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, environme
             return
         if request is None:
             return
-        case_dict, gradcheck = request
+        case_dict, gradcheck, golden = request
         case = Case.from_dict(case_dict)
         try:
-            result = evaluate(subject, case, device, mode=mode, tolerance=tol, gradcheck=gradcheck)
+            stored = None
+            if golden is not None:  # (directory, entry name): a stored case, its reference from the file
+                from faverify import golden as golden_files
+                directory, name = golden
+                entry = next(e for e in golden_files.index(directory) if e.name == name)
+                stored = golden_files.load(directory, entry, device)
+            result = evaluate(subject, case, device, mode=mode, tolerance=tol, gradcheck=gradcheck, stored=stored)
         except BaseException as e:  # our own bug while judging: reported as a crash of this case
             result = failure(kernel, case, "crash", f"faverify raised {type(e).__name__}: {e}\n"
                              + traceback.format_exc(limit=4), "crash", device)
@@ -98,7 +104,7 @@ class Worker:
                 self.process.join(5)
         self.process = None
 
-    def submit(self, case: Case, gradcheck: bool) -> None:
+    def submit(self, case: Case, gradcheck: bool, golden: tuple | None = None) -> None:
         if self.process is None or not self.process.is_alive():
             if self.conn is not None:  # it ran before: this is a fresh worker after a crash or a timeout
                 self.restarts += 1
@@ -106,7 +112,7 @@ class Worker:
         self.pending = case
         if self.ready:
             self.sent_at = time.monotonic()
-        self.conn.send((case.to_dict(), gradcheck))
+        self.conn.send((case.to_dict(), gradcheck, golden))
 
     def collect(self) -> CaseResult | None:
         """The pending case's result if it is ready, a crash/timeout result if it never will be, else None."""
@@ -146,8 +152,8 @@ class Worker:
     def waitables(self) -> list:
         return [self.conn, self.process.sentinel]
 
-    def evaluate(self, case: Case, gradcheck: bool = False) -> CaseResult:
-        self.submit(case, gradcheck)
+    def evaluate(self, case: Case, gradcheck: bool = False, golden: tuple | None = None) -> CaseResult:
+        self.submit(case, gradcheck, golden)
         while True:
             wait(self.waitables(), timeout=1.0)
             result = self.collect()

@@ -57,12 +57,14 @@ def failure(kernel: str, case: Case, status: str, reason: str, signature: str, d
 
 
 def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: str = "both",
-             tolerance: Tolerance | None = None, gradcheck: bool = False) -> CaseResult:
+             tolerance: Tolerance | None = None, gradcheck: bool = False, stored=None) -> CaseResult:
+    """stored: (inputs, reference, scales) from a golden file instead of drawing from the seed and
+    computing the reference here (golden.py)."""
     device = torch.device(device)
     tolerance = tolerance or Tolerance()
     start = time.perf_counter()
     clock = _Clock(device)
-    result = _evaluate(subject, case, device, mode, tolerance, clock)
+    result = _evaluate(subject, case, device, mode, tolerance, clock, stored)
     if gradcheck and result.status == "pass":
         from faverify.gradcheck import directional
         result.gradcheck = directional(subject, case, device).to_dict()
@@ -95,7 +97,7 @@ class _Clock:
 
 
 def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tolerance: Tolerance,
-              clock: _Clock) -> CaseResult:
+              clock: _Clock, stored=None) -> CaseResult:
     name = subject.name
     reason = subject.unsupported(case, device)
     backward = mode != "fwd"
@@ -104,7 +106,11 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     if reason:
         return CaseResult(name, case, "skip", reason)
 
-    x = make_inputs(case, device, requires_grad=backward)
+    if stored is None:
+        x, reference_given = make_inputs(case, device, requires_grad=backward), None
+    else:
+        from faverify.inputs import lay_out
+        x, reference_given = lay_out(case, stored[0], requires_grad=backward), stored[1:]
     clock.lap("inputs")
     try:
         out, lse = subject(x.q, x.k, x.v, case)
@@ -127,7 +133,7 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         for gname, grad, inp in zip(("dq", "dk", "dv"), grads, (x.q, x.k, x.v)):
             got[gname] = grad if grad is not None else torch.zeros_like(inp)
     clock.lap("subject")
-    metrics = compare(case, x, got, tolerance, MODES[mode])
+    metrics = compare(case, x, got, tolerance, MODES[mode], reference_given)
     clock.lap("reference")
     signatures = [f"{t}:{_kind(m)}" for t, m in metrics.items() if not m.passed]
     if signatures:
@@ -136,13 +142,17 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     return CaseResult(name, case, "pass", "", metrics)
 
 
-def compare(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple) -> dict:
-    """Judge a subject's tensors (any of out, lse, dq, dk, dv) for `case` against the FP64 reference."""
+def compare(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple, given=None) -> dict:
+    """Judge a subject's tensors (any of out, lse, dq, dk, dv) for `case` against the FP64 reference
+    (computed here, or `given` as (reference tensors, scales), from a golden file)."""
     q, k, v = (t.detach() for t in x.tensors())
     backward = any(got.get(t) is not None for t in ("dq", "dk", "dv"))
     dout = x.dout if backward else None
     with torch.no_grad():
-        ref, scales = reference(q, k, v, dout, causal=case.causal, scale=case.scale)
+        if given is None:
+            ref, scales = reference(q, k, v, dout, causal=case.causal, scale=case.scale)
+        else:
+            ref, scales = given
         base = naive(q, k, v, dout, causal=case.causal, scale=case.scale)
         return measure(got, ref, base, scales, dtype=case.dtype, tolerance=tolerance, tensors=tensors,
                        masked_rows=case.masked_rows)

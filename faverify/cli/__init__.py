@@ -66,7 +66,7 @@ app = typer.Typer(cls=_Group, no_args_is_help=True, add_completion=False, pretty
                   rich_markup_mode=None, help="Prove FlashAttention-style kernels numerically right, or find "
                                               "the smallest input on which they are wrong.")
 
-from faverify.cli import bench, fuzz, mutants, report  # noqa: E402,F401  (each registers its commands on app)
+from faverify.cli import bench, fuzz, golden, mutants, report  # noqa: E402,F401  (each registers its commands on app)
 
 
 def main() -> None:

@@ -15,6 +15,11 @@ from rich.text import Text
 stderr = Console(stderr=True)
 
 
+def say(text: str) -> None:
+    """Human text to stderr as it is: no markup, no highlighting, no wrapping (tables must stay whole)."""
+    stderr.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
 class Mode(str, Enum):
     fwd = "fwd"
     bwd = "bwd"
@@ -62,8 +67,7 @@ class _Lines:
         if now - task["last"] >= self.every or task["done"] == task["total"]:
             task["last"] = now
             rate = task["done"] / max(now - task["start"], 1e-9)
-            stderr.print(f"{task['name']}: {task['done']}/{task['total']} cases, {rate:.1f} cases/s, "
-                         f"failed {task['failed']}", markup=False, highlight=False)
+            say(f"{task['name']}: {task['done']}/{task['total']} cases, {rate:.1f} cases/s, failed {task['failed']}")
 
 
 def progress_bar():

@@ -9,7 +9,7 @@ import typer
 from faverify.case import Case
 from faverify.cli import app
 from faverify.cli.common import (AtolOpt, DeviceOpt, FactorOpt, Mode, progress_bar, progress_factory, sigterm_interrupts,
-                                 stderr, tolerance_from)
+                                 say, tolerance_from)
 from faverify.errors import EnvironmentProblem, UsageError
 
 
@@ -74,7 +74,7 @@ def fuzz(
                      command=command, workers=workers, isolate=isolate, timeout=timeout,
                      progress_factory=progress_factory(progress, iters))
     _write_outputs(result, json_path, markdown)
-    stderr.print(render(result, "table"), markup=False, highlight=False, soft_wrap=True)
+    say(render(result, "table"))
     return _exit_code(result)
 
 
@@ -123,11 +123,10 @@ def repro(
     subject = resolve(kernel)
     target = devices.resolve(device)[0]
     result = evaluate(subject, the_case, target, mode=mode.value, tolerance=tolerance_from(factor, atol))
-    stderr.print(f"{kernel} on {target}: {the_case.short()}", markup=False, highlight=False)
+    say(f"{kernel} on {target}: {the_case.short()}")
     if result.metrics:
-        stderr.print(table(metrics_rows(result.metrics), METRIC_HEADERS, "table"), markup=False, highlight=False)
-    stderr.print(f"verdict: {result.status}" + (f" ({result.reason})" if result.reason else ""), markup=False,
-                 highlight=False)
+        say(table(metrics_rows(result.metrics), METRIC_HEADERS, "table"))
+    say(f"verdict: {result.status}" + (f" ({result.reason})" if result.reason else ""))
     if result.status == "skip":
         raise EnvironmentProblem(f"the case was skipped: {result.reason}")
     return 1 if result.failed else 0

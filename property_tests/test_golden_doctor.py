@@ -1,0 +1,82 @@
+"""golden record/verify and doctor."""
+import json
+import shutil
+
+import pytest
+
+from faverify import golden
+from property_tests.cli_helpers import cli, read_json
+
+
+@pytest.mark.parametrize("kernel", ["sdpa-math", "triton"])
+def test_golden_verify_passes_on_this_machine(kernel):
+    device = "cuda" if kernel == "triton" and __import__("torch").cuda.is_available() else "cpu"
+    r = cli("golden", "verify", "--kernel", kernel, "--device", device)
+    assert r.exit_code == 0, r.stderr[-2000:]
+    assert "40 of 40 golden cases pass, 0 fail" in r.stderr
+
+
+@pytest.fixture
+def copy(tmp_path):
+    target = tmp_path / "golden"
+    shutil.copytree(golden.DEFAULT_DIR, target)
+    return target
+
+
+@pytest.mark.parametrize("damage,word", [
+    (lambda p: p.write_bytes(p.read_bytes()[:100]), "truncated or tampered"),
+    (lambda p: p.write_bytes(p.read_bytes()[:-1] + bytes([p.read_bytes()[-1] ^ 1])), "truncated or tampered"),
+    (lambda p: p.unlink(), "missing"),
+])
+def test_a_damaged_file_fails_by_name_and_the_rest_still_run(copy, damage, word):
+    damage(copy / "cases" / "one-key.npz")
+    r = cli("golden", "verify", "--kernel", "sdpa-math", "--device", "cpu", "--dir", copy, "--no-isolate")
+    assert r.exit_code == 1
+    line = next(line for line in r.stderr.splitlines() if line.startswith("one-key"))
+    assert "corrupt" in line and "cases/one-key.npz" in line and word in line
+    assert "39 of 40 golden cases pass" in r.stderr
+
+
+def test_golden_files_load_without_unpickling(copy):
+    entry = golden.index(copy)[0]
+    import numpy as np
+    with np.load(copy / entry.file, allow_pickle=False) as z:  # raises if anything needed unpickling
+        assert "in_q" in z.files and "ref_out" in z.files
+
+
+def test_record_is_deterministic(tmp_path):
+    a = golden.record(tmp_path / "a", names=["gqa-113x203", "masked-rows-1023x17"])
+    b = golden.record(tmp_path / "b", names=["gqa-113x203", "masked-rows-1023x17"])
+    assert [e["sha256"] for e in a] == [e["sha256"] for e in b]
+    committed = {e.name: e.sha256 for e in golden.index()}
+    assert all(committed[e["name"]] == e["sha256"] for e in a)  # the committed files are what record makes
+
+
+def test_doctor_without_a_gpu_warns_and_passes(tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the no-GPU warning cannot be shown here")
+    r = cli("doctor", "--json", tmp_path / "d.json")
+    assert r.exit_code == 0, r.stdout
+    report = read_json(tmp_path / "d.json")
+    statuses = {(c["check"], c["status"]) for c in report["checks"]}
+    assert ("GPU", "Warn") in statuses and ("golden: sdpa-math", "Pass") in statuses
+    assert ("golden: triton", "Pass") in statuses
+    for c in report["checks"]:  # the JSON mirrors the table
+        assert c["check"] in r.stdout and c["status"] in r.stdout
+
+
+def test_doctor_fails_when_a_check_fails(monkeypatch, tmp_path):
+    from faverify import doctor
+    monkeypatch.setattr(doctor, "_golden_check",
+                        lambda kernel, device, names, tol, isolate: doctor.Check(f"golden: {kernel}", device, "Fail", "x"))
+    r = cli("doctor")
+    assert r.exit_code == 1 and "Fail" in r.stdout
+
+
+def test_golden_verify_usage_errors():
+    r = cli("golden", "verify")
+    assert r.exit_code == 2 and "--kernel" in r.stderr
+    r = cli("golden", "verify", "--kernel", "sdpa-math", "--only", "nosuch")
+    assert r.exit_code == 2 and "unknown golden case" in r.stderr
+    assert json.loads((golden.DEFAULT_DIR / "index.json").read_text())["version"] == 1
