@@ -14,11 +14,32 @@ settings.load_profile("faverify")
 HAS_GPU = torch.cuda.is_available()
 
 
+AOT_TEST = "test_every_variant_compiles_for_sm80_and_sm90"
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
             item.add_marker(skip_gpu)
+    if any(item.name == AOT_TEST for item in items):
+        # Compiling every Triton variant takes minutes of CPU: start it now, beside the rest of the suite;
+        # the test collects the result.
+        import subprocess
+        import sys
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        config._faverify_aot = subprocess.Popen(
+            [sys.executable, "-m", "faverify.kernels.triton.aot", "--jobs", str(os.cpu_count() or 2)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+@pytest.fixture
+def aot_compile(request):
+    """(returncode, stdout, stderr) of the AOT compile started at collection."""
+    proc = getattr(request.config, "_faverify_aot", None)
+    assert proc is not None, "the AOT compile was not started at collection"
+    out, err = proc.communicate(timeout=1800)
+    return proc.returncode, out, err
 
 
 @pytest.fixture

@@ -1,9 +1,5 @@
 """The bundled Triton kernels: on the CPU through the interpreter (with its bf16 handling), on the GPU
 compiled (marked gpu). Correctness is judged by the same reference and verdict as everything else."""
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -146,14 +142,13 @@ def test_fuzz_60_cases_every_dtype_on_this_machine():
 
 
 @pytest.mark.slow
-def test_every_variant_compiles_for_sm80_and_sm90(capsys):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "faverify.kernels.triton.aot", "--jobs", str(os.cpu_count() or 2)],
-                          capture_output=True, text=True, env=env, timeout=1500)
+def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
+    """python -m faverify.kernels.triton.aot, started at collection (conftest.py) to overlap the suite."""
+    returncode, out, err = aot_compile
     with capsys.disabled():  # the table of shared memory per variant belongs in the CI log
-        print("\n" + proc.stdout[-20000:])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "0 failed" in proc.stdout
+        print("\n" + out[-20000:])
+    assert returncode == 0, out[-3000:] + err[-3000:]
+    assert "0 failed" in out
 
 
 @pytest.mark.gpu

@@ -15,8 +15,9 @@ from faverify.errors import EnvironmentProblem, UsageError
 
 @app.command()
 def fuzz(
-    kernel: Annotated[str, typer.Option(help="Subjects, comma separated: built-in names or package.module:function")] = "sdpa-math",
-    iters: Annotated[int, typer.Option(help="Cases per kernel")] = 200,
+    kernel: Annotated[str, typer.Option(help="Subjects, comma separated: built-in names (faverify kernels), "
+                                             "package.module:function, or mutant:NAME")] = "triton",
+    iters: Annotated[int, typer.Option(help="Cases per kernel")] = 100,
     seed: Annotated[int, typer.Option(help="Same seed, same cases")] = 0,
     dtype: Annotated[str, typer.Option(help="Comma separated: bf16, fp16, fp32")] = "bf16,fp16",
     mode: Annotated[Mode, typer.Option(help="Check the forward (out, lse), the backward (dq, dk, dv) or both")] = Mode.both,

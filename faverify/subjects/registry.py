@@ -13,17 +13,8 @@ def _triton() -> Subject:
     return make()
 
 
-def _cuda(variant: str) -> Callable[[], Subject]:
-    def load() -> Subject:
-        from faverify.kernels.cuda.subject import make
-        return make(variant)
-    return load
-
-
 _BUILTIN: dict[str, Callable[[], Subject]] = {name: (lambda n=name: sdpa.make(n)) for name in sdpa.names()}
 _BUILTIN["triton"] = _triton
-_BUILTIN["cuda"] = _cuda("cuda")
-_BUILTIN["cuda-simt"] = _cuda("cuda-simt")
 
 
 def builtin_names() -> tuple:
