@@ -192,7 +192,8 @@ def verify(kernel: str, device, *, directory: Path = DEFAULT_DIR, tolerance, nam
             if worker is not None:
                 r = worker.evaluate(entry.case, golden=(str(directory), entry.name))
             else:
-                moved = (Inputs(*(t.to(device) for t in stored[0].__dict__.values())),
+                values = stored[0]
+                moved = (Inputs(*(t.to(device) for t in (values.q, values.k, values.v, values.dout))),
                          {n: t.to(device) for n, t in stored[1].items()},
                          {n: t.to(device) for n, t in stored[2].items()})
                 r = evaluate(subject, entry.case, device, tolerance=tolerance, stored=moved)
