@@ -42,6 +42,28 @@ class _Interesting(Exception):
     """Raised inside the Hypothesis test for the failure being found or shrunk."""
 
 
+class _Shrinker:
+    """One shrink step: is this smaller case still failing with the same signature? Past the budget
+    (evaluations or seconds) nothing new is evaluated and only the best case found replays, so Hypothesis
+    ends its shrink on it."""
+
+    def __init__(self, plan: FuzzPlan, signature: str, first: CaseResult, evaluate: Evaluate):
+        self.plan, self.signature, self.first, self.best, self.evaluate = plan, signature, first, first, evaluate
+        self.steps, self.t0 = 0, time.perf_counter()
+
+    def still_fails(self, case: Case) -> bool:
+        if case == self.best.case:
+            return True
+        if self.steps >= self.plan.shrink_budget or time.perf_counter() - self.t0 > self.plan.shrink_seconds:
+            return False
+        self.steps += 1
+        r = self.evaluate(case, self.signature == "gradcheck")
+        if self.signature in r.signatures:
+            self.best = r
+            return True
+        return False
+
+
 def fuzz_subject(kernel: str, plan: FuzzPlan, evaluate: Evaluate, stats: KernelStats,
                  progress: Callable[[CaseResult], None] = lambda r: None) -> KernelStats:
     start = time.perf_counter()
@@ -57,52 +79,37 @@ def _fuzz_sequential(kernel, plan, evaluate, stats, progress) -> KernelStats:
     rounds = 0
     db = DirectoryBasedExampleDatabase(str(plan.database)) if plan.database else None
     while generated < plan.iters:
-        state = {"target": None, "first": None, "best": None, "steps": 0, "t0": 0.0}
+        state = {"shrinker": None}
 
         def run_one(case: Case) -> None:
             if _interesting(case):
                 # one raise site: Hypothesis tells bugs apart by the line that raised
-                raise _Interesting(state["target"])
+                raise _Interesting(state["shrinker"].signature)
 
         def _interesting(case: Case) -> bool:
             nonlocal generated
-            if state["target"] is None:  # generating
-                if generated >= plan.iters:
-                    return False
-                gc = plan.gradcheck_every > 0 and generated % plan.gradcheck_every == 0
-                r = evaluate(case, gc)
-                generated += 1
-                stats.add(r)
-                progress(r)
-                for t, m in r.metrics.items():
-                    # steer toward the tolerance edge: error / allowed, per tensor. Waived
-                    # (ill-conditioned) cases have huge ratios that mean nothing; they get none.
-                    usage = m.max_abs / m.allowed if m.allowed > 0 and not m.waived else 0.0
-                    target(min(usage, 1e6) if usage == usage else 0.0, label=f"{t} error / allowed")
-                new = [s for s in r.signatures if s not in known]
-                if new:
-                    state.update(target=new[0], first=r, best=r, t0=time.perf_counter())
-                return bool(new)
-            # shrinking: only the same signature counts; past the budget, only the best case replays
-            best: CaseResult = state["best"]
-            if case == best.case:
-                return True
-            if (state["steps"] >= plan.shrink_budget
-                    or time.perf_counter() - state["t0"] > plan.shrink_seconds):
+            if state["shrinker"] is not None:  # shrinking: only the same signature counts
+                return state["shrinker"].still_fails(case)
+            if generated >= plan.iters:
                 return False
-            state["steps"] += 1
-            r = evaluate(case, state["target"] == "gradcheck")
-            if state["target"] in r.signatures:
-                state["best"] = r
-                return True
-            return False
+            gc = plan.gradcheck_every > 0 and generated % plan.gradcheck_every == 0
+            r = evaluate(case, gc)
+            generated += 1
+            stats.add(r)
+            progress(r)
+            for t, m in r.metrics.items():
+                # steer toward the tolerance edge: error / allowed, per tensor. Waived
+                # (ill-conditioned) cases have huge ratios that mean nothing; they get none.
+                usage = m.max_abs / m.allowed if m.allowed > 0 and not m.waived else 0.0
+                target(min(usage, 1e6) if usage == usage else 0.0, label=f"{t} error / allowed")
+            new = [s for s in r.signatures if s not in known]
+            if new:
+                state["shrinker"] = _Shrinker(plan, new[0], r, evaluate)
+            return bool(new)
 
-        test = settings(
-            max_examples=max(1, plan.iters - generated), deadline=None, database=db,
-            suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, report_multiple_bugs=False,
-            phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
-            print_blob=False,
-        )(seed(plan.seed + rounds)(given(cases(dtypes=plan.dtypes, limits=plan.limits))(run_one)))
+        test = _settings(plan, examples=plan.iters - generated, database=db,
+                         phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink))(
+            seed(plan.seed + rounds)(given(cases(dtypes=plan.dtypes, limits=plan.limits))(run_one)))
         before = generated
         note = ""
         try:
@@ -112,10 +119,11 @@ def _fuzz_sequential(kernel, plan, evaluate, stats, progress) -> KernelStats:
         except Flaky:
             note = "flaky: the shrunk case did not fail again when replayed"
         rounds += 1
-        if state["target"] is not None:
-            known.add(state["target"])
-            stats.failures.append(Failure(kernel=kernel, signature=state["target"], first=state["first"],
-                                          minimal=state["best"], shrink_steps=state["steps"], note=note))
+        shrinker = state["shrinker"]
+        if shrinker is not None:
+            known.add(shrinker.signature)
+            stats.failures.append(Failure(kernel=kernel, signature=shrinker.signature, first=shrinker.first,
+                                          minimal=shrinker.best, shrink_steps=shrinker.steps, note=note))
             if plan.stop_at_first_failure:
                 break
         elif generated == before or generated < plan.iters:
@@ -149,26 +157,17 @@ def draw_cases(plan: FuzzPlan) -> list:
 def shrink_by_replay(plan: FuzzPlan, index: int, first: CaseResult, signature: str, evaluate: Evaluate):
     """Hypothesis draws the plan's sequence again, skips to case `index` (known to fail with `signature`)
     and shrinks from there. Returns (minimal result, evaluations spent, note)."""
-    state = {"calls": 0, "best": first, "steps": 0, "t0": time.perf_counter(), "armed": False}
+    shrinker = _Shrinker(plan, signature, first, evaluate)
+    state = {"calls": 0, "armed": False}
 
     def interesting(case: Case) -> bool:
-        if not state["armed"]:
-            state["calls"] += 1
-            if state["calls"] <= index:
-                return False
-            state["armed"] = True
-            return case == first.case  # the replayed draw reaches the same failing case
-        best: CaseResult = state["best"]
-        if case == best.case:
-            return True
-        if state["steps"] >= plan.shrink_budget or time.perf_counter() - state["t0"] > plan.shrink_seconds:
+        if state["armed"]:
+            return shrinker.still_fails(case)
+        state["calls"] += 1
+        if state["calls"] <= index:
             return False
-        state["steps"] += 1
-        r = evaluate(case, signature == "gradcheck")
-        if signature in r.signatures:
-            state["best"] = r
-            return True
-        return False
+        state["armed"] = True
+        return case == first.case  # the replayed draw reaches the same failing case
 
     def body(case: Case) -> None:
         if interesting(case):
@@ -184,7 +183,7 @@ def shrink_by_replay(plan: FuzzPlan, index: int, first: CaseResult, signature: s
         pass
     except Flaky:
         note = "flaky: the shrunk case did not fail again when replayed"
-    return state["best"], state["steps"], note
+    return shrinker.best, shrinker.steps, note
 
 
 def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
