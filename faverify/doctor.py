@@ -31,20 +31,19 @@ class Check:
 def _golden_check(kernel: str, device: str, names, tolerance, isolate: bool) -> Check:
     label = f"golden: {kernel}"
     rows = golden.verify(kernel, device, tolerance=tolerance, names=names, isolate=isolate)
-    ran = [r for r in rows if r["status"] not in ("skip", "corrupt")]
-    bad = [r for r in rows if r["status"] in ("fail", "crash", "timeout", "corrupt")]
-    skipped = len(rows) - len(ran) - sum(r["status"] == "corrupt" for r in rows)
-    if not ran and not bad:
+    outcome = golden.summarize(rows)
+    passed, bad, skipped = len(outcome["passed"]), outcome["bad"], len(outcome["skipped"])
+    if not passed and not bad:
         reasons = sorted({r["reason"] for r in rows})[:2]
         return Check(label, device, "Skip", f"no golden case ran ({'; '.join(reasons)})")
     if bad and kernel in KNOWN_MASKED_ROW_DEFECTS and all(r["case"].has_masked_rows for r in bad):
         return Check(label, device, "Warn", f"{len(bad)} of {len(rows)} cases fail, all with rows that see no key: "
-                     f"a known defect of {kernel} (anchors/sdpa-numerics.md); the other {len(ran) - len(bad)} pass")
+                     f"a known defect of {kernel} (anchors/sdpa-numerics.md); {passed} pass")
     if bad:
         shown = "; ".join(f"{r['name']}: {r['reason'][:160]}" for r in bad[:3])
         return Check(label, device, "Fail", f"{len(bad)} of {len(rows)} cases fail: {shown}")
     extra = f", {skipped} not supported by the kernel" if skipped else ""
-    return Check(label, device, "Pass", f"{len(ran)} cases pass{extra}")
+    return Check(label, device, "Pass", f"{passed} cases pass{extra}")
 
 
 def _fingerprint(device: str, runs: int) -> list:

@@ -146,8 +146,8 @@ def index(directory: Path = DEFAULT_DIR) -> list:
     return [Entry(e["name"], Case.from_dict(e["case"]), e["file"], e["sha256"]) for e in data["cases"]]
 
 
-def load(directory: Path, entry: Entry, device) -> tuple:
-    """(inputs in logical layout, reference tensors, scales), after checking the file's sha256."""
+def _read(directory: Path, entry: Entry) -> bytes:
+    """The file's bytes, after checking them against the index's sha256."""
     path = Path(directory) / entry.file
     try:
         data = path.read_bytes()
@@ -157,6 +157,10 @@ def load(directory: Path, entry: Entry, device) -> tuple:
     if digest != entry.sha256:
         raise GoldenFileProblem(f"{entry.file}: sha256 {digest[:12]}... does not match the index "
                                 f"({entry.sha256[:12]}...): truncated or tampered with")
+    return data
+
+
+def _decode(data: bytes, entry: Entry, device) -> tuple:
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             values = Inputs(*(_unbits(z[f"in_{n}"], entry.case.dtype, device) for n in ("q", "k", "v", "dout")))
@@ -166,6 +170,18 @@ def load(directory: Path, entry: Entry, device) -> tuple:
     except (ValueError, KeyError, OSError) as e:
         raise GoldenFileProblem(f"{entry.file}: cannot be read ({e})") from None
     return values, ref, scales
+
+
+def load(directory: Path, entry: Entry, device) -> tuple:
+    """(inputs in logical layout, reference tensors, scales), after checking the file's sha256."""
+    return _decode(_read(directory, entry), entry, device)
+
+
+def summarize(rows: list) -> dict:
+    """verify's rows by outcome: passed, bad (fail, crash, timeout, corrupt file), skipped."""
+    return {"passed": [r for r in rows if r["status"] == "pass"],
+            "bad": [r for r in rows if r["status"] in ("fail", "crash", "timeout", "corrupt")],
+            "skipped": [r for r in rows if r["status"] == "skip"]}
 
 
 def verify(kernel: str, device, *, directory: Path = DEFAULT_DIR, tolerance, names=None, isolate: bool = True,
@@ -185,18 +201,15 @@ def verify(kernel: str, device, *, directory: Path = DEFAULT_DIR, tolerance, nam
     try:
         for entry in entries:
             try:
-                stored = load(directory, entry, "cpu")  # integrity first, in this process
+                data = _read(directory, entry)  # integrity first, in this process: a bad file is its row
+                stored = None if worker is not None else _decode(data, entry, device)
             except GoldenFileProblem as e:
                 rows.append({"name": entry.name, "status": "corrupt", "reason": str(e), "case": entry.case})
                 continue
             if worker is not None:
-                r = worker.evaluate(entry.case, golden=(str(directory), entry.name))
+                r = worker.evaluate(entry.case, golden=(str(directory), entry))
             else:
-                values = stored[0]
-                moved = (Inputs(*(t.to(device) for t in (values.q, values.k, values.v, values.dout))),
-                         {n: t.to(device) for n, t in stored[1].items()},
-                         {n: t.to(device) for n, t in stored[2].items()})
-                r = evaluate(subject, entry.case, device, tolerance=tolerance, stored=moved)
+                r = evaluate(subject, entry.case, device, tolerance=tolerance, stored=stored)
             rows.append({"name": entry.name, "status": r.status, "reason": r.reason, "case": entry.case,
                          "result": r})
     finally:

@@ -47,10 +47,9 @@ def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, environme
         case = Case.from_dict(case_dict)
         try:
             stored = None
-            if golden is not None:  # (directory, entry name): a stored case, its reference from the file
+            if golden is not None:  # (directory, golden.Entry): a stored case, its reference from the file
                 from faverify import golden as golden_files
-                directory, name = golden
-                entry = next(e for e in golden_files.index(directory) if e.name == name)
+                directory, entry = golden
                 stored = golden_files.load(directory, entry, device)
             result = evaluate(subject, case, device, mode=mode, tolerance=tol, gradcheck=gradcheck, stored=stored)
         except BaseException as e:  # our own bug while judging: reported as a crash of this case

@@ -60,10 +60,10 @@ def golden(
         raise EnvironmentProblem(f"golden index: {e}") from None
     shown = [[r["name"], r["case"].short(), r["status"], r["reason"][:150]] for r in rows]
     say(table(shown, ["case", "shape", "result", "reason"], "table"))
-    bad = [r for r in rows if r["status"] in ("fail", "crash", "timeout", "corrupt")]
-    passed = sum(r["status"] == "pass" for r in rows)
-    skipped = sum(r["status"] == "skip" for r in rows)
-    say(f"{kernel} on {target}: {passed} of {len(rows)} golden cases pass, {len(bad)} fail, {skipped} skipped")
+    outcome = golden_files.summarize(rows)
+    bad, passed = outcome["bad"], len(outcome["passed"])
+    say(f"{kernel} on {target}: {passed} of {len(rows)} golden cases pass, {len(bad)} fail, "
+        f"{len(outcome['skipped'])} skipped")
     if bad:
         return 1
     if not passed:
