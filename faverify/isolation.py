@@ -8,7 +8,6 @@ The run goes on.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import time
 import traceback
 from multiprocessing.connection import wait
@@ -22,9 +21,9 @@ _POISONED = ("CUDA error", "illegal memory access", "device-side assert", "unspe
 STARTUP_SECONDS = 120.0  # importing torch and initializing CUDA happen once per worker, not per case
 
 
-def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, environment: dict) -> None:
-    """The worker's loop: (case, gradcheck) in, CaseResult dict out, until None or a poisoned context."""
-    os.environ.update(environment)
+def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict) -> None:
+    """The worker's loop: (case, gradcheck, golden) in, CaseResult dict out, until None or a poisoned
+    context. The spawned process inherits this one's environment (TRITON_INTERPRET among it)."""
     try:
         from faverify.runner import evaluate
         from faverify.subjects import resolve
@@ -70,11 +69,9 @@ class Worker:
     Starting does not wait: the worker spends seconds importing torch and initializing CUDA, and a pool
     starts all of its workers at once. A case's timeout counts from when its worker is ready."""
 
-    def __init__(self, kernel: str, device: str, mode: str, tolerance: dict, timeout: float,
-                 environment: dict | None = None):
+    def __init__(self, kernel: str, device: str, mode: str, tolerance: dict, timeout: float):
         self.kernel, self.device, self.mode, self.tolerance = kernel, device, mode, tolerance
         self.timeout = timeout
-        self.environment = dict(environment or {})
         self.process = None
         self.conn = None
         self.ready = False
@@ -85,8 +82,8 @@ class Worker:
     def start(self) -> None:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, self.kernel, self.device, self.mode, self.tolerance,
-                                                        self.environment), daemon=True)
+        self.process = ctx.Process(target=_serve, args=(child, self.kernel, self.device, self.mode, self.tolerance),
+                                   daemon=True)
         self.process.start()
         child.close()
         self.conn, self.ready, self.sent_at = parent, False, time.monotonic()
@@ -163,9 +160,8 @@ class Worker:
 class Pool:
     """Workers over one or more devices. map() keeps every worker busy; evaluate() uses the first."""
 
-    def __init__(self, kernel: str, devices: list, per_device: int, mode: str, tolerance: dict, timeout: float,
-                 environment: dict | None = None):
-        self.workers = [Worker(kernel, str(d), mode, tolerance, timeout, environment)
+    def __init__(self, kernel: str, devices: list, per_device: int, mode: str, tolerance: dict, timeout: float):
+        self.workers = [Worker(kernel, str(d), mode, tolerance, timeout)
                         for d in devices for _ in range(per_device)]
 
     def evaluate(self, case: Case, gradcheck: bool = False) -> CaseResult:

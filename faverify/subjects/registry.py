@@ -21,11 +21,6 @@ def builtin_names() -> tuple:
     return tuple(_BUILTIN)
 
 
-def register(name: str, factory: Callable[[], Subject]) -> None:
-    """For mutants and tests: make a subject resolvable by name."""
-    _BUILTIN[name] = factory
-
-
 def resolve(name: str) -> Subject:
     name = name.strip()
     if name in _BUILTIN:

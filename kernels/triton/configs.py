@@ -1,13 +1,11 @@
 """Tile configurations for the Triton kernels: candidates as data, a pruning predicate, defaults, and the
-table of what was chosen (filled by `tune`, shown by `faverify bench`).
+table of what tuning chose (filled by `faverify bench --tune`, which prints each choice).
 
-A launch uses, in order: the tuned choice for its key if `tune` has run for it, else the default for its
-head dim. Tuning is explicit (bench, or FAVERIFY_TRITON_AUTOTUNE=1): a fuzz run draws thousands of shapes
-and must not stop to benchmark each.
+A launch uses, in order: the tuned choice for its key if bench has tuned it, else the default for its
+head dim. Tuning is explicit: a fuzz run draws thousands of shapes and must not stop to benchmark each.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from faverify.kernels.triton.common import INTERPRET
@@ -24,7 +22,6 @@ class Tile:
         return f"M{self.block_m} N{self.block_n} w{self.num_warps} s{self.num_stages}"
 
 
-KINDS = ("fwd", "dkdv", "dq")
 CANDIDATES = {
     "fwd": [Tile(m, n, w, s) for m in (32, 64, 128) for n in (16, 32, 64, 128) for w in (4, 8) for s in (1, 2, 3, 4)],
     # dkdv: block_n keys stay on chip while block_m query rows stream past; dq the other way round
@@ -126,12 +123,3 @@ def select(kind: str, block_d: int, elem: int, causal: bool, seqlen: int) -> Til
 
 def record(kind: str, block_d: int, elem: int, causal: bool, seqlen: int, tile: Tile) -> None:
     _CHOSEN[(kind, block_d, elem, causal, seqlen_bucket(seqlen))] = tile
-
-
-def chosen() -> dict:
-    """What tuning picked so far, for display."""
-    return dict(_CHOSEN)
-
-
-def autotune_requested() -> bool:
-    return os.environ.get("FAVERIFY_TRITON_AUTOTUNE", "0") not in ("", "0")
