@@ -17,6 +17,7 @@ from faverify import env as environment
 from faverify import golden
 
 KNOWN_MASKED_ROW_DEFECTS = ("sdpa-efficient", "sdpa-cudnn")
+CUDA = ("cuda", "cuda-simt")
 SDPA = ("sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn")
 
 
@@ -46,12 +47,12 @@ def _golden_check(kernel: str, device: str, names, tolerance, isolate: bool) -> 
     return Check(label, device, "Pass", f"{passed} cases pass{extra}")
 
 
-def _fingerprint(device: str, runs: int) -> list:
-    """sha256 of the Triton kernels' out, lse and gradients on one stored case, `runs` times."""
+def _fingerprint(kernel: str, device: str, runs: int) -> list:
+    """sha256 of a bundled kernel's out, lse and gradients on one stored case, `runs` times."""
     from faverify.subjects import resolve
     entry = next(e for e in golden.index() if e.name == "gqa-113x203")
     values, _, _ = golden.load(golden.DEFAULT_DIR, entry, "cpu")
-    subject = resolve("triton")
+    subject = resolve(kernel)
     prints = []
     for _ in range(runs):
         q, k, v = (t.to(device).requires_grad_() for t in (values.q, values.k, values.v))
@@ -64,14 +65,31 @@ def _fingerprint(device: str, runs: int) -> list:
     return prints
 
 
-def _determinism(device: str) -> Check:
+def _determinism(kernel: str, device: str) -> Check:
+    label = f"determinism: {kernel}, 5 runs"
     try:
-        prints = _fingerprint(device, 5)
+        with torch.cuda.device(device):
+            prints = _fingerprint(kernel, device, 5)
     except Exception as e:  # reported, the other checks go on
-        return Check("determinism: triton, 5 runs", device, "Fail", f"{type(e).__name__}: {e}")
+        return Check(label, device, "Fail", f"{type(e).__name__}: {e}")
     if len(set(prints)) == 1:
-        return Check("determinism: triton, 5 runs", device, "Pass", f"identical bits, sha256 {prints[0][:12]}")
-    return Check("determinism: triton, 5 runs", device, "Fail", f"{len(set(prints))} different results in 5 runs")
+        return Check(label, device, "Pass", f"identical bits, sha256 {prints[0][:12]}")
+    return Check(label, device, "Fail", f"{len(set(prints))} different results in 5 runs")
+
+
+def _cuda_build(device: str) -> Check:
+    """Build (or load from the cache) the CUDA kernels for this GPU's architecture."""
+    import time
+
+    from faverify.kernels.cuda import build
+    start = time.monotonic()
+    try:
+        sm = build.arch(torch.cuda.get_device_capability(device))
+        build.load(torch.cuda.get_device_capability(device))
+    except Exception as e:  # nvcc missing or failing is this check's Fail, not the run's end
+        return Check("build: cuda", device, "Fail", f"{type(e).__name__}: {str(e)[:300]}")
+    return Check("build: cuda", device, "Pass", f"{sm} library ready in {time.monotonic() - start:.1f} s "
+                                                 f"(nvcc, or the cache {build.cache_dir()})")
 
 
 def run(level: str = "quick", *, tolerance, include_cpu: bool = True) -> dict:
@@ -92,18 +110,22 @@ def run(level: str = "quick", *, tolerance, include_cpu: bool = True) -> dict:
         device = f"cuda:{g['index']}"
         where = f"{device} {g['name']}"
         checks.append(_golden_check("triton", device, names, tolerance, isolate=True))
-        checks.append(Check("golden: cuda", device, "Skip", "the CUDA C++ kernels are not in this version yet "
-                                                             "(nothing ran: not a pass)"))
+        built = _cuda_build(device)
+        checks.append(built)
+        for kernel in CUDA:
+            checks.append(_golden_check(kernel, device, names, tolerance, isolate=True) if built.status == "Pass"
+                          else Check(f"golden: {kernel}", device, "Skip", "the CUDA kernels did not build"))
         for kernel in SDPA:
             checks.append(_golden_check(kernel, device, names, tolerance, isolate=True))
-        det = _determinism(device)
-        checks.append(det)
-        if det.status == "Pass":
-            prints_by_model.setdefault(g["name"], []).append((where, det.detail.rsplit(" ", 1)[-1]))
+        for kernel in ("triton",) + (("cuda",) if built.status == "Pass" else ()):
+            det = _determinism(kernel, device)
+            checks.append(det)
+            if det.status == "Pass":
+                prints_by_model.setdefault((g["name"], kernel), []).append((where, det.detail.rsplit(" ", 1)[-1]))
         for c in checks:
             if c.device == device:
                 c.device = where
-    for model, prints in prints_by_model.items():
+    for (model, kernel), prints in prints_by_model.items():
         if len(prints) < 2:
             continue
         values = [p for _, p in prints]
@@ -112,7 +134,7 @@ def run(level: str = "quick", *, tolerance, include_cpu: bool = True) -> dict:
         status = "Fail" if odd else "Pass"
         detail = (f"differs from the other {model} GPUs: {', '.join(odd)}" if odd
                   else f"{len(prints)} GPUs give identical bits")
-        checks.append(Check(f"cross-GPU: {model}", "all", status, detail))
+        checks.append(Check(f"cross-GPU: {model}, {kernel}", "all", status, detail))
     return {"schema": "faverify.doctor", "version": 1, "level": level, "environment": environment.collect(),
             "checks": [asdict(c) for c in checks],
             "failed": any(c.status == "Fail" for c in checks),

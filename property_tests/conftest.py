@@ -15,6 +15,7 @@ HAS_GPU = torch.cuda.is_available()
 
 
 AOT_TEST = "test_every_variant_compiles_for_sm80_and_sm90"
+CUDA_COMPILE_TEST = "test_every_cu_file_compiles_for_sm80_and_sm90_without_spills"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -22,24 +23,40 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
             item.add_marker(skip_gpu)
-    if any(item.name == AOT_TEST for item in items):
-        # Compiling every Triton variant takes minutes of CPU: start it now, beside the rest of the suite;
-        # the test collects the result.
-        import subprocess
-        import sys
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        config._faverify_aot = subprocess.Popen(
-            [sys.executable, "-m", "faverify.kernels.triton.aot", "--jobs", str(os.cpu_count() or 2)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # Compiling every Triton variant, and every .cu file, takes minutes of CPU: start both now, beside the
+    # rest of the suite; the tests collect the results.
+    names = {item.name for item in items}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if AOT_TEST in names:
+        config._faverify_aot = _background(["faverify.kernels.triton.aot", "--jobs", str(os.cpu_count() or 2)], env)
+    if CUDA_COMPILE_TEST in names:
+        config._faverify_cuda = _background(["faverify.kernels.cuda.compile_report"], env)
+
+
+def _background(module_args: list, env: dict):
+    import subprocess
+    import sys
+    return subprocess.Popen([sys.executable, "-m", *module_args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def _collect(request, attribute: str, what: str):
+    proc = getattr(request.config, attribute, None)
+    assert proc is not None, f"the {what} was not started at collection"
+    out, err = proc.communicate(timeout=1800)
+    return proc.returncode, out, err
 
 
 @pytest.fixture
 def aot_compile(request):
-    """(returncode, stdout, stderr) of the AOT compile started at collection."""
-    proc = getattr(request.config, "_faverify_aot", None)
-    assert proc is not None, "the AOT compile was not started at collection"
-    out, err = proc.communicate(timeout=1800)
-    return proc.returncode, out, err
+    """(returncode, stdout, stderr) of the Triton AOT compile started at collection."""
+    return _collect(request, "_faverify_aot", "Triton AOT compile")
+
+
+@pytest.fixture
+def cuda_compile(request):
+    """(returncode, stdout, stderr) of the CUDA compile report started at collection."""
+    return _collect(request, "_faverify_cuda", "CUDA compile report")
 
 
 @pytest.fixture

@@ -13,8 +13,15 @@ def _triton() -> Subject:
     return make()
 
 
+def _cuda(name: str) -> Subject:
+    from faverify.kernels.cuda.subject import make
+    return make(name)
+
+
 _BUILTIN: dict[str, Callable[[], Subject]] = {name: (lambda n=name: sdpa.make(n)) for name in sdpa.names()}
 _BUILTIN["triton"] = _triton
+for _name in ("cuda", "cuda-simt"):
+    _BUILTIN[_name] = lambda n=_name: _cuda(n)
 
 
 def builtin_names() -> tuple:

@@ -1,0 +1,172 @@
+// Warp-level tensor-core building blocks for the `cuda` kernels: mma.sync m16n8k16 with fp32
+// accumulation, ldmatrix to feed it from shared memory, and cp.async to fill shared memory.
+//
+// Fragment layouts of mma.m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), lane = 4 * gr + tq:
+//   A 16x16 (row): a0 = (gr, 2tq..2tq+1), a1 = (gr+8, same), a2 = (gr, 2tq+8..), a3 = (gr+8, 2tq+8..)
+//   B 16x8  (col): b0 = (k 2tq..2tq+1, n gr), b1 = (k 2tq+8.., n gr)
+//   C 16x8  fp32:  c0, c1 = (gr, 2tq..2tq+1), c2, c3 = (gr+8, same)
+// So two neighbouring C tiles of S (16 x 16 keys) are, packed to 16-bit pairs, exactly the A fragment of
+// P for the next product P V: S and P never leave registers (FlashAttention-2's trick).
+//
+// Shared-memory tiles are [rows][D + PAD] of 16-bit elements. ldmatrix reads 8 rows of 16 bytes per
+// matrix; with a row pitch of D * 2 bytes (a multiple of 128) those 8 rows would sit in the same banks,
+// an 8-way conflict. PAD = 8 elements moves each row 16 bytes further along the banks: conflict-free.
+#pragma once
+
+#include "common.cuh"
+
+namespace fa {
+namespace mma {
+
+constexpr int PAD = 8;
+
+template <typename T> struct Pack;
+template <> struct Pack<__half> {
+    static __device__ __forceinline__ uint32_t two(float lo, float hi) {
+        __half2 x = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&x);
+    }
+};
+template <> struct Pack<__nv_bfloat16> {
+    static __device__ __forceinline__ uint32_t two(float lo, float hi) {
+        __nv_bfloat162 x = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&x);
+    }
+};
+
+// c += a * b on one 16x8x16 tile.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                        uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+// 16 bytes global -> shared without passing through registers; src_bytes = 0 writes zeros (tile tails).
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool in_range) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(in_range ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
+
+// Copy rows [row0, row0 + N) of one (batch, head) slice of a [b, s, h, d] tensor into a padded smem tile,
+// zeros past the sequence end and past d. `aligned` (d, strides and pointer multiples of 8 elements / 16
+// bytes, checked on the host) takes cp.async; otherwise element by element, synchronously.
+template <typename T, int N, int D>
+__device__ __forceinline__ void load_tile(T (*dst)[D + PAD], const T *base, int64_t stride_s, int row0, int rows,
+                                          int d, bool aligned, int threads) {
+    constexpr int CHUNKS = D / 8;
+    for (int idx = threadIdx.x; idx < N * CHUNKS; idx += threads) {
+        const int r = idx / CHUNKS, c = (idx % CHUNKS) * 8;
+        const bool row_ok = row0 + r < rows;
+        const T *src = base + (int64_t)(row_ok ? row0 + r : 0) * stride_s + c;
+        if (aligned) {
+            cp_async16(&dst[r][c], row_ok && c < d ? src : base, row_ok && c < d);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) dst[r][c + e] = (row_ok && c + e < d) ? src[e] : from_float<T>(0.f);
+        }
+    }
+}
+
+// A fragment of rows [row0, row0+16), columns [k0, k0+16) of a padded smem tile.
+template <typename T, int LD>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T (*tile)[LD], int row0, int k0) {
+    const int lane = threadIdx.x % 32;
+    ldmatrix_x4(a, &tile[row0 + lane % 16][k0 + (lane / 16) * 8]);
+}
+
+// acc[16 x N] += A[16 x K] * B^T, B stored [n][k] in smem (B's rows are acc's columns): S = Q K^T.
+// A comes from smem rows a_row0.. of tile `a`.
+template <typename T, int N, int K, int LDA, int LDB>
+__device__ __forceinline__ void gemm_nt_smem(float (&acc)[N / 8][4], const T (*a)[LDA], int a_row0,
+                                             const T (*b)[LDB], int b_row0) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        uint32_t af[4];
+        load_a<T, LDA>(af, a, a_row0, k0);
+#pragma unroll
+        for (int n0 = 0; n0 < N; n0 += 16) {
+            uint32_t bf[4];  // b0, b1 of n-tile n0, then of n0 + 8
+            ldmatrix_x4(bf, &b[b_row0 + n0 + lane % 8 + (lane / 16) * 8][k0 + ((lane / 8) % 2) * 8]);
+            mma16816<T>(acc[n0 / 8], af, bf[0], bf[1]);
+            mma16816<T>(acc[n0 / 8 + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
+// acc[16 x N] += A[16 x K] * B, A given as register fragments (K / 16 of them), B stored [k][n] in smem:
+// O += P V, with P from registers.
+template <typename T, int N, int K, int LDB>
+__device__ __forceinline__ void gemm_nn_regs(float (&acc)[N / 8][4], const uint32_t (&a)[K / 16][4],
+                                             const T (*b)[LDB], int b_row0) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 16) {
+#pragma unroll
+        for (int n0 = 0; n0 < N; n0 += 16) {
+            uint32_t bf[4];  // transposed: rows are k, so each lane gets (k pair, n) as B wants
+            ldmatrix_x4_trans(bf, &b[b_row0 + k0 + lane % 8 + ((lane / 8) % 2) * 8][n0 + (lane / 16) * 8]);
+            mma16816<T>(acc[n0 / 8], a[k0 / 16], bf[0], bf[1]);
+            mma16816<T>(acc[n0 / 8 + 1], a[k0 / 16], bf[2], bf[3]);
+        }
+    }
+}
+
+// fp32 C fragments [16 x N] -> 16-bit A fragments [16 x N] for the next product (layouts above).
+template <typename T, int N>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[N / 16][4], const float (&c)[N / 8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk) {
+        a[kk][0] = Pack<T>::two(c[2 * kk][0], c[2 * kk][1]);
+        a[kk][1] = Pack<T>::two(c[2 * kk][2], c[2 * kk][3]);
+        a[kk][2] = Pack<T>::two(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+        a[kk][3] = Pack<T>::two(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+    }
+}
+
+template <int N>
+__device__ __forceinline__ void zero(float (&acc)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+}
+
+// Max and sum over the 4 lanes that share a row of a C fragment (lanes 4 gr .. 4 gr + 3).
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+}  // namespace mma
+}  // namespace fa

@@ -1,0 +1,243 @@
+// Flash attention backward on tensor cores (`cuda`), by recomputation, as two deterministic kernels.
+//
+// With D_i = dO_i . O_i (delta.cu) and P recomputed from the forward's row statistics (common.cuh):
+//   S = Q K^T,  P = exp2(min((S - m) c, 0) - log2 l),  dP = dO V^T,  dS = P (dP - D)
+//   dQ = scale dS K        (dq kernel: a block owns 64 query rows and streams every key tile past them)
+//   dK = scale dS^T Q,  dV = P^T dO
+//                          (dkdv kernel: a block owns 64 keys of one key head and streams the query tiles of
+//                           every query head of its GQA group past them, so the group sum stays in the block)
+// Each output row has exactly one writer and a fixed order of summation: the same input gives the same
+// bits every run, with no atomics. The dkdv kernel works on the transposes S^T = K Q^T, dP^T = V dO^T, so
+// both of its products keep keys as the rows a warp owns, like the queries of the forward. P and dS are
+// rounded to the input dtype as operands of the next mma (as FlashAttention-2 does); sums are fp32.
+// At head dim 256 the dK and dV accumulators (256 fp32 each per lane) do not both fit in registers: the
+// dkdv kernel then runs twice, once for dV and once for dK (template flags), recomputing P.
+#include "mma.cuh"
+
+namespace fa {
+namespace mma_bwd {
+
+using namespace mma;
+constexpr int WARPS = 4, THREADS = 32 * WARPS, BM = 16 * WARPS;  // rows a block owns (queries or keys)
+template <int D> __host__ __device__ constexpr int block_n() { return D == 256 ? 32 : 64; }  // streamed rows
+
+__device__ __forceinline__ float recompute_p(float s, float m, float log2l, float c) {
+    return fast_exp2(fminf((s - m) * c, 0.f) - log2l);
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void store_rows(const Params &p, T *base, int64_t stride_s, int row0, int rows,
+                                           const float (&acc)[D / 8][4], float mul) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        const int r = row0 + warp * 16 + lane / 4 + 8 * x;
+        if (r >= rows) continue;
+        T *row = base + (int64_t)r * stride_s;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = dt * 8 + 2 * (lane % 4) + e;
+                if (col < p.d) row[col] = from_float<T>(acc[dt][2 * x + e] * mul);
+            }
+    }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
+    constexpr int BN = block_n<D>(), LD = D + PAD;
+    extern __shared__ __align__(16) unsigned char smem[];
+    T (*qs)[LD] = reinterpret_cast<T (*)[LD]>(smem);
+    T (*dos)[LD] = qs + BM;
+    T (*ks)[LD] = dos + BM;      // two buffers of BN rows
+    T (*vs)[LD] = ks + 2 * BN;   // two buffers of BN rows
+
+    const int b = blockIdx.y / p.h, h = blockIdx.y % p.h, hk = h / (p.h / p.hk);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
+    const int row0 = blockIdx.x * BM;
+    const int rows[2] = {row0 + warp * 16 + lane / 4, row0 + warp * 16 + lane / 4 + 8};
+    const T *kb = (const T *)p.k + b * p.k_b + hk * p.k_h, *vb = (const T *)p.v + b * p.v_b + hk * p.v_h;
+    const float c = p.scale_log2;
+    const bool aligned = p.aligned;
+
+    float m[2], log2l[2], delta[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        const bool in = rows[x] < p.sq;
+        const int64_t row = ((int64_t)b * p.h + h) * p.sq + rows[x];
+        m[x] = in ? p.rowmax[row] : 0.f;
+        log2l[x] = in ? p.log2l[row] : INFINITY;
+        delta[x] = in ? p.delta[row] : 0.f;
+    }
+
+    const int end = key_end(p, row0, BM), tiles = (end + BN - 1) / BN;
+    load_tile<T, BM, D>(qs, (const T *)p.q + b * p.q_b + h * p.q_h, p.q_s, row0, p.sq, p.d, aligned, THREADS);
+    load_tile<T, BM, D>(dos, (const T *)p.dout + b * p.do_b + h * p.do_h, p.do_s, row0, p.sq, p.d, aligned, THREADS);
+    if (tiles > 0) {
+        load_tile<T, BN, D>(ks, kb, p.k_s, 0, p.sk, p.d, aligned, THREADS);
+        load_tile<T, BN, D>(vs, vb, p.v_s, 0, p.sk, p.d, aligned, THREADS);
+    }
+    cp_async_commit();
+
+    float dq[D / 8][4];
+    zero<D / 8>(dq);
+    for (int t = 0; t < tiles; ++t) {
+        const int n0 = t * BN, buf = t % 2;
+        if (t + 1 < tiles) {  // prefetch tile t + 1 into the other buffer
+            load_tile<T, BN, D>(ks + (1 - buf) * BN, kb, p.k_s, n0 + BN, p.sk, p.d, aligned, THREADS);
+            load_tile<T, BN, D>(vs + (1 - buf) * BN, vb, p.v_s, n0 + BN, p.sk, p.d, aligned, THREADS);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // tile t, Q and dO are visible to every warp
+
+        float s[BN / 8][4], dp[BN / 8][4];
+        zero<BN / 8>(s);
+        zero<BN / 8>(dp);
+        gemm_nt_smem<T, BN, D, LD, LD>(s, qs, warp * 16, ks + buf * BN, 0);
+        gemm_nt_smem<T, BN, D, LD, LD>(dp, dos, warp * 16, vs + buf * BN, 0);
+        const bool edge = n0 + BN > p.sk || (p.causal && n0 + BN - 1 > row0 + p.sk - p.sq);
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int x = e / 2;
+                const bool keep = !edge || visible(p, rows[x], n0 + nt * 8 + 2 * tq + e % 2);
+                const float pij = keep ? recompute_p(s[nt][e], m[x], log2l[x], c) : 0.f;
+                s[nt][e] = pij * (dp[nt][e] - delta[x]);  // s now holds dS
+            }
+        uint32_t dsa[BN / 16][4];
+        c_to_a<T, BN>(dsa, s);
+        gemm_nn_regs<T, D, BN, LD>(dq, dsa, ks + buf * BN, 0);
+        __syncthreads();  // every warp is done with buffer `buf` before it is refilled
+    }
+    store_rows<T, D>(p, (T *)p.dq + b * p.dq_b + h * p.dq_h, p.dq_s, row0, p.sq, dq, p.scale);
+}
+
+template <typename T, int D, bool DO_DK, bool DO_DV>
+__global__ void __launch_bounds__(THREADS, 1) dkdv_kernel(Params p) {  // 1: let ptxas use every register it needs rather than spill for occupancy
+    constexpr int BN = block_n<D>(), LD = D + PAD;  // here BN query rows stream past BM owned keys
+    extern __shared__ __align__(16) unsigned char smem[];
+    T (*ks)[LD] = reinterpret_cast<T (*)[LD]>(smem);
+    T (*vs)[LD] = ks + BM;
+    T (*qs)[LD] = vs + BM;       // two buffers of BN rows
+    T (*dos)[LD] = qs + 2 * BN;  // two buffers of BN rows
+    float (*stats)[3][BN] = reinterpret_cast<float (*)[3][BN]>(dos + 2 * BN);  // [buffer][m, log2l, D][row]
+
+    const int b = blockIdx.y / p.hk, hk = blockIdx.y % p.hk, group = p.h / p.hk;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
+    const int col0 = blockIdx.x * BM;
+    const int keys[2] = {col0 + warp * 16 + lane / 4, col0 + warp * 16 + lane / 4 + 8};
+    const float c = p.scale_log2;
+    const bool aligned = p.aligned;
+
+    const int begin = query_begin(p, col0);
+    const int per_head = begin < p.sq ? (p.sq - begin + BN - 1) / BN : 0, tiles = per_head * group;
+    auto fetch = [&](int t, int buf) {  // query tile t of the flattened (head in group, query tile) loop
+        const int h = hk * group + t / per_head, m0 = begin + (t % per_head) * BN;
+        load_tile<T, BN, D>(qs + buf * BN, (const T *)p.q + b * p.q_b + h * p.q_h, p.q_s, m0, p.sq, p.d, aligned,
+                            THREADS);
+        load_tile<T, BN, D>(dos + buf * BN, (const T *)p.dout + b * p.do_b + h * p.do_h, p.do_s, m0, p.sq, p.d,
+                            aligned, THREADS);
+        const int64_t row = ((int64_t)b * p.h + h) * p.sq + m0;
+        for (int x = threadIdx.x; x < BN; x += THREADS) {
+            const bool in = m0 + x < p.sq;
+            stats[buf][0][x] = in ? p.rowmax[row + x] : 0.f;
+            stats[buf][1][x] = in ? p.log2l[row + x] : INFINITY;
+            stats[buf][2][x] = in ? p.delta[row + x] : 0.f;
+        }
+    };
+
+    load_tile<T, BM, D>(ks, (const T *)p.k + b * p.k_b + hk * p.k_h, p.k_s, col0, p.sk, p.d, aligned, THREADS);
+    load_tile<T, BM, D>(vs, (const T *)p.v + b * p.v_b + hk * p.v_h, p.v_s, col0, p.sk, p.d, aligned, THREADS);
+    if (tiles > 0) fetch(0, 0);
+    cp_async_commit();
+
+    float dk[D / 8][4], dv[D / 8][4];  // the one a pass does not compute is never touched: no registers
+    zero<D / 8>(dk);
+    zero<D / 8>(dv);
+    for (int t = 0; t < tiles; ++t) {
+        const int buf = t % 2, m0 = begin + (t % per_head) * BN;
+        if (t + 1 < tiles) {
+            fetch(t + 1, 1 - buf);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // query tile t, its statistics, K and V are visible to every warp
+
+        float s[BN / 8][4];  // S^T: this warp's 16 keys x BN queries
+        zero<BN / 8>(s);
+        gemm_nt_smem<T, BN, D, LD, LD>(s, ks, warp * 16, qs + buf * BN, 0);
+        const bool edge = m0 + BN > p.sq || (p.causal && col0 + BM - 1 > m0 + p.sk - p.sq);
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int x = nt * 8 + 2 * tq + e % 2;  // query within the tile
+                const bool keep = !edge || (m0 + x < p.sq && visible(p, m0 + x, keys[e / 2]));
+                s[nt][e] = keep ? recompute_p(s[nt][e], stats[buf][0][x], stats[buf][1][x], c) : 0.f;  // P^T
+            }
+        if constexpr (DO_DV) {
+            uint32_t pa[BN / 16][4];
+            c_to_a<T, BN>(pa, s);
+            gemm_nn_regs<T, D, BN, LD>(dv, pa, dos + buf * BN, 0);
+        }
+        if constexpr (DO_DK) {
+            float dp[BN / 8][4];  // dP^T = V dO^T
+            zero<BN / 8>(dp);
+            gemm_nt_smem<T, BN, D, LD, LD>(dp, vs, warp * 16, dos + buf * BN, 0);
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nt][e] *= dp[nt][e] - stats[buf][2][nt * 8 + 2 * tq + e % 2];  // dS^T
+            uint32_t dsa[BN / 16][4];
+            c_to_a<T, BN>(dsa, s);
+            gemm_nn_regs<T, D, BN, LD>(dk, dsa, qs + buf * BN, 0);
+        }
+        __syncthreads();  // every warp is done with buffer `buf` before it is refilled
+    }
+    if constexpr (DO_DK) store_rows<T, D>(p, (T *)p.dk + b * p.dk_b + hk * p.dk_h, p.dk_s, col0, p.sk, dk, p.scale);
+    if constexpr (DO_DV) store_rows<T, D>(p, (T *)p.dv + b * p.dv_b + hk * p.dv_h, p.dv_s, col0, p.sk, dv, 1.f);
+}
+
+template <typename Kernel>
+int launch(Kernel kernel, dim3 grid, int bytes, const Params &p, cudaStream_t stream) {
+    if (bytes > 48 * 1024) {  // above 48 KB a kernel must opt in to dynamic shared memory
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if (e != cudaSuccess) return (int)e;
+    }
+    kernel<<<grid, THREADS, bytes, stream>>>(p);
+    return launch_status();
+}
+
+template <typename T, int D>
+int run(const Params &p, cudaStream_t stream) {
+    constexpr int BN = block_n<D>(), LD = D + PAD;
+    const dim3 grid_q((p.sq + BM - 1) / BM, p.b * p.h), grid_k((p.sk + BM - 1) / BM, p.b * p.hk);
+    const int bytes_q = (2 * BM + 4 * BN) * LD * sizeof(T);
+    const int bytes_k = (2 * BM + 4 * BN) * LD * sizeof(T) + 2 * 3 * BN * sizeof(float);
+    int e = launch(dq_kernel<T, D>, grid_q, bytes_q, p, stream);
+    if (e) return e;
+    if constexpr (D == 256) {
+        e = launch(dkdv_kernel<T, D, false, true>, grid_k, bytes_k, p, stream);
+        return e ? e : launch(dkdv_kernel<T, D, true, false>, grid_k, bytes_k, p, stream);
+    } else {
+        return launch(dkdv_kernel<T, D, true, true>, grid_k, bytes_k, p, stream);
+    }
+}
+
+}  // namespace mma_bwd
+}  // namespace fa
+
+extern "C" int fa_mma_bwd(const fa::Params *p, int dtype, cudaStream_t stream) {
+    switch (dtype) {
+        case 0: FA_HEADDIM_SWITCH(p->d, D, return fa::mma_bwd::run<__half, D>(*p, stream)); break;
+        case 1: FA_HEADDIM_SWITCH(p->d, D, return fa::mma_bwd::run<__nv_bfloat16, D>(*p, stream)); break;
+    }
+    return (int)cudaErrorInvalidValue;
+}

@@ -1,0 +1,182 @@
+"""The bundled CUDA kernels: the build glue and every .cu file's compile on the CPU; the kernels themselves
+on the GPU (marked gpu), judged by the same reference and verdict as every other subject."""
+import ctypes
+
+import pytest
+import torch
+
+from faverify.case import Case
+from faverify.inputs import make_inputs
+from faverify.kernels.cuda import build
+from faverify.runner import evaluate
+from faverify.subjects import resolve
+from property_tests.cli_helpers import cli
+
+HAS_GPU = torch.cuda.is_available()
+VARIANTS = ("cuda", "cuda-simt")
+
+
+def nvcc_or_skip() -> str:
+    try:
+        return build.find_nvcc()
+    except build.BuildError as e:
+        pytest.skip(f"needs nvcc to compile: {e}")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAVERIFY_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "cuda"
+
+
+# --- the build glue, on the CPU ---------------------------------------------------------------------------
+
+def test_cache_key_follows_sources_nvcc_and_arch(tmp_path):
+    (tmp_path / "a.cu").write_text("int x;")
+    (tmp_path / "a.cuh").write_text("// header")
+    key = build.cache_key("sm_90", "13.0", tmp_path)
+    assert key == build.cache_key("sm_90", "13.0", tmp_path)
+    assert key != build.cache_key("sm_80", "13.0", tmp_path)
+    assert key != build.cache_key("sm_90", "12.8", tmp_path)
+    (tmp_path / "a.cuh").write_text("// header, edited")
+    assert key != build.cache_key("sm_90", "13.0", tmp_path)
+
+
+def test_compile_command_targets_one_architecture():
+    cmd = build.compile_command("nvcc", "sm_90", build.SOURCE_DIR / "simt.cu", "x.o")
+    assert "arch=compute_90,code=sm_90" in cmd and "-O3" in cmd and "--use_fast_math" not in cmd
+
+
+def test_missing_nvcc_is_an_environment_error(monkeypatch, tmp_path):
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(build, "FALLBACK_NVCC", str(tmp_path / "nvcc"))
+    with pytest.raises(build.BuildError, match="nvcc not found"):
+        build.find_nvcc()
+
+
+def test_gpus_before_sm80_are_refused_by_name():
+    with pytest.raises(build.BuildError, match="7.5 is not supported.*sm_80"):
+        build.arch((7, 5))
+    assert build.arch((9, 0)) == "sm_90"
+
+
+def test_a_compile_error_shows_the_compiler_output(tmp_path, cache):
+    nvcc = nvcc_or_skip()
+    (tmp_path / "broken.cu").write_text('extern "C" int f() { return undeclared_name; }\n')
+    with pytest.raises(build.BuildError) as e:
+        build.build("sm_80", tmp_path, nvcc)
+    assert "compiling broken.cu for sm_80 failed" in str(e.value) and "undeclared_name" in str(e.value)
+    assert not list(cache.glob("*.so"))  # nothing half-built is left for the next run to load
+
+
+def test_a_build_is_cached_and_loads(tmp_path, cache, monkeypatch):
+    nvcc = nvcc_or_skip()
+    (tmp_path / "ok.cu").write_text('extern "C" int answer() { return 42; }\n')
+    path = build.build("sm_80", tmp_path, nvcc)
+    assert path.parent == cache and ctypes.CDLL(str(path)).answer() == 42
+    monkeypatch.setattr(build, "_run", lambda *a: pytest.fail("a warm start must not compile"))
+    assert build.build("sm_80", tmp_path, nvcc) == path
+
+
+def test_cpu_tensors_are_refused_before_any_build():
+    from faverify.kernels.cuda import flash_attn_func
+    q = torch.randn(1, 4, 1, 32, dtype=torch.float16)
+    with pytest.raises(ValueError, match="is on cpu; these kernels take CUDA tensors"):
+        flash_attn_func(q, q, q)
+
+
+def test_fuzz_on_the_cpu_runs_nothing_and_says_so():
+    r = cli("fuzz", "--kernel", "cuda", "--iters", "5", "--device", "cpu", "--no-db")
+    assert r.exit_code == 2 and "no case ran" in r.stderr
+
+
+@pytest.mark.slow
+def test_every_cu_file_compiles_for_sm80_and_sm90_without_spills(capsys, cuda_compile):
+    """python -m faverify.kernels.cuda.compile_report, started at collection (conftest.py)."""
+    returncode, out, err = cuda_compile
+    with capsys.disabled():  # registers, shared memory and spills per kernel belong in the CI log
+        print("\n" + out[-30000:])
+    assert returncode == 0, out[-3000:] + err[-3000:]
+    assert "0 failed; 0 spill" in out
+
+
+# --- the kernels, on the GPU ------------------------------------------------------------------------------
+
+ODD_CASES = [
+    Case(1, 1, 1, 1, 1, 32, dtype="bf16"),
+    Case(2, 17, 113, 4, 2, 40, dtype="fp16", causal=True, seed=1),
+    Case(1, 203, 65, 2, 1, 72, dtype="bf16", causal=True, seed=2),          # rows that see no key
+    Case(1, 129, 1023, 8, 1, 96, dtype="fp16", seed=3, layout="transposed"),  # MQA, strided
+    Case(2, 63, 64, 3, 3, 160, dtype="bf16", causal=True, seed=4, layout="packed"),
+    Case(1, 127, 129, 2, 2, 256, dtype="fp16", seed=5, regime="large"),
+    Case(1, 65, 200, 2, 1, 8, dtype="bf16", seed=6, init="-1e30", regime="bf16-scale"),
+    Case(1, 300, 300, 2, 2, 128, dtype="fp16", causal=True, seed=7, regime="outliers"),
+    Case(1, 64, 128, 2, 2, 64, dtype="bf16", causal=True, seed=8, regime="constant"),
+    Case(1, 99, 77, 2, 2, 1, dtype="fp16", seed=9, regime="peaked"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("case", ODD_CASES, ids=lambda c: f"{c.seqlen_q}x{c.seqlen_k}d{c.head_dim}{c.dtype}")
+def test_odd_shapes_pass_against_fp64(name, case):
+    r = evaluate(resolve(name), case, "cuda")
+    assert r.status == "pass", r.reason
+
+
+@pytest.mark.gpu
+def test_simt_takes_fp32():
+    r = evaluate(resolve("cuda-simt"), Case(1, 70, 90, 2, 1, 48, dtype="fp32", causal=True, seed=3), "cuda")
+    assert r.status == "pass", r.reason
+
+
+def run(name, case, init=None):
+    from faverify.kernels.cuda import flash_attn_func
+    x = make_inputs(case, "cuda", requires_grad=True)
+    out, lse = flash_attn_func(x.q, x.k, x.v, causal=case.causal, softmax_scale=case.scale, init=init or case.init,
+                               return_lse=True, variant="mma" if name == "cuda" else "simt")
+    return {"out": out, "lse": lse, **dict(zip(("dq", "dk", "dv"), torch.autograd.grad(out, (x.q, x.k, x.v), x.dout)))}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", VARIANTS)
+def test_init_modes_give_the_same_bits(name):
+    case = Case(2, 70, 33, 4, 2, 40, dtype="bf16", causal=True, seed=5)  # rows 0..36 see no key
+    a, b = run(name, case, "-inf"), run(name, case, "-1e30")
+    for t in a:
+        assert torch.equal(a[t], b[t]), t
+    assert torch.isinf(a["lse"][:, :, :37]).all() and (a["out"][:, :37] == 0).all() and (a["dq"][:, :37] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", VARIANTS)
+def test_backward_is_deterministic(name):
+    case = Case(2, 397, 531, 4, 1, 128, dtype="fp16", causal=True, seed=2)
+    a, b = run(name, case), run(name, case)
+    for t in ("dq", "dk", "dv"):
+        assert torch.equal(a[t], b[t]), t
+
+
+@pytest.mark.gpu
+def test_fp32_is_refused_by_the_tensor_core_variant():
+    from faverify.kernels.cuda import flash_attn_func
+    q = torch.randn(1, 4, 1, 32, device="cuda")
+    with pytest.raises(ValueError, match="float32; supported"):
+        flash_attn_func(q, q, q)
+
+
+@pytest.mark.gpu
+def test_doctor_builds_and_passes_the_cuda_kernels(tmp_path):
+    r = cli("doctor", "--json", tmp_path / "d.json")
+    rows = {(c["check"]): c["status"] for c in __import__("json").load(open(tmp_path / "d.json"))["checks"]
+            if c["device"] != "cpu"}
+    assert rows.get("build: cuda") == "Pass" and rows.get("golden: cuda") == "Pass", (rows, r.stderr[-2000:])
+    assert rows.get("golden: cuda-simt") == "Pass" and rows.get("determinism: cuda, 5 runs") == "Pass", rows
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("FAVERIFY_CACHE", str(tmp_path))
+    assert build.cache_dir() == tmp_path / "cuda"
+    monkeypatch.delenv("FAVERIFY_CACHE")
+    assert build.cache_dir() == type(tmp_path).home() / ".cache" / "faverify" / "cuda"

@@ -1,0 +1,28 @@
+"""Memory of the bundled kernels is O(seqlen): forward + backward at seqlen 65536, head dim 128 allocates
+no seqlen^2 buffer (a 65536^2 score matrix alone would be 16 GiB in bf16)."""
+import pytest
+import torch
+
+from faverify.case import Case
+from faverify.inputs import make_inputs
+from faverify.subjects import resolve
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["triton", "cuda"])
+def test_memory_is_linear_in_seqlen(name):
+    case = Case(1, 65536, 65536, 8, 8, 128, dtype="bf16", causal=True)
+    subject = resolve(name)
+    x = make_inputs(case, "cuda", requires_grad=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out, _ = subject(x.q, x.k, x.v, case)
+    grads = torch.autograd.grad(out, (x.q, x.k, x.v), x.dout)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    needed = x.q.numel() * x.q.element_size() * 4  # out, dq, dk, dv (inputs and dout were allocated before)
+    print(f"{name}: peak extra memory {peak / 2**20:.1f} MiB for {needed / 2**20:.1f} MiB of outputs and gradients "
+          f"({peak / needed:.3f}x)")
+    assert peak <= 1.2 * needed + (1 << 20) * 8, (peak, needed)
+    assert all(torch.isfinite(g).all() for g in grads)
