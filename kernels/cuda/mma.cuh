@@ -102,30 +102,38 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[4], const T (*tile)[LD], in
     ldmatrix_x4(a, &tile[row0 + lane % 16][k0 + (lane / 16) * 8]);
 }
 
-// acc[16 x N] += A[16 x K] * B^T, B stored [n][k] in smem (B's rows are acc's columns): S = Q K^T.
-// A comes from smem rows a_row0.. of tile `a`.
-template <typename T, int N, int K, int LDA, int LDB>
-__device__ __forceinline__ void gemm_nt_smem(float (&acc)[N / 8][4], const T (*a)[LDA], int a_row0,
+// A warp computes MT stacked 16-row tiles at once: each B fragment read from shared memory then feeds MT
+// mma's instead of one. Shared-memory reads per flop fall by MT, and they, not the tensor cores, bound a
+// warp that owns only 16 rows (measured: 0.5x sdpa-flash with MT = 1 at head dim 128).
+
+// acc[MT x 16 x N] += A[MT x 16 x K] * B^T, B stored [n][k] in smem (B's rows are acc's columns):
+// S = Q K^T. A comes from smem rows a_row0 .. a_row0 + 16 MT of tile `a`.
+template <typename T, int MT, int N, int K, int LDA, int LDB>
+__device__ __forceinline__ void gemm_nt_smem(float (&acc)[MT][N / 8][4], const T (*a)[LDA], int a_row0,
                                              const T (*b)[LDB], int b_row0) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int k0 = 0; k0 < K; k0 += 16) {
-        uint32_t af[4];
-        load_a<T, LDA>(af, a, a_row0, k0);
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) load_a<T, LDA>(af[mt], a, a_row0 + 16 * mt, k0);
 #pragma unroll
         for (int n0 = 0; n0 < N; n0 += 16) {
             uint32_t bf[4];  // b0, b1 of n-tile n0, then of n0 + 8
             ldmatrix_x4(bf, &b[b_row0 + n0 + lane % 8 + (lane / 16) * 8][k0 + ((lane / 8) % 2) * 8]);
-            mma16816<T>(acc[n0 / 8], af, bf[0], bf[1]);
-            mma16816<T>(acc[n0 / 8 + 1], af, bf[2], bf[3]);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma16816<T>(acc[mt][n0 / 8], af[mt], bf[0], bf[1]);
+                mma16816<T>(acc[mt][n0 / 8 + 1], af[mt], bf[2], bf[3]);
+            }
         }
     }
 }
 
-// acc[16 x N] += A[16 x K] * B, A given as register fragments (K / 16 of them), B stored [k][n] in smem:
+// acc[MT x 16 x N] += A[MT x 16 x K] * B, A given as register fragments, B stored [k][n] in smem:
 // O += P V, with P from registers.
-template <typename T, int N, int K, int LDB>
-__device__ __forceinline__ void gemm_nn_regs(float (&acc)[N / 8][4], const uint32_t (&a)[K / 16][4],
+template <typename T, int MT, int N, int K, int LDB>
+__device__ __forceinline__ void gemm_nn_regs(float (&acc)[MT][N / 8][4], const uint32_t (&a)[MT][K / 16][4],
                                              const T (*b)[LDB], int b_row0) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -134,28 +142,35 @@ __device__ __forceinline__ void gemm_nn_regs(float (&acc)[N / 8][4], const uint3
         for (int n0 = 0; n0 < N; n0 += 16) {
             uint32_t bf[4];  // transposed: rows are k, so each lane gets (k pair, n) as B wants
             ldmatrix_x4_trans(bf, &b[b_row0 + k0 + lane % 8 + ((lane / 8) % 2) * 8][n0 + (lane / 16) * 8]);
-            mma16816<T>(acc[n0 / 8], a[k0 / 16], bf[0], bf[1]);
-            mma16816<T>(acc[n0 / 8 + 1], a[k0 / 16], bf[2], bf[3]);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma16816<T>(acc[mt][n0 / 8], a[mt][k0 / 16], bf[0], bf[1]);
+                mma16816<T>(acc[mt][n0 / 8 + 1], a[mt][k0 / 16], bf[2], bf[3]);
+            }
         }
     }
 }
 
-// fp32 C fragments [16 x N] -> 16-bit A fragments [16 x N] for the next product (layouts above).
-template <typename T, int N>
-__device__ __forceinline__ void c_to_a(uint32_t (&a)[N / 16][4], const float (&c)[N / 8][4]) {
+// fp32 C fragments [MT x 16 x N] -> 16-bit A fragments [MT x 16 x N] for the next product (layouts above).
+template <typename T, int MT, int N>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[MT][N / 16][4], const float (&c)[MT][N / 8][4]) {
 #pragma unroll
-    for (int kk = 0; kk < N / 16; ++kk) {
-        a[kk][0] = Pack<T>::two(c[2 * kk][0], c[2 * kk][1]);
-        a[kk][1] = Pack<T>::two(c[2 * kk][2], c[2 * kk][3]);
-        a[kk][2] = Pack<T>::two(c[2 * kk + 1][0], c[2 * kk + 1][1]);
-        a[kk][3] = Pack<T>::two(c[2 * kk + 1][2], c[2 * kk + 1][3]);
-    }
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < N / 16; ++kk) {
+            a[mt][kk][0] = Pack<T>::two(c[mt][2 * kk][0], c[mt][2 * kk][1]);
+            a[mt][kk][1] = Pack<T>::two(c[mt][2 * kk][2], c[mt][2 * kk][3]);
+            a[mt][kk][2] = Pack<T>::two(c[mt][2 * kk + 1][0], c[mt][2 * kk + 1][1]);
+            a[mt][kk][3] = Pack<T>::two(c[mt][2 * kk + 1][2], c[mt][2 * kk + 1][3]);
+        }
 }
 
-template <int N>
-__device__ __forceinline__ void zero(float (&acc)[N][4]) {
+template <int MT, int N>
+__device__ __forceinline__ void zero(float (&acc)[MT][N][4]) {
 #pragma unroll
-    for (int n = 0; n < N; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < N; ++n) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
 }
 
 // Max and sum over the 4 lanes that share a row of a C fragment (lanes 4 gr .. 4 gr + 3).

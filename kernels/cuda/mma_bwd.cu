@@ -10,43 +10,65 @@
 // bits every run, with no atomics. The dkdv kernel works on the transposes S^T = K Q^T, dP^T = V dO^T, so
 // both of its products keep keys as the rows a warp owns, like the queries of the forward. P and dS are
 // rounded to the input dtype as operands of the next mma (as FlashAttention-2 does); sums are fp32.
-// At head dim 256 the dK and dV accumulators (256 fp32 each per lane) do not both fit in registers: the
-// dkdv kernel then runs twice, once for dV and once for dK (template flags), recomputing P.
+// A dq warp owns MT stacked 16-row tiles (mma.cuh says why); a dkdv warp owns 16 keys (below). At head dim
+// 256 the dK and dV accumulators (128 fp32 each per lane) do not both fit in registers: the dkdv kernel
+// then runs twice, once for dV and once for dK (template flags), recomputing S^T.
 #include "mma.cuh"
 
 namespace fa {
 namespace mma_bwd {
 
 using namespace mma;
-constexpr int WARPS = 4, THREADS = 32 * WARPS, BM = 16 * WARPS;  // rows a block owns (queries or keys)
-template <int D> __host__ __device__ constexpr int block_n() { return D == 256 ? 32 : 64; }  // streamed rows
+constexpr int WARPS = 4, THREADS = 32 * WARPS;
+// Tiles per head dim: MT m-tiles per warp (a block owns 64 MT rows), BN streamed rows per tile; chosen so
+// that no kernel spills (compile_report.py checks it).
+template <int D> __host__ __device__ constexpr int m_tiles() { return D == 256 ? 1 : 2; }
+template <int D> __host__ __device__ constexpr int block_m() { return 16 * WARPS * m_tiles<D>(); }
+template <int D> __host__ __device__ constexpr int block_n() { return D >= 128 ? 32 : 64; }
+// dkdv: one m-tile per warp and one pass below head dim 256. Measured on the H200 at head dim 128 (bench,
+// bf16): MT = 2 with split dV and dK passes, BN = 32, gave 0.35-0.39x sdpa-flash for the whole backward;
+// MT = 1, one pass, BN = 64 gave 0.44-0.47x: the split pass's extra product and loop cost more than the
+// shared-memory reads it saves.
+template <int D> __host__ __device__ constexpr int m_tiles_dkdv() { return 1; }
+template <int D> __host__ __device__ constexpr int block_m_dkdv() { return 16 * WARPS * m_tiles_dkdv<D>(); }
+template <int D> __host__ __device__ constexpr int block_n_dkdv() { return D == 256 ? 32 : 64; }
+template <int D> __host__ __device__ constexpr bool split_dkdv() { return D == 256; }
 
 __device__ __forceinline__ float recompute_p(float s, float m, float log2l, float c) {
     return fast_exp2(fminf((s - m) * c, 0.f) - log2l);
 }
 
-template <typename T, int D>
-__device__ __forceinline__ void store_rows(const Params &p, T *base, int64_t stride_s, int row0, int rows,
-                                           const float (&acc)[D / 8][4], float mul) {
+// This lane's row in a block's rows: m-tile mt, half x (fragment entries 2x, 2x + 1).
+template <int MT>
+__device__ __forceinline__ int lane_row(int mt, int x) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    return warp * 16 * MT + 16 * mt + lane / 4 + 8 * x;
+}
+
+template <typename T, int MT, int D>
+__device__ __forceinline__ void store_rows(const Params &p, T *base, int64_t stride_s, int row0, int rows,
+                                           const float (&acc)[MT][D / 8][4], float mul) {
+    const int tq = threadIdx.x % 4;
 #pragma unroll
-    for (int x = 0; x < 2; ++x) {
-        const int r = row0 + warp * 16 + lane / 4 + 8 * x;
-        if (r >= rows) continue;
-        T *row = base + (int64_t)r * stride_s;
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt)
+        for (int x = 0; x < 2; ++x) {
+            const int r = row0 + lane_row<MT>(mt, x);
+            if (r >= rows) continue;
+            T *row = base + (int64_t)r * stride_s;
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int col = dt * 8 + 2 * (lane % 4) + e;
-                if (col < p.d) row[col] = from_float<T>(acc[dt][2 * x + e] * mul);
-            }
-    }
+            for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = dt * 8 + 2 * tq + e;
+                    if (col < p.d) row[col] = from_float<T>(acc[mt][dt][2 * x + e] * mul);
+                }
+        }
 }
 
 template <typename T, int D>
 __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
-    constexpr int BN = block_n<D>(), LD = D + PAD;
+    constexpr int MT = m_tiles<D>(), BM = block_m<D>(), BN = block_n<D>(), LD = D + PAD;
     extern __shared__ __align__(16) unsigned char smem[];
     T (*qs)[LD] = reinterpret_cast<T (*)[LD]>(smem);
     T (*dos)[LD] = qs + BM;
@@ -54,21 +76,20 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
     T (*vs)[LD] = ks + 2 * BN;   // two buffers of BN rows
 
     const int b = blockIdx.y / p.h, h = blockIdx.y % p.h, hk = h / (p.h / p.hk);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
+    const int warp = threadIdx.x / 32, tq = threadIdx.x % 4;
     const int row0 = blockIdx.x * BM;
-    const int rows[2] = {row0 + warp * 16 + lane / 4, row0 + warp * 16 + lane / 4 + 8};
     const T *kb = (const T *)p.k + b * p.k_b + hk * p.k_h, *vb = (const T *)p.v + b * p.v_b + hk * p.v_h;
     const float c = p.scale_log2;
     const bool aligned = p.aligned;
 
-    float m[2], log2l[2], delta[2];
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-        const bool in = rows[x] < p.sq;
-        const int64_t row = ((int64_t)b * p.h + h) * p.sq + rows[x];
-        m[x] = in ? p.rowmax[row] : 0.f;
-        log2l[x] = in ? p.log2l[row] : INFINITY;
-        delta[x] = in ? p.delta[row] : 0.f;
+    // the rows' statistics wait in shared memory, not registers: at head dim 128 those 12 registers spill
+    float (*stats)[BM] = reinterpret_cast<float (*)[BM]>(vs + 2 * BN);  // [m, log2l, D][row]
+    for (int x = threadIdx.x; x < BM; x += THREADS) {
+        const bool in = row0 + x < p.sq;
+        const int64_t row = ((int64_t)b * p.h + h) * p.sq + row0 + x;
+        stats[0][x] = in ? p.rowmax[row] : 0.f;
+        stats[1][x] = in ? p.log2l[row] : INFINITY;
+        stats[2][x] = in ? p.delta[row] : 0.f;
     }
 
     const int end = key_end(p, row0, BM), tiles = (end + BN - 1) / BN;
@@ -80,8 +101,8 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
     }
     cp_async_commit();
 
-    float dq[D / 8][4];
-    zero<D / 8>(dq);
+    float dq[MT][D / 8][4];
+    zero<MT, D / 8>(dq);
     for (int t = 0; t < tiles; ++t) {
         const int n0 = t * BN, buf = t % 2;
         if (t + 1 < tiles) {  // prefetch tile t + 1 into the other buffer
@@ -92,35 +113,37 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
         } else {
             cp_async_wait<0>();
         }
-        __syncthreads();  // tile t, Q and dO are visible to every warp
+        __syncthreads();  // tile t, Q, dO and the row statistics are visible to every warp
 
-        float s[BN / 8][4], dp[BN / 8][4];
-        zero<BN / 8>(s);
-        zero<BN / 8>(dp);
-        gemm_nt_smem<T, BN, D, LD, LD>(s, qs, warp * 16, ks + buf * BN, 0);
-        gemm_nt_smem<T, BN, D, LD, LD>(dp, dos, warp * 16, vs + buf * BN, 0);
+        float s[MT][BN / 8][4], dp[MT][BN / 8][4];
+        zero<MT, BN / 8>(s);
+        zero<MT, BN / 8>(dp);
+        gemm_nt_smem<T, MT, BN, D, LD, LD>(s, qs, warp * 16 * MT, ks + buf * BN, 0);
+        gemm_nt_smem<T, MT, BN, D, LD, LD>(dp, dos, warp * 16 * MT, vs + buf * BN, 0);
         const bool edge = n0 + BN > p.sk || (p.causal && n0 + BN - 1 > row0 + p.sk - p.sq);
 #pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int x = e / 2;
-                const bool keep = !edge || visible(p, rows[x], n0 + nt * 8 + 2 * tq + e % 2);
-                const float pij = keep ? recompute_p(s[nt][e], m[x], log2l[x], c) : 0.f;
-                s[nt][e] = pij * (dp[nt][e] - delta[x]);  // s now holds dS
-            }
-        uint32_t dsa[BN / 16][4];
-        c_to_a<T, BN>(dsa, s);
-        gemm_nn_regs<T, D, BN, LD>(dq, dsa, ks + buf * BN, 0);
+            for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int r = lane_row<MT>(mt, e / 2);
+                    const bool keep = !edge || visible(p, row0 + r, n0 + nt * 8 + 2 * tq + e % 2);
+                    const float pij = keep ? recompute_p(s[mt][nt][e], stats[0][r], stats[1][r], c) : 0.f;
+                    s[mt][nt][e] = pij * (dp[mt][nt][e] - stats[2][r]);  // s now holds dS
+                }
+        uint32_t dsa[MT][BN / 16][4];
+        c_to_a<T, MT, BN>(dsa, s);
+        gemm_nn_regs<T, MT, D, BN, LD>(dq, dsa, ks + buf * BN, 0);
         __syncthreads();  // every warp is done with buffer `buf` before it is refilled
     }
-    store_rows<T, D>(p, (T *)p.dq + b * p.dq_b + h * p.dq_h, p.dq_s, row0, p.sq, dq, p.scale);
+    store_rows<T, MT, D>(p, (T *)p.dq + b * p.dq_b + h * p.dq_h, p.dq_s, row0, p.sq, dq, p.scale);
 }
 
 template <typename T, int D, bool DO_DK, bool DO_DV>
-__global__ void __launch_bounds__(THREADS, 1) dkdv_kernel(Params p) {  // 1: let ptxas use every register it needs rather than spill for occupancy
-    constexpr int BN = block_n<D>(), LD = D + PAD;  // here BN query rows stream past BM owned keys
-    extern __shared__ __align__(16) unsigned char smem[];
+__global__ void __launch_bounds__(THREADS, 1) dkdv_kernel(Params p) {  // 1: every register, no occupancy spills
+    constexpr int MT = m_tiles_dkdv<D>(), BM = block_m_dkdv<D>(), BN = block_n_dkdv<D>(), LD = D + PAD;
+    extern __shared__ __align__(16) unsigned char smem[];  // here BN query rows stream past BM owned keys
     T (*ks)[LD] = reinterpret_cast<T (*)[LD]>(smem);
     T (*vs)[LD] = ks + BM;
     T (*qs)[LD] = vs + BM;       // two buffers of BN rows
@@ -128,9 +151,8 @@ __global__ void __launch_bounds__(THREADS, 1) dkdv_kernel(Params p) {  // 1: let
     float (*stats)[3][BN] = reinterpret_cast<float (*)[3][BN]>(dos + 2 * BN);  // [buffer][m, log2l, D][row]
 
     const int b = blockIdx.y / p.hk, hk = blockIdx.y % p.hk, group = p.h / p.hk;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
+    const int warp = threadIdx.x / 32, tq = threadIdx.x % 4;
     const int col0 = blockIdx.x * BM;
-    const int keys[2] = {col0 + warp * 16 + lane / 4, col0 + warp * 16 + lane / 4 + 8};
     const float c = p.scale_log2;
     const bool aligned = p.aligned;
 
@@ -156,9 +178,9 @@ __global__ void __launch_bounds__(THREADS, 1) dkdv_kernel(Params p) {  // 1: let
     if (tiles > 0) fetch(0, 0);
     cp_async_commit();
 
-    float dk[D / 8][4], dv[D / 8][4];  // the one a pass does not compute is never touched: no registers
-    zero<D / 8>(dk);
-    zero<D / 8>(dv);
+    float dk[MT][D / 8][4], dv[MT][D / 8][4];  // the one a pass does not compute is never touched: no registers
+    zero<MT, D / 8>(dk);
+    zero<MT, D / 8>(dv);
     for (int t = 0; t < tiles; ++t) {
         const int buf = t % 2, m0 = begin + (t % per_head) * BN;
         if (t + 1 < tiles) {
@@ -170,39 +192,44 @@ __global__ void __launch_bounds__(THREADS, 1) dkdv_kernel(Params p) {  // 1: let
         }
         __syncthreads();  // query tile t, its statistics, K and V are visible to every warp
 
-        float s[BN / 8][4];  // S^T: this warp's 16 keys x BN queries
-        zero<BN / 8>(s);
-        gemm_nt_smem<T, BN, D, LD, LD>(s, ks, warp * 16, qs + buf * BN, 0);
+        float s[MT][BN / 8][4];  // S^T: this warp's keys x BN queries
+        zero<MT, BN / 8>(s);
+        gemm_nt_smem<T, MT, BN, D, LD, LD>(s, ks, warp * 16 * MT, qs + buf * BN, 0);
         const bool edge = m0 + BN > p.sq || (p.causal && col0 + BM - 1 > m0 + p.sk - p.sq);
 #pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int x = nt * 8 + 2 * tq + e % 2;  // query within the tile
-                const bool keep = !edge || (m0 + x < p.sq && visible(p, m0 + x, keys[e / 2]));
-                s[nt][e] = keep ? recompute_p(s[nt][e], stats[buf][0][x], stats[buf][1][x], c) : 0.f;  // P^T
-            }
-        if constexpr (DO_DV) {
-            uint32_t pa[BN / 16][4];
-            c_to_a<T, BN>(pa, s);
-            gemm_nn_regs<T, D, BN, LD>(dv, pa, dos + buf * BN, 0);
-        }
-        if constexpr (DO_DK) {
-            float dp[BN / 8][4];  // dP^T = V dO^T
-            zero<BN / 8>(dp);
-            gemm_nt_smem<T, BN, D, LD, LD>(dp, vs, warp * 16, dos + buf * BN, 0);
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[nt][e] *= dp[nt][e] - stats[buf][2][nt * 8 + 2 * tq + e % 2];  // dS^T
-            uint32_t dsa[BN / 16][4];
-            c_to_a<T, BN>(dsa, s);
-            gemm_nn_regs<T, D, BN, LD>(dk, dsa, qs + buf * BN, 0);
+                for (int e = 0; e < 4; ++e) {
+                    const int x = nt * 8 + 2 * tq + e % 2;  // query within the tile
+                    const bool keep = !edge || (m0 + x < p.sq && visible(p, m0 + x, col0 + lane_row<MT>(mt, e / 2)));
+                    s[mt][nt][e] = keep ? recompute_p(s[mt][nt][e], stats[buf][0][x], stats[buf][1][x], c) : 0.f;
+                }
+        if constexpr (DO_DV) {
+            uint32_t pa[MT][BN / 16][4];
+            c_to_a<T, MT, BN>(pa, s);
+            gemm_nn_regs<T, MT, D, BN, LD>(dv, pa, dos + buf * BN, 0);
+        }
+        if constexpr (DO_DK) {
+            float dp[MT][BN / 8][4];  // dP^T = V dO^T
+            zero<MT, BN / 8>(dp);
+            gemm_nt_smem<T, MT, BN, D, LD, LD>(dp, vs, warp * 16 * MT, dos + buf * BN, 0);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        s[mt][nt][e] *= dp[mt][nt][e] - stats[buf][2][nt * 8 + 2 * tq + e % 2];  // dS^T
+            uint32_t dsa[MT][BN / 16][4];
+            c_to_a<T, MT, BN>(dsa, s);
+            gemm_nn_regs<T, MT, D, BN, LD>(dk, dsa, qs + buf * BN, 0);
         }
         __syncthreads();  // every warp is done with buffer `buf` before it is refilled
     }
-    if constexpr (DO_DK) store_rows<T, D>(p, (T *)p.dk + b * p.dk_b + hk * p.dk_h, p.dk_s, col0, p.sk, dk, p.scale);
-    if constexpr (DO_DV) store_rows<T, D>(p, (T *)p.dv + b * p.dv_b + hk * p.dv_h, p.dv_s, col0, p.sk, dv, 1.f);
+    if constexpr (DO_DK) store_rows<T, MT, D>(p, (T *)p.dk + b * p.dk_b + hk * p.dk_h, p.dk_s, col0, p.sk, dk, p.scale);
+    if constexpr (DO_DV) store_rows<T, MT, D>(p, (T *)p.dv + b * p.dv_b + hk * p.dv_h, p.dv_s, col0, p.sk, dv, 1.f);
 }
 
 template <typename Kernel>
@@ -217,13 +244,13 @@ int launch(Kernel kernel, dim3 grid, int bytes, const Params &p, cudaStream_t st
 
 template <typename T, int D>
 int run(const Params &p, cudaStream_t stream) {
-    constexpr int BN = block_n<D>(), LD = D + PAD;
-    const dim3 grid_q((p.sq + BM - 1) / BM, p.b * p.h), grid_k((p.sk + BM - 1) / BM, p.b * p.hk);
-    const int bytes_q = (2 * BM + 4 * BN) * LD * sizeof(T);
-    const int bytes_k = (2 * BM + 4 * BN) * LD * sizeof(T) + 2 * 3 * BN * sizeof(float);
+    constexpr int BM = block_m<D>(), BK = block_m_dkdv<D>(), LD = D + PAD;
+    const dim3 grid_q((p.sq + BM - 1) / BM, p.b * p.h), grid_k((p.sk + BK - 1) / BK, p.b * p.hk);
+    const int bytes_q = (2 * BM + 4 * block_n<D>()) * LD * sizeof(T) + 3 * BM * sizeof(float);
+    const int bytes_k = (2 * BK + 4 * block_n_dkdv<D>()) * LD * sizeof(T) + 2 * 3 * block_n_dkdv<D>() * sizeof(float);
     int e = launch(dq_kernel<T, D>, grid_q, bytes_q, p, stream);
     if (e) return e;
-    if constexpr (D == 256) {
+    if constexpr (split_dkdv<D>()) {
         e = launch(dkdv_kernel<T, D, false, true>, grid_k, bytes_k, p, stream);
         return e ? e : launch(dkdv_kernel<T, D, true, false>, grid_k, bytes_k, p, stream);
     } else {

@@ -1,7 +1,7 @@
 // Flash attention forward on tensor cores (`cuda`): FlashAttention-2's schedule with mma.sync m16n8k16.
 //
-// A block of 4 warps owns BM = 64 query rows of one (batch, head); warp w owns rows 16w .. 16w + 15 and
-// keeps their S, P and O in registers (mma.cuh gives the fragment layouts). Key/value tiles of BN rows
+// A block of 4 warps owns BM query rows of one (batch, head); each warp owns 16 MT of them (MT m-tiles, see
+// mma.cuh) and keeps their S, P and O in registers (mma.cuh gives the fragment layouts). Key/value tiles of BN rows
 // stream through two shared-memory buffers: cp.async fills tile t + 1 while the warps compute on tile t.
 //
 // Per key tile, per query row (lanes 4gr..4gr+3 share a row and join their values with two shuffles):
@@ -18,24 +18,29 @@ namespace fa {
 namespace mma_fwd {
 
 using namespace mma;
-constexpr int WARPS = 4, THREADS = 32 * WARPS, BM = 16 * WARPS;
-template <int D> __host__ __device__ constexpr int block_n() { return D == 256 ? 32 : 64; }
+constexpr int WARPS = 4, THREADS = 32 * WARPS;
+// Tiles per head dim, from the H200 bench (docs/measurements.md): a warp owns MT * 16 query rows; BN keys
+// per shared-memory tile. At head dim 256 the O accumulator alone is 128 registers per 16 rows: MT = 1.
+template <int D> __host__ __device__ constexpr int m_tiles() { return D == 256 ? 1 : 2; }
+template <int D> __host__ __device__ constexpr int block_m() { return 16 * WARPS * m_tiles<D>(); }
+template <int D> __host__ __device__ constexpr int block_n() { return D >= 128 ? 32 : 64; }  // 64 spills at 128
 template <typename T, int D> constexpr int smem_bytes() {
-    return (BM + 4 * block_n<D>()) * (D + PAD) * (int)sizeof(T);
+    return (block_m<D>() + 4 * block_n<D>()) * (D + PAD) * (int)sizeof(T);
 }
 
 template <typename T, int D, bool INIT_NEG_INF>
 __global__ void __launch_bounds__(THREADS) fwd(Params p) {
-    constexpr int BN = block_n<D>(), LD = D + PAD;
+    constexpr int MT = m_tiles<D>(), BM = block_m<D>(), BN = block_n<D>(), LD = D + PAD;
     extern __shared__ __align__(16) unsigned char smem[];
     T (*qs)[LD] = reinterpret_cast<T (*)[LD]>(smem);
     T (*ks)[LD] = qs + BM;       // two buffers of BN rows
     T (*vs)[LD] = ks + 2 * BN;   // two buffers of BN rows
 
     const int b = blockIdx.y / p.h, h = blockIdx.y % p.h, hk = h / (p.h / p.hk);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane / 4, tq = lane % 4;
-    const int row0 = blockIdx.x * BM;
-    const int rows[2] = {row0 + warp * 16 + gr, row0 + warp * 16 + gr + 8};
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
+    const int row0 = blockIdx.x * BM, warp_row0 = warp * 16 * MT;  // warp_row0: within the block
+    // this lane's rows: m-tile mt, half x (fragment entries 2x, 2x + 1)
+    auto row_of = [&](int mt, int x) { return row0 + warp_row0 + 16 * mt + lane / 4 + 8 * x; };
     const T *qb = (const T *)p.q + b * p.q_b + h * p.q_h;
     const T *kb = (const T *)p.k + b * p.k_b + hk * p.k_h, *vb = (const T *)p.v + b * p.v_b + hk * p.v_h;
     const float c = p.scale_log2;
@@ -49,9 +54,13 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
     }
     cp_async_commit();
 
-    float o[D / 8][4], m[2], l[2] = {0.f, 0.f};
-    zero<D / 8>(o);
-    m[0] = m[1] = INIT_NEG_INF ? -INFINITY : -1e30f;
+    float o[MT][D / 8][4], m[MT][2], l[MT][2];
+    zero<MT, D / 8>(o);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        m[mt][0] = m[mt][1] = INIT_NEG_INF ? -INFINITY : -1e30f;
+        l[mt][0] = l[mt][1] = 0.f;
+    }
 
     for (int t = 0; t < tiles; ++t) {
         const int n0 = t * BN, buf = t % 2;
@@ -65,73 +74,80 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
         }
         __syncthreads();  // tile t (and Q) copied by every thread is visible to every warp
 
-        float s[BN / 8][4];
-        zero<BN / 8>(s);
-        gemm_nt_smem<T, BN, D, LD, LD>(s, qs, warp * 16, ks + buf * BN, 0);
+        float s[MT][BN / 8][4];
+        zero<MT, BN / 8>(s);
+        gemm_nt_smem<T, MT, BN, D, LD, LD>(s, qs, warp_row0, ks + buf * BN, 0);
 
         // Only tiles that cross the end of the keys or the causal diagonal need the per-element mask.
         if (n0 + BN > p.sk || (p.causal && n0 + BN - 1 > row0 + p.sk - p.sq)) {
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (!visible(p, rows[e / 2], n0 + nt * 8 + 2 * tq + e % 2)) s[nt][e] = -INFINITY;
+                for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (!visible(p, row_of(mt, e / 2), n0 + nt * 8 + 2 * tq + e % 2)) s[mt][nt][e] = -INFINITY;
         }
 
 #pragma unroll
-        for (int x = 0; x < 2; ++x) {  // x = 0: row gr, x = 1: row gr + 8 (entries 2x, 2x + 1)
-            float tile_max = -INFINITY;
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * x], s[nt][2 * x + 1]));
-            const float m_new = fmaxf(m[x], quad_max(tile_max));
-            const float m_use = (INIT_NEG_INF && m_new == -INFINITY) ? 0.f : m_new;
-            const float alpha = fast_exp2((m[x] - m_use) * c);  // subtract before scaling: exact at huge logits
-            float sum = 0.f;
+            for (int x = 0; x < 2; ++x) {
+                float tile_max = -INFINITY;
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) {
-                s[nt][2 * x] = fast_exp2((s[nt][2 * x] - m_use) * c);
-                s[nt][2 * x + 1] = fast_exp2((s[nt][2 * x + 1] - m_use) * c);
-                sum += s[nt][2 * x] + s[nt][2 * x + 1];
+                for (int nt = 0; nt < BN / 8; ++nt)
+                    tile_max = fmaxf(tile_max, fmaxf(s[mt][nt][2 * x], s[mt][nt][2 * x + 1]));
+                const float m_new = fmaxf(m[mt][x], quad_max(tile_max));
+                const float m_use = (INIT_NEG_INF && m_new == -INFINITY) ? 0.f : m_new;
+                const float alpha = fast_exp2((m[mt][x] - m_use) * c);  // subtract first: exact at huge logits
+                float sum = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                    for (int e = 2 * x; e < 2 * x + 2; ++e) {
+                        s[mt][nt][e] = fast_exp2((s[mt][nt][e] - m_use) * c);
+                        sum += s[mt][nt][e];
+                    }
+                l[mt][x] = alpha * l[mt][x] + sum;  // this lane's share of the row sum; joined at the end
+#pragma unroll
+                for (int dt = 0; dt < D / 8; ++dt) {
+                    o[mt][dt][2 * x] *= alpha;
+                    o[mt][dt][2 * x + 1] *= alpha;
+                }
+                m[mt][x] = m_new;
             }
-            l[x] = alpha * l[x] + sum;  // this lane's share of the row sum; joined at the end
-#pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt) {
-                o[dt][2 * x] *= alpha;
-                o[dt][2 * x + 1] *= alpha;
-            }
-            m[x] = m_new;
-        }
 
-        uint32_t pa[BN / 16][4];
-        c_to_a<T, BN>(pa, s);
-        gemm_nn_regs<T, D, BN, LD>(o, pa, vs + buf * BN, 0);
+        uint32_t pa[MT][BN / 16][4];
+        c_to_a<T, MT, BN>(pa, s);
+        gemm_nn_regs<T, MT, D, BN, LD>(o, pa, vs + buf * BN, 0);
         __syncthreads();  // all warps are done with buffer `buf` before iteration t + 1 prefetches into it
     }
 
 #pragma unroll
-    for (int x = 0; x < 2; ++x) {
-        const int i = rows[x];
-        const float total = quad_sum(l[x]);
-        const bool empty = !(total > 0.f);  // the row saw no key
-        const float inv = empty ? 0.f : 1.f / total;
-        if (i < p.sq) {
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            const int i = row_of(mt, x);
+            const float total = quad_sum(l[mt][x]);
+            const bool empty = !(total > 0.f);  // the row saw no key
+            const float inv = empty ? 0.f : 1.f / total;
+            if (i >= p.sq) continue;
             T *out = (T *)p.out + b * p.o_b + (int64_t)i * p.o_s + h * p.o_h;
 #pragma unroll
             for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int col = dt * 8 + 2 * tq + e;
-                    if (col < p.d) out[col] = from_float<T>(o[dt][2 * x + e] * inv);
+                    if (col < p.d) out[col] = from_float<T>(o[mt][dt][2 * x + e] * inv);
                 }
             if (tq == 0) {
                 const int64_t row = ((int64_t)b * p.h + h) * p.sq + i;
                 const float log2l = empty ? INFINITY : log2f(total);
-                p.rowmax[row] = empty ? 0.f : m[x];
+                p.rowmax[row] = empty ? 0.f : m[mt][x];
                 p.log2l[row] = log2l;
-                p.lse[row] = empty ? -INFINITY : (m[x] * c + log2l) * 0.69314718056f;
+                p.lse[row] = empty ? -INFINITY : (m[mt][x] * c + log2l) * 0.69314718056f;
             }
         }
-    }
 }
 
 template <typename T, int D, bool INIT_NEG_INF>
@@ -142,7 +158,7 @@ int launch(const Params &p, cudaStream_t stream) {
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
         if (e != cudaSuccess) return (int)e;
     }
-    dim3 grid((p.sq + BM - 1) / BM, p.b * p.h);
+    dim3 grid((p.sq + block_m<D>() - 1) / block_m<D>(), p.b * p.h);
     kernel<<<grid, THREADS, bytes, stream>>>(p);
     return launch_status();
 }

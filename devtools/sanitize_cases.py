@@ -1,0 +1,27 @@
+"""A handful of odd-shaped cases through the CUDA kernels' forward and backward, small enough to run under
+compute-sanitizer (memcheck, racecheck): tails in every dimension, unaligned head dims, GQA, causal with
+rows that see no key, strided views.
+
+    compute-sanitizer --tool memcheck python3 devtools/sanitize_cases.py
+"""
+import torch
+
+from faverify.case import Case
+from faverify.inputs import make_inputs
+from faverify.kernels.cuda import flash_attn_func
+
+CASES = [
+    Case(1, 17, 113, 4, 2, 40, dtype="fp16", causal=True, seed=1),
+    Case(2, 70, 33, 2, 1, 72, dtype="bf16", causal=True, seed=2, layout="transposed"),
+    Case(1, 65, 129, 2, 2, 256, dtype="bf16", seed=3),
+    Case(1, 1, 1, 1, 1, 3, dtype="fp16", seed=4),
+    Case(1, 130, 130, 3, 3, 128, dtype="fp16", causal=True, seed=5, layout="packed"),
+]
+
+for case in CASES:
+    for variant in ("mma", "simt"):
+        x = make_inputs(case, "cuda", requires_grad=True)
+        out = flash_attn_func(x.q, x.k, x.v, causal=case.causal, init=case.init, variant=variant)
+        torch.autograd.grad(out, (x.q, x.k, x.v), x.dout)
+torch.cuda.synchronize()
+print(f"{len(CASES) * 2} forward+backward runs done")
