@@ -51,6 +51,21 @@ template <> __device__ __forceinline__ float from_float<float>(float x) { return
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
+// The batch, query head and key head (GQA: h / group) of a block whose grid y enumerates (batch, head).
+struct Head {
+    int b, h, hk;
+};
+__device__ __forceinline__ Head query_head(const Params &p) {
+    const int b = blockIdx.y / p.h, h = blockIdx.y % p.h;  // unsigned division, as blockIdx is
+    return {b, h, h / (p.h / p.hk)};
+}
+template <typename T> __device__ __forceinline__ const T *k_head(const Params &p, Head x) {
+    return (const T *)p.k + x.b * p.k_b + x.hk * p.k_h;
+}
+template <typename T> __device__ __forceinline__ const T *v_head(const Params &p, Head x) {
+    return (const T *)p.v + x.b * p.v_b + x.hk * p.v_h;
+}
+
 // Key j is visible to query i (both in range) under the causal rule.
 __device__ __forceinline__ bool visible(const Params &p, int i, int j) {
     return j < p.sk && (!p.causal || j <= i + p.sk - p.sq);

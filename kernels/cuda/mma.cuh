@@ -19,6 +19,26 @@ namespace fa {
 namespace mma {
 
 constexpr int PAD = 8;
+constexpr int WARPS = 4, THREADS = 32 * WARPS;
+
+// Tiles per head dim for the kernels whose warps own query rows (forward, dq): a warp owns MT * 16 rows
+// (MT m-tiles, below), a block 64 MT; BN key rows per shared-memory tile. At head dim 256 the O (or dQ)
+// accumulator alone is 128 registers per 16 rows, so MT = 1; BN = 64 spills at head dim 128.
+// Measured on the H200 (docs/measurements.md); compile_report.py checks that nothing spills.
+template <int D> __host__ __device__ constexpr int m_tiles() { return D == 256 ? 1 : 2; }
+template <int D> __host__ __device__ constexpr int block_m() { return 16 * WARPS * m_tiles<D>(); }
+template <int D> __host__ __device__ constexpr int block_n() { return D >= 128 ? 32 : 64; }
+
+// Launch with `bytes` of dynamic shared memory: above 48 KB a kernel must opt in first.
+template <typename Kernel>
+int launch(Kernel kernel, dim3 grid, int bytes, const Params &p, cudaStream_t stream) {
+    if (bytes > 48 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if (e != cudaSuccess) return (int)e;
+    }
+    kernel<<<grid, THREADS, bytes, stream>>>(p);
+    return launch_status();
+}
 
 template <typename T> struct Pack;
 template <> struct Pack<__half> {
@@ -92,6 +112,22 @@ __device__ __forceinline__ void load_tile(T (*dst)[D + PAD], const T *base, int6
 #pragma unroll
             for (int e = 0; e < 8; ++e) dst[r][c + e] = (row_ok && c + e < d) ? src[e] : from_float<T>(0.f);
         }
+    }
+}
+
+// Double buffering of K and V tiles of BN rows: before computing on tile t (buffer t % 2), start copying
+// tile t + 1 into the other buffer and wait only for tile t; on the last tile, wait for everything.
+template <typename T, int BN, int D>
+__device__ __forceinline__ void next_kv(T (*ks)[D + PAD], T (*vs)[D + PAD], const T *kb, const T *vb,
+                                        const Params &p, int t, int tiles, bool aligned) {
+    if (t + 1 < tiles) {
+        const int buf = 1 - t % 2, n0 = (t + 1) * BN;
+        load_tile<T, BN, D>(ks + buf * BN, kb, p.k_s, n0, p.sk, p.d, aligned, THREADS);
+        load_tile<T, BN, D>(vs + buf * BN, vb, p.v_s, n0, p.sk, p.d, aligned, THREADS);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
     }
 }
 

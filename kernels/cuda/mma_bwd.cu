@@ -18,13 +18,7 @@
 namespace fa {
 namespace mma_bwd {
 
-using namespace mma;
-constexpr int WARPS = 4, THREADS = 32 * WARPS;
-// Tiles per head dim: MT m-tiles per warp (a block owns 64 MT rows), BN streamed rows per tile; chosen so
-// that no kernel spills (compile_report.py checks it).
-template <int D> __host__ __device__ constexpr int m_tiles() { return D == 256 ? 1 : 2; }
-template <int D> __host__ __device__ constexpr int block_m() { return 16 * WARPS * m_tiles<D>(); }
-template <int D> __host__ __device__ constexpr int block_n() { return D >= 128 ? 32 : 64; }
+using namespace mma;  // dq takes the query-row tiles of mma.cuh (m_tiles, block_m, block_n)
 // dkdv: one m-tile per warp and one pass below head dim 256. Measured on the H200 at head dim 128 (bench,
 // bf16): MT = 2 with split dV and dK passes, BN = 32, gave 0.35-0.39x sdpa-flash for the whole backward;
 // MT = 1, one pass, BN = 64 gave 0.44-0.47x: the split pass's extra product and loop cost more than the
@@ -75,10 +69,10 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
     T (*ks)[LD] = dos + BM;      // two buffers of BN rows
     T (*vs)[LD] = ks + 2 * BN;   // two buffers of BN rows
 
-    const int b = blockIdx.y / p.h, h = blockIdx.y % p.h, hk = h / (p.h / p.hk);
+    const auto [b, h, hk] = query_head(p);
     const int warp = threadIdx.x / 32, tq = threadIdx.x % 4;
     const int row0 = blockIdx.x * BM;
-    const T *kb = (const T *)p.k + b * p.k_b + hk * p.k_h, *vb = (const T *)p.v + b * p.v_b + hk * p.v_h;
+    const T *kb = k_head<T>(p, {b, h, hk}), *vb = v_head<T>(p, {b, h, hk});
     const float c = p.scale_log2;
     const bool aligned = p.aligned;
 
@@ -105,14 +99,7 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
     zero<MT, D / 8>(dq);
     for (int t = 0; t < tiles; ++t) {
         const int n0 = t * BN, buf = t % 2;
-        if (t + 1 < tiles) {  // prefetch tile t + 1 into the other buffer
-            load_tile<T, BN, D>(ks + (1 - buf) * BN, kb, p.k_s, n0 + BN, p.sk, p.d, aligned, THREADS);
-            load_tile<T, BN, D>(vs + (1 - buf) * BN, vb, p.v_s, n0 + BN, p.sk, p.d, aligned, THREADS);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        next_kv<T, BN, D>(ks, vs, kb, vb, p, t, tiles, aligned);
         __syncthreads();  // tile t, Q, dO and the row statistics are visible to every warp
 
         float s[MT][BN / 8][4], dp[MT][BN / 8][4];
@@ -230,16 +217,6 @@ __global__ void __launch_bounds__(THREADS, 1) dkdv_kernel(Params p) {  // 1: eve
     }
     if constexpr (DO_DK) store_rows<T, MT, D>(p, (T *)p.dk + b * p.dk_b + hk * p.dk_h, p.dk_s, col0, p.sk, dk, p.scale);
     if constexpr (DO_DV) store_rows<T, MT, D>(p, (T *)p.dv + b * p.dv_b + hk * p.dv_h, p.dv_s, col0, p.sk, dv, 1.f);
-}
-
-template <typename Kernel>
-int launch(Kernel kernel, dim3 grid, int bytes, const Params &p, cudaStream_t stream) {
-    if (bytes > 48 * 1024) {  // above 48 KB a kernel must opt in to dynamic shared memory
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-        if (e != cudaSuccess) return (int)e;
-    }
-    kernel<<<grid, THREADS, bytes, stream>>>(p);
-    return launch_status();
 }
 
 template <typename T, int D>

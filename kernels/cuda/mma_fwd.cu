@@ -18,12 +18,6 @@ namespace fa {
 namespace mma_fwd {
 
 using namespace mma;
-constexpr int WARPS = 4, THREADS = 32 * WARPS;
-// Tiles per head dim, from the H200 bench (docs/measurements.md): a warp owns MT * 16 query rows; BN keys
-// per shared-memory tile. At head dim 256 the O accumulator alone is 128 registers per 16 rows: MT = 1.
-template <int D> __host__ __device__ constexpr int m_tiles() { return D == 256 ? 1 : 2; }
-template <int D> __host__ __device__ constexpr int block_m() { return 16 * WARPS * m_tiles<D>(); }
-template <int D> __host__ __device__ constexpr int block_n() { return D >= 128 ? 32 : 64; }  // 64 spills at 128
 template <typename T, int D> constexpr int smem_bytes() {
     return (block_m<D>() + 4 * block_n<D>()) * (D + PAD) * (int)sizeof(T);
 }
@@ -36,13 +30,13 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
     T (*ks)[LD] = qs + BM;       // two buffers of BN rows
     T (*vs)[LD] = ks + 2 * BN;   // two buffers of BN rows
 
-    const int b = blockIdx.y / p.h, h = blockIdx.y % p.h, hk = h / (p.h / p.hk);
+    const auto [b, h, hk] = query_head(p);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
     const int row0 = blockIdx.x * BM, warp_row0 = warp * 16 * MT;  // warp_row0: within the block
     // this lane's rows: m-tile mt, half x (fragment entries 2x, 2x + 1)
     auto row_of = [&](int mt, int x) { return row0 + warp_row0 + 16 * mt + lane / 4 + 8 * x; };
     const T *qb = (const T *)p.q + b * p.q_b + h * p.q_h;
-    const T *kb = (const T *)p.k + b * p.k_b + hk * p.k_h, *vb = (const T *)p.v + b * p.v_b + hk * p.v_h;
+    const T *kb = k_head<T>(p, {b, h, hk}), *vb = v_head<T>(p, {b, h, hk});
     const float c = p.scale_log2;
     const bool aligned = p.aligned;
 
@@ -64,14 +58,7 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
 
     for (int t = 0; t < tiles; ++t) {
         const int n0 = t * BN, buf = t % 2;
-        if (t + 1 < tiles) {  // prefetch the next tile into the other buffer while this one is used
-            load_tile<T, BN, D>(ks + (1 - buf) * BN, kb, p.k_s, n0 + BN, p.sk, p.d, aligned, THREADS);
-            load_tile<T, BN, D>(vs + (1 - buf) * BN, vb, p.v_s, n0 + BN, p.sk, p.d, aligned, THREADS);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        next_kv<T, BN, D>(ks, vs, kb, vb, p, t, tiles, aligned);
         __syncthreads();  // tile t (and Q) copied by every thread is visible to every warp
 
         float s[MT][BN / 8][4];
@@ -151,16 +138,9 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
 }
 
 template <typename T, int D, bool INIT_NEG_INF>
-int launch(const Params &p, cudaStream_t stream) {
-    constexpr int bytes = smem_bytes<T, D>();
-    auto kernel = fwd<T, D, INIT_NEG_INF>;
-    if (bytes > 48 * 1024) {  // above 48 KB a kernel must opt in to dynamic shared memory
-        cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-        if (e != cudaSuccess) return (int)e;
-    }
-    dim3 grid((p.sq + block_m<D>() - 1) / block_m<D>(), p.b * p.h);
-    kernel<<<grid, THREADS, bytes, stream>>>(p);
-    return launch_status();
+int run(const Params &p, cudaStream_t stream) {
+    const dim3 grid((p.sq + block_m<D>() - 1) / block_m<D>(), p.b * p.h);
+    return launch(fwd<T, D, INIT_NEG_INF>, grid, smem_bytes<T, D>(), p, stream);
 }
 
 }  // namespace mma_fwd
@@ -175,7 +155,7 @@ int launch(const Params &p, cudaStream_t stream) {
 
 extern "C" int fa_mma_fwd(const fa::Params *p, int dtype, int init_neg_inf, cudaStream_t stream) {
     FA_HALF_SWITCH(dtype, T, FA_HEADDIM_SWITCH(p->d, D, {
-        return init_neg_inf ? fa::mma_fwd::launch<T, D, true>(*p, stream) : fa::mma_fwd::launch<T, D, false>(*p, stream);
+        return init_neg_inf ? fa::mma_fwd::run<T, D, true>(*p, stream) : fa::mma_fwd::run<T, D, false>(*p, stream);
     }))
     return (int)cudaErrorInvalidValue;
 }

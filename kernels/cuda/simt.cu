@@ -78,10 +78,10 @@ template <typename T, int D, bool INIT_NEG_INF>
 __global__ void __launch_bounds__(THREADS) fwd(Params p) {
     constexpr int BN = tile<D>(), DT = D / G;
     __shared__ float ks[BN][D], vs[BN][D];
-    const int b = blockIdx.y / p.h, h = blockIdx.y % p.h, hk = h / (p.h / p.hk);
+    const auto [b, h, hk] = query_head(p);
     const int row0 = blockIdx.x * ROWS, r = threadIdx.x / G, g = threadIdx.x % G, i = row0 + r;
     const bool active = i < p.sq;
-    const T *kb = (const T *)p.k + b * p.k_b + hk * p.k_h, *vb = (const T *)p.v + b * p.v_b + hk * p.v_h;
+    const T *kb = k_head<T>(p, {b, h, hk}), *vb = v_head<T>(p, {b, h, hk});
     const float c = p.scale_log2;
 
     float q[DT], o[DT];
@@ -144,10 +144,10 @@ template <typename T, int D>
 __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
     constexpr int BN = tile<D>(), DT = D / G;
     __shared__ float ks[BN][D], vs[BN][D];
-    const int b = blockIdx.y / p.h, h = blockIdx.y % p.h, hk = h / (p.h / p.hk);
+    const auto [b, h, hk] = query_head(p);
     const int row0 = blockIdx.x * ROWS, r = threadIdx.x / G, g = threadIdx.x % G, i = row0 + r;
     const bool active = i < p.sq;
-    const T *kb = (const T *)p.k + b * p.k_b + hk * p.k_h, *vb = (const T *)p.v + b * p.v_b + hk * p.v_h;
+    const T *kb = k_head<T>(p, {b, h, hk}), *vb = v_head<T>(p, {b, h, hk});
     const float c = p.scale_log2;
 
     float q[DT], dout[DT], dq[DT];
