@@ -10,6 +10,7 @@ sizes are listed from the same formula the launchers use.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -61,7 +62,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     nvcc = build.find_nvcc()
     jobs = [(src, f"sm_{a}") for src in build.sources() for a in args.arch.split(",")]
-    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+    workers = min(len(jobs), os.cpu_count() or 1)  # more nvcc processes than cores only thrash
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(lambda j: compile_one(nvcc, j[0], j[1], tmp), jobs))
     from tabulate import tabulate
     failed, rows = [], []
