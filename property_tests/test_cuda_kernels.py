@@ -180,3 +180,20 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     assert build.cache_dir() == tmp_path / "cuda"
     monkeypatch.delenv("FAVERIFY_CACHE")
     assert build.cache_dir() == type(tmp_path).home() / ".cache" / "faverify" / "cuda"
+
+
+@pytest.mark.parametrize("capability,message", [
+    ((9, 0), "nvcc not found"),                  # a GPU, but no CUDA toolkit
+    ((7, 5), "7.5 is not supported.*sm_80"),      # a GPU too old for the kernels
+])
+def test_fuzz_stops_with_exit_2_when_the_kernels_cannot_build(monkeypatch, tmp_path, capability, message):
+    """What a user with a GPU sees: one clear line and exit 2 before any case runs, not a traceback."""
+    import re
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(build, "FALLBACK_NVCC", str(tmp_path / "nvcc"))
+    r = cli("fuzz", "--kernel", "cuda", "--iters", "5", "--no-db")
+    assert r.exit_code == 2 and re.search(message, r.stderr), r.stderr
+    assert "Traceback" not in r.stderr
