@@ -48,14 +48,17 @@ MUTANTS = (
            "diag = 0  # top-left alignment, as torch's is_causal",
            "causal mask aligned top-left instead of bottom-right",
            "the two agree whenever seqlen_q == seqlen_k, which is what most tests use"),
-    Mutant("causal-reversed", "forward.py",
-           "keep = keep & (cols[None, :] <= offs_m[:, None] + diag)",
-           "keep = keep & (cols[None, :] >= offs_m[:, None] + diag)",
+    Mutant("causal-reversed", "forward.py",  # the shared mask inlined into the forward, comparison flipped
+           "qk = mask_scores(qk, offs_m, cols, seqlen_k, diag, CAUSAL)",
+           "keep = cols[None, :] < seqlen_k\n"
+           "            if CAUSAL:\n"
+           "                keep = keep & (cols[None, :] >= offs_m[:, None] + diag)\n"
+           "            qk = tl.where(keep, qk, float(\"-inf\"))",
            "causal comparison reversed: rows see the future",
            "a sign or an operand order flipped in an index comparison"),
     Mutant("tail-not-masked", "forward.py",
-           "keep = cols[None, :] < seqlen_k",
-           "keep = cols[None, :] < (1 << 30)",
+           "qk = mask_scores(qk, offs_m, cols, seqlen_k, diag, CAUSAL)",
+           "qk = mask_scores(qk, offs_m, cols, 1 << 30, diag, CAUSAL)",
            "the last key block is not masked when seqlen_k is not a multiple of the block",
            "benchmarks and most tests use seqlens that are multiples of 64 or 128"),
     Mutant("no-final-division", "forward.py",
@@ -89,9 +92,9 @@ MUTANTS = (
            "    for g in range(0, 1):",
            "GQA backward does not sum dk and dv over the query heads of the group",
            "with nheads == nheads_k (what most tests use) the group has one head"),
-    Mutant("dq-causal-off-by-one", "backward.py",
-           "                keep = keep & (cols[None, :] <= offs_m[:, None] + diag)\n            s = tl.where",
-           "                keep = keep & (cols[None, :] < offs_m[:, None] + diag)\n            s = tl.where",
+    Mutant("dq-causal-off-by-one", "backward.py",  # cols <= (i - 1) + diag is cols < i + diag
+           "s = mask_scores(s, offs_m, cols, seqlen_k, diag, CAUSAL)",
+           "s = mask_scores(s, offs_m - 1, cols, seqlen_k, diag, CAUSAL)",
            "the dq kernel's causal mask drops the diagonal (< instead of <=)",
            "an off-by-one in one of three copies of the mask, seen in real kernels' trackers"),
 )

@@ -80,6 +80,15 @@ def _resources(cubin: bytes) -> dict:
             "local": int(found.get("LOCAL", -1))}
 
 
+def ptx_digest(ptx: str) -> str:
+    """sha256 of the PTX without its debug lines (.loc, .file, the debug sections), which move with every
+    edit of the source: equal digests mean a refactor left the generated code as it was."""
+    import hashlib
+    body = ptx.split("\t.section\t.debug", 1)[0]
+    lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith((".loc", ".file", "$L__", "//"))]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
 def compile_variant(v: Variant, capability: int) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -112,7 +121,7 @@ def compile_variant(v: Variant, capability: int) -> dict:
         result.update(ok=False, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
         return result
     result.update(ok=True, shared=compiled.metadata.shared, seconds=round(time.perf_counter() - start, 2),
-                  **_resources(compiled.asm["cubin"]))
+                  ptx=ptx_digest(compiled.asm["ptx"]), **_resources(compiled.asm["cubin"]))
     limit = configs.SMEM_LIMIT[capability // 10]
     if compiled.metadata.shared > limit:
         result.update(ok=False, error=f"needs {compiled.metadata.shared} B of shared memory, sm_{capability} "

@@ -18,7 +18,7 @@ every P_ij <= 1 / l_i: the gradients stay bounded even where the logits carry no
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import cast, generic_args, load_rows, mm
+from faverify.kernels.triton.common import cast, generic_args, load_rows, mask_scores, mm
 
 
 def _preprocess(Out, DO, Delta,  #
@@ -158,10 +158,7 @@ def _dq_inner(dq, q, do, m, l2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
         vT = load_rows(v_ptrs + start_n * stride_vs, cols, seqlen_k, cols_ok_t, False, MASK, EVEN_D)
         s = mm(q, kT, INTERPRETED, IEEE)
         if MASK:
-            keep = cols[None, :] < seqlen_k
-            if CAUSAL:
-                keep = keep & (cols[None, :] <= offs_m[:, None] + diag)
-            s = tl.where(keep, s, float("-inf"))
+            s = mask_scores(s, offs_m, cols, seqlen_k, diag, CAUSAL)
         p = tl.math.exp2(tl.minimum((s - m[:, None]) * qk_scale, 0.0) - l2[:, None])
         dp = mm(do, vT, INTERPRETED, IEEE)
         ds = p * (dp - delta[:, None])

@@ -92,6 +92,17 @@ def load_rows(ptrs, rows, n_rows, cols_ok, ROWS_ALONG_0: tl.constexpr, MASK_ROWS
 
 
 @triton.jit
+def mask_scores(s, rows, cols, seqlen_k, diag, CAUSAL: tl.constexpr):
+    """s[i, j] where query rows[i] sees key cols[j] (a real key; causal bottom-right: cols[j] <= rows[i] +
+    diag, diag = seqlen_k - seqlen_q), -inf elsewhere. Shared by the forward and dq, whose tiles are
+    [queries, keys]; dk/dv work on the transpose and mask there."""
+    keep = cols[None, :] < seqlen_k
+    if CAUSAL:
+        keep = keep & (cols[None, :] <= rows[:, None] + diag)
+    return tl.where(keep, s, float("-inf"))
+
+
+@triton.jit
 def cast(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
     """x.to(dtype), rounding to nearest even also under the interpreter (see INTERPRET above)."""
     if INTERPRETED:

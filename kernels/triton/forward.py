@@ -23,7 +23,7 @@ of equal numbers is exactly 0, and a product that no add follows cannot be contr
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import cast, generic_args, load_rows, mm
+from faverify.kernels.triton.common import cast, generic_args, load_rows, mask_scores, mm
 
 
 @triton.jit
@@ -38,10 +38,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
         # s = q k^T (raw: scaled only after the max is subtracted, see the module docstring)
         qk = mm(q, k, INTERPRETED, IEEE)
         if MASK:
-            keep = cols[None, :] < seqlen_k
-            if CAUSAL:
-                keep = keep & (cols[None, :] <= offs_m[:, None] + diag)
-            qk = tl.where(keep, qk, float("-inf"))
+            qk = mask_scores(qk, offs_m, cols, seqlen_k, diag, CAUSAL)
         # m' = max(m, rowmax(s))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         # Started at -inf, a row that has seen only masked keys keeps m' = -inf, and s - m' would be NaN.
