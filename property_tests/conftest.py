@@ -18,6 +18,7 @@ AOT_TEST = "test_every_variant_compiles_for_sm80_and_sm90"
 CUDA_COMPILE_TEST = "test_every_cu_file_compiles_for_sm80_and_sm90_without_spills"
 
 
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: start the background compiles only when their tests run
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
     for item in items:
