@@ -18,7 +18,7 @@ every P_ij <= 1 / l_i: the gradients stay bounded even where the logits carry no
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import cast, generic_args, load_rows, mask_scores, mm
+from faverify.kernels.triton.common import cast, generic_args, key_ranges, load_rows, mask_scores, mm
 
 
 def _preprocess(Out, DO, Delta,  #
@@ -198,13 +198,7 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ,  #
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     diag = seqlen_k - seqlen_q
-    if CAUSAL:
-        full = tl.minimum(tl.maximum(start_m * BLOCK_M + diag + 1, 0), seqlen_k)
-        hi = tl.minimum(tl.maximum((start_m + 1) * BLOCK_M + diag, 0), seqlen_k)
-    else:
-        full = seqlen_k
-        hi = seqlen_k
-    full = full // BLOCK_N * BLOCK_N
+    full, hi = key_ranges(start_m, seqlen_k, diag, CAUSAL, BLOCK_M, BLOCK_N)
     dq = _dq_inner(dq, q, do, m, l2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, 0, full, offs_m, offs_n0,
                    tl.trans(cols_ok), seqlen_k, diag, qk_scale, False, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE)
     dq = _dq_inner(dq, q, do, m, l2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, full, hi, offs_m, offs_n0,

@@ -92,6 +92,22 @@ def load_rows(ptrs, rows, n_rows, cols_ok, ROWS_ALONG_0: tl.constexpr, MASK_ROWS
 
 
 @triton.jit
+def key_ranges(start_m, seqlen_k, diag, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(full, hi) for the query tile start_m: key blocks [0, full) are seen whole by every row of the tile
+    (no mask needed), [full, hi) by some rows (masked); keys from hi on are above the causal diagonal and
+    skipped. Shared by the forward and dq, whose loops run over keys."""
+    if CAUSAL:
+        # keys every row of the tile sees: j <= start_m * BLOCK_M + diag
+        full = tl.minimum(tl.maximum(start_m * BLOCK_M + diag + 1, 0), seqlen_k)
+        # keys some row of the tile sees: j < (start_m + 1) * BLOCK_M + diag
+        hi = tl.minimum(tl.maximum((start_m + 1) * BLOCK_M + diag, 0), seqlen_k)
+    else:
+        full = seqlen_k
+        hi = seqlen_k
+    return full // BLOCK_N * BLOCK_N, hi
+
+
+@triton.jit
 def mask_scores(s, rows, cols, seqlen_k, diag, CAUSAL: tl.constexpr):
     """s[i, j] where query rows[i] sees key cols[j] (a real key; causal bottom-right: cols[j] <= rows[i] +
     diag, diag = seqlen_k - seqlen_q), -inf elsewhere. Shared by the forward and dq, whose tiles are

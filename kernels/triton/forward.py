@@ -23,7 +23,7 @@ of equal numbers is exactly 0, and a product that no add follows cannot be contr
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import cast, generic_args, load_rows, mask_scores, mm
+from faverify.kernels.triton.common import cast, generic_args, key_ranges, load_rows, mask_scores, mm
 
 
 @triton.jit
@@ -84,15 +84,7 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l,  #
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     diag = seqlen_k - seqlen_q  # bottom-right alignment: row i sees keys j <= i + diag
-    if CAUSAL:
-        # keys every row of the tile sees: j <= start_m * BLOCK_M + diag
-        full = tl.minimum(tl.maximum(start_m * BLOCK_M + diag + 1, 0), seqlen_k)
-        # keys some row of the tile sees: j < (start_m + 1) * BLOCK_M + diag
-        hi = tl.minimum(tl.maximum((start_m + 1) * BLOCK_M + diag, 0), seqlen_k)
-    else:
-        full = seqlen_k
-        hi = seqlen_k
-    full = full // BLOCK_N * BLOCK_N
+    full, hi = key_ranges(start_m, seqlen_k, diag, CAUSAL, BLOCK_M, BLOCK_N)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
                                0, full, offs_m, offs_n, mask_d[:, None], mask_d[None, :], seqlen_k, diag, qk_scale,
                                False, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE)
