@@ -9,6 +9,7 @@ the same backend is still a Fail, and the fuzzer still reports them all as failu
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import asdict, dataclass
 
 import torch
@@ -110,8 +111,9 @@ def _cuda_build(device: str) -> Check:
     from faverify.kernels.cuda import build
     start = time.monotonic()
     try:
-        sm = build.arch(torch.cuda.get_device_capability(device))
-        build.load(torch.cuda.get_device_capability(device))
+        capability = torch.cuda.get_device_capability(device)
+        sm = build.arch(capability)
+        build.load(capability)
     except Exception as e:  # nvcc missing or failing is this check's Fail, not the run's end
         return Check("build: cuda", device, "Fail", f"{type(e).__name__}: {str(e)[:300]}")
     return Check("build: cuda", device, "Pass", f"{sm} library ready in {time.monotonic() - start:.1f} s "
@@ -123,7 +125,6 @@ class _Checks(list):
 
     def append(self, check: Check) -> None:
         super().append(check)
-        import sys
         print(f"doctor: {check.check} on {check.device}: {check.status}", file=sys.stderr, flush=True)
 
 

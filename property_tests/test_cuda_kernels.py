@@ -10,7 +10,7 @@ from faverify.inputs import make_inputs
 from faverify.kernels.cuda import build
 from faverify.runner import evaluate
 from faverify.subjects import resolve
-from property_tests.cli_helpers import cli
+from property_tests.cli_helpers import cli, read_json
 
 HAS_GPU = torch.cuda.is_available()
 VARIANTS = ("cuda", "cuda-simt")
@@ -169,8 +169,7 @@ def test_fp32_is_refused_by_the_tensor_core_variant():
 @pytest.mark.gpu
 def test_doctor_builds_and_passes_the_cuda_kernels(tmp_path):
     r = cli("doctor", "--json", tmp_path / "d.json")
-    rows = {(c["check"]): c["status"] for c in __import__("json").load(open(tmp_path / "d.json"))["checks"]
-            if c["device"] != "cpu"}
+    rows = {c["check"]: c["status"] for c in read_json(tmp_path / "d.json")["checks"] if c["device"] != "cpu"}
     assert rows.get("build: cuda") == "Pass" and rows.get("golden: cuda") == "Pass", (rows, r.stderr[-2000:])
     assert rows.get("golden: cuda-simt") == "Pass" and rows.get("determinism: cuda, 5 runs") == "Pass", rows
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
@@ -29,7 +30,14 @@ class Params(ctypes.Structure):
 
 
 def _library(device: torch.device):
-    lib = build.load(torch.cuda.get_device_capability(device))
+    return _checked_library(torch.cuda.get_device_capability(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _checked_library(capability: tuple):
+    """The library for this architecture, its parameter block checked once against the ctypes mirror
+    (not on every launch)."""
+    lib = build.load(capability)
     if lib.fa_params_size() != ctypes.sizeof(Params):  # the ctypes mirror and common.cuh disagree
         raise build.BuildError(f"fa::Params is {lib.fa_params_size()} bytes in the library but "
                                f"{ctypes.sizeof(Params)} in interface.Params: keep the two in step")
