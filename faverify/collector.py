@@ -58,6 +58,8 @@ class KernelStats:
     phases: Counter = field(default_factory=Counter)  # seconds per phase, summed over cases
     signature_counts: Counter = field(default_factory=Counter)  # failure signature -> cases
     restarts: int = 0  # worker processes started again after a crash or a timeout
+    warmup_cases: int = 0  # unjudged cases run first so each compiled variant compiles once (fuzz.warm_up)
+    warmup_seconds: float = 0.0
     seconds: float = 0.0
 
     def add(self, r: CaseResult) -> None:
@@ -129,6 +131,7 @@ class KernelStats:
                 "crashed": self.counts["crash"], "timed_out": self.counts["timeout"], "skipped": self.counts["skip"],
                 "skip_reasons": dict(self.skipped.most_common()), "per_device": dict(self.per_device),
                 "worker_restarts": self.restarts,
+                "warmup": {"cases": self.warmup_cases, "seconds": round(self.warmup_seconds, 2)},
                 "seconds": self.seconds, "cases_per_second": self.cases / self.seconds if self.seconds else 0.0,
                 "ms_per_case": {k: round(1e3 * v / max(1, self.cases), 3) for k, v in sorted(self.phases.items())}}
 

@@ -27,3 +27,9 @@ def resolve(text: str) -> list:
             raise UsageError("--device", text, f"GPU index must be < {n} (the GPUs this process sees)")
         return [torch.device(f"cuda:{index}")]
     raise UsageError("--device", text, "must be auto, cpu, cuda, cuda:INDEX or all")
+
+
+def default_workers(device: torch.device) -> int:
+    """Worker processes per device for a fuzz: one on the CPU (the cases are compute-bound there), six per
+    GPU, where a case is bound by kernel launches and the host's Python, not by the GPU."""
+    return 1 if device.type == "cpu" else 6

@@ -54,8 +54,12 @@ class Check:
 
 
 def _golden_check(kernel: str, device: str, names, tolerance, isolate: bool) -> Check:
+    return _judge_golden(kernel, device, golden.verify(kernel, device, tolerance=tolerance, names=names,
+                                                       isolate=isolate))
+
+
+def _judge_golden(kernel: str, device: str, rows: list) -> Check:
     label = f"golden: {kernel}"
-    rows = golden.verify(kernel, device, tolerance=tolerance, names=names, isolate=isolate)
     outcome = golden.summarize(rows)
     passed, bad, skipped = len(outcome["passed"]), outcome["bad"], len(outcome["skipped"])
     if not passed and not bad:
@@ -72,6 +76,24 @@ def _golden_check(kernel: str, device: str, names, tolerance, isolate: bool) -> 
         return Check(label, device, "Fail", f"{len(bad)} of {len(rows)} cases fail: {shown}")
     extra = f", {skipped} not supported by the kernel" if skipped else ""
     return Check(label, device, "Pass", f"{passed} cases pass{extra}")
+
+
+# Workers per golden check on each GPU: the Triton kernels compile per variant (seconds each), so their
+# cases are spread over several workers; the others are launch-bound and one worker each keeps up.
+GOLDEN_WORKERS = {"triton": 4}
+
+
+def _gpu_golden_checks(kernels_by_device: dict, names, tolerance) -> dict:
+    """Every (kernel, device) golden check at once (golden.verify_many): {(kernel, device): Check}."""
+    jobs = [(k, d, GOLDEN_WORKERS.get(k, 1)) for d, kernels in kernels_by_device.items() for k in kernels]
+    checks = {}
+
+    def done(kernel, device, rows):
+        checks[(kernel, device)] = check = _judge_golden(kernel, device, rows)
+        _show(check)
+
+    golden.verify_many(jobs, tolerance=tolerance, names=names, on_done=done)
+    return checks
 
 
 def _fingerprint(kernel: str, device: str, runs: int) -> list:
@@ -123,9 +145,14 @@ def _cuda_build(device: str) -> Check:
 class _Checks(list):
     """The rows so far; each one is also shown as it lands (progress on stderr: a full run takes minutes)."""
 
-    def append(self, check: Check) -> None:
+    def append(self, check: Check, shown: bool = False) -> None:
         super().append(check)
-        print(f"doctor: {check.check} on {check.device}: {check.status}", file=sys.stderr, flush=True)
+        if not shown:
+            _show(check)
+
+
+def _show(check: Check) -> None:
+    print(f"doctor: {check.check} on {check.device}: {check.status}", file=sys.stderr, flush=True)
 
 
 def run(level: str = "quick", *, tolerance, include_cpu: bool = True) -> dict:
@@ -142,18 +169,25 @@ def run(level: str = "quick", *, tolerance, include_cpu: bool = True) -> dict:
         checks.append(Check("GPU", "-", "Warn", "no CUDA GPU is visible (torch.cuda.is_available() is False): "
                                                  "the GPU checks did not run"))
     prints_by_model: dict = {}
+    built = {}
+    for g in gpus:  # before the golden workers start, which load the library from the cache
+        built[f"cuda:{g['index']}"] = b = _cuda_build(f"cuda:{g['index']}")
+        _show(b)
+    golden_checks = _gpu_golden_checks({d: ("triton",) + (CUDA if b.status == "Pass" else ()) + SDPA
+                                        for d, b in built.items()}, names, tolerance)
     for g in gpus:
         device = f"cuda:{g['index']}"
         where = f"{device} {g['name']}"
-        checks.append(_golden_check("triton", device, names, tolerance, isolate=True))
-        built = _cuda_build(device)
-        checks.append(built)
+        checks.append(golden_checks[("triton", device)], shown=True)
+        checks.append(built[device], shown=True)
         for kernel in CUDA:
-            checks.append(_golden_check(kernel, device, names, tolerance, isolate=True) if built.status == "Pass"
-                          else Check(f"golden: {kernel}", device, "Skip", "the CUDA kernels did not build"))
+            if built[device].status == "Pass":
+                checks.append(golden_checks[(kernel, device)], shown=True)
+            else:
+                checks.append(Check(f"golden: {kernel}", device, "Skip", "the CUDA kernels did not build"))
         for kernel in SDPA:
-            checks.append(_golden_check(kernel, device, names, tolerance, isolate=True))
-        for kernel in ("triton",) + (("cuda",) if built.status == "Pass" else ()):
+            checks.append(golden_checks[(kernel, device)], shown=True)
+        for kernel in ("triton",) + (("cuda",) if built[device].status == "Pass" else ()):
             det = _determinism(kernel, device)
             checks.append(det)
             if det.status == "Pass":

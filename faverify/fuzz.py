@@ -186,9 +186,22 @@ def shrink_by_replay(plan: FuzzPlan, index: int, first: CaseResult, signature: s
     return shrinker.best, shrinker.steps, note
 
 
-def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
-                  progress: Callable[[CaseResult], None] = lambda r: None) -> KernelStats:
+def warm_up(pool, warmup: list, stats: KernelStats) -> None:
+    """Run the subject's warm-up cases (Subject.warmup) over the pool's workers, unjudged: each compiles
+    its variants once, into the JIT's on-disk cache, where every worker then finds them. Without it each
+    of the workers compiles every variant it meets itself, and a fuzz of a JIT-compiled subject runs at
+    the compiler's pace for minutes."""
+    if not warmup:
+        return
     start = time.perf_counter()
+    pool.map(((i, c, False) for i, c in enumerate(warmup)), lambda i, r: None, warm=True)
+    stats.warmup_cases, stats.warmup_seconds = len(warmup), time.perf_counter() - start
+
+
+def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
+                  progress: Callable[[CaseResult], None] = lambda r: None, warmup: list = ()) -> KernelStats:
+    start = time.perf_counter()
+    warm_up(pool, list(warmup), stats)
     drawn = draw_cases(plan)
     every = plan.gradcheck_every
     first: dict = {}  # signature -> (index, result) of the first case that showed it
@@ -216,6 +229,12 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
             stats.failures.append(Failure(kernel=kernel, signature=signature, first=found, minimal=found, note=note))
         stats.seconds += time.perf_counter() - start
     return stats
+
+
+def _warmup_cases(name: str, dtypes: tuple) -> list:
+    from faverify.subjects import resolve
+    subject = resolve(name)
+    return list(subject.warmup(dtypes)) if subject.warmup is not None else []
 
 
 def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, command: str,
@@ -247,7 +266,7 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
             if isolate:
                 pool = Pool(name, devices, workers if parallel else 1, mode, tolerance.to_dict(), timeout)
             if parallel:
-                fuzz_parallel(name, plan, pool, stats, progress_factory(name))
+                fuzz_parallel(name, plan, pool, stats, progress_factory(name), _warmup_cases(name, plan.dtypes))
             else:
                 if pool is not None:
                     evaluate = pool.evaluate

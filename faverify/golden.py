@@ -189,30 +189,91 @@ def verify(kernel: str, device, *, directory: Path = DEFAULT_DIR, tolerance, nam
     """Run `kernel` on every golden case (or `names`), each judged against its stored reference.
 
     One row per case: name, status (pass, fail, skip, crash, timeout, or "corrupt" for a bad file) and
-    reason. A bad file fails its own row only; the index itself must be readable."""
-    from faverify.isolation import Worker
+    reason. A bad file fails its own row only; the index itself must be readable. isolate: in a worker
+    process (verify_many); else in this one."""
+    if isolate:
+        return verify_many([(kernel, str(device), 1)], directory=directory, tolerance=tolerance, names=names,
+                           timeout=timeout)[(kernel, str(device))]
     from faverify.runner import evaluate
     from faverify.subjects import resolve
 
-    entries = [e for e in index(directory) if not names or e.name in names]
-    worker = Worker(kernel, str(device), "both", tolerance.to_dict(), timeout) if isolate else None
-    subject = None if isolate else resolve(kernel)
+    subject = resolve(kernel)
     rows = []
-    try:
-        for entry in entries:
-            try:
-                data = _read(directory, entry)  # integrity first, in this process: a bad file is its row
-                stored = None if worker is not None else _decode(data, entry, device)
-            except GoldenFileProblem as e:
-                rows.append({"name": entry.name, "status": "corrupt", "reason": str(e), "case": entry.case})
-                continue
-            if worker is not None:
-                r = worker.evaluate(entry.case, golden=(str(directory), entry))
-            else:
-                r = evaluate(subject, entry.case, device, tolerance=tolerance, stored=stored)
-            rows.append({"name": entry.name, "status": r.status, "reason": r.reason, "case": entry.case,
-                         "result": r})
-    finally:
-        if worker is not None:
-            worker.stop()
+    for entry in _entries(directory, names):
+        try:
+            stored = _decode(_read(directory, entry), entry, device)  # integrity first: a bad file is its row
+        except GoldenFileProblem as e:
+            rows.append(_corrupt_row(entry, e))
+            continue
+        rows.append(_row(entry, evaluate(subject, entry.case, device, tolerance=tolerance, stored=stored)))
     return rows
+
+
+def verify_many(jobs: list, *, directory: Path = DEFAULT_DIR, tolerance, names=None, timeout: float = 300.0,
+                on_done=lambda kernel, device, rows: None) -> dict:
+    """verify() for several (kernel, device, workers) jobs at once, every job in worker processes of its
+    own, all running together: doctor checks every subject on every GPU in the time of the slowest.
+    A job's cases are spread over its workers (a JIT-compiled subject compiles per variant: several
+    workers compile several at once). Returns {(kernel, device): rows in the index's order};
+    on_done(kernel, device, rows) as each job finishes."""
+    from multiprocessing.connection import wait
+
+    from faverify.isolation import Worker
+
+    entries = _entries(directory, names)
+    bad = {}
+    for entry in entries:  # integrity once, in this process: a bad file is its row in every job
+        try:
+            _read(directory, entry)
+        except GoldenFileProblem as e:
+            bad[entry.name] = e
+    rows = {(k, d): {} for k, d, _ in jobs}
+    todo = {(k, d): [e for e in entries if e.name not in bad] for k, d, _ in jobs}
+    workers = {(k, d): [Worker(k, d, "both", tolerance.to_dict(), timeout) for _ in range(max(1, n))]
+               for k, d, n in jobs}
+    busy: dict = {}  # worker -> (job, entry)
+
+    def finished(job) -> bool:
+        return not todo[job] and not any(j == job for j, _ in busy.values())
+
+    def ordered(job) -> list:
+        return [_corrupt_row(e, bad[e.name]) if e.name in bad else rows[job][e.name] for e in entries]
+
+    try:
+        for job in todo:
+            if finished(job):
+                on_done(*job, ordered(job))
+        while any(todo.values()) or busy:
+            for job, pool in workers.items():
+                for w in pool:
+                    if w not in busy and todo[job]:
+                        entry = todo[job].pop(0)
+                        w.submit(entry.case, False, golden=(str(directory), entry))
+                        busy[w] = (job, entry)
+            wait([c for w in busy for c in w.waitables()], timeout=1.0)
+            for w in list(busy):
+                result = w.collect()
+                if result is None:
+                    continue
+                job, entry = busy.pop(w)
+                rows[job][entry.name] = _row(entry, result)
+                if finished(job):
+                    on_done(*job, ordered(job))
+    finally:
+        for pool in workers.values():
+            for w in pool:
+                w.stop()
+    return {job: ordered(job) for job in todo}
+
+
+def _entries(directory: Path, names) -> list:
+    return [e for e in index(directory) if not names or e.name in names]
+
+
+def _row(entry: Entry, result) -> dict:
+    return {"name": entry.name, "status": result.status, "reason": result.reason, "case": entry.case,
+            "result": result}
+
+
+def _corrupt_row(entry: Entry, problem: Exception) -> dict:
+    return {"name": entry.name, "status": "corrupt", "reason": str(problem), "case": entry.case}

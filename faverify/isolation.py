@@ -42,9 +42,15 @@ def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict) -> None:
             return
         if request is None:
             return
-        case_dict, gradcheck, golden = request
+        case_dict, gradcheck, golden, warm = request
         case = Case.from_dict(case_dict)
         try:
+            if warm:  # run it only for what it compiles (fuzz.warm_up); a failure here is the cases' to find
+                result = _warm(subject, case, device, mode)
+                conn.send(("result", result.to_dict()))
+                if result.failed and any(marker in result.reason for marker in _POISONED):
+                    return
+                continue
             stored = None
             if golden is not None:  # (directory, golden.Entry): a stored case, its reference from the file
                 from faverify import golden as golden_files
@@ -61,6 +67,15 @@ def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict) -> None:
         conn.send(("result", result.to_dict()))
         if poisoned:
             return
+
+
+def _warm(subject, case: Case, device: str, mode: str) -> CaseResult:
+    from faverify.runner import exercise
+    try:
+        exercise(subject, case, device, mode)
+    except Exception as e:  # not judged: the drawn cases that need this variant will fail and report it
+        return failure(subject.name, case, "fail", f"warm-up raised {type(e).__name__}: {e}", "warmup", device)
+    return CaseResult(subject.name, case, "skip", "warm-up", device=device)
 
 
 class Worker:
@@ -100,7 +115,7 @@ class Worker:
                 self.process.join(5)
         self.process = None
 
-    def submit(self, case: Case, gradcheck: bool, golden: tuple | None = None) -> None:
+    def submit(self, case: Case, gradcheck: bool, golden: tuple | None = None, warm: bool = False) -> None:
         if self.process is None or not self.process.is_alive():
             if self.conn is not None:  # it ran before: this is a fresh worker after a crash or a timeout
                 self.restarts += 1
@@ -108,7 +123,7 @@ class Worker:
         self.pending = case
         if self.ready:
             self.sent_at = time.monotonic()
-        self.conn.send((case.to_dict(), gradcheck, golden))
+        self.conn.send((case.to_dict(), gradcheck, golden, warm))
 
     def collect(self) -> CaseResult | None:
         """The pending case's result if it is ready, a crash/timeout result if it never will be, else None."""
@@ -167,8 +182,9 @@ class Pool:
     def evaluate(self, case: Case, gradcheck: bool = False) -> CaseResult:
         return self.workers[0].evaluate(case, gradcheck)
 
-    def map(self, items, on_result) -> None:
-        """items: iterable of (index, case, gradcheck); on_result(index, result) as each finishes."""
+    def map(self, items, on_result, warm: bool = False) -> None:
+        """items: iterable of (index, case, gradcheck); on_result(index, result) as each finishes.
+        warm: run the cases only for what they compile (fuzz.warm_up), without judging them."""
         queue = iter(items)
         busy: dict = {}
         exhausted = False
@@ -180,7 +196,7 @@ class Pool:
                         exhausted = True
                         break
                     index, case, gradcheck = item
-                    w.submit(case, gradcheck)
+                    w.submit(case, gradcheck, warm=warm)
                     busy[w] = index
             if not busy:
                 return

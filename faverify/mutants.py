@@ -4,71 +4,159 @@ caught; then the unmutated kernels under the same settings must pass (no false a
 A mutant is killed by its first failing case (shrunk, with a reproducer), and only if the unmutated
 kernels pass that minimal case: a failure the control shares is a bug of the kernels, not the mutant's.
 "Cases to kill" counts the cases drawn up to and including the first failure.
+
+On a GPU each mutant is its own set of kernels to compile (seconds per variant, most of a mutant's
+time), so mutants run `jobs` at a time, each in its own process; the control then fuzzes with the usual
+parallel workers, which compile each variant once (fuzz.warm_up).
 """
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing as mp
 import statistics
+import sys
 import time
+from multiprocessing.connection import wait
 
 from faverify.fuzz import FuzzPlan, run
 
 
-def run_mutants(names: list, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, timeout: float,
-                progress_factory) -> dict:
-    from faverify.kernels.mutants.catalog import BY_NAME
-
-    from faverify.case import Case
-    from faverify.isolation import Worker
+def _check_in_process(device):
     from faverify.runner import evaluate
     from faverify.subjects import resolve
+    unmutated = resolve("triton")
+    return lambda case, tolerance: evaluate(unmutated, case, device, tolerance=tolerance)
 
-    kill_plan = dataclasses.replace(plan, stop_at_first_failure=True)
-    if isolate:
-        control_worker = Worker("triton", str(devices[0]), "both", tolerance.to_dict(), timeout)
-        check = control_worker.evaluate
-    else:
-        unmutated = resolve("triton")
 
-        def check(case):
-            return evaluate(unmutated, case, devices[0], tolerance=tolerance)
-    rows = []
-    for name in names:
-        mutant = BY_NAME[name]
-        start = time.perf_counter()
-        result = run([f"mutant:{name}"], kill_plan, devices, mode="both", tolerance=tolerance, command="mutants",
-                     workers=1, isolate=isolate, timeout=timeout, progress_factory=progress_factory)
-        kernel = result.kernels[0]
-        failures = kernel["failures"]
-        minimal = failures[0]["minimal"] if failures else None
-        control_there = check(Case.from_dict(minimal["case"])) if minimal else None
-        attributable = control_there is not None and not control_there.failed
-        killed = bool(failures) and attributable
-        rows.append({
-            "mutant": name, "bug": mutant.bug, "why": mutant.why, "killed": killed,
-            "cases_to_kill": kernel["summary"]["cases"] if killed else None,
-            "cases": kernel["summary"]["cases"], "signature": failures[0]["signature"] if failures else "",
-            "minimal_case": minimal["case"] if minimal else None,
-            "reason": minimal["reason"][:300] if minimal else "",
-            "reproducer": failures[0]["reproducer"] if failures else "",
-            "control_on_minimal_case": control_there.status if control_there else None,
-            "seconds": round(time.perf_counter() - start, 1),
-        })
-        if result.settings.get("interrupted"):
-            break
-    if isolate:
-        control_worker.stop()
-    control = run(["triton"], plan, devices, mode="both", tolerance=tolerance, command="mutants (control)",
-                  workers=1, isolate=isolate, timeout=timeout, progress_factory=progress_factory)
-    kills = [r["cases_to_kill"] for r in rows if r["killed"]]
+def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, timeout: float,
+         progress_factory=lambda kernel: (lambda r: None), check=None) -> dict:
+    """Fuzz one mutant until its first failure; the row of the report. check(case, tolerance): the
+    unmutated kernels' result on a case (default: evaluated in this process)."""
+    from faverify.case import Case
+    from faverify.kernels.mutants.catalog import BY_NAME
+
+    mutant = BY_NAME[name]
+    start = time.perf_counter()
+    result = run([f"mutant:{name}"], dataclasses.replace(plan, stop_at_first_failure=True), devices, mode="both",
+                 tolerance=tolerance, command="mutants", workers=1, isolate=isolate, timeout=timeout,
+                 progress_factory=progress_factory)
+    kernel = result.kernels[0]
+    failures = kernel["failures"]
+    minimal = failures[0]["minimal"] if failures else None
+    check = check or _check_in_process(devices[0])
+    control_there = check(Case.from_dict(minimal["case"]), tolerance) if minimal else None
+    attributable = control_there is not None and not control_there.failed
+    killed = bool(failures) and attributable
     return {
-        "schema": "faverify.mutants", "version": 1,
-        "settings": {"iters": plan.iters, "seed": plan.seed, "dtypes": ",".join(plan.dtypes),
-                     "devices": ",".join(str(d) for d in devices)},
-        "mutants": rows,
-        "killed": len(kills), "survived": len(rows) - len(kills),
-        "median_cases_to_kill": statistics.median(kills) if kills else None,
-        "control": {"kernel": "triton", **control.kernels[0]["summary"],
-                    "failures": [f["minimal"]["reason"][:300] for f in control.kernels[0]["failures"]]},
-        "environment": control.environment,
+        "mutant": name, "bug": mutant.bug, "why": mutant.why, "killed": killed,
+        "cases_to_kill": kernel["summary"]["cases"] if killed else None,
+        "cases": kernel["summary"]["cases"], "signature": failures[0]["signature"] if failures else "",
+        "minimal_case": minimal["case"] if minimal else None,
+        "reason": minimal["reason"][:300] if minimal else "",
+        "reproducer": failures[0]["reproducer"] if failures else "",
+        "control_on_minimal_case": control_there.status if control_there else None,
+        "seconds": round(time.perf_counter() - start, 1),
+        "interrupted": bool(result.settings.get("interrupted")),
     }
+
+
+def _kill_job(conn, name, plan, device, tolerance_dict, isolate, timeout) -> None:
+    """A job process: one mutant, its row sent back. Its fuzz isolates the mutant in a worker of its own."""
+    import torch
+
+    from faverify.verdict import Tolerance
+    try:
+        row = kill(name, plan, [torch.device(device)], tolerance=Tolerance.from_dict(tolerance_dict),
+                   isolate=isolate, timeout=timeout)
+        conn.send(("row", row))
+    except BaseException as e:  # faverify's own bug: reported as this mutant's, the others go on
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def _kill_parallel(names: list, plan: FuzzPlan, device, *, tolerance, isolate: bool, timeout: float,
+                   jobs: int) -> list:
+    """(rows in the order of `names`, interrupted); on an interrupt, the rows finished so far (the running
+    jobs are stopped; their workers exit when their pipes close)."""
+    ctx = mp.get_context("spawn")
+    waiting, running, rows = list(names), {}, {}
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                name = waiting.pop(0)
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=_kill_job, args=(child, name, plan, str(device), tolerance.to_dict(),
+                                                        isolate, timeout))
+                p.start()
+                child.close()
+                running[name] = (p, parent)
+            wait([c for _, c in running.values()] + [p.sentinel for p, _ in running.values()])
+            for name, (p, conn) in list(running.items()):
+                message = None
+                if conn.poll():
+                    message = conn.recv()
+                elif not p.is_alive():
+                    message = ("error", f"its job process died (exit code {p.exitcode})")
+                if message is None:
+                    continue
+                p.join()
+                del running[name]
+                kind, payload = message
+                rows[name] = payload if kind == "row" else _error_row(name, payload)
+                print(f"mutants: {name}: {'killed' if rows[name]['killed'] else 'NOT killed'} "
+                      f"({rows[name]['seconds']} s)", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        for p, _ in running.values():
+            p.terminate()
+        for p, _ in running.values():
+            p.join(5)
+        return [rows[n] for n in names if n in rows], True
+    return [rows[n] for n in names if n in rows], False
+
+
+def _error_row(name: str, error: str) -> dict:
+    from faverify.kernels.mutants.catalog import BY_NAME
+    mutant = BY_NAME[name]
+    return {"mutant": name, "bug": mutant.bug, "why": mutant.why, "killed": False, "cases_to_kill": None,
+            "cases": 0, "signature": "", "minimal_case": None, "reason": f"not run to the end: {error}",
+            "reproducer": "", "control_on_minimal_case": None, "seconds": 0.0, "interrupted": False}
+
+
+def run_mutants(names: list, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, timeout: float,
+                progress_factory, jobs: int = 1, control_workers: int = 1) -> dict:
+    from faverify.isolation import Worker
+
+    if jobs > 1:
+        rows, interrupted = _kill_parallel(names, plan, devices[0], tolerance=tolerance, isolate=isolate,
+                                           timeout=timeout, jobs=jobs)
+    else:
+        rows, interrupted = [], False
+        control_worker = Worker("triton", str(devices[0]), "both", tolerance.to_dict(), timeout) if isolate else None
+        check = (lambda case, tol: control_worker.evaluate(case)) if isolate else None
+        try:
+            for name in names:
+                rows.append(kill(name, plan, devices, tolerance=tolerance, isolate=isolate, timeout=timeout,
+                                 progress_factory=progress_factory, check=check))
+                if rows[-1]["interrupted"]:
+                    interrupted = True
+                    break
+        finally:
+            if control_worker is not None:
+                control_worker.stop()
+    kills = [r["cases_to_kill"] for r in rows if r["killed"]]
+    report = {"schema": "faverify.mutants", "version": 1, "interrupted": interrupted,
+              "settings": {"iters": plan.iters, "seed": plan.seed, "dtypes": ",".join(plan.dtypes),
+                           "devices": ",".join(str(d) for d in devices), "jobs": jobs,
+                           "control_workers": control_workers},
+              "mutants": rows, "killed": len(kills), "survived": len(rows) - len(kills),
+              "median_cases_to_kill": statistics.median(kills) if kills else None}
+    if interrupted:  # the user stopped it: what ran is reported, the control is not started
+        from faverify import env as environment
+        return dict(report, control={"kernel": "triton", "cases": 0, "failed": 0,
+                                     "failures": ["not run: the run was interrupted"]},
+                    environment=environment.collect())
+    control = run(["triton"], plan, devices, mode="both", tolerance=tolerance, command="mutants (control)",
+                  workers=control_workers, isolate=isolate or control_workers > 1, timeout=timeout,
+                  progress_factory=progress_factory)
+    return dict(report, control={"kernel": "triton", **control.kernels[0]["summary"],
+                                 "failures": [f["minimal"]["reason"][:300] for f in control.kernels[0]["failures"]]},
+                environment=control.environment)

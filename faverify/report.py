@@ -112,6 +112,11 @@ def render(run: Run, style: str = "table") -> str:
                         for k in run.kernels if k["summary"].get("per_device"))
     if devices:
         out.append(("- " if style == "md" else "") + f"cases per device: {devices}")
+    warmed = "; ".join(f"{k['summary']['kernel']}: {w['cases']} cases in {w['seconds']:.1f} s"
+                       for k in run.kernels if (w := k["summary"].get("warmup", {})).get("cases"))
+    if warmed:
+        out.append(("- " if style == "md" else "") + f"warm-up (compiling each variant once, included in "
+                   f"seconds): {warmed}")
     timing = "; ".join(f"{k['summary']['kernel']}: " + ", ".join(f"{p} {v:.2f}" for p, v in
                                                                  k["summary"].get("ms_per_case", {}).items())
                        for k in run.kernels)

@@ -79,6 +79,20 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
     return result
 
 
+def exercise(subject: Subject, case: Case, device: torch.device | str, mode: str = "both") -> None:
+    """Run the subject on a case without judging it (forward, and backward unless mode is fwd): the fuzz
+    warm-up, which only wants what the case compiles. The subject's exceptions propagate."""
+    device = torch.device(device)
+    if subject.unsupported(case, device) is not None:
+        return
+    x = make_inputs(case, device, requires_grad=mode != "fwd")
+    out, _ = subject(x.q, x.k, x.v, case)
+    if mode != "fwd" and subject.caps.backward and out.requires_grad:
+        torch.autograd.grad(out, (x.q, x.k, x.v), x.dout, allow_unused=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class _Clock:
     """Wall time per phase of a case; synchronizes the GPU at each lap so kernels are charged to their
     phase (the case ends in a device-to-host copy anyway)."""

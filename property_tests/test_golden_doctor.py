@@ -5,6 +5,7 @@ import shutil
 import pytest
 
 from faverify import golden
+from faverify.verdict import Tolerance
 from property_tests.cli_helpers import cli, read_json
 
 
@@ -110,3 +111,21 @@ def test_doctor_warns_only_for_a_backends_documented_defects(monkeypatch, kernel
     assert check.status == expected, check.detail
     if expected == "Warn":
         assert "known defect" in check.detail and ("anchors/" in check.detail or "docs/" in check.detail)
+
+
+def test_many_checks_at_once_each_in_its_own_workers(copy):
+    """golden.verify_many (doctor's GPU checks): several subjects together, one spread over two workers;
+    each job's rows come back in the index's order, a damaged file is a row of every job."""
+    names = ["seqlen-17-causal", "gqa-113x203", "head-dim-24-batch-2", "outliers-fp16", "mqa-128"]
+    (copy / "cases" / "gqa-113x203.npz").write_bytes(b"not a file")
+    done = []
+    got = golden.verify_many([("sdpa-math", "cpu", 2), ("property_tests.planted:wrong_scale", "cpu", 1)],
+                             directory=copy, tolerance=Tolerance(), names=names,
+                             on_done=lambda k, d, rows: done.append(k))
+    order = [e.name for e in golden.index(copy) if e.name in names]
+    assert sorted(done) == sorted(["sdpa-math", "property_tests.planted:wrong_scale"])
+    math_rows, wrong_rows = got[("sdpa-math", "cpu")], got[("property_tests.planted:wrong_scale", "cpu")]
+    assert [r["name"] for r in math_rows] == [r["name"] for r in wrong_rows] == order
+    for rows, healthy in ((math_rows, "pass"), (wrong_rows, "fail")):
+        assert {r["name"]: r["status"] for r in rows} == {n: "corrupt" if n == "gqa-113x203" else healthy
+                                                          for n in names}

@@ -84,3 +84,43 @@ def test_an_interrupted_parallel_run_still_lists_its_failures(tmp_path, monkeypa
     run = read_json(tmp_path / "run.json")["kernels"][0]
     assert run["summary"]["cases"] == 20 and run["summary"]["seconds"] > 0
     assert run["failures"] and all("interrupted" in f["note"] for f in run["failures"])
+
+
+def test_warm_up_runs_cases_unjudged_in_the_workers():
+    """Warm-up cases (fuzz.warm_up) run in the workers without a verdict: a clean run is a skip marked
+    warm-up, a raising one a failure that names the warm-up (the parent discards both)."""
+    from faverify.isolation import Pool
+    pool = Pool("property_tests.planted:raises_type_error", ["cpu"], 2, "both", Tolerance().to_dict(), 60)
+    got = {}
+    cases = [Case(1, 9, 9, 2, 1, 16, causal=c, seed=i) for i, c in enumerate((False, True, False))]
+    try:
+        pool.map(((i, c, False) for i, c in enumerate(cases)), lambda i, r: got.__setitem__(i, r), warm=True)
+    finally:
+        pool.close()
+    assert [(got[i].status, got[i].reason[:26]) for i in range(3)] == [
+        ("skip", "warm-up"), ("fail", "warm-up raised TypeError: "), ("skip", "warm-up")]
+    assert not got[0].metrics  # nothing judged
+
+
+def test_parallel_fuzz_warms_up_before_its_cases():
+    from faverify.collector import KernelStats
+    from faverify.fuzz import FuzzPlan, fuzz_parallel
+    from faverify.runner import CaseResult
+    from faverify.strategies import limits_for
+
+    class Recording:
+        calls = []
+
+        def map(self, items, on_result, warm=False):
+            items = list(items)
+            self.calls.append((warm, [c for _, c, _ in items]))
+            for i, c, _ in items:
+                on_result(i, CaseResult("x", c, "skip" if warm else "pass"))
+
+    warm = [Case(1, 5, 5, 1, 1, 16), Case(1, 5, 5, 1, 1, 32)]
+    stats = KernelStats("x")
+    plan = FuzzPlan(iters=7, seed=1, dtypes=("fp16",), limits=limits_for("cpu"), database=None)
+    fuzz_parallel("x", plan, Recording(), stats, warmup=warm)
+    assert [(w, len(c)) for w, c in Recording.calls] == [(True, 2), (False, 7)]
+    assert Recording.calls[0][1] == warm
+    assert stats.cases == 7 and stats.summary()["warmup"]["cases"] == 2  # warm-up cases are not counted

@@ -26,11 +26,29 @@ def test_unknown_mutant_is_a_usage_error():
     assert r.exit_code == 2 and "--only='nosuch': unknown mutant" in r.stderr
 
 
+def test_mutants_one_at_a_time_in_this_process(tmp_path):
+    """The CPU default: one mutant after another, no worker processes (the slow test below runs the
+    parallel jobs)."""
+    r = cli("mutants", "--only", "no-final-division", "--iters", "12", "--device", "cpu", "--shrink-budget", "2",
+            "--json", tmp_path / "m.json")
+    report = read_json(tmp_path / "m.json")
+    assert report["settings"]["jobs"] == 1 and [m["killed"] for m in report["mutants"]] == [True]
+    assert report["control"]["cases"] == 12 and r.exit_code == 0, r.stdout
+
+
+def test_parallel_mutants_need_worker_processes():
+    r = cli("mutants", "--jobs", "2", "--no-isolate", "--device", "cpu")
+    assert r.exit_code == 2 and "--jobs=2: more than one needs --isolate" in r.stderr, r.stderr
+
+
 @pytest.mark.slow
 def test_every_mutant_is_killed_and_the_control_passes(tmp_path):
-    """CI's budget: 60 cases per mutant and for the control (the issue's 200 is the full run)."""
-    r = cli("mutants", "--iters", "60", "--device", DEVICE, "--shrink-budget", "15", "--json", tmp_path / "m.json")
+    """CI's budget: 60 cases per mutant and for the control (the issue's 200 is the full run), two
+    mutants at a time, each in a job process with its own worker."""
+    r = cli("mutants", "--iters", "60", "--device", DEVICE, "--shrink-budget", "15", "--jobs", "2", "--isolate",
+            "--json", tmp_path / "m.json")
     report = read_json(tmp_path / "m.json")
+    assert report["settings"]["jobs"] == 2 and len(report["mutants"]) == len(MUTANTS)
     survivors = [m["mutant"] for m in report["mutants"] if not m["killed"]]
     assert not survivors, survivors
     assert report["control"]["failed"] == 0, report["control"]

@@ -63,7 +63,7 @@ def fuzz(
     subjects = resolve_many(kernel)  # unknown kernels fail here, before any work
     targets = devices.resolve(device)
     if workers is None:
-        workers = 1 if targets[0].type == "cpu" else 6
+        workers = devices.default_workers(targets[0])
     if not isolate and (workers > 1 or len(targets) > 1):
         raise UsageError("--no-isolate", True, "runs in this process: one device and one worker only")
     plan = FuzzPlan(iters=iters, seed=seed, dtypes=dtypes, limits=limits_for(targets[0].type, max_seqlen),

@@ -1,6 +1,7 @@
 """faverify mutants."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -24,6 +25,11 @@ def mutants(
     isolate: Annotated[Optional[bool], typer.Option(help="Worker processes (default: on a GPU, where a mutant "
                                                           "can fault the context)")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds one case may take")] = 300.0,
+    jobs: Annotated[Optional[int], typer.Option(help="Mutants fuzzed at once, each in its own process (default: "
+                                                     "1 on the CPU; on a GPU half the CPU cores, at most 8: "
+                                                     "each mutant compiles its own kernels)")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Worker processes of the control run (default as for "
+                                                        "fuzz: 1 on the CPU, 6 on a GPU)")] = None,
 ) -> int:
     """Prove the fuzzer catches real bugs: fuzz each seeded-bug mutant of the Triton kernels, then the
     unmutated kernels (which must pass). Exit 1 if a mutant survives or the control fails."""
@@ -44,13 +50,24 @@ def mutants(
     for n in names:
         if n not in BY_NAME:
             raise UsageError("--only", n, f"unknown mutant; mutants: {', '.join(BY_NAME)}")
+    for option, value in (("--jobs", jobs), ("--workers", workers)):
+        if value is not None and value < 1:
+            raise UsageError(option, value, "must be >= 1")
     targets = devices.resolve(device)[:1]
+    on_gpu = targets[0].type == "cuda"
+    if jobs is None:
+        jobs = min(8, max(1, (os.cpu_count() or 1) // 2)) if on_gpu else 1
+    if workers is None:
+        workers = devices.default_workers(targets[0])
     plan = FuzzPlan(iters=iters, seed=seed, dtypes=parse_dtypes(dtype), limits=limits_for(targets[0].type),
                     database=None, shrink_budget=shrink_budget)
-    isolate = targets[0].type == "cuda" if isolate is None else isolate
+    isolate = on_gpu if isolate is None else isolate
+    if jobs > 1 and not isolate:
+        raise UsageError("--jobs", jobs, "more than one needs --isolate (each mutant's job runs it in a worker)")
     with progress_bar() as progress, sigterm_interrupts():
         report = run_mutants(names, plan, targets, tolerance=Tolerance(), isolate=isolate, timeout=timeout,
-                             progress_factory=progress_factory(progress, iters))
+                             progress_factory=progress_factory(progress, iters), jobs=jobs,
+                             control_workers=workers)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=1, default=str))
@@ -63,7 +80,9 @@ def mutants(
     typer.echo(f"\nkilled {report['killed']} of {len(report['mutants'])}, median cases to kill "
                f"{report['median_cases_to_kill']}; control (unmutated triton): {c['cases']} cases, "
                f"{c['failed']} failed" + (f" ({'; '.join(c['failures'])})" if c["failures"] else ""))
-    return 1 if report["survived"] or c["failed"] or len(report["mutants"]) < len(names) else 0
+    if report["interrupted"]:
+        typer.echo("interrupted: the mutants above ran; the others and the control did not")
+    return 1 if report["survived"] or c["failed"] or len(report["mutants"]) < len(names) or report["interrupted"] else 0
 
 
 def _short_case(case: Optional[dict]) -> str:

@@ -49,6 +49,11 @@ class Subject:
     fn: Callable
     caps: Capabilities
     description: str = ""
+    # Cases that together make the subject compile every variant it can run for the given dtypes (a JIT
+    # compiles per set of compile-time constants). A parallel fuzz runs them first, spread over its
+    # workers, so each variant compiles once and lands in the on-disk cache before the cases start,
+    # instead of every worker compiling every variant itself. None: nothing to compile ahead.
+    warmup: Callable[[tuple], list] | None = None
 
     def unsupported(self, case: Case, device: torch.device) -> str | None:
         return self.caps.reason_unsupported(case, device)

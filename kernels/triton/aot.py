@@ -23,6 +23,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
+from faverify.kernels.triton.common import BLOCK_DS
+
 ELEM = {"fp16": 2, "bf16": 2, "fp32": 4}
 KERNELS = ("fwd", "dkdv", "dq", "preprocess")
 
@@ -44,7 +46,7 @@ def variants() -> list:
     out = []
     for kernel in KERNELS:
         for dtype in ("bf16", "fp16", "fp32"):
-            for block_d in (16, 32, 64, 128, 256):
+            for block_d in BLOCK_DS:
                 for causal in ((False,) if kernel == "preprocess" else (False, True)):
                     for even_d in ((True, False) if dtype == "bf16" else (True,)):
                         out.append(Variant(kernel, dtype, block_d, causal, even_d))

@@ -53,6 +53,9 @@ def generic_args(fn) -> list:
             if p.annotation is inspect.Parameter.empty or "constexpr" not in str(p.annotation)]
 
 
+BLOCK_DS = (16, 32, 64, 128, 256)  # the padded head dims: block_d(head_dim) is one of these
+
+
 def block_d(head_dim: int) -> int:
     """Head dims are padded to a power of two >= 16 inside the kernels: five compiled variants, 16..256."""
     return max(16, triton.next_power_of_2(head_dim))
