@@ -199,9 +199,14 @@ def warm_up(pool, warmup: list, stats: KernelStats) -> None:
 
 
 def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
-                  progress: Callable[[CaseResult], None] = lambda r: None, warmup: list = ()) -> KernelStats:
+                  progress: Callable[[CaseResult], None] = lambda r: None, warmup: list = (),
+                  keep: int | None = None) -> KernelStats:
+    """keep: workers per device after the warm-up (the pool may have started more, to compile on every
+    core)."""
     start = time.perf_counter()
     warm_up(pool, list(warmup), stats)
+    if keep is not None:
+        pool.retain(keep)
     drawn = draw_cases(plan)
     every = plan.gradcheck_every
     first: dict = {}  # signature -> (index, result) of the first case that showed it
@@ -231,10 +236,21 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
     return stats
 
 
-def _warmup_cases(name: str, dtypes: tuple) -> list:
+def _cores() -> int:
+    import os
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def warmup_cases(name: str, plan: FuzzPlan) -> list:
+    """The subject's warm-up cases for the plan's dtypes, and for the gradient check's dtype (fp32 where
+    the subject has it) when the plan runs the check."""
+    from faverify.gradcheck import dtype_for
     from faverify.subjects import resolve
     subject = resolve(name)
-    return list(subject.warmup(dtypes)) if subject.warmup is not None else []
+    if subject.warmup is None:
+        return []
+    extra = dtype_for(subject) if plan.gradcheck_every > 0 else None
+    return list(subject.warmup(tuple(dict.fromkeys(plan.dtypes + ((extra,) if extra else ())))))
 
 
 def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, command: str,
@@ -263,10 +279,14 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
         all_stats.append(stats)
         pool = None
         try:
+            warmup = warmup_cases(name, plan) if parallel else []
             if isolate:
-                pool = Pool(name, devices, workers if parallel else 1, mode, tolerance.to_dict(), timeout)
+                # the warm-up compiles on every core (one worker each), then the run keeps `workers`
+                per_device = workers if parallel else 1
+                pool = Pool(name, devices, max(per_device, _cores() // len(devices)) if warmup else per_device,
+                            mode, tolerance.to_dict(), timeout)
             if parallel:
-                fuzz_parallel(name, plan, pool, stats, progress_factory(name), _warmup_cases(name, plan.dtypes))
+                fuzz_parallel(name, plan, pool, stats, progress_factory(name), warmup, keep=workers)
             else:
                 if pool is not None:
                     evaluate = pool.evaluate

@@ -45,8 +45,13 @@ class GradCheck:
         return dataclasses.asdict(self)
 
 
+def dtype_for(subject: Subject) -> str | None:
+    """The dtype the check runs the subject in: the most precise it supports."""
+    return next((d for d in ("fp32", "fp16", "bf16") if d in subject.caps.dtypes), None)
+
+
 def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck:
-    dtype = next((d for d in ("fp32", "fp16", "bf16") if d in subject.caps.dtypes), None)
+    dtype = dtype_for(subject)
     if dtype is None or not subject.caps.backward:
         return _skip(dtype or "-", "subject has no backward or no supported dtype")
     h, clamp, allowed = _SETTINGS[dtype]

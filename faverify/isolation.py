@@ -206,6 +206,18 @@ class Pool:
                 if result is not None:
                     on_result(busy.pop(w), result)
 
+    def retain(self, per_device: int) -> None:
+        """Keep the first `per_device` workers of each device, stop the others (after a warm-up that
+        used more)."""
+        kept, seen = [], {}
+        for w in self.workers:
+            seen[w.device] = seen.get(w.device, 0) + 1
+            if seen[w.device] <= per_device:
+                kept.append(w)
+            else:
+                w.stop()
+        self.workers = kept
+
     def close(self) -> None:
         for w in self.workers:
             w.stop()

@@ -1,4 +1,5 @@
 """Crash isolation: a subject that kills its process or hangs is a failing case, and the run finishes."""
+import dataclasses
 import json
 
 from faverify.case import Case
@@ -111,6 +112,9 @@ def test_parallel_fuzz_warms_up_before_its_cases():
     class Recording:
         calls = []
 
+        def retain(self, per_device):
+            self.calls.append(("retain", per_device))
+
         def map(self, items, on_result, warm=False):
             items = list(items)
             self.calls.append((warm, [c for _, c, _ in items]))
@@ -120,7 +124,23 @@ def test_parallel_fuzz_warms_up_before_its_cases():
     warm = [Case(1, 5, 5, 1, 1, 16), Case(1, 5, 5, 1, 1, 32)]
     stats = KernelStats("x")
     plan = FuzzPlan(iters=7, seed=1, dtypes=("fp16",), limits=limits_for("cpu"), database=None)
-    fuzz_parallel("x", plan, Recording(), stats, warmup=warm)
-    assert [(w, len(c)) for w, c in Recording.calls] == [(True, 2), (False, 7)]
+    fuzz_parallel("x", plan, Recording(), stats, warmup=warm, keep=3)
+    assert [(w, len(c)) if w != "retain" else (w, c) for w, c in Recording.calls] == [
+        (True, 2), ("retain", 3), (False, 7)]  # the warm-up's extra workers stop before the cases
     assert Recording.calls[0][1] == warm
     assert stats.cases == 7 and stats.summary()["warmup"]["cases"] == 2  # warm-up cases are not counted
+
+
+def test_warm_up_covers_the_gradient_checks_dtype(monkeypatch):
+    """The gradient check runs the subject in fp32 where it can: a fuzz of bf16 and fp16 that checks
+    gradients also meets the fp32 variants, so its warm-up must compile them."""
+    import faverify.subjects as subjects
+    from faverify.fuzz import FuzzPlan, warmup_cases
+    from faverify.strategies import limits_for
+    from faverify.subjects.base import Capabilities, Subject
+
+    subject = Subject("x", fn=None, caps=Capabilities(dtypes=("bf16", "fp16", "fp32")), warmup=lambda d: [d])
+    monkeypatch.setattr(subjects, "resolve", lambda name: subject)
+    plan = FuzzPlan(iters=1, seed=0, dtypes=("bf16", "fp16"), limits=limits_for("cpu"), database=None)
+    assert warmup_cases("x", plan) == [("bf16", "fp16", "fp32")]
+    assert warmup_cases("x", dataclasses.replace(plan, gradcheck_every=0)) == [("bf16", "fp16")]
