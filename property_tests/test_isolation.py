@@ -144,3 +144,15 @@ def test_warm_up_covers_the_gradient_checks_dtype(monkeypatch):
     plan = FuzzPlan(iters=1, seed=0, dtypes=("bf16", "fp16"), limits=limits_for("cpu"), database=None)
     assert warmup_cases("x", plan) == [("bf16", "fp16", "fp32")]
     assert warmup_cases("x", dataclasses.replace(plan, gradcheck_every=0)) == [("bf16", "fp16")]
+
+
+def test_cases_streamed_from_a_thread_are_the_seeds_cases():
+    """A parallel fuzz takes its cases from Hypothesis drawing in a thread while workers run: the same
+    cases in the same order as drawn in this thread (the shrink replays that order, fuzz.shrink_by_replay)."""
+    from faverify.fuzz import FuzzPlan, draw_cases, stream_cases
+    from faverify.strategies import limits_for
+    plan = FuzzPlan(iters=150, seed=11, dtypes=("bf16", "fp32"), limits=limits_for("cuda"), database=None)
+    streamed = list(stream_cases(plan))
+    assert len(streamed) == 150 and streamed == draw_cases(plan)
+    first = next(iter(stream_cases(plan)))  # a consumer that stops early: no hang, the same first case
+    assert first == streamed[0]
