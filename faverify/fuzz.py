@@ -20,6 +20,7 @@ from hypothesis.errors import Flaky
 from faverify.case import Case
 from faverify.collector import Failure, KernelStats
 from faverify.runner import CaseResult
+from faverify.signals import held
 from faverify.strategies import Limits, cases
 
 Evaluate = Callable[[Case, bool], CaseResult]  # (case, with gradient check) -> result
@@ -303,9 +304,7 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
     """
     import torch
 
-    from faverify import env as environment
     from faverify.isolation import Pool
-    from faverify.results import Run
     from faverify.runner import evaluate as evaluate_case
     from faverify.subjects import resolve
 
@@ -338,14 +337,27 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            if pool is not None:
-                stats.restarts = pool.restarts
-                pool.close()
+            # held: an interrupt while the workers stop must not lose what they measured
+            with held() as late:
+                if pool is not None:
+                    stats.restarts = pool.restarts
+                    pool.close()
+            interrupted = interrupted or bool(late)
         if interrupted:
             break
+    with held() as late:  # the same while the results are put together
+        return _document(kernels, plan, devices, mode, tolerance, command, workers, parallel, isolate,
+                         all_stats, interrupted, late)
+
+
+def _document(kernels, plan, devices, mode, tolerance, command, workers, parallel, isolate, all_stats,
+              interrupted, late):
+    from faverify import env as environment
+    from faverify.results import Run
+
     settings_doc = {"kernels": ",".join(kernels), "iters": plan.iters, "seed": plan.seed,
                     "dtypes": ",".join(plan.dtypes), "mode": mode, "devices": ",".join(str(d) for d in devices),
                     "workers_per_device": workers if parallel else 1, "isolated": isolate,
                     "max_seqlen": plan.limits.max_seqlen, "gradcheck_every": plan.gradcheck_every,
-                    "interrupted": interrupted}
+                    "interrupted": interrupted or bool(late)}
     return Run.from_stats(command, environment.collect(), settings_doc, tolerance.to_dict(), all_stats)

@@ -2,6 +2,8 @@
 import dataclasses
 import json
 
+import pytest
+
 from faverify.case import Case
 from faverify.isolation import Worker
 from faverify.verdict import Tolerance
@@ -156,3 +158,37 @@ def test_cases_streamed_from_a_thread_are_the_seeds_cases():
     assert len(streamed) == 150 and streamed == draw_cases(plan)
     first = next(iter(stream_cases(plan)))  # a consumer that stops early: no hang, the same first case
     assert first == streamed[0]
+
+
+def test_a_signal_while_the_workers_stop_loses_nothing(tmp_path, monkeypatch):
+    """SIGTERM (a CI timeout) that lands after the cases, while the workers are being stopped, used to
+    escape the run and lose every result (seen on the H200: no JSON, no table). It is held now: the run
+    is written whole and marked interrupted."""
+    import os
+    import signal
+
+    import faverify.isolation as iso
+    original = iso.Pool.close
+
+    def close_under_a_signal(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        original(self)
+    monkeypatch.setattr(iso.Pool, "close", close_under_a_signal)
+    r = cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "8", "--device", "cpu",
+            "--workers", "2", "--shrink-budget", "2", "--json", tmp_path / "run.json")
+    run = read_json(tmp_path / "run.json")
+    assert run["settings"]["interrupted"] is True and run["kernels"][0]["summary"]["cases"] == 8
+    assert r.exit_code == 1 and "== Failures" in r.stderr  # the failures found, reported as usual
+
+
+def test_held_signals_are_recorded_not_raised():
+    import os
+    import signal
+
+    from faverify.signals import held, sigterm_interrupts
+    with sigterm_interrupts():
+        with held() as received:
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert received == [signal.SIGTERM]
+        with pytest.raises(KeyboardInterrupt):  # outside the held block SIGTERM interrupts again
+            os.kill(os.getpid(), signal.SIGTERM)

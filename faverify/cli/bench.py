@@ -7,8 +7,9 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli import app
-from faverify.cli.common import DeviceOpt, Mode, progress_bar, sigterm_interrupts
+from faverify.cli.common import DeviceOpt, Mode, progress_bar
 from faverify.errors import EnvironmentProblem, UsageError
+from faverify.signals import held, sigterm_interrupts
 
 
 @app.command()
@@ -67,11 +68,12 @@ def bench(
                     progress.update(task, advance=1)
         except KeyboardInterrupt:  # the rows measured so far are still written
             interrupted = True
-    rows = ratios(rows)
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps({"schema": "faverify.bench", "version": 1, "interrupted": interrupted,
-                                         "rows": rows}, indent=1, default=str))
+    with held():  # a signal now waits until the rows are written
+        rows = ratios(rows)
+        if json_path:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(json.dumps({"schema": "faverify.bench", "version": 1, "interrupted": interrupted,
+                                             "rows": rows}, indent=1, default=str))
     shown = [[r["kernel"], r["dtype"], str(r["head_dim"]), "yes" if r["causal"] else "no", str(r["seqlen"]),
               fmt(r.get("fwd_tflops"), ".1f"), fmt(r.get("fwd_vs_sdpa-flash"), ".2f"), fmt(r.get("fwd_vs_sdpa-cudnn"), ".2f"),
               fmt(r.get("bwd_tflops"), ".1f"), fmt(r.get("bwd_vs_sdpa-flash"), ".2f"), fmt(r.get("bwd_vs_sdpa-cudnn"), ".2f"),

@@ -1,8 +1,6 @@
 """What the commands share: options, progress display, SIGTERM handling, tolerance flags."""
 from __future__ import annotations
 
-import contextlib
-import signal
 import time
 from enum import Enum
 from typing import Annotated, Optional
@@ -88,19 +86,3 @@ def progress_factory(progress, total: int):
             progress.update(task, advance=1, failed=failed)
         return update
     return factory
-
-
-@contextlib.contextmanager
-def sigterm_interrupts():
-    """A run killed with SIGTERM (a CI timeout, `timeout`) stops like Ctrl-C: results so far are written."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-    try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread (some test runners): nothing to install
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -8,9 +8,10 @@ import typer
 
 from faverify.case import Case
 from faverify.cli import app
-from faverify.cli.common import (AtolOpt, DeviceOpt, FactorOpt, Mode, progress_bar, progress_factory, sigterm_interrupts,
+from faverify.cli.common import (AtolOpt, DeviceOpt, FactorOpt, Mode, progress_bar, progress_factory,
                                  say, tolerance_from)
 from faverify.errors import EnvironmentProblem, UsageError
+from faverify.signals import held, sigterm_interrupts
 
 
 @app.command()
@@ -74,8 +75,9 @@ def fuzz(
         result = run([s.name for s in subjects], plan, targets, mode=mode.value, tolerance=tolerance,
                      command=command, workers=workers, isolate=isolate, timeout=timeout,
                      progress_factory=progress_factory(progress, iters))
-    _write_outputs(result, json_path, markdown)
-    say(render(result, "table"))
+    with held():  # a signal now waits until everything asked for is written
+        _write_outputs(result, json_path, markdown)
+        say(render(result, "table"))
     return _exit_code(result)
 
 

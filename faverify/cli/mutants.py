@@ -9,8 +9,9 @@ import typer
 
 from faverify.case import Case
 from faverify.cli import app
-from faverify.cli.common import DeviceOpt, progress_bar, progress_factory, sigterm_interrupts
+from faverify.cli.common import DeviceOpt, progress_bar, progress_factory
 from faverify.errors import UsageError
+from faverify.signals import held, sigterm_interrupts
 
 
 @app.command()
@@ -68,9 +69,10 @@ def mutants(
         report = run_mutants(names, plan, targets, tolerance=Tolerance(), isolate=isolate, timeout=timeout,
                              progress_factory=progress_factory(progress, iters), jobs=jobs,
                              control_workers=workers)
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=1, default=str))
+    with held():  # a signal now waits until the report is written
+        if json_path:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(json.dumps(report, indent=1, default=str))
     rows = [[r["mutant"], "killed" if r["killed"] else ("SURVIVED" if not r["signature"] else
                                                         "NOT ATTRIBUTABLE (the control fails there too)"),
              str(r["cases_to_kill"] or "-"), r["signature"],
