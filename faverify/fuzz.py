@@ -258,21 +258,69 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
                 first[s] = (index, result)
 
     shrinking = False
+    shrunk: dict = {}  # signature -> (minimal, steps, note)
     try:
         pool.map(((i, c, every > 0 and i % every == 0) for i, c in enumerate(drawn)), record)
         shrinking = True
-        for signature, (index, found) in sorted(first.items(), key=lambda kv: kv[1][0]):
-            minimal, steps, note = shrink_by_replay(plan, index, found, signature, pool.evaluate)
-            stats.failures.append(Failure(kernel=kernel, signature=signature, first=found, minimal=minimal,
-                                          shrink_steps=steps, note=note))
-            del first[signature]
+        pending = [(sig, index, found) for sig, (index, found) in sorted(first.items(), key=lambda kv: kv[1][0])]
+        if pending:
+            shrink_all(plan, pending, pool.workers[:min(MAX_PARALLEL_SHRINKS, max(1, _cores() // 2))], shrunk)
     finally:
-        # interrupted: the failures found but not shrunk are still reported, as found
+        # in the order the failures were found; interrupted: those not shrunk are reported as found
         note = "not shrunk: the run was interrupted" + (" while shrinking" if shrinking else "")
         for signature, (index, found) in sorted(first.items(), key=lambda kv: kv[1][0]):
-            stats.failures.append(Failure(kernel=kernel, signature=signature, first=found, minimal=found, note=note))
+            minimal, steps, why = shrunk.get(signature, (found, 0, note))
+            stats.failures.append(Failure(kernel=kernel, signature=signature, first=found, minimal=minimal,
+                                          shrink_steps=steps, note=why))
         stats.seconds += time.perf_counter() - start
     return stats
+
+
+# Distinct failures shrunk at once, each on a worker of its own: at most the pool's workers and half the
+# cores. It pays only with cores to spare: on the 2-core CPU machine, three workers shrinking 4 failures
+# at once took 10.8 s against 7.0 s one after another.
+MAX_PARALLEL_SHRINKS = 64
+
+
+def shrink_all(plan: FuzzPlan, pending: list, workers: list, shrunk: dict) -> None:
+    """Shrink each distinct failure (signature, index, first result) at the same time, each in a thread
+    with a worker of its own: a subject with several defects spent most of a 10000-case run shrinking them
+    one after another (Hypothesis runs tests from several threads since 6.136). shrunk[signature] =
+    (minimal, steps, note) as each ends. On an interrupt the running shrinks stop at their next step and
+    are left out of `shrunk`."""
+    import queue
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not pending:
+        return
+    free: queue.Queue = queue.Queue()
+    for w in workers:
+        free.put(w)
+    stopped = threading.Event()
+
+    def shrink(signature: str, index: int, found: CaseResult) -> None:
+        worker = free.get()
+        try:
+            def evaluate(case: Case, gradcheck: bool) -> CaseResult:
+                if stopped.is_set():  # not failing: Hypothesis ends the shrink at once
+                    return CaseResult(found.kernel, case, "skip", "interrupted")
+                return worker.evaluate(case, gradcheck)
+
+            result = shrink_by_replay(plan, index, found, signature, evaluate)
+            if not stopped.is_set():
+                shrunk[signature] = result
+        finally:
+            free.put(worker)
+
+    executor = ThreadPoolExecutor(max_workers=min(len(pending), len(workers)), thread_name_prefix="faverify-shrink")
+    futures = [executor.submit(shrink, *p) for p in pending]
+    try:
+        for f in futures:
+            f.result()
+    finally:
+        stopped.set()
+        executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _cores() -> int:

@@ -192,3 +192,20 @@ def test_held_signals_are_recorded_not_raised():
         assert received == [signal.SIGTERM]
         with pytest.raises(KeyboardInterrupt):  # outside the held block SIGTERM interrupts again
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_failures_shrunk_at_once_match_those_shrunk_one_by_one(tmp_path, monkeypatch):
+    """fuzz.shrink_all shrinks each distinct failure in a thread with a worker of its own; the minimal
+    cases are the ones a one-at-a-time shrink finds."""
+    import faverify.fuzz as fuzz_module
+    found = {}
+    monkeypatch.setattr(fuzz_module, "_cores", lambda: 64)  # as on a GPU host (this machine has 2)
+    for parallel in (1, 64):
+        monkeypatch.setattr(fuzz_module, "MAX_PARALLEL_SHRINKS", parallel)
+        cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "30", "--device", "cpu", "--no-db",
+            "--workers", "3", "--shrink-budget", "25", "--gradcheck-every", "0", "--json", tmp_path / "r.json")
+        failures = read_json(tmp_path / "r.json")["kernels"][0]["failures"]
+        found[parallel] = [(f["signature"], f["minimal"]["case"], f["shrink_steps"], f["note"]) for f in failures]
+    assert len(found[64]) >= 3  # several signatures: out and the gradients
+    assert all(note == "" and steps > 0 for _, _, steps, note in found[64])
+    assert found[64] == found[1]
