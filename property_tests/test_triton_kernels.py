@@ -178,3 +178,19 @@ def test_warmup_cases_cover_every_variant_a_fuzz_draws():
     limits = Limits(max_seqlen=64, max_batch=2, max_heads=4, max_elements=1 << 16)
     drawn = draw_cases(FuzzPlan(iters=400, seed=5, dtypes=dtypes, limits=limits, database=None))
     assert {_variant(c) for c in drawn} <= warmed
+
+
+@pytest.mark.parametrize("kernel, regime", [("triton", "large"), ("mutant:bwd-delta-from-v", "normal"),
+                                            ("mutant:pv-fp16-accumulation", "bf16-scale")])
+def test_interpreter_overflow_warnings_are_silenced_forward_and_backward(kernel, regime, device):
+    """Under the interpreter NumPy warns on overflows to inf and on NaN: the ones the kernels then mask or
+    clamp as the GPU does, and a buggy kernel's. The verdict reports what matters; the warnings are
+    silenced in the forward and in the backward, which autograd runs outside the subject's call (the two
+    mutants here warned only there, in CI's log of the mutants test)."""
+    import warnings
+    case = Case(1, 40, 33, 2, 1, 32, dtype="bf16", causal=True, regime=regime, seed=2)
+    x = make_inputs(case, device, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, _ = resolve(kernel)(x.q, x.k, x.v, case)
+        torch.autograd.grad(out, (x.q, x.k, x.v), x.dout)

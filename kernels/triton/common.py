@@ -38,6 +38,23 @@ if INTERPRET:
     _interpreter_index_shim()
 
 
+def quiet():
+    """Under the interpreter, NumPy warns on every overflow to inf that a kernel then masks or clamps as
+    the GPU does (masked logits are -inf, huge logits overflow before the max is subtracted): noise, not
+    news. A context that silences it there; nothing on the GPU."""
+    import contextlib
+    if not INTERPRET:
+        return contextlib.nullcontext()
+    import warnings
+
+    import numpy as np
+    stack = contextlib.ExitStack()
+    stack.enter_context(np.errstate(all="ignore"))
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore", RuntimeWarning)
+    return stack
+
+
 def generic_args(fn) -> list:
     """Every runtime argument of a kernel (pointers, strides, sizes, scalars).
 

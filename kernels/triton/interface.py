@@ -7,7 +7,7 @@ import triton
 from faverify.kernels.triton import configs
 from faverify.kernels.triton import backward as _bwd
 from faverify.kernels.triton import forward as _fwd
-from faverify.kernels.triton.common import INTERPRET, LOG2E, block_d
+from faverify.kernels.triton.common import INTERPRET, LOG2E, block_d, quiet
 from faverify.kernels.validate import check_inputs
 
 INIT_VALUE = {"-inf": float("-inf"), "-1e30": -1e30}
@@ -94,7 +94,8 @@ def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles:
 class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, softmax_scale, init):
-        out, lse, (rowmax, log2l) = forward(q, k, v, softmax_scale, causal, init)
+        with quiet():
+            out, lse, (rowmax, log2l) = forward(q, k, v, softmax_scale, causal, init)
         ctx.save_for_backward(q, k, v, out, rowmax, log2l)
         ctx.scale, ctx.causal = softmax_scale, causal
         ctx.mark_non_differentiable(lse)
@@ -103,7 +104,8 @@ class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, rowmax, log2l = ctx.saved_tensors
-        dq, dk, dv = backward(dout, q, k, v, out, (rowmax, log2l), ctx.scale, ctx.causal)
+        with quiet():
+            dq, dk, dv = backward(dout, q, k, v, out, (rowmax, log2l), ctx.scale, ctx.causal)
         return dq, dk, dv, None, None, None
 
 
