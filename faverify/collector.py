@@ -58,7 +58,7 @@ class KernelStats:
     phases: Counter = field(default_factory=Counter)  # seconds per phase, summed over cases
     signature_counts: Counter = field(default_factory=Counter)  # failure signature -> cases
     restarts: int = 0  # worker processes started again after a crash or a timeout
-    warmup_cases: int = 0  # unjudged cases run first so each compiled variant compiles once (fuzz.warm_up)
+    warmup_cases: int = 0  # unjudged cases run first so each compiled variant compiles once (parallel.warm_up)
     warmup_seconds: float = 0.0
     seconds: float = 0.0
 

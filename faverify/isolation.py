@@ -45,7 +45,7 @@ def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict) -> None:
         case_dict, gradcheck, golden, warm = request
         case = Case.from_dict(case_dict)
         try:
-            if warm:  # run it only for what it compiles (fuzz.warm_up); a failure here is the cases' to find
+            if warm:  # run it only for what it compiles (parallel.warm_up); a failure here is the cases' to find
                 result = _warm(subject, case, device, mode)
                 conn.send(("result", result.to_dict()))
                 if result.failed and any(marker in result.reason for marker in _POISONED):
@@ -184,7 +184,7 @@ class Pool:
 
     def map(self, items, on_result, warm: bool = False) -> None:
         """items: iterable of (index, case, gradcheck); on_result(index, result) as each finishes.
-        warm: run the cases only for what they compile (fuzz.warm_up), without judging them."""
+        warm: run the cases only for what they compile (parallel.warm_up), without judging them."""
         queue = iter(items)
         busy: dict = {}
         exhausted = False

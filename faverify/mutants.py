@@ -7,7 +7,7 @@ kernels pass that minimal case: a failure the control shares is a bug of the ker
 
 On a GPU each mutant is its own set of kernels to compile (seconds per variant, most of a mutant's
 time), so mutants run `jobs` at a time, each in its own process; the control then fuzzes with the usual
-parallel workers, which compile each variant once (fuzz.warm_up).
+parallel workers, which compile each variant once (parallel.warm_up).
 """
 from __future__ import annotations
 

@@ -90,7 +90,7 @@ def test_an_interrupted_parallel_run_still_lists_its_failures(tmp_path, monkeypa
 
 
 def test_warm_up_runs_cases_unjudged_in_the_workers():
-    """Warm-up cases (fuzz.warm_up) run in the workers without a verdict: a clean run is a skip marked
+    """Warm-up cases (parallel.warm_up) run in the workers without a verdict: a clean run is a skip marked
     warm-up, a raising one a failure that names the warm-up (the parent discards both)."""
     from faverify.isolation import Pool
     pool = Pool("property_tests.planted:raises_type_error", ["cpu"], 2, "both", Tolerance().to_dict(), 60)
@@ -107,7 +107,8 @@ def test_warm_up_runs_cases_unjudged_in_the_workers():
 
 def test_parallel_fuzz_warms_up_before_its_cases():
     from faverify.collector import KernelStats
-    from faverify.fuzz import FuzzPlan, fuzz_parallel
+    from faverify.fuzz import FuzzPlan
+    from faverify.parallel import fuzz_parallel
     from faverify.runner import CaseResult
     from faverify.strategies import limits_for
 
@@ -137,7 +138,8 @@ def test_warm_up_covers_the_gradient_checks_dtype(monkeypatch):
     """The gradient check runs the subject in fp32 where it can: a fuzz of bf16 and fp16 that checks
     gradients also meets the fp32 variants, so its warm-up must compile them."""
     import faverify.subjects as subjects
-    from faverify.fuzz import FuzzPlan, warmup_cases
+    from faverify.fuzz import FuzzPlan
+    from faverify.parallel import warmup_cases
     from faverify.strategies import limits_for
     from faverify.subjects.base import Capabilities, Subject
 
@@ -150,8 +152,9 @@ def test_warm_up_covers_the_gradient_checks_dtype(monkeypatch):
 
 def test_cases_streamed_from_a_thread_are_the_seeds_cases():
     """A parallel fuzz takes its cases from Hypothesis drawing in a thread while workers run: the same
-    cases in the same order as drawn in this thread (the shrink replays that order, fuzz.shrink_by_replay)."""
-    from faverify.fuzz import FuzzPlan, draw_cases, stream_cases
+    cases in the same order as drawn in this thread (the shrink replays that order, parallel.shrink_by_replay)."""
+    from faverify.fuzz import FuzzPlan
+    from faverify.parallel import draw_cases, stream_cases
     from faverify.strategies import limits_for
     plan = FuzzPlan(iters=150, seed=11, dtypes=("bf16", "fp32"), limits=limits_for("cuda"), database=None)
     streamed = list(stream_cases(plan))
@@ -195,13 +198,13 @@ def test_held_signals_are_recorded_not_raised():
 
 
 def test_failures_shrunk_at_once_match_those_shrunk_one_by_one(tmp_path, monkeypatch):
-    """fuzz.shrink_all shrinks each distinct failure in a thread with a worker of its own; the minimal
+    """parallel.shrink_all shrinks each distinct failure in a thread with a worker of its own; the minimal
     cases are the ones a one-at-a-time shrink finds."""
-    import faverify.fuzz as fuzz_module
+    import faverify.parallel as parallel_module
     found = {}
-    monkeypatch.setattr(fuzz_module, "_cores", lambda: 64)  # as on a GPU host (this machine has 2)
+    monkeypatch.setattr(parallel_module, "cores", lambda: 64)  # as on a GPU host (this machine has 2)
     for parallel in (1, 64):
-        monkeypatch.setattr(fuzz_module, "MAX_PARALLEL_SHRINKS", parallel)
+        monkeypatch.setattr(parallel_module, "MAX_PARALLEL_SHRINKS", parallel)
         cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "30", "--device", "cpu", "--no-db",
             "--workers", "3", "--shrink-budget", "25", "--gradcheck-every", "0", "--json", tmp_path / "r.json")
         failures = read_json(tmp_path / "r.json")["kernels"][0]["failures"]

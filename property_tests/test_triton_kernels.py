@@ -162,9 +162,10 @@ def _variant(case: Case) -> tuple:
 
 
 def test_warmup_cases_cover_every_variant_a_fuzz_draws():
-    """The GPU fuzz warm-up (fuzz.warm_up) compiles each variant once, ahead of the cases; a variant it
+    """The GPU fuzz warm-up (parallel.warm_up) compiles each variant once, ahead of the cases; a variant it
     missed would compile in every worker again. Every variant of 400 drawn cases is among the warm-up's."""
-    from faverify.fuzz import FuzzPlan, draw_cases
+    from faverify.fuzz import FuzzPlan
+    from faverify.parallel import draw_cases
     from faverify.kernels.triton.common import BLOCK_DS
     from faverify.kernels.triton.subject import warmup_cases
     dtypes = ("bf16", "fp16")
