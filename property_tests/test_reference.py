@@ -3,7 +3,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given
+from hypothesis import example, given
 from torch.nn.attention.bias import causal_lower_right
 
 import faverify.reference as reference_module
@@ -27,14 +27,28 @@ def torch_fp64(case, x):
     return [o.transpose(1, 2)] + [g.transpose(1, 2) for g in grads]
 
 
+@example(Case(batch=1, seqlen_q=17, seqlen_k=1, nheads=3, nheads_k=3, head_dim=256, dtype="fp32",
+              softmax_scale=2.0, regime="peaked", seed=2147483647))  # failed the absolute 1e-12 in CI
 @given(cases(limits=SMALL, dtypes=("fp32",), regimes=("normal", "outliers", "peaked")))
 def test_matches_torch_float64_math_attention(case):
     x = make_inputs(case, "cpu")
     ref, _ = reference(*x.tensors(), x.dout, causal=case.causal, scale=case.scale)
     expected = torch_fp64(case, x)
+    bounds = _magnitudes(case, x)
     for name, e in zip(("out", "dq", "dk", "dv"), expected):
         # rows that see no key: torch gives 0 as the convention asks
-        assert torch.allclose(ref[name], e, atol=1e-12, rtol=1e-10), name
+        assert torch.allclose(ref[name], e, atol=max(1e-12, 1e-15 * bounds[name]), rtol=1e-10), name
+
+
+def _magnitudes(case, x) -> dict:
+    """Bounds on the terms each tensor sums: FP64 rounding is relative to them, not to the result. A
+    gradient that is 0 in exact arithmetic (dk with one key) comes out as rounding noise of the size of
+    these terms, which an absolute 1e-12 failed at large inputs (CI: peaked regime, head dim 256,
+    softmax scale 2)."""
+    qm, km, vm, dm = (t.detach().double().abs().max().item() for t in (*x.tensors(), x.dout))
+    ds = 2 * dm * vm * case.head_dim  # |P (dP - D)| <= |dP| + |D|, each <= |dO| |V| d
+    return {"out": vm, "dq": case.scale * ds * km * case.seqlen_k, "dk": case.scale * ds * qm * case.seqlen_q,
+            "dv": dm * case.seqlen_q}
 
 
 def test_lse_matches_logsumexp():
