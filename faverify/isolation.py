@@ -47,16 +47,14 @@ def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict) -> None:
         try:
             if warm:  # run it only for what it compiles (parallel.warm_up); a failure here is the cases' to find
                 result = _warm(subject, case, device, mode)
-                conn.send(("result", result.to_dict()))
-                if result.failed and any(marker in result.reason for marker in _POISONED):
-                    return
-                continue
-            stored = None
-            if golden is not None:  # (directory, golden.Entry): a stored case, its reference from the file
-                from faverify import golden as golden_files
-                directory, entry = golden
-                stored = golden_files.load(directory, entry, device)
-            result = evaluate(subject, case, device, mode=mode, tolerance=tol, gradcheck=gradcheck, stored=stored)
+            else:
+                stored = None
+                if golden is not None:  # (directory, golden.Entry): a stored case, its reference from the file
+                    from faverify import golden as golden_files
+                    directory, entry = golden
+                    stored = golden_files.load(directory, entry, device)
+                result = evaluate(subject, case, device, mode=mode, tolerance=tol, gradcheck=gradcheck,
+                                  stored=stored)
         except BaseException as e:  # our own bug while judging: reported as a crash of this case
             result = failure(kernel, case, "crash", f"faverify raised {type(e).__name__}: {e}\n"
                              + traceback.format_exc(limit=4), "crash", device)

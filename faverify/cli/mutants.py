@@ -1,7 +1,6 @@
 """faverify mutants."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -41,6 +40,7 @@ def mutants(
     from faverify.fuzz import FuzzPlan
     from faverify.kernels.mutants.catalog import BY_NAME
     from faverify.mutants import run_mutants
+    from faverify.parallel import cores
     from faverify.report import fmt, table
     from faverify.strategies import limits_for
     from faverify.verdict import Tolerance
@@ -57,7 +57,7 @@ def mutants(
     targets = devices.resolve(device)[:1]
     on_gpu = targets[0].type == "cuda"
     if jobs is None:
-        jobs = min(8, max(1, (os.cpu_count() or 1) // 2)) if on_gpu else 1
+        jobs = min(8, max(1, cores() // 2)) if on_gpu else 1
     if workers is None:
         workers = devices.default_workers(targets[0])
     plan = FuzzPlan(iters=iters, seed=seed, dtypes=parse_dtypes(dtype), limits=limits_for(targets[0].type),

@@ -1,5 +1,7 @@
 """Pieces shared by the Triton forward and backward kernels."""
+import contextlib
 import os
+import warnings
 
 import triton
 import triton.language as tl
@@ -38,21 +40,18 @@ if INTERPRET:
     _interpreter_index_shim()
 
 
+@contextlib.contextmanager
 def quiet():
     """Under the interpreter, NumPy warns on every overflow to inf that a kernel then masks or clamps as
     the GPU does (masked logits are -inf, huge logits overflow before the max is subtracted): noise, not
-    news. A context that silences it there; nothing on the GPU."""
-    import contextlib
+    news. Silenced there; nothing changes on the GPU."""
     if not INTERPRET:
-        return contextlib.nullcontext()
-    import warnings
-
+        yield
+        return
     import numpy as np
-    stack = contextlib.ExitStack()
-    stack.enter_context(np.errstate(all="ignore"))
-    stack.enter_context(warnings.catch_warnings())
-    warnings.simplefilter("ignore", RuntimeWarning)
-    return stack
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
 
 
 def generic_args(fn) -> list:
