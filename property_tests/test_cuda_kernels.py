@@ -42,6 +42,24 @@ def test_cache_key_follows_sources_nvcc_and_arch(tmp_path):
     assert key != build.cache_key("sm_90", "13.0", tmp_path)
 
 
+def test_tile_overrides_reach_the_compiler_and_the_cache_key(tmp_path, monkeypatch):
+    """$FAVERIFY_CUDA_DEFINES (tuning runs, devtools/cuda_tune.py) builds another library, not the cached one."""
+    (tmp_path / "a.cu").write_text("int x;")
+    monkeypatch.delenv(build.DEFINES_VAR, raising=False)
+    plain = build.cache_key("sm_90", "13.0", tmp_path)
+    monkeypatch.setenv(build.DEFINES_VAR, "-DFA_FWD_BN128=64 -DFA_DKDV_WARPS=8")
+    assert build.cache_key("sm_90", "13.0", tmp_path) != plain
+    cmd = build.compile_command("nvcc", "sm_90", tmp_path / "a.cu", "x.o")
+    assert "-DFA_FWD_BN128=64" in cmd and "-DFA_DKDV_WARPS=8" in cmd
+
+
+@pytest.mark.parametrize("value", ["-O0", "-DFA_X=1;rm", "-DOTHER=1", "-DFA_FWD_BN128=big"])
+def test_tile_overrides_refuse_anything_but_fa_macros(monkeypatch, value):
+    monkeypatch.setenv(build.DEFINES_VAR, value)
+    with pytest.raises(build.BuildError, match="FAVERIFY_CUDA_DEFINES.*-DFA_NAME=INTEGER"):
+        build.flags()
+
+
 def test_compile_command_targets_one_architecture():
     cmd = build.compile_command("nvcc", "sm_90", build.SOURCE_DIR / "simt.cu", "x.o")
     assert "arch=compute_90,code=sm_90" in cmd and "-O3" in cmd and "--use_fast_math" not in cmd

@@ -27,6 +27,8 @@ SOURCE_DIR = Path(__file__).resolve().parent
 FALLBACK_NVCC = "/usr/local/cuda/bin/nvcc"
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 on bf16, ldmatrix and cp.async need Ampere or newer
 FLAGS = ("-std=c++17", "-O3", "-Xcompiler", "-fPIC")
+DEFINES_VAR = "FAVERIFY_CUDA_DEFINES"  # tile overrides for tuning runs, e.g. "-DFA_BN_WIDE=64"
+_DEFINE = re.compile(r"-DFA_[A-Z0-9_]+=\d+")
 _LOADED: dict = {}
 _LOCK = threading.Lock()
 
@@ -75,11 +77,26 @@ def arch(capability: tuple) -> str:
     return f"sm_{capability[0]}{capability[1]}"
 
 
+def defines() -> tuple:
+    """The tile overrides of $FAVERIFY_CUDA_DEFINES (the kernels' FA_* macros with integer values); any other
+    token is refused, so the variable cannot smuggle arbitrary compiler flags into a cached library."""
+    tokens = tuple(os.environ.get(DEFINES_VAR, "").split())
+    bad = [t for t in tokens if not _DEFINE.fullmatch(t)]
+    if bad:
+        raise BuildError(f"{DEFINES_VAR}={os.environ[DEFINES_VAR]!r}: {bad[0]!r} is not of the form "
+                         f"-DFA_NAME=INTEGER (the tile overrides the kernels read)")
+    return tokens
+
+
+def flags() -> tuple:
+    return FLAGS + defines()
+
+
 def cache_key(sm: str, version: str, root: Path = SOURCE_DIR) -> str:
     h = hashlib.sha256()
     for path in sources(root) + headers(root):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(f"{version}\0{sm}\0{' '.join(FLAGS)}".encode())
+    h.update(f"{version}\0{sm}\0{' '.join(flags())}".encode())
     return h.hexdigest()[:20]
 
 
@@ -89,7 +106,7 @@ def cache_dir() -> Path:
 
 def compile_command(nvcc: str, sm: str, source: Path, output: Path, extra: tuple = ()) -> list:
     gencode = f"arch=compute_{sm[3:]},code={sm}"
-    return [nvcc, *FLAGS, "-gencode", gencode, *extra, "-c", str(source), "-o", str(output)]
+    return [nvcc, *flags(), "-gencode", gencode, *extra, "-c", str(source), "-o", str(output)]
 
 
 def link_command(nvcc: str, objects: list, output: Path) -> list:

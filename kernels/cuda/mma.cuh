@@ -23,20 +23,27 @@ constexpr int WARPS = 4, THREADS = 32 * WARPS;
 
 // Tiles per head dim for the kernels whose warps own query rows (forward, dq): a warp owns MT * 16 rows
 // (MT m-tiles, below), a block 64 MT; BN key rows per shared-memory tile. At head dim 256 the O (or dQ)
-// accumulator alone is 128 registers per 16 rows, so MT = 1; BN = 64 spills at head dim 128.
+// accumulator alone is 128 registers per 16 rows, so MT = 1. dq's BN = 64 spills at head dim 128 (the
+// forward's own BN: mma_fwd.cu).
 // Measured on the H200 (docs/measurements.md); compile_report.py checks that nothing spills.
 template <int D> __host__ __device__ constexpr int m_tiles() { return D == 256 ? 1 : 2; }
 template <int D> __host__ __device__ constexpr int block_m() { return 16 * WARPS * m_tiles<D>(); }
 template <int D> __host__ __device__ constexpr int block_n() { return D >= 128 ? 32 : 64; }
 
+// The query tile of a block of the forward or dq grid. Causal: the last query tiles see the most keys;
+// launched first, they do not trail the grid's end (forward at seqlen 16384: +1.4%, measured).
+__device__ __forceinline__ int query_tile(const Params &p) {
+    return p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+}
+
 // Launch with `bytes` of dynamic shared memory: above 48 KB a kernel must opt in first.
 template <typename Kernel>
-int launch(Kernel kernel, dim3 grid, int bytes, const Params &p, cudaStream_t stream) {
+int launch(Kernel kernel, dim3 grid, int bytes, const Params &p, cudaStream_t stream, int threads = THREADS) {
     if (bytes > 48 * 1024) {
         cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
         if (e != cudaSuccess) return (int)e;
     }
-    kernel<<<grid, THREADS, bytes, stream>>>(p);
+    kernel<<<grid, threads, bytes, stream>>>(p);
     return launch_status();
 }
 
@@ -166,39 +173,36 @@ __device__ __forceinline__ void gemm_nt_smem(float (&acc)[MT][N / 8][4], const T
     }
 }
 
-// acc[MT x 16 x N] += A[MT x 16 x K] * B, A given as register fragments, B stored [k][n] in smem:
-// O += P V, with P from registers.
+// acc[MT x 16 x N] += A[MT x 16 x K] * B, B stored [k][n] in smem, A given as the fp32 C fragments of the
+// product before (P or dS): O += P V. Two neighbouring C tiles, packed to 16-bit pairs, are one A fragment
+// (layouts at the top); each 16-wide k slice is packed just before its mma's, so no packed copy of the
+// whole tile is live beside the fp32 one (registers: the forward's BN = 48 at head dim 128).
 template <typename T, int MT, int N, int K, int LDB>
-__device__ __forceinline__ void gemm_nn_regs(float (&acc)[MT][N / 8][4], const uint32_t (&a)[MT][K / 16][4],
-                                             const T (*b)[LDB], int b_row0) {
+__device__ __forceinline__ void gemm_nn_c(float (&acc)[MT][N / 8][4], const float (&c)[MT][K / 8][4],
+                                          const T (*b)[LDB], int b_row0) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int k0 = 0; k0 < K; k0 += 16) {
+        uint32_t a[MT][4];
+        const int kk = k0 / 16;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            a[mt][0] = Pack<T>::two(c[mt][2 * kk][0], c[mt][2 * kk][1]);
+            a[mt][1] = Pack<T>::two(c[mt][2 * kk][2], c[mt][2 * kk][3]);
+            a[mt][2] = Pack<T>::two(c[mt][2 * kk + 1][0], c[mt][2 * kk + 1][1]);
+            a[mt][3] = Pack<T>::two(c[mt][2 * kk + 1][2], c[mt][2 * kk + 1][3]);
+        }
 #pragma unroll
         for (int n0 = 0; n0 < N; n0 += 16) {
-            uint32_t bf[4];  // transposed: rows are k, so each lane gets (k pair, n) as B wants
+            uint32_t bf[4];
             ldmatrix_x4_trans(bf, &b[b_row0 + k0 + lane % 8 + ((lane / 8) % 2) * 8][n0 + (lane / 16) * 8]);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                mma16816<T>(acc[mt][n0 / 8], a[mt][k0 / 16], bf[0], bf[1]);
-                mma16816<T>(acc[mt][n0 / 8 + 1], a[mt][k0 / 16], bf[2], bf[3]);
+                mma16816<T>(acc[mt][n0 / 8], a[mt], bf[0], bf[1]);
+                mma16816<T>(acc[mt][n0 / 8 + 1], a[mt], bf[2], bf[3]);
             }
         }
     }
-}
-
-// fp32 C fragments [MT x 16 x N] -> 16-bit A fragments [MT x 16 x N] for the next product (layouts above).
-template <typename T, int MT, int N>
-__device__ __forceinline__ void c_to_a(uint32_t (&a)[MT][N / 16][4], const float (&c)[MT][N / 8][4]) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int kk = 0; kk < N / 16; ++kk) {
-            a[mt][kk][0] = Pack<T>::two(c[mt][2 * kk][0], c[mt][2 * kk][1]);
-            a[mt][kk][1] = Pack<T>::two(c[mt][2 * kk][2], c[mt][2 * kk][3]);
-            a[mt][kk][2] = Pack<T>::two(c[mt][2 * kk + 1][0], c[mt][2 * kk + 1][1]);
-            a[mt][kk][3] = Pack<T>::two(c[mt][2 * kk + 1][2], c[mt][2 * kk + 1][3]);
-        }
 }
 
 template <int MT, int N>

@@ -23,9 +23,23 @@ using namespace mma;  // dq takes the query-row tiles of mma.cuh (m_tiles, block
 // bf16): MT = 2 with split dV and dK passes, BN = 32, gave 0.35-0.39x sdpa-flash for the whole backward;
 // MT = 1, one pass, BN = 64 gave 0.44-0.47x: the split pass's extra product and loop cost more than the
 // shared-memory reads it saves.
+// FA_DKDV_WARPS, FA_DKDV_BN and FA_DQ_BN128 override the warps per block, the query tile of dkdv and the key
+// tile of dq at head dim 128, when tuning (build.py, devtools/cuda_tune.py). Measured at head dim 128, bf16:
+// 8 warps changed the dkdv kernel's time by -2% to +4%; a query tile of 32, +14%; dq's key tile 48, +50%.
+#ifndef FA_DKDV_WARPS
+#define FA_DKDV_WARPS 4
+#endif
+#ifndef FA_DKDV_BN
+#define FA_DKDV_BN 64
+#endif
+#ifndef FA_DQ_BN128
+#define FA_DQ_BN128 32
+#endif
+constexpr int DKDV_THREADS = 32 * FA_DKDV_WARPS;
+template <int D> __host__ __device__ constexpr int dq_block_n() { return D == 128 ? FA_DQ_BN128 : block_n<D>(); }
 template <int D> __host__ __device__ constexpr int m_tiles_dkdv() { return 1; }
-template <int D> __host__ __device__ constexpr int block_m_dkdv() { return 16 * WARPS * m_tiles_dkdv<D>(); }
-template <int D> __host__ __device__ constexpr int block_n_dkdv() { return D == 256 ? 32 : 64; }
+template <int D> __host__ __device__ constexpr int block_m_dkdv() { return 16 * FA_DKDV_WARPS * m_tiles_dkdv<D>(); }
+template <int D> __host__ __device__ constexpr int block_n_dkdv() { return D == 256 ? 32 : FA_DKDV_BN; }
 template <int D> __host__ __device__ constexpr bool split_dkdv() { return D == 256; }
 
 __device__ __forceinline__ float recompute_p(float s, float m, float log2l, float c) {
@@ -62,7 +76,7 @@ __device__ __forceinline__ void store_rows(const Params &p, T *base, int64_t str
 
 template <typename T, int D>
 __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
-    constexpr int MT = m_tiles<D>(), BM = block_m<D>(), BN = block_n<D>(), LD = D + PAD;
+    constexpr int MT = m_tiles<D>(), BM = block_m<D>(), BN = dq_block_n<D>(), LD = D + PAD;
     extern __shared__ __align__(16) unsigned char smem[];
     T (*qs)[LD] = reinterpret_cast<T (*)[LD]>(smem);
     T (*dos)[LD] = qs + BM;
@@ -71,7 +85,7 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
 
     const auto [b, h, hk] = query_head(p);
     const int warp = threadIdx.x / 32, tq = threadIdx.x % 4;
-    const int row0 = blockIdx.x * BM;
+    const int row0 = query_tile(p) * BM;
     const T *kb = k_head<T>(p, {b, h, hk}), *vb = v_head<T>(p, {b, h, hk});
     const float c = p.scale_log2;
     const bool aligned = p.aligned;
@@ -119,16 +133,14 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
                     const float pij = keep ? recompute_p(s[mt][nt][e], stats[0][r], stats[1][r], c) : 0.f;
                     s[mt][nt][e] = pij * (dp[mt][nt][e] - stats[2][r]);  // s now holds dS
                 }
-        uint32_t dsa[MT][BN / 16][4];
-        c_to_a<T, MT, BN>(dsa, s);
-        gemm_nn_regs<T, MT, D, BN, LD>(dq, dsa, ks + buf * BN, 0);
+        gemm_nn_c<T, MT, D, BN, LD>(dq, s, ks + buf * BN, 0);
         __syncthreads();  // every warp is done with buffer `buf` before it is refilled
     }
     store_rows<T, MT, D>(p, (T *)p.dq + b * p.dq_b + h * p.dq_h, p.dq_s, row0, p.sq, dq, p.scale);
 }
 
 template <typename T, int D, bool DO_DK, bool DO_DV>
-__global__ void __launch_bounds__(THREADS, 1) dkdv_kernel(Params p) {  // 1: every register, no occupancy spills
+__global__ void __launch_bounds__(DKDV_THREADS, 1) dkdv_kernel(Params p) {  // 1: every register, no occupancy spills
     constexpr int MT = m_tiles_dkdv<D>(), BM = block_m_dkdv<D>(), BN = block_n_dkdv<D>(), LD = D + PAD;
     extern __shared__ __align__(16) unsigned char smem[];  // here BN query rows stream past BM owned keys
     T (*ks)[LD] = reinterpret_cast<T (*)[LD]>(smem);
@@ -148,11 +160,11 @@ __global__ void __launch_bounds__(THREADS, 1) dkdv_kernel(Params p) {  // 1: eve
     auto fetch = [&](int t, int buf) {  // query tile t of the flattened (head in group, query tile) loop
         const int h = hk * group + t / per_head, m0 = begin + (t % per_head) * BN;
         load_tile<T, BN, D>(qs + buf * BN, (const T *)p.q + b * p.q_b + h * p.q_h, p.q_s, m0, p.sq, p.d, aligned,
-                            THREADS);
+                            DKDV_THREADS);
         load_tile<T, BN, D>(dos + buf * BN, (const T *)p.dout + b * p.do_b + h * p.do_h, p.do_s, m0, p.sq, p.d,
-                            aligned, THREADS);
+                            aligned, DKDV_THREADS);
         const int64_t row = ((int64_t)b * p.h + h) * p.sq + m0;
-        for (int x = threadIdx.x; x < BN; x += THREADS) {
+        for (int x = threadIdx.x; x < BN; x += DKDV_THREADS) {
             const bool in = m0 + x < p.sq;
             stats[buf][0][x] = in ? p.rowmax[row + x] : 0.f;
             stats[buf][1][x] = in ? p.log2l[row + x] : INFINITY;
@@ -160,8 +172,8 @@ __global__ void __launch_bounds__(THREADS, 1) dkdv_kernel(Params p) {  // 1: eve
         }
     };
 
-    load_tile<T, BM, D>(ks, (const T *)p.k + b * p.k_b + hk * p.k_h, p.k_s, col0, p.sk, p.d, aligned, THREADS);
-    load_tile<T, BM, D>(vs, (const T *)p.v + b * p.v_b + hk * p.v_h, p.v_s, col0, p.sk, p.d, aligned, THREADS);
+    load_tile<T, BM, D>(ks, (const T *)p.k + b * p.k_b + hk * p.k_h, p.k_s, col0, p.sk, p.d, aligned, DKDV_THREADS);
+    load_tile<T, BM, D>(vs, (const T *)p.v + b * p.v_b + hk * p.v_h, p.v_s, col0, p.sk, p.d, aligned, DKDV_THREADS);
     if (tiles > 0) fetch(0, 0);
     cp_async_commit();
 
@@ -194,9 +206,7 @@ __global__ void __launch_bounds__(THREADS, 1) dkdv_kernel(Params p) {  // 1: eve
                     s[mt][nt][e] = keep ? recompute_p(s[mt][nt][e], stats[buf][0][x], stats[buf][1][x], c) : 0.f;
                 }
         if constexpr (DO_DV) {
-            uint32_t pa[MT][BN / 16][4];
-            c_to_a<T, MT, BN>(pa, s);
-            gemm_nn_regs<T, MT, D, BN, LD>(dv, pa, dos + buf * BN, 0);
+            gemm_nn_c<T, MT, D, BN, LD>(dv, s, dos + buf * BN, 0);
         }
         if constexpr (DO_DK) {
             float dp[MT][BN / 8][4];  // dP^T = V dO^T
@@ -209,9 +219,7 @@ __global__ void __launch_bounds__(THREADS, 1) dkdv_kernel(Params p) {  // 1: eve
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
                         s[mt][nt][e] *= dp[mt][nt][e] - stats[buf][2][nt * 8 + 2 * tq + e % 2];  // dS^T
-            uint32_t dsa[MT][BN / 16][4];
-            c_to_a<T, MT, BN>(dsa, s);
-            gemm_nn_regs<T, MT, D, BN, LD>(dk, dsa, qs + buf * BN, 0);
+            gemm_nn_c<T, MT, D, BN, LD>(dk, s, qs + buf * BN, 0);
         }
         __syncthreads();  // every warp is done with buffer `buf` before it is refilled
     }
@@ -223,15 +231,15 @@ template <typename T, int D>
 int run(const Params &p, cudaStream_t stream) {
     constexpr int BM = block_m<D>(), BK = block_m_dkdv<D>(), LD = D + PAD;
     const dim3 grid_q((p.sq + BM - 1) / BM, p.b * p.h), grid_k((p.sk + BK - 1) / BK, p.b * p.hk);
-    const int bytes_q = (2 * BM + 4 * block_n<D>()) * LD * sizeof(T) + 3 * BM * sizeof(float);
+    const int bytes_q = (2 * BM + 4 * dq_block_n<D>()) * LD * sizeof(T) + 3 * BM * sizeof(float);
     const int bytes_k = (2 * BK + 4 * block_n_dkdv<D>()) * LD * sizeof(T) + 2 * 3 * block_n_dkdv<D>() * sizeof(float);
     int e = launch(dq_kernel<T, D>, grid_q, bytes_q, p, stream);
     if (e) return e;
     if constexpr (split_dkdv<D>()) {
-        e = launch(dkdv_kernel<T, D, false, true>, grid_k, bytes_k, p, stream);
-        return e ? e : launch(dkdv_kernel<T, D, true, false>, grid_k, bytes_k, p, stream);
+        e = launch(dkdv_kernel<T, D, false, true>, grid_k, bytes_k, p, stream, DKDV_THREADS);
+        return e ? e : launch(dkdv_kernel<T, D, true, false>, grid_k, bytes_k, p, stream, DKDV_THREADS);
     } else {
-        return launch(dkdv_kernel<T, D, true, true>, grid_k, bytes_k, p, stream);
+        return launch(dkdv_kernel<T, D, true, true>, grid_k, bytes_k, p, stream, DKDV_THREADS);
     }
 }
 

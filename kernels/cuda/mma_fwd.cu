@@ -18,13 +18,20 @@ namespace fa {
 namespace mma_fwd {
 
 using namespace mma;
+// The key tile at head dim 128: 48 keys, measured on the H200 (docs/measurements.md, devtools/cuda_tune.py):
+// 0.75-0.82x sdpa-flash against 0.70-0.74x with 32, as each Q fragment read from shared memory feeds 3 n-tiles
+// instead of 2; 64 spills. FA_FWD_BN128 overrides it when tuning (build.py: FAVERIFY_CUDA_DEFINES).
+#ifndef FA_FWD_BN128
+#define FA_FWD_BN128 48
+#endif
+template <int D> __host__ __device__ constexpr int fwd_block_n() { return D == 128 ? FA_FWD_BN128 : block_n<D>(); }
 template <typename T, int D> constexpr int smem_bytes() {
-    return (block_m<D>() + 4 * block_n<D>()) * (D + PAD) * (int)sizeof(T);
+    return (block_m<D>() + 4 * fwd_block_n<D>()) * (D + PAD) * (int)sizeof(T);
 }
 
 template <typename T, int D, bool INIT_NEG_INF>
 __global__ void __launch_bounds__(THREADS) fwd(Params p) {
-    constexpr int MT = m_tiles<D>(), BM = block_m<D>(), BN = block_n<D>(), LD = D + PAD;
+    constexpr int MT = m_tiles<D>(), BM = block_m<D>(), BN = fwd_block_n<D>(), LD = D + PAD;
     extern __shared__ __align__(16) unsigned char smem[];
     T (*qs)[LD] = reinterpret_cast<T (*)[LD]>(smem);
     T (*ks)[LD] = qs + BM;       // two buffers of BN rows
@@ -32,7 +39,7 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
 
     const auto [b, h, hk] = query_head(p);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
-    const int row0 = blockIdx.x * BM, warp_row0 = warp * 16 * MT;  // warp_row0: within the block
+    const int row0 = query_tile(p) * BM, warp_row0 = warp * 16 * MT;  // warp_row0: within the block
     // this lane's rows: m-tile mt, half x (fragment entries 2x, 2x + 1)
     auto row_of = [&](int mt, int x) { return row0 + warp_row0 + 16 * mt + lane / 4 + 8 * x; };
     const T *qb = (const T *)p.q + b * p.q_b + h * p.q_h;
@@ -104,9 +111,7 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
                 m[mt][x] = m_new;
             }
 
-        uint32_t pa[MT][BN / 16][4];
-        c_to_a<T, MT, BN>(pa, s);
-        gemm_nn_regs<T, MT, D, BN, LD>(o, pa, vs + buf * BN, 0);
+        gemm_nn_c<T, MT, D, BN, LD>(o, s, vs + buf * BN, 0);
         __syncthreads();  // all warps are done with buffer `buf` before iteration t + 1 prefetches into it
     }
 

@@ -90,11 +90,23 @@ def tuning_candidates(kind: str, block_d: int, elem: int, capability_major: int 
 _INTERPRETED = {"fwd": Tile(64, 32, 4, 1), "dkdv": Tile(32, 64, 4, 1), "dq": Tile(64, 32, 4, 1)}
 
 
+def _fp32(kind: str, block_d: int) -> Tile:
+    """fp32 runs its products on the CUDA cores (input_precision="ieee"), whose dot layout holds far more
+    per thread than the tensor-core one: the 16-bit tiles, or even M64 N128, spilled up to 45 KB of stack
+    and took 30-45 s each to compile (sm_80/sm_90, the AOT report). Small tiles over 8 warps spill at most
+    16 bytes and compile in 1-4 s; fp32 is the gradient check's dtype, not a speed target."""
+    if kind == "fwd":
+        return Tile(64 if block_d <= 64 else 32 if block_d <= 128 else 16, 32, 8, 1)
+    return Tile(16, 32, 8, 1)  # dq: 16 query rows, 32 keys; dkdv: 16 query rows past 32 keys
+
+
 def default(kind: str, block_d: int, elem: int, causal: bool) -> Tile:
     """Starting points measured on an H200 (anchors/h200.md for the forward), pruned to what fits."""
     if INTERPRET:
         return _INTERPRETED[kind]  # small tiles: many tiles and tails even at CPU-sized seqlens
-    wide = block_d * elem > 256  # d > 128 in 16-bit, d > 64 in fp32
+    if elem == 4:
+        return _fp32(kind, block_d)
+    wide = block_d > 128  # 16-bit here: fp32 took its tiles above
     if kind == "fwd":  # the best of the anchor's sweep at seqlen 16384 (bf16)
         preferred = {(64, False): Tile(128, 64, 4, 4), (64, True): Tile(128, 128, 4, 3),
                      (128, False): Tile(128, 64, 4, 2), (128, True): Tile(128, 128, 8, 3)}.get(
