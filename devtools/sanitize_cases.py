@@ -2,8 +2,10 @@
 compute-sanitizer (memcheck, racecheck): tails in every dimension, unaligned head dims, GQA, causal with
 rows that see no key, strided views.
 
-    compute-sanitizer --tool memcheck python3 devtools/sanitize_cases.py
+    compute-sanitizer --tool memcheck python3 devtools/sanitize_cases.py [mma|simt ...]
 """
+import sys
+
 import torch
 
 from faverify.case import Case
@@ -18,10 +20,11 @@ CASES = [
     Case(1, 130, 130, 3, 3, 128, dtype="fp16", causal=True, seed=5, layout="packed"),
 ]
 
+VARIANTS = sys.argv[1:] or ["mma", "simt"]
 for case in CASES:
-    for variant in ("mma", "simt"):
+    for variant in VARIANTS:
         x = make_inputs(case, "cuda", requires_grad=True)
         out = flash_attn_func(x.q, x.k, x.v, causal=case.causal, init=case.init, variant=variant)
         torch.autograd.grad(out, (x.q, x.k, x.v), x.dout)
 torch.cuda.synchronize()
-print(f"{len(CASES) * 2} forward+backward runs done")
+print(f"{len(CASES) * len(VARIANTS)} forward+backward runs done")
