@@ -92,6 +92,12 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+// P_ij recomputed in the backward from the forward's row statistics (the top of this file says why not
+// from lse); min(., 0) keeps a rounding above the row max from giving P > 1.
+__device__ __forceinline__ float recompute_p(float s, float m, float log2l, float c) {
+    return fast_exp2(fminf((s - m) * c, 0.f) - log2l);
+}
+
 // The first kernel error in this launch, as a message for the Python side.
 inline int launch_status() {
     cudaError_t e = cudaGetLastError();

@@ -205,6 +205,18 @@ __device__ __forceinline__ void gemm_nn_c(float (&acc)[MT][N / 8][4], const floa
     }
 }
 
+// f(mt, nt, e) for each entry of this lane's C fragments [MT][N / 8][4] (S, P, dP): entry e of n-tile nt
+// of m-tile mt sits in row half e / 2 (lane_row) and column nt * 8 + 2 (lane % 4) + e % 2 of the tile.
+template <int MT, int N, typename F>
+__device__ __forceinline__ void each_entry(F &&f) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) f(mt, nt, e);
+}
+
 template <int MT, int N>
 __device__ __forceinline__ void zero(float (&acc)[MT][N][4]) {
 #pragma unroll
@@ -221,6 +233,43 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// This lane's row in a block's rows: m-tile mt, half x (fragment entries 2x, 2x + 1).
+template <int MT>
+__device__ __forceinline__ int lane_row(int mt, int x) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    return warp * 16 * MT + 16 * mt + lane / 4 + 8 * x;
+}
+
+// Write a warp's fp32 accumulator rows [MT x 16 x D] (out, dq, dk, dv), each row times mul(mt, x), to rows
+// row0 + lane_row of a [b, s, h, d] slice at base with row stride stride_s: rows past `rows` and columns
+// past d are left alone.
+template <typename T, int MT, int D, typename Mul>
+__device__ __forceinline__ void store_rows(const Params &p, T *base, int64_t stride_s, int row0, int rows,
+                                           const float (&acc)[MT][D / 8][4], Mul mul) {
+    const int tq = threadIdx.x % 4;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            const int r = row0 + lane_row<MT>(mt, x);
+            if (r >= rows) continue;
+            T *row = base + (int64_t)r * stride_s;
+            const float f = mul(mt, x);
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = dt * 8 + 2 * tq + e;
+                    if (col < p.d) row[col] = from_float<T>(acc[mt][dt][2 * x + e] * f);
+                }
+        }
+}
+
+// store_rows' multiplier when every row takes the same one.
+__device__ __forceinline__ auto times(float f) {
+    return [f](int, int) { return f; };
 }
 
 }  // namespace mma

@@ -42,38 +42,6 @@ template <int D> __host__ __device__ constexpr int block_m_dkdv() { return 16 * 
 template <int D> __host__ __device__ constexpr int block_n_dkdv() { return D == 256 ? 32 : FA_DKDV_BN; }
 template <int D> __host__ __device__ constexpr bool split_dkdv() { return D == 256; }
 
-__device__ __forceinline__ float recompute_p(float s, float m, float log2l, float c) {
-    return fast_exp2(fminf((s - m) * c, 0.f) - log2l);
-}
-
-// This lane's row in a block's rows: m-tile mt, half x (fragment entries 2x, 2x + 1).
-template <int MT>
-__device__ __forceinline__ int lane_row(int mt, int x) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    return warp * 16 * MT + 16 * mt + lane / 4 + 8 * x;
-}
-
-template <typename T, int MT, int D>
-__device__ __forceinline__ void store_rows(const Params &p, T *base, int64_t stride_s, int row0, int rows,
-                                           const float (&acc)[MT][D / 8][4], float mul) {
-    const int tq = threadIdx.x % 4;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-            const int r = row0 + lane_row<MT>(mt, x);
-            if (r >= rows) continue;
-            T *row = base + (int64_t)r * stride_s;
-#pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int col = dt * 8 + 2 * tq + e;
-                    if (col < p.d) row[col] = from_float<T>(acc[mt][dt][2 * x + e] * mul);
-                }
-        }
-}
-
 template <typename T, int D>
 __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
     constexpr int MT = m_tiles<D>(), BM = block_m<D>(), BN = dq_block_n<D>(), LD = D + PAD;
@@ -122,21 +90,16 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
         gemm_nt_smem<T, MT, BN, D, LD, LD>(s, qs, warp * 16 * MT, ks + buf * BN, 0);
         gemm_nt_smem<T, MT, BN, D, LD, LD>(dp, dos, warp * 16 * MT, vs + buf * BN, 0);
         const bool edge = n0 + BN > p.sk || (p.causal && n0 + BN - 1 > row0 + p.sk - p.sq);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int r = lane_row<MT>(mt, e / 2);
-                    const bool keep = !edge || visible(p, row0 + r, n0 + nt * 8 + 2 * tq + e % 2);
-                    const float pij = keep ? recompute_p(s[mt][nt][e], stats[0][r], stats[1][r], c) : 0.f;
-                    s[mt][nt][e] = pij * (dp[mt][nt][e] - stats[2][r]);  // s now holds dS
-                }
+        each_entry<MT, BN>([&](int mt, int nt, int e) {
+            const int r = lane_row<MT>(mt, e / 2);
+            const bool keep = !edge || visible(p, row0 + r, n0 + nt * 8 + 2 * tq + e % 2);
+            const float pij = keep ? recompute_p(s[mt][nt][e], stats[0][r], stats[1][r], c) : 0.f;
+            s[mt][nt][e] = pij * (dp[mt][nt][e] - stats[2][r]);  // s now holds dS
+        });
         gemm_nn_c<T, MT, D, BN, LD>(dq, s, ks + buf * BN, 0);
         __syncthreads();  // every warp is done with buffer `buf` before it is refilled
     }
-    store_rows<T, MT, D>(p, (T *)p.dq + b * p.dq_b + h * p.dq_h, p.dq_s, row0, p.sq, dq, p.scale);
+    store_rows<T, MT, D>(p, (T *)p.dq + b * p.dq_b + h * p.dq_h, p.dq_s, row0, p.sq, dq, times(p.scale));
 }
 
 template <typename T, int D, bool DO_DK, bool DO_DV>
@@ -195,16 +158,11 @@ __global__ void __launch_bounds__(DKDV_THREADS, 1) dkdv_kernel(Params p) {  // 1
         zero<MT, BN / 8>(s);
         gemm_nt_smem<T, MT, BN, D, LD, LD>(s, ks, warp * 16 * MT, qs + buf * BN, 0);
         const bool edge = m0 + BN > p.sq || (p.causal && col0 + BM - 1 > m0 + p.sk - p.sq);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int x = nt * 8 + 2 * tq + e % 2;  // query within the tile
-                    const bool keep = !edge || (m0 + x < p.sq && visible(p, m0 + x, col0 + lane_row<MT>(mt, e / 2)));
-                    s[mt][nt][e] = keep ? recompute_p(s[mt][nt][e], stats[buf][0][x], stats[buf][1][x], c) : 0.f;
-                }
+        each_entry<MT, BN>([&](int mt, int nt, int e) {
+            const int x = nt * 8 + 2 * tq + e % 2;  // query within the tile
+            const bool keep = !edge || (m0 + x < p.sq && visible(p, m0 + x, col0 + lane_row<MT>(mt, e / 2)));
+            s[mt][nt][e] = keep ? recompute_p(s[mt][nt][e], stats[buf][0][x], stats[buf][1][x], c) : 0.f;
+        });
         if constexpr (DO_DV) {
             gemm_nn_c<T, MT, D, BN, LD>(dv, s, dos + buf * BN, 0);
         }
@@ -212,19 +170,15 @@ __global__ void __launch_bounds__(DKDV_THREADS, 1) dkdv_kernel(Params p) {  // 1
             float dp[MT][BN / 8][4];  // dP^T = V dO^T
             zero<MT, BN / 8>(dp);
             gemm_nt_smem<T, MT, BN, D, LD, LD>(dp, vs, warp * 16 * MT, dos + buf * BN, 0);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        s[mt][nt][e] *= dp[mt][nt][e] - stats[buf][2][nt * 8 + 2 * tq + e % 2];  // dS^T
+            each_entry<MT, BN>([&](int mt, int nt, int e) {
+                s[mt][nt][e] *= dp[mt][nt][e] - stats[buf][2][nt * 8 + 2 * tq + e % 2];  // dS^T
+            });
             gemm_nn_c<T, MT, D, BN, LD>(dk, s, qs + buf * BN, 0);
         }
         __syncthreads();  // every warp is done with buffer `buf` before it is refilled
     }
-    if constexpr (DO_DK) store_rows<T, MT, D>(p, (T *)p.dk + b * p.dk_b + hk * p.dk_h, p.dk_s, col0, p.sk, dk, p.scale);
-    if constexpr (DO_DV) store_rows<T, MT, D>(p, (T *)p.dv + b * p.dv_b + hk * p.dv_h, p.dv_s, col0, p.sk, dv, 1.f);
+    if constexpr (DO_DK) store_rows<T, MT, D>(p, (T *)p.dk + b * p.dk_b + hk * p.dk_h, p.dk_s, col0, p.sk, dk, times(p.scale));
+    if constexpr (DO_DV) store_rows<T, MT, D>(p, (T *)p.dv + b * p.dv_b + hk * p.dv_h, p.dv_s, col0, p.sk, dv, times(1.f));
 }
 
 template <typename T, int D>

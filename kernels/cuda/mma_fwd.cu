@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
     const int row0 = query_tile(p) * BM, warp_row0 = warp * 16 * MT;  // warp_row0: within the block
     // this lane's rows: m-tile mt, half x (fragment entries 2x, 2x + 1)
-    auto row_of = [&](int mt, int x) { return row0 + warp_row0 + 16 * mt + lane / 4 + 8 * x; };
+    auto row_of = [&](int mt, int x) { return row0 + lane_row<MT>(mt, x); };
     const T *qb = (const T *)p.q + b * p.q_b + h * p.q_h;
     const T *kb = k_head<T>(p, {b, h, hk}), *vb = v_head<T>(p, {b, h, hk});
     const float c = p.scale_log2;
@@ -74,13 +74,9 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
 
         // Only tiles that cross the end of the keys or the causal diagonal need the per-element mask.
         if (n0 + BN > p.sk || (p.causal && n0 + BN - 1 > row0 + p.sk - p.sq)) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        if (!visible(p, row_of(mt, e / 2), n0 + nt * 8 + 2 * tq + e % 2)) s[mt][nt][e] = -INFINITY;
+            each_entry<MT, BN>([&](int mt, int nt, int e) {
+                if (!visible(p, row_of(mt, e / 2), n0 + nt * 8 + 2 * tq + e % 2)) s[mt][nt][e] = -INFINITY;
+            });
         }
 
 #pragma unroll
@@ -115,6 +111,7 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
         __syncthreads();  // all warps are done with buffer `buf` before iteration t + 1 prefetches into it
     }
 
+    float inv[MT][2];  // 1 / l per row; 0 for a row that saw no key, whose out is then 0
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -122,17 +119,8 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
             const int i = row_of(mt, x);
             const float total = quad_sum(l[mt][x]);
             const bool empty = !(total > 0.f);  // the row saw no key
-            const float inv = empty ? 0.f : 1.f / total;
-            if (i >= p.sq) continue;
-            T *out = (T *)p.out + b * p.o_b + (int64_t)i * p.o_s + h * p.o_h;
-#pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int col = dt * 8 + 2 * tq + e;
-                    if (col < p.d) out[col] = from_float<T>(o[mt][dt][2 * x + e] * inv);
-                }
-            if (tq == 0) {
+            inv[mt][x] = empty ? 0.f : 1.f / total;
+            if (i < p.sq && tq == 0) {
                 const int64_t row = ((int64_t)b * p.h + h) * p.sq + i;
                 const float log2l = empty ? INFINITY : log2f(total);
                 p.rowmax[row] = empty ? 0.f : m[mt][x];
@@ -140,6 +128,8 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
                 p.lse[row] = empty ? -INFINITY : (m[mt][x] * c + log2l) * 0.69314718056f;
             }
         }
+    store_rows<T, MT, D>(p, (T *)p.out + b * p.o_b + h * p.o_h, p.o_s, row0, p.sq, o,
+                         [&](int mt, int x) { return inv[mt][x]; });
 }
 
 template <typename T, int D, bool INIT_NEG_INF>

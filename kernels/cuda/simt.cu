@@ -135,11 +135,6 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
     }
 }
 
-// P_ij recomputed from the forward's row statistics (common.cuh says why not from lse).
-__device__ __forceinline__ float recompute_p(float s, float m, float log2l, float c) {
-    return fast_exp2(fminf((s - m) * c, 0.f) - log2l);
-}
-
 template <typename T, int D>
 __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
     constexpr int BN = tile<D>(), DT = D / G;
