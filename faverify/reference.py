@@ -115,23 +115,26 @@ def _attention(q, k, v, dout, *, causal, scale, compute, round_to, with_scales):
 class _ScaleAccumulator:
     """The magnitude of the terms summed into each output element, max over the tensor.
 
-    out_i = sum_j P_ij v_j                       -> sum_j P_ij rms(v_j)
-    dv_j  = sum_i P_ij dO_i                      -> sum_i P_ij rms(dO_i)
+    out_i = sum_j P_ij v_j                       -> sum_j P_ij max|v_j|
+    dv_j  = sum_i P_ij dO_i                      -> sum_i P_ij max|dO_i|
     dS_ij = P_ij (dP_ij - D_i)                   -> P_ij (|dP_ij| + sum_d |dO_id O_id|)
             (the two terms that cancel; D = sum_d dO_id O_id is formed from O rounded to the input dtype,
             so its error follows the sum of |terms|, not |D|, which may itself cancel)
-    dq_i  = scale sum_j dS_ij k_j                -> scale sum_j |dS|_ij rms(k_j)
-    dk_j  = scale sum_i dS_ij q_i                -> scale sum_i |dS|_ij rms(q_i)
+    dq_i  = scale sum_j dS_ij k_j                -> scale sum_j |dS|_ij max|k_j|
+    dk_j  = scale sum_i dS_ij q_i                -> scale sum_i |dS|_ij max|q_i|
     s_ij  = scale sum_d q_id k_jd                -> scale max||q_i|| max||k_j||  (>= scale sum_d |q_id k_jd|)
     lse_i = m_i + log sum_j exp(s_ij - m_i)      -> the logit scale above + max |lse_i|
-    rms over the head dim keeps each one a matrix-vector product, cheap next to the reference itself.
+    max|x_j| over the head dim bounds every element's terms and keeps each one a matrix-vector product,
+    cheap next to the reference itself. (The rms did not bound them: sdpa-cudnn's dq at a column where k
+    was 1.3x its rms failed at 1.07x a floor it was within by this measure: constant logits, where the
+    naive baseline's dq is exactly 0.)
     A rounding of each term costs about u times this, whatever cancellation makes of the sum.
     """
 
     def __init__(self, Q, K, V, dO, scale):
         self.scale = scale
-        self.v_rms, self.k_rms, self.q_rms = _rms(V), _rms(K), _rms(Q)  # [b, hk, 1|g, s]
-        self.dO_rms = _rms(dO) if dO is not None else None
+        self.v_max, self.k_max, self.q_max = _absmax(V), _absmax(K), _absmax(Q)  # [b, hk, 1|g, s]
+        self.dO_max = _absmax(dO) if dO is not None else None
         zero = torch.zeros((), dtype=Q.dtype, device=Q.device)
         self.out = self.dq = zero
         # Cauchy-Schwarz bounds the sum of |q_d k_d| that a logit adds up (and cancels) in fp32
@@ -141,13 +144,13 @@ class _ScaleAccumulator:
         self.dk_cols = torch.zeros_like(self.dv_cols)
 
     def add_forward(self, s, p):
-        self.out = torch.maximum(self.out, (p * self.v_rms.unsqueeze(-2)).sum(-1).amax())
+        self.out = torch.maximum(self.out, (p * self.v_max.unsqueeze(-2)).sum(-1).amax())
 
     def add_backward(self, i0, i1, p, dp, D_terms):
-        self.dv_cols += (p * self.dO_rms[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
+        self.dv_cols += (p * self.dO_max[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
         ds_mag = p * (dp.abs() + D_terms)
-        self.dq = torch.maximum(self.dq, self.scale * (ds_mag * self.k_rms.unsqueeze(-2)).sum(-1).amax())
-        self.dk_cols += self.scale * (ds_mag * self.q_rms[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
+        self.dq = torch.maximum(self.dq, self.scale * (ds_mag * self.k_max.unsqueeze(-2)).sum(-1).amax())
+        self.dk_cols += self.scale * (ds_mag * self.q_max[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
 
     def result(self, lse, backward):
         finite = lse[torch.isfinite(lse)]
@@ -160,8 +163,8 @@ class _ScaleAccumulator:
         return scales
 
 
-def _rms(t):
-    return t.square().mean(-1).sqrt()
+def _absmax(t):
+    return t.abs().amax(-1)
 
 
 def _amax0(t):

@@ -3,7 +3,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from torch.nn.attention.bias import causal_lower_right
 
 import faverify.reference as reference_module
@@ -49,6 +49,38 @@ def _magnitudes(case, x) -> dict:
     ds = 2 * dm * vm * case.head_dim  # |P (dP - D)| <= |dP| + |D|, each <= |dO| |V| d
     return {"out": vm, "dq": case.scale * ds * km * case.seqlen_k, "dk": case.scale * ds * qm * case.seqlen_q,
             "dv": dm * case.seqlen_q}
+
+
+@settings(max_examples=40, deadline=None)
+@given(cases(limits=SMALL, dtypes=("bf16",), regimes=("normal", "constant", "outliers", "peaked", "tiny")))
+def test_scales_bound_the_terms_of_every_element(case):
+    """The verdict's floor is u(dtype) times these scales: each must be at least the sum of |terms| of
+    every element of its tensor, computed here densely. A row's rms in place of its largest element did
+    not bound them (sdpa-cudnn's dq with constant logits, where k_jd was 1.3x its row's rms)."""
+    x = make_inputs(case, "cpu")
+    q, k, v, do = (t.detach().double() for t in (*x.tensors(), x.dout))
+    _, scales = reference(q, k, v, do, causal=case.causal, scale=case.scale)
+    g = case.nheads // case.nheads_k
+    K, V = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, K) * case.scale
+    if case.causal:
+        sq, sk = case.seqlen_q, case.seqlen_k
+        s = s.masked_fill(torch.arange(sk)[None, :] > torch.arange(sq)[:, None] + sk - sq, float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows that see no key: P = 0
+    o = torch.einsum("bhqk,bkhd->bqhd", p, V)
+    dp = torch.einsum("bqhd,bkhd->bhqk", do, V)
+    ds_mag = p * (dp.abs() + (do * o).abs().sum(-1).transpose(1, 2).unsqueeze(-1))
+
+    def group_sum(t):  # [b, sk, h, d] -> [b, sk, hk, d]: dk and dv sum over the heads that share a key head
+        return t.reshape(*t.shape[:2], case.nheads_k, g, t.shape[-1]).sum(3)
+
+    terms = {"out": torch.einsum("bhqk,bkhd->bqhd", p, V.abs()),
+             "dq": case.scale * torch.einsum("bhqk,bkhd->bqhd", ds_mag, K.abs()),
+             "dk": case.scale * group_sum(torch.einsum("bhqk,bqhd->bkhd", ds_mag, q.abs())),
+             "dv": group_sum(torch.einsum("bhqk,bqhd->bkhd", p, do.abs()))}
+    for name, t in terms.items():
+        bound = t.max().item() if t.numel() else 0.0
+        assert scales[name].item() >= bound * (1 - 1e-9), (name, scales[name].item(), bound)
 
 
 def test_lse_matches_logsumexp():

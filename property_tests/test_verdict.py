@@ -59,7 +59,7 @@ def test_rows_that_see_no_key_must_be_zero():
 
 
 def test_floor_does_not_vanish_when_the_baseline_is_exact():
-    """seqlen_k == 1: out = v exactly for the baseline. The floor (u * the terms' rms magnitude) still
+    """seqlen_k == 1: out = v exactly for the baseline. The floor (u * the terms' magnitude) still
     allows one ulp on typical elements, and not ten."""
     c = Case(1, 4, 1, 1, 1, 16, dtype="bf16", seed=1)
     x = make_inputs(c, "cpu")
