@@ -130,6 +130,12 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
     every = plan.gradcheck_every
     first: dict = {}  # signature -> (index, result) of the first case that showed it
 
+    def found_order(item) -> tuple:
+        """The order the cases were drawn in, then the tensors' order within one case: the workers return
+        cases in the order they finish, so the insertion order of `first` is not the drawing's."""
+        signature, (index, result) = item
+        return index, result.signatures.index(signature)
+
     def record(index: int, result: CaseResult) -> None:
         stats.add(result)
         progress(result)
@@ -142,13 +148,13 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
     try:
         pool.map(((i, c, every > 0 and i % every == 0) for i, c in enumerate(drawn)), record)
         shrinking = True
-        pending = [(sig, index, found) for sig, (index, found) in sorted(first.items(), key=lambda kv: kv[1][0])]
+        pending = [(sig, index, found) for sig, (index, found) in sorted(first.items(), key=found_order)]
         if pending:
             shrink_all(plan, pending, pool.workers[:min(MAX_PARALLEL_SHRINKS, max(1, cores() // 2))], shrunk)
     finally:
         # in the order the failures were found; interrupted: those not shrunk are reported as found
         note = "not shrunk: the run was interrupted" + (" while shrinking" if shrinking else "")
-        for signature, (index, found) in sorted(first.items(), key=lambda kv: kv[1][0]):
+        for signature, (index, found) in sorted(first.items(), key=found_order):
             minimal, steps, why = shrunk.get(signature, (found, 0, note))
             stats.failures.append(Failure(kernel=kernel, signature=signature, first=found, minimal=minimal,
                                           shrink_steps=steps, note=why))

@@ -212,3 +212,26 @@ def test_failures_shrunk_at_once_match_those_shrunk_one_by_one(tmp_path, monkeyp
     assert len(found[64]) >= 3  # several signatures: out and the gradients
     assert all(note == "" and steps > 0 for _, _, steps, note in found[64])
     assert found[64] == found[1]
+
+
+def test_failures_are_listed_in_drawing_order_whatever_order_the_workers_finish(tmp_path, monkeypatch):
+    """The workers return cases as they finish. Failures are listed by the case that first showed them,
+    then by tensor within that case, so a loaded machine gives the same report (a CI run under load once
+    swapped dk and dv here)."""
+    import faverify.isolation as iso
+    original = iso.Pool.map
+
+    def finish_backwards(self, items, on_result, warm=False):
+        done = []
+        original(self, items, lambda i, r: done.append((i, r)), warm)
+        for i, r in reversed(done):
+            on_result(i, r)
+
+    listed = []
+    for patch in (None, finish_backwards):
+        if patch:
+            monkeypatch.setattr(iso.Pool, "map", patch)
+        cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "12", "--device", "cpu", "--no-db",
+            "--workers", "2", "--shrink-budget", "0", "--gradcheck-every", "0", "--json", tmp_path / "r.json")
+        listed.append([f["signature"] for f in read_json(tmp_path / "r.json")["kernels"][0]["failures"]])
+    assert len(listed[0]) >= 3 and listed[0] == listed[1]
