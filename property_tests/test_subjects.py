@@ -21,6 +21,40 @@ def test_gpu_only_backends_skip_on_cpu_with_the_reason():
     assert r.status == "skip" and "device cpu not supported" in r.reason
 
 
+@pytest.mark.parametrize("message", ["No available kernel.  Aborting execution.",
+                                     "No viable backend for scaled_dot_product_attention was found."])
+def test_sdpa_refusals_skip_with_torchs_reasons(monkeypatch, message):
+    """torch refuses a case with "No available kernel" (CUDA) or "No viable backend" (elsewhere, newer torch)
+    and says why in warnings: a skip with those reasons, shape details left out. Anything else it raises
+    is the subject's failure."""
+    import warnings
+
+    import torch
+    import torch.nn.functional as F
+
+    from faverify.errors import Unsupported
+
+    def refuse(error):
+        def sdpa(*args, **kwargs):
+            warnings.warn("Flash attention kernel not used because:")
+            warnings.warn("Flash attention requires q,k,v to have the same last dimension and to be divisible "
+                          "by 8. Got Query.size(-1): 72, Key.size(-1): 72, Value.size(-1): 72 instead.")
+            warnings.warn("Lower right causal bias will produce NaNs in the output when seq_len_q > seq_len_kv")
+            raise RuntimeError(error)
+        return sdpa
+
+    flash = resolve("sdpa-flash")
+    q, k = torch.zeros(1, 4, 2, 72), torch.zeros(1, 2, 2, 72)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", refuse(message))
+    with pytest.raises(Unsupported) as e:
+        flash.fn(q, k, k, causal=True, softmax_scale=0.1)
+    assert str(e.value) == ("sdpa-flash: no available kernel for this case: Flash attention requires q,k,v to "
+                            "have the same last dimension and to be divisible by 8")
+    monkeypatch.setattr(F, "scaled_dot_product_attention", refuse("CUDA error: an illegal memory access"))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        flash.fn(q, k, k, causal=True, softmax_scale=0.1)
+
+
 @pytest.mark.parametrize("spec,message", [
     ("nosuch_module_xyz:fn", "cannot import module"),
     ("property_tests.planted:nosuch", "has no callable"),

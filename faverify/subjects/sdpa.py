@@ -2,7 +2,8 @@
 
 torch's `is_causal=True` is top-left aligned when seqlen_q != seqlen_k, so causal cases with unequal
 lengths pass `causal_lower_right` to follow the bottom-right convention (anchors/sdpa-numerics.md).
-A backend that cannot run a case ("No available kernel") skips it with torch's reason.
+A backend that cannot run a case skips it with torch's reason: torch raises "No available kernel" (CUDA) or
+"No viable backend" (other devices, newer torch) and says why in warnings, which are kept for the skip.
 """
 from __future__ import annotations
 
@@ -25,6 +26,21 @@ _BACKENDS = {
 }
 
 
+_NO_KERNEL = ("No available kernel", "No viable backend")
+_NOT_A_REASON = ("not used because", "Lower right causal bias")  # headers, and the warning on every sq > sk
+
+
+def _why(seen) -> str:
+    """torch's reasons for refusing a case, from the warnings it gave, without their shape details (one skip
+    row per reason, not per shape)."""
+    reasons = []
+    for w in seen:
+        text = " ".join(str(w.message).split())
+        if text and not any(m in text for m in _NOT_A_REASON):
+            reasons.append(text.split(" Got ")[0].split(". Got")[0].rstrip(". "))
+    return "; ".join(dict.fromkeys(reasons))[:300]
+
+
 def names() -> tuple:
     return tuple(_BACKENDS)
 
@@ -39,15 +55,16 @@ def make(name: str) -> Subject:
         sq, sk = q.shape[1], k.shape[1]
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
         try:
-            with sdpa_kernel(getattr(SDPBackend, backend_name)), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # torch warns on every lower-right mask with sq > sk
+            with sdpa_kernel(getattr(SDPBackend, backend_name)), warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")  # recorded, not shown: torch's reasons when it refuses a case
                 is_causal = causal and sq == sk  # top-left and bottom-right agree when sq == sk
                 mask = causal_lower_right(sq, sk) if causal and sq != sk else None
                 out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=is_causal,
                                                      scale=softmax_scale, enable_gqa=kt.shape[1] != qt.shape[1])
         except RuntimeError as e:
-            if "No available kernel" in str(e):
-                raise Unsupported(f"{name}: no available kernel for this case") from None
+            if any(m in str(e) for m in _NO_KERNEL):
+                why = _why(seen)
+                raise Unsupported(f"{name}: no available kernel for this case" + (f": {why}" if why else "")) from None
             raise
         return out.transpose(1, 2)
 
