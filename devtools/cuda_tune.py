@@ -9,11 +9,13 @@ odd-shaped cases (a variant that is fast but wrong shows there, before any fuzz 
 in the same process for the ratio.
 """
 import argparse
+import contextlib
 import json
 import os
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from faverify.bench import Config, _time
 from faverify.kernels.cuda.interface import flash_attn_func
@@ -76,11 +78,7 @@ def main():
             for name, fn in (("cuda", lambda: flash_attn_func(q, k, v, causal=causal)),
                              ("flash", lambda: F.scaled_dot_product_attention(
                                  q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal))):
-                if name == "flash":
-                    ctx = torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
-                else:
-                    import contextlib
-                    ctx = contextlib.nullcontext()
+                ctx = sdpa_kernel(SDPBackend.FLASH_ATTENTION) if name == "flash" else contextlib.nullcontext()
                 with ctx:
                     out = fn()
                     grad = do if name == "cuda" else do.transpose(1, 2)

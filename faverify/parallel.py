@@ -22,10 +22,14 @@ from faverify.strategies import cases
 _REPLAYABLE = (Phase.generate, Phase.shrink)
 
 
+def _replayable(plan: FuzzPlan, body: Callable[[Case], None]):
+    """The plan's seeded Hypothesis test around body: the draw and every replay of it are built here."""
+    return hypothesis_settings(plan, examples=plan.iters, database=None, phases=_REPLAYABLE)(
+        seed(plan.seed)(given(cases(dtypes=plan.dtypes, limits=plan.limits))(body)))
+
+
 def _draw(plan: FuzzPlan, keep: Callable[[Case], None]) -> None:
-    record = hypothesis_settings(plan, examples=plan.iters, database=None, phases=_REPLAYABLE)(
-        seed(plan.seed)(given(cases(dtypes=plan.dtypes, limits=plan.limits))(keep)))
-    record()
+    _replayable(plan, keep)()
 
 
 def draw_cases(plan: FuzzPlan) -> list:
@@ -92,8 +96,7 @@ def shrink_by_replay(plan: FuzzPlan, index: int, first: CaseResult, signature: s
         if interesting(case):
             raise Interesting(signature)
 
-    test = hypothesis_settings(plan, examples=plan.iters, database=None, phases=_REPLAYABLE)(
-        seed(plan.seed)(given(cases(dtypes=plan.dtypes, limits=plan.limits))(body)))
+    test = _replayable(plan, body)
     note = ""
     try:
         test()

@@ -1,5 +1,7 @@
 """The bundled Triton kernels: on the CPU through the interpreter (with its bf16 handling), on the GPU
 compiled (marked gpu). Correctness is judged by the same reference and verdict as everything else."""
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -149,6 +151,9 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
         print("\n" + out[-20000:])
     assert returncode == 0, out[-3000:] + err[-3000:]
     assert "0 failed" in out
+    # fp32's own small tiles (configs._fp32): the 16-bit ones spilled up to 45 KB there
+    fp32 = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if re.match(r"\w+ fp32 D\d+", line)]
+    assert fp32 and all(int(row[5]) <= 64 for row in fp32), [row[:6] for row in fp32 if int(row[5]) > 64]
 
 
 def _variant(case: Case) -> tuple:

@@ -27,7 +27,7 @@ SOURCE_DIR = Path(__file__).resolve().parent
 FALLBACK_NVCC = "/usr/local/cuda/bin/nvcc"
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 on bf16, ldmatrix and cp.async need Ampere or newer
 FLAGS = ("-std=c++17", "-O3", "-Xcompiler", "-fPIC")
-DEFINES_VAR = "FAVERIFY_CUDA_DEFINES"  # tile overrides for tuning runs, e.g. "-DFA_BN_WIDE=64"
+DEFINES_VAR = "FAVERIFY_CUDA_DEFINES"  # tile overrides for tuning runs, e.g. "-DFA_FWD_BN128=64"
 _DEFINE = re.compile(r"-DFA_[A-Z0-9_]+=\d+")
 _LOADED: dict = {}
 _LOCK = threading.Lock()
