@@ -1,6 +1,6 @@
 """A handful of odd-shaped cases through the CUDA kernels' forward and backward, small enough to run under
 compute-sanitizer (memcheck, racecheck): tails in every dimension, unaligned head dims, GQA, causal with
-rows that see no key, strided views.
+rows that see no key, strided views, GQA groups of several query tiles per head.
 
     compute-sanitizer --tool memcheck python3 devtools/sanitize_cases.py [mma|simt ...]
 """
@@ -18,6 +18,8 @@ CASES = [
     Case(1, 65, 129, 2, 2, 256, dtype="bf16", seed=3),
     Case(1, 1, 1, 1, 1, 3, dtype="fp16", seed=4),
     Case(1, 130, 130, 3, 3, 128, dtype="fp16", causal=True, seed=5, layout="packed"),
+    # GQA with several query tiles per head: the dkdv loop steps from head to head of a group (session 5)
+    Case(2, 150, 140, 4, 2, 128, dtype="bf16", causal=True, seed=6),
 ]
 
 VARIANTS = sys.argv[1:] or ["mma", "simt"]

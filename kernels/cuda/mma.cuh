@@ -30,6 +30,13 @@ template <int D> __host__ __device__ constexpr int m_tiles() { return D == 256 ?
 template <int D> __host__ __device__ constexpr int block_m() { return 16 * WARPS * m_tiles<D>(); }
 template <int D> __host__ __device__ constexpr int block_n() { return D >= 128 ? 32 : 64; }
 
+// The grids of the tensor-core kernels are (row tiles, heads, batch): batch and head are read from blockIdx
+// (z, y) where they are used, so the compiler need not keep them, or a division's result, in a register
+// across the main loop (at head dim 128 one such value was what spilled: ptxas -v).
+__device__ __forceinline__ Head block_head(const Params &p) {
+    return {(int)blockIdx.z, (int)blockIdx.y, (int)blockIdx.y / (p.h / p.hk)};
+}
+
 // The query tile of a block of the forward or dq grid. Causal: the last query tiles see the most keys;
 // launched first, they do not trail the grid's end (forward at seqlen 16384: +1.4%, measured).
 __device__ __forceinline__ int query_tile(const Params &p) {
@@ -102,20 +109,42 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool in_r
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
 
+// x through an empty asm the compiler must assume changes it: what is computed from the result stays where
+// it is written, inside the kernel's main loop, instead of being hoisted out to occupy registers across it.
+__device__ __forceinline__ int opaque(int x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
 // Copy rows [row0, row0 + N) of one (batch, head) slice of a [b, s, h, d] tensor into a padded smem tile,
 // zeros past the sequence end and past d. `aligned` (d, strides and pointer multiples of 8 elements / 16
 // bytes, checked on the host) takes cp.async; otherwise element by element, synchronously.
-template <typename T, int N, int D>
+// Each of the NT threads owns one 16-byte column chunk and every (NT / CHUNKS)-th row from its first: its
+// source address is computed once and then stepped, in a loop unrolled at compile time. A loop over a
+// flat index (row = idx / CHUNKS) cost about 30 instructions per chunk in address arithmetic: in the
+// dkdv kernel more instructions than its mma's (SASS of session 5, docs/measurements.md).
+template <typename T, int N, int D, int NT>
 __device__ __forceinline__ void load_tile(T (*dst)[D + PAD], const T *base, int64_t stride_s, int row0, int rows,
-                                          int d, bool aligned, int threads) {
-    constexpr int CHUNKS = D / 8;
-    for (int idx = threadIdx.x; idx < N * CHUNKS; idx += threads) {
-        const int r = idx / CHUNKS, c = (idx % CHUNKS) * 8;
-        const bool row_ok = row0 + r < rows;
-        const T *src = base + (int64_t)(row_ok ? row0 + r : 0) * stride_s + c;
-        if (aligned) {
-            cp_async16(&dst[r][c], row_ok && c < d ? src : base, row_ok && c < d);
-        } else {
+                                          int d, bool aligned) {
+    constexpr int CHUNKS = D / 8, STEP = NT / CHUNKS;
+    static_assert(NT % CHUNKS == 0, "a thread's chunk column must not change from row to row");
+    if (aligned) {
+        const int tid = opaque(threadIdx.x);
+        const int r0 = tid / CHUNKS, c = (tid % CHUNKS) * 8;
+        const T *src = base + (int64_t)(row0 + r0) * stride_s + c;
+        const int64_t step = (int64_t)STEP * stride_s;
+        const int left = c < d ? rows - row0 - r0 : 0;  // rows this thread may copy, from its first on
+#pragma unroll
+        for (int i = 0; i < (N + STEP - 1) / STEP; ++i) {
+            if (N % STEP != 0 && r0 + i * STEP >= N) break;
+            const bool ok = i * STEP < left;
+            cp_async16(&dst[r0 + i * STEP][c], ok ? src + i * step : base, ok);
+        }
+    } else {  // the rare path, rolled, as registers are short beside the main loop
+        for (int idx = threadIdx.x; idx < N * CHUNKS; idx += NT) {
+            const int r = idx / CHUNKS, c = (idx % CHUNKS) * 8;
+            const bool row_ok = row0 + r < rows;
+            const T *src = base + (int64_t)(row_ok ? row0 + r : 0) * stride_s + c;
 #pragma unroll
             for (int e = 0; e < 8; ++e) dst[r][c + e] = (row_ok && c + e < d) ? src[e] : from_float<T>(0.f);
         }
@@ -125,12 +154,15 @@ __device__ __forceinline__ void load_tile(T (*dst)[D + PAD], const T *base, int6
 // Double buffering of K and V tiles of BN rows: before computing on tile t (buffer t % 2), start copying
 // tile t + 1 into the other buffer and wait only for tile t; on the last tile, wait for everything.
 template <typename T, int BN, int D>
-__device__ __forceinline__ void next_kv(T (*ks)[D + PAD], T (*vs)[D + PAD], const T *kb, const T *vb,
-                                        const Params &p, int t, int tiles, bool aligned) {
+__device__ __forceinline__ void next_kv(T (*ks)[D + PAD], T (*vs)[D + PAD], const Params &p, int t, int tiles,
+                                        bool aligned) {
     if (t + 1 < tiles) {
+        // the head's K and V found again from blockIdx, not kept: two 64-bit pointers across the main loop
+        // were registers the forward at head dim 128 did not have (ptxas -v: spills)
+        const Head x = block_head(p);
         const int buf = 1 - t % 2, n0 = (t + 1) * BN;
-        load_tile<T, BN, D>(ks + buf * BN, kb, p.k_s, n0, p.sk, p.d, aligned, THREADS);
-        load_tile<T, BN, D>(vs + buf * BN, vb, p.v_s, n0, p.sk, p.d, aligned, THREADS);
+        load_tile<T, BN, D, THREADS>(ks + buf * BN, k_head<T>(p, x), p.k_s, n0, p.sk, p.d, aligned);
+        load_tile<T, BN, D, THREADS>(vs + buf * BN, v_head<T>(p, x), p.v_s, n0, p.sk, p.d, aligned);
         cp_async_commit();
         cp_async_wait<1>();
     } else {

@@ -24,8 +24,9 @@ using namespace mma;  // dq takes the query-row tiles of mma.cuh (m_tiles, block
 // MT = 1, one pass, BN = 64 gave 0.44-0.47x: the split pass's extra product and loop cost more than the
 // shared-memory reads it saves.
 // FA_DKDV_WARPS, FA_DKDV_BN and FA_DQ_BN128 override the warps per block, the query tile of dkdv and the key
-// tile of dq at head dim 128, when tuning (build.py, devtools/cuda_tune.py). Measured at head dim 128, bf16:
-// 8 warps changed the dkdv kernel's time by -2% to +4%; a query tile of 32, +14%; dq's key tile 48, +50%.
+// tile of dq at head dim 128, when tuning (build.py, devtools/cuda_tune.py). Measured at head dim 128, bf16,
+// in session 4 (before the loads of mma.cuh lost their address arithmetic): 8 warps changed the dkdv kernel's
+// time by -2% to +4%; a query tile of 32, +14%; dq's key tile 48, +50%.
 #ifndef FA_DKDV_WARPS
 #define FA_DKDV_WARPS 4
 #endif
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
     T (*ks)[LD] = dos + BM;      // two buffers of BN rows
     T (*vs)[LD] = ks + 2 * BN;   // two buffers of BN rows
 
-    const auto [b, h, hk] = query_head(p);
+    const auto [b, h, hk] = block_head(p);
     const int warp = threadIdx.x / 32, tq = threadIdx.x % 4;
     const int row0 = query_tile(p) * BM;
     const T *kb = k_head<T>(p, {b, h, hk}), *vb = v_head<T>(p, {b, h, hk});
@@ -69,11 +70,11 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
     }
 
     const int end = key_end(p, row0, BM), tiles = (end + BN - 1) / BN;
-    load_tile<T, BM, D>(qs, (const T *)p.q + b * p.q_b + h * p.q_h, p.q_s, row0, p.sq, p.d, aligned, THREADS);
-    load_tile<T, BM, D>(dos, (const T *)p.dout + b * p.do_b + h * p.do_h, p.do_s, row0, p.sq, p.d, aligned, THREADS);
+    load_tile<T, BM, D, THREADS>(qs, (const T *)p.q + b * p.q_b + h * p.q_h, p.q_s, row0, p.sq, p.d, aligned);
+    load_tile<T, BM, D, THREADS>(dos, (const T *)p.dout + b * p.do_b + h * p.do_h, p.do_s, row0, p.sq, p.d, aligned);
     if (tiles > 0) {
-        load_tile<T, BN, D>(ks, kb, p.k_s, 0, p.sk, p.d, aligned, THREADS);
-        load_tile<T, BN, D>(vs, vb, p.v_s, 0, p.sk, p.d, aligned, THREADS);
+        load_tile<T, BN, D, THREADS>(ks, kb, p.k_s, 0, p.sk, p.d, aligned);
+        load_tile<T, BN, D, THREADS>(vs, vb, p.v_s, 0, p.sk, p.d, aligned);
     }
     cp_async_commit();
 
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
     zero<MT, D / 8>(dq);
     for (int t = 0; t < tiles; ++t) {
         const int n0 = t * BN, buf = t % 2;
-        next_kv<T, BN, D>(ks, vs, kb, vb, p, t, tiles, aligned);
+        next_kv<T, BN, D>(ks, vs, p, t, tiles, aligned);
         __syncthreads();  // tile t, Q, dO and the row statistics are visible to every warp
 
         float s[MT][BN / 8][4], dp[MT][BN / 8][4];
@@ -89,13 +90,15 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
         zero<MT, BN / 8>(dp);
         gemm_nt_smem<T, MT, BN, D, LD, LD>(s, qs, warp * 16 * MT, ks + buf * BN, 0);
         gemm_nt_smem<T, MT, BN, D, LD, LD>(dp, dos, warp * 16 * MT, vs + buf * BN, 0);
-        const bool edge = n0 + BN > p.sk || (p.causal && n0 + BN - 1 > row0 + p.sk - p.sq);
-        each_entry<MT, BN>([&](int mt, int nt, int e) {
+        each_entry<MT, BN>([&](int mt, int nt, int e) {  // s becomes dS
             const int r = lane_row<MT>(mt, e / 2);
-            const bool keep = !edge || visible(p, row0 + r, n0 + nt * 8 + 2 * tq + e % 2);
-            const float pij = keep ? recompute_p(s[mt][nt][e], stats[0][r], stats[1][r], c) : 0.f;
-            s[mt][nt][e] = pij * (dp[mt][nt][e] - stats[2][r]);  // s now holds dS
+            s[mt][nt][e] = recompute_p(s[mt][nt][e], stats[0][r], stats[1][r], c) * (dp[mt][nt][e] - stats[2][r]);
         });
+        if (n0 + BN > p.sk || (p.causal && n0 + BN - 1 > row0 + p.sk - p.sq)) {  // masked after, as in dkdv
+            each_entry<MT, BN>([&](int mt, int nt, int e) {
+                if (!visible(p, row0 + lane_row<MT>(mt, e / 2), n0 + nt * 8 + 2 * tq + e % 2)) s[mt][nt][e] = 0.f;
+            });
+        }
         gemm_nn_c<T, MT, D, BN, LD>(dq, s, ks + buf * BN, 0);
         __syncthreads();  // every warp is done with buffer `buf` before it is refilled
     }
@@ -112,7 +115,7 @@ __global__ void __launch_bounds__(DKDV_THREADS, 1) dkdv_kernel(Params p) {  // 1
     T (*dos)[LD] = qs + 2 * BN;  // two buffers of BN rows
     float (*stats)[3][BN] = reinterpret_cast<float (*)[3][BN]>(dos + 2 * BN);  // [buffer][m, log2l, D][row]
 
-    const int b = blockIdx.y / p.hk, hk = blockIdx.y % p.hk, group = p.h / p.hk;
+    const int b = blockIdx.z, hk = blockIdx.y, group = p.h / p.hk;  // grid: (key tiles, key heads, batch)
     const int warp = threadIdx.x / 32, tq = threadIdx.x % 4;
     const int col0 = blockIdx.x * BM;
     const float c = p.scale_log2;
@@ -120,12 +123,11 @@ __global__ void __launch_bounds__(DKDV_THREADS, 1) dkdv_kernel(Params p) {  // 1
 
     const int begin = query_begin(p, col0);
     const int per_head = begin < p.sq ? (p.sq - begin + BN - 1) / BN : 0, tiles = per_head * group;
-    auto fetch = [&](int t, int buf) {  // query tile t of the flattened (head in group, query tile) loop
-        const int h = hk * group + t / per_head, m0 = begin + (t % per_head) * BN;
-        load_tile<T, BN, D>(qs + buf * BN, (const T *)p.q + b * p.q_b + h * p.q_h, p.q_s, m0, p.sq, p.d, aligned,
-                            DKDV_THREADS);
-        load_tile<T, BN, D>(dos + buf * BN, (const T *)p.dout + b * p.do_b + h * p.do_h, p.do_s, m0, p.sq, p.d,
-                            aligned, DKDV_THREADS);
+    auto fetch = [&](int h, int m0, int buf) {  // query tile [m0, m0 + BN) of head h, into buffer buf
+        load_tile<T, BN, D, DKDV_THREADS>(qs + buf * BN, (const T *)p.q + b * p.q_b + h * p.q_h, p.q_s, m0, p.sq,
+                                          p.d, aligned);
+        load_tile<T, BN, D, DKDV_THREADS>(dos + buf * BN, (const T *)p.dout + b * p.do_b + h * p.do_h, p.do_s, m0,
+                                          p.sq, p.d, aligned);
         const int64_t row = ((int64_t)b * p.h + h) * p.sq + m0;
         for (int x = threadIdx.x; x < BN; x += DKDV_THREADS) {
             const bool in = m0 + x < p.sq;
@@ -135,18 +137,21 @@ __global__ void __launch_bounds__(DKDV_THREADS, 1) dkdv_kernel(Params p) {  // 1
         }
     };
 
-    load_tile<T, BM, D>(ks, (const T *)p.k + b * p.k_b + hk * p.k_h, p.k_s, col0, p.sk, p.d, aligned, DKDV_THREADS);
-    load_tile<T, BM, D>(vs, (const T *)p.v + b * p.v_b + hk * p.v_h, p.v_s, col0, p.sk, p.d, aligned, DKDV_THREADS);
-    if (tiles > 0) fetch(0, 0);
+    load_tile<T, BM, D, DKDV_THREADS>(ks, (const T *)p.k + b * p.k_b + hk * p.k_h, p.k_s, col0, p.sk, p.d, aligned);
+    load_tile<T, BM, D, DKDV_THREADS>(vs, (const T *)p.v + b * p.v_b + hk * p.v_h, p.v_s, col0, p.sk, p.d, aligned);
+    if (tiles > 0) fetch(hk * group, begin, 0);
     cp_async_commit();
 
     float dk[MT][D / 8][4], dv[MT][D / 8][4];  // the one a pass does not compute is never touched: no registers
     zero<MT, D / 8>(dk);
     zero<MT, D / 8>(dv);
-    for (int t = 0; t < tiles; ++t) {
-        const int buf = t % 2, m0 = begin + (t % per_head) * BN;
+    // Tile t is [m0, m0 + BN) of query head h: the query tiles of every head of the group, in order, stepped
+    // rather than divided out of t (an integer division per tile).
+    for (int t = 0, h = hk * group, m0 = begin; t < tiles; ++t) {
+        const int buf = t % 2;
+        const bool wrap = m0 + BN >= p.sq;  // tile t + 1 starts the next head
         if (t + 1 < tiles) {
-            fetch(t + 1, 1 - buf);
+            fetch(wrap ? h + 1 : h, wrap ? begin : m0 + BN, 1 - buf);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -157,12 +162,19 @@ __global__ void __launch_bounds__(DKDV_THREADS, 1) dkdv_kernel(Params p) {  // 1
         float s[MT][BN / 8][4];  // S^T: this warp's keys x BN queries
         zero<MT, BN / 8>(s);
         gemm_nt_smem<T, MT, BN, D, LD, LD>(s, ks, warp * 16 * MT, qs + buf * BN, 0);
-        const bool edge = m0 + BN > p.sq || (p.causal && col0 + BM - 1 > m0 + p.sk - p.sq);
         each_entry<MT, BN>([&](int mt, int nt, int e) {
             const int x = nt * 8 + 2 * tq + e % 2;  // query within the tile
-            const bool keep = !edge || (m0 + x < p.sq && visible(p, m0 + x, col0 + lane_row<MT>(mt, e / 2)));
-            s[mt][nt][e] = keep ? recompute_p(s[mt][nt][e], stats[buf][0][x], stats[buf][1][x], c) : 0.f;
+            s[mt][nt][e] = recompute_p(s[mt][nt][e], stats[buf][0][x], stats[buf][1][x], c);
         });
+        // Only tiles that cross the end of the queries or the causal diagonal need the mask, applied after the
+        // exponentials: a masked entry's P is finite (zero rows past the ends; min(., 0) at the diagonal), so
+        // zeroing it then is exact, and the unmasked loop stays free of the mask's tests (registers: spills).
+        if (m0 + BN > p.sq || (p.causal && col0 + BM - 1 > m0 + p.sk - p.sq)) {
+            each_entry<MT, BN>([&](int mt, int nt, int e) {
+                const int x = nt * 8 + 2 * tq + e % 2;
+                if (!(m0 + x < p.sq && visible(p, m0 + x, col0 + lane_row<MT>(mt, e / 2)))) s[mt][nt][e] = 0.f;
+            });
+        }
         if constexpr (DO_DV) {
             gemm_nn_c<T, MT, D, BN, LD>(dv, s, dos + buf * BN, 0);
         }
@@ -176,6 +188,8 @@ __global__ void __launch_bounds__(DKDV_THREADS, 1) dkdv_kernel(Params p) {  // 1
             gemm_nn_c<T, MT, D, BN, LD>(dk, s, qs + buf * BN, 0);
         }
         __syncthreads();  // every warp is done with buffer `buf` before it is refilled
+        h += wrap;
+        m0 = wrap ? begin : m0 + BN;
     }
     if constexpr (DO_DK) store_rows<T, MT, D>(p, (T *)p.dk + b * p.dk_b + hk * p.dk_h, p.dk_s, col0, p.sk, dk, times(p.scale));
     if constexpr (DO_DV) store_rows<T, MT, D>(p, (T *)p.dv + b * p.dv_b + hk * p.dv_h, p.dv_s, col0, p.sk, dv, times(1.f));
@@ -184,7 +198,7 @@ __global__ void __launch_bounds__(DKDV_THREADS, 1) dkdv_kernel(Params p) {  // 1
 template <typename T, int D>
 int run(const Params &p, cudaStream_t stream) {
     constexpr int BM = block_m<D>(), BK = block_m_dkdv<D>(), LD = D + PAD;
-    const dim3 grid_q((p.sq + BM - 1) / BM, p.b * p.h), grid_k((p.sk + BK - 1) / BK, p.b * p.hk);
+    const dim3 grid_q((p.sq + BM - 1) / BM, p.h, p.b), grid_k((p.sk + BK - 1) / BK, p.hk, p.b);
     const int bytes_q = (2 * BM + 4 * dq_block_n<D>()) * LD * sizeof(T) + 3 * BM * sizeof(float);
     const int bytes_k = (2 * BK + 4 * block_n_dkdv<D>()) * LD * sizeof(T) + 2 * 3 * block_n_dkdv<D>() * sizeof(float);
     int e = launch(dq_kernel<T, D>, grid_q, bytes_q, p, stream);

@@ -19,10 +19,17 @@ namespace mma_fwd {
 
 using namespace mma;
 // The key tile at head dim 128: 48 keys, measured on the H200 (docs/measurements.md, devtools/cuda_tune.py):
-// 0.75-0.82x sdpa-flash against 0.70-0.74x with 32, as each Q fragment read from shared memory feeds 3 n-tiles
-// instead of 2; 64 spills. FA_FWD_BN128 overrides it when tuning (build.py: FAVERIFY_CUDA_DEFINES).
+// 0.89-0.95x sdpa-flash against 0.79-0.83x with 32 (session 5), as each Q fragment read from shared memory
+// feeds 3 n-tiles instead of 2; 64 spills. A library built for sm_80 takes 32: there nvcc 13.0 spills with
+// 48 (ptxas -v), and no sm_80 GPU was at hand to time either. FA_FWD_BN128 overrides it when tuning
+// (build.py: FAVERIFY_CUDA_DEFINES). __CUDA_ARCH_LIST__ names the one architecture a library is built for, in
+// the host pass too, which sizes the launch's shared memory with the same tile.
 #ifndef FA_FWD_BN128
+#if defined(__CUDA_ARCH_LIST__) && __CUDA_ARCH_LIST__ < 900
+#define FA_FWD_BN128 32
+#else
 #define FA_FWD_BN128 48
+#endif
 #endif
 template <int D> __host__ __device__ constexpr int fwd_block_n() { return D == 128 ? FA_FWD_BN128 : block_n<D>(); }
 template <typename T, int D> constexpr int smem_bytes() {
@@ -37,7 +44,7 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
     T (*ks)[LD] = qs + BM;       // two buffers of BN rows
     T (*vs)[LD] = ks + 2 * BN;   // two buffers of BN rows
 
-    const auto [b, h, hk] = query_head(p);
+    const auto [b, h, hk] = block_head(p);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tq = lane % 4;
     const int row0 = query_tile(p) * BM, warp_row0 = warp * 16 * MT;  // warp_row0: within the block
     // this lane's rows: m-tile mt, half x (fragment entries 2x, 2x + 1)
@@ -48,10 +55,10 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
     const bool aligned = p.aligned;
 
     const int end = key_end(p, row0, BM), tiles = (end + BN - 1) / BN;
-    load_tile<T, BM, D>(qs, qb, p.q_s, row0, p.sq, p.d, aligned, THREADS);
+    load_tile<T, BM, D, THREADS>(qs, qb, p.q_s, row0, p.sq, p.d, aligned);
     if (tiles > 0) {
-        load_tile<T, BN, D>(ks, kb, p.k_s, 0, p.sk, p.d, aligned, THREADS);
-        load_tile<T, BN, D>(vs, vb, p.v_s, 0, p.sk, p.d, aligned, THREADS);
+        load_tile<T, BN, D, THREADS>(ks, kb, p.k_s, 0, p.sk, p.d, aligned);
+        load_tile<T, BN, D, THREADS>(vs, vb, p.v_s, 0, p.sk, p.d, aligned);
     }
     cp_async_commit();
 
@@ -65,7 +72,7 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
 
     for (int t = 0; t < tiles; ++t) {
         const int n0 = t * BN, buf = t % 2;
-        next_kv<T, BN, D>(ks, vs, kb, vb, p, t, tiles, aligned);
+        next_kv<T, BN, D>(ks, vs, p, t, tiles, aligned);
         __syncthreads();  // tile t (and Q) copied by every thread is visible to every warp
 
         float s[MT][BN / 8][4];
@@ -134,7 +141,7 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
 
 template <typename T, int D, bool INIT_NEG_INF>
 int run(const Params &p, cudaStream_t stream) {
-    const dim3 grid((p.sq + block_m<D>() - 1) / block_m<D>(), p.b * p.h);
+    const dim3 grid((p.sq + block_m<D>() - 1) / block_m<D>(), p.h, p.b);
     return launch(fwd<T, D, INIT_NEG_INF>, grid, smem_bytes<T, D>(), p, stream);
 }
 
