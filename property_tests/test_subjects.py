@@ -55,6 +55,31 @@ def test_sdpa_refusals_skip_with_torchs_reasons(monkeypatch, message):
         flash.fn(q, k, k, causal=True, softmax_scale=0.1)
 
 
+def test_sdpa_skip_reasons_leave_out_shapes_locations_and_disabled_backends():
+    """The warnings torch 2.11 gave on the H200 when sdpa-efficient refused cases (session 5): two cases of
+    different shapes give the same reason, so the skip table has one row for them."""
+    from faverify.subjects.sdpa import _why
+
+    class W:
+        def __init__(self, message):
+            self.message = message
+
+    def warned(q, k):
+        return [W("Memory efficient kernel not used because:"),
+                W(f"For dense input, both fused kernels require query, key and value to have the same num_heads. "
+                  f"Query.sizes(): {q}, Key sizes(): {k}, Value sizes(): {k} instead. To broadcast dense inputs, "
+                  f"try using unsqueeze and expand_to before passing them into the kernel. (Triggered internally "
+                  f"at /pytorch/aten/src/ATen/native/transformers/sdp_utils_cpp.h:540.)"),
+                W("Flash attention has been runtime disabled. (Triggered internally at /pytorch/aten/src/ATen/"
+                  "native/transformers/sdp_utils_cpp.h:540.); cuDNN attention has been runtime disabled.")]
+
+    first, second = _why(warned([1, 8, 1, 16], [1, 1, 1, 16])), _why(warned([1, 2, 2048, 16], [1, 1, 2048, 16]))
+    assert first == second == ("For dense input, both fused kernels require query, key and value to have the same "
+                               "num_heads. Query.sizes(): [...], Key sizes(): [...], Value sizes(): [...] instead. "
+                               "To broadcast dense inputs, try using unsqueeze and expand_to before passing them "
+                               "into the kernel")
+
+
 @pytest.mark.parametrize("spec,message", [
     ("nosuch_module_xyz:fn", "cannot import module"),
     ("property_tests.planted:nosuch", "has no callable"),

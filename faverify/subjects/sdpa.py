@@ -7,6 +7,7 @@ A backend that cannot run a case skips it with torch's reason: torch raises "No 
 """
 from __future__ import annotations
 
+import re
 import warnings
 
 import torch.nn.functional as F
@@ -27,17 +28,21 @@ _BACKENDS = {
 
 
 _NO_KERNEL = ("No available kernel", "No viable backend")
-_NOT_A_REASON = ("not used because", "Lower right causal bias")  # headers, and the warning on every sq > sk
+# Not reasons: headers, the warning on every sq > sk, and the other backends that sdpa_kernel switched off.
+_NOT_A_REASON = ("not used because", "Lower right causal bias", "has been runtime disabled")
+_WHERE = re.compile(r"\s*\(Triggered internally at [^)]*\)")  # torch's source location
+_SIZES = re.compile(r"\[[\d, ]*\]")  # a shape, as in "Query.sizes(): [1, 8, 1, 16]"
 
 
 def _why(seen) -> str:
-    """torch's reasons for refusing a case, from the warnings it gave, without their shape details (one skip
-    row per reason, not per shape)."""
+    """torch's reasons for refusing a case, from the warnings it gave, without their shape details and
+    source locations (one skip row per reason, not per shape)."""
     reasons = []
     for w in seen:
-        text = " ".join(str(w.message).split())
-        if text and not any(m in text for m in _NOT_A_REASON):
-            reasons.append(text.split(" Got ")[0].split(". Got")[0].rstrip(". "))
+        text = _SIZES.sub("[...]", _WHERE.sub("", " ".join(str(w.message).split())))
+        for part in text.split("; "):  # one warning may carry several backends' reasons
+            if part and not any(m in part for m in _NOT_A_REASON):
+                reasons.append(part.split(" Got ")[0].split(". Got")[0].rstrip(". "))
     return "; ".join(dict.fromkeys(reasons))[:300]
 
 
