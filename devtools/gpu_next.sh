@@ -1,6 +1,6 @@
-# The GPU work still owed after session 5 (docs/measurements.md, "Session 5", says why). One H200; about
-# 2 minutes. Not yet run on the GPU: the SDPA skip reasons without shapes or source locations (4d186e1):
-# sdpa-efficient should now show one row per reason (before, one per shape).
+# The last GPU check session 5 owed (docs/measurements.md, "Session 5"), run at its end: the SDPA skip
+# reasons without shapes or source locations (4d186e1), one row per reason for sdpa-efficient (before, one
+# per shape). Nothing else is owed. One H200; about 2 minutes.
 . devtools/device_setup.sh
 step() { local s=$(date +%s); timeout -s TERM "$@"; echo "  exit $? after $(( $(date +%s) - s )) s"; }
 export FAVERIFY_CACHE=${FAVERIFY_CACHE:-/tmp/fvcache}
