@@ -131,14 +131,15 @@ __device__ __forceinline__ void load_tile(T (*dst)[D + PAD], const T *base, int6
     if (aligned) {
         const int tid = opaque(threadIdx.x);
         const int r0 = tid / CHUNKS, c = (tid % CHUNKS) * 8;
+        // A row past the end is copied as zeros: src-size 0, no byte read, so its address (past the end too)
+        // needs no select (compute-sanitizer's memcheck on devtools/sanitize_cases.py agrees).
         const T *src = base + (int64_t)(row0 + r0) * stride_s + c;
         const int64_t step = (int64_t)STEP * stride_s;
         const int left = c < d ? rows - row0 - r0 : 0;  // rows this thread may copy, from its first on
 #pragma unroll
-        for (int i = 0; i < (N + STEP - 1) / STEP; ++i) {
+        for (int i = 0; i < (N + STEP - 1) / STEP; ++i, src += step) {
             if (N % STEP != 0 && r0 + i * STEP >= N) break;
-            const bool ok = i * STEP < left;
-            cp_async16(&dst[r0 + i * STEP][c], ok ? src + i * step : base, ok);
+            cp_async16(&dst[r0 + i * STEP][c], src, i * STEP < left);
         }
     } else {  // the rare path, rolled, as registers are short beside the main loop
         for (int idx = threadIdx.x; idx < N * CHUNKS; idx += NT) {
