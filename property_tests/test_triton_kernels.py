@@ -80,6 +80,46 @@ def test_backward_is_deterministic():
         assert torch.equal(a[name], b[name]), name
 
 
+TMA_SKIP = HAS_GPU and torch.cuda.get_device_capability()[0] < 9
+
+
+@pytest.mark.skipif(TMA_SKIP, reason="tensor descriptors (TMA) need sm_90 or later; this GPU is older")
+@settings(max_examples=8, deadline=None)
+@given(cases(limits=SMALL, dtypes=("bf16", "fp16"), head_dims=(16, 48, 64, 80, 128),
+             layouts=("contiguous", "transposed", "packed")))  # "strided" pads rows by 8: no TMA
+def test_forward_through_tensor_descriptors_gives_the_same_bits(case):
+    """The TMA path (sm_90+) and the pointer path must agree bit for bit: the copy engine's zero fill at
+    the sequence tails and in the head-dim padding (48 and 80 pad to 64 and 128) replaces the masks."""
+    import dataclasses
+
+    from faverify.kernels.triton import interface
+    case = dataclasses.replace(case, head_dim=-(-case.head_dim // 16) * 16)  # 16-byte strides in every layout
+    x = make_inputs(case, DEVICE)
+    got = {}
+    for tma in (False, True):
+        interface.TMA = tma
+        try:
+            assert interface._use_tma(x.q, x.k, x.v) == tma, case
+            out, lse, (rowmax, log2l) = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init)
+        finally:
+            interface.TMA = None
+        got[tma] = (out, lse, rowmax, log2l)
+    for name, a, b in zip(("out", "lse", "rowmax", "log2l"), got[False], got[True]):
+        assert torch.equal(a, b), name
+
+
+def test_tensor_descriptors_only_where_strides_allow():
+    from faverify.kernels.triton import interface
+    q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16, device=DEVICE)
+    odd = torch.zeros(1, 8, 2, 72, dtype=torch.bfloat16, device=DEVICE)[..., :64]  # row stride 144 elements
+    interface.TMA = True
+    try:
+        assert interface._use_tma(q, q, q) and not interface._use_tma(q, odd, q)
+    finally:
+        interface.TMA = None
+    assert interface._use_tma(q, q, q) == (HAS_GPU and torch.cuda.get_device_capability()[0] >= 9)
+
+
 @pytest.mark.parametrize("head_dim", [1, 8, 24, 100, 256])
 def test_head_dims_padded_inside(head_dim):
     case = Case(1, 40, 50, 2, 1, head_dim, dtype="fp16", causal=True, seed=head_dim)

@@ -3,7 +3,8 @@
 A variant is a kernel with its compile-time constants: dtype, padded head dim (16..256), causal, and
 whether the head dim fills the padding (EVEN_D; the odd-head-dim path is compiled for bf16, it differs
 from the others only in masks), each with the tile its launcher picks by default. Pointers and strides are
-declared 16-byte aligned, as they are for contiguous inputs. For each variant: shared memory from the
+declared 16-byte aligned, as they are for contiguous inputs; so the 16-bit forward for sm_90 is the one
+that loads through tensor descriptors (TMA), as it runs there. For each variant: shared memory from the
 compiler, registers and stack frame from cuobjdump on the cubin (ptxas puts spilled registers in the
 stack frame; a nonzero one is reported as a spill).
 
@@ -111,6 +112,8 @@ def compile_variant(v: Variant, capability: int) -> dict:
         constants.update(CAUSAL=v.causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, INTERPRETED=False,
                          IEEE=v.dtype == "fp32")
         options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
+        if v.kernel == "fwd":  # as interface._use_tma launches it: tensor descriptors for 16-bit on sm_90+
+            constants["TMA"] = capability >= 90 and v.dtype != "fp32"
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
              if name[0].isupper() or name.startswith("stride_")}
     attrs = {k: a for k, a in attrs.items() if fn.arg_names[k[0]] not in constants}

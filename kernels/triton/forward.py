@@ -27,14 +27,20 @@ from faverify.kernels.triton.common import cast, generic_args, key_ranges, load_
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
+def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs,  #
                lo, hi, offs_m, offs_n, mask_dk, mask_dv, seqlen_k, diag, qk_scale,  #
                MASK: tl.constexpr, CAUSAL: tl.constexpr,  #
-               BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+               BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr,
+               TMA: tl.constexpr):
+    # k_src, v_src: tensor descriptors when TMA (the copy engine zero-fills rows past seqlen_k and the
+    # head-dim padding), else pointer tiles loaded with masks
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
-        k = load_rows(k_ptrs + start_n * stride_ks, cols, seqlen_k, mask_dk, False, MASK, EVEN_D)
+        if TMA:
+            k = k_src.load([start_n, 0]).T
+        else:
+            k = load_rows(k_src + start_n * stride_ks, cols, seqlen_k, mask_dk, False, MASK, EVEN_D)
         # s = q k^T (raw: scaled only after the max is subtracted, see the module docstring)
         qk = mm(q, k, INTERPRETED, IEEE)
         if MASK:
@@ -47,7 +53,10 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
         p = tl.math.exp2((qk - m_use[:, None]) * qk_scale)
         alpha = tl.math.exp2((m_i - m_use) * qk_scale)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_rows(v_ptrs + start_n * stride_vs, cols, seqlen_k, mask_dv, True, MASK, EVEN_D)
+        if TMA:
+            v = v_src.load([start_n, 0])
+        else:
+            v = load_rows(v_src + start_n * stride_vs, cols, seqlen_k, mask_dv, True, MASK, EVEN_D)
         # acc = acc * alpha + P V, P rounded to the input dtype as the matmul operand
         acc = acc * alpha[:, None] + mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE)
         m_i = m_new
@@ -62,7 +71,7 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l,  #
                 nheads, group, seqlen_q, seqlen_k, head_dim, qk_scale, init,  #
                 CAUSAL: tl.constexpr,  #
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,  #
-                INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+                INTERPRETED: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr = False):
     start_m = tl.program_id(0)
     off_bh = tl.program_id(1)
     off_b = (off_bh // nheads).to(tl.int64)
@@ -73,11 +82,22 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l,  #
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < head_dim
-    q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
-    q = load_rows(q_ptrs, offs_m, seqlen_q, mask_d[None, :], True, True, EVEN_D)
-    # k is read transposed: a [BLOCK_D, BLOCK_N] tile
-    k_ptrs = K + off_b * stride_kb + off_hk * stride_kh + offs_n[None, :] * stride_ks + offs_d[:, None]
-    v_ptrs = V + off_b * stride_vb + off_hk * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
+    if TMA:
+        # One descriptor per (batch, head): its bounds are the sequence and the head dim, so the copy
+        # engine masks the tails. Needs 16-byte aligned bases and strides (the launcher checks).
+        q_desc = tl.make_tensor_descriptor(Q + off_b * stride_qb + off_h * stride_qh, [seqlen_q, head_dim],
+                                           [stride_qs, 1], [BLOCK_M, BLOCK_D])
+        k_src = tl.make_tensor_descriptor(K + off_b * stride_kb + off_hk * stride_kh, [seqlen_k, head_dim],
+                                          [stride_ks, 1], [BLOCK_N, BLOCK_D])
+        v_src = tl.make_tensor_descriptor(V + off_b * stride_vb + off_hk * stride_vh, [seqlen_k, head_dim],
+                                          [stride_vs, 1], [BLOCK_N, BLOCK_D])
+        q = q_desc.load([start_m * BLOCK_M, 0])
+    else:
+        q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
+        q = load_rows(q_ptrs, offs_m, seqlen_q, mask_d[None, :], True, True, EVEN_D)
+        # k is read transposed: a [BLOCK_D, BLOCK_N] tile
+        k_src = K + off_b * stride_kb + off_hk * stride_kh + offs_n[None, :] * stride_ks + offs_d[:, None]
+        v_src = V + off_b * stride_vb + off_hk * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
 
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + init
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -85,12 +105,12 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l,  #
 
     diag = seqlen_k - seqlen_q  # bottom-right alignment: row i sees keys j <= i + diag
     full, hi = key_ranges(start_m, seqlen_k, diag, CAUSAL, BLOCK_M, BLOCK_N)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs,  #
                                0, full, offs_m, offs_n, mask_d[:, None], mask_d[None, :], seqlen_k, diag, qk_scale,
-                               False, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
+                               False, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE, TMA)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs,  #
                                full, hi, offs_m, offs_n, mask_d[:, None], mask_d[None, :], seqlen_k, diag, qk_scale,
-                               True, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE)
+                               True, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE, TMA)
 
     # out = acc / l, lse = ln 2 * (m c + log2 l); a row that saw no key (l == 0) gives 0 and -inf
     seen = l_i > 0.0
@@ -104,7 +124,11 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l,  #
     tl.store(Rowmax + rows, tl.where(seen, m_i, 0.0), mask=offs_m < seqlen_q)
     tl.store(Log2l + rows, tl.where(seen, log2l, float("inf")), mask=offs_m < seqlen_q)
     o_ptrs = Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
-    if EVEN_D:
+    if TMA:
+        o_desc = tl.make_tensor_descriptor(Out + off_b * stride_ob + off_h * stride_oh, [seqlen_q, head_dim],
+                                           [stride_os, 1], [BLOCK_M, BLOCK_D])
+        o_desc.store([start_m * BLOCK_M, 0], cast(out, Out.dtype.element_ty, INTERPRETED))
+    elif EVEN_D:
         tl.store(o_ptrs, cast(out, Out.dtype.element_ty, INTERPRETED), mask=offs_m[:, None] < seqlen_q)
     else:
         tl.store(o_ptrs, cast(out, Out.dtype.element_ty, INTERPRETED), mask=(offs_m[:, None] < seqlen_q) & mask_d[None, :])
