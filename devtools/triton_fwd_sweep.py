@@ -64,7 +64,8 @@ def main():
                       f"{line['flash_tflops']:.1f} TF/s; TMA bits equal: {bits}", flush=True)
                 for path in a.paths.split(","):
                     interface.TMA = path == "tma"
-                    for t in TILES:
+                    # the pointer path at its default tile only: the baseline of the same run
+                    for t in TILES if path == "tma" else [configs.default("fwd", d, 2, causal)]:
                         if not configs.keep("fwd", t, d, 2, 9):
                             continue
                         try:
