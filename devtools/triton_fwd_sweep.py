@@ -7,7 +7,6 @@ Shapes are faverify bench's (16384 tokens, nheads * head_dim = 2048). Before tim
 that the TMA and pointer paths give the same bits at the default tile.
 """
 import argparse
-import itertools
 import json
 import sys
 import time
@@ -19,11 +18,10 @@ from faverify.bench import Config
 from faverify.kernels.triton import configs, interface
 from faverify.kernels.triton.configs import Tile
 
-# around the best of session 6's first sweep (TMA, eager rescaling), by head dim
-TILES = {64: [Tile(128, 64, 4, 3), Tile(128, 64, 4, 4), Tile(128, 128, 4, 3), Tile(64, 128, 4, 3),
-              Tile(64, 128, 4, 4), Tile(64, 64, 4, 4)],
-         128: [Tile(128, 64, 4, 2), Tile(128, 32, 4, 2), Tile(128, 32, 4, 3), Tile(128, 32, 4, 4),
-               Tile(128, 128, 8, 3), Tile(256, 64, 8, 3), Tile(64, 64, 4, 3)]}
+TILES = [Tile(128, 64, 4, s) for s in (2, 3, 4)] + [Tile(128, 128, 4, s) for s in (2, 3)] \
+    + [Tile(128, 128, 8, s) for s in (2, 3)] + [Tile(128, 64, 8, 3), Tile(64, 64, 4, 3), Tile(64, 64, 4, 4),
+                                                Tile(64, 128, 4, 3), Tile(256, 64, 8, 2), Tile(256, 64, 8, 3),
+                                                Tile(256, 128, 8, 2)]
 
 
 def bench(fn):
@@ -36,7 +34,6 @@ def main():
     p.add_argument("--seqlens", default="4096,16384")
     p.add_argument("--headdims", default="64,128")
     p.add_argument("--paths", default="tma,ptr")
-    p.add_argument("--lazy", default="0,1", help="rescaling of acc: 0 every tile, 1 lazy (forward.py)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
@@ -65,10 +62,10 @@ def main():
                         "flash_tflops": flops / ref["flash"] * 1e-9, "tma_bits_equal": bits, "tiles": {}}
                 print(f"d{d} causal={causal} n={n}: cudnn {line['cudnn_tflops']:.1f} flash "
                       f"{line['flash_tflops']:.1f} TF/s; TMA bits equal: {bits}", flush=True)
-                for path, lazy in itertools.product(a.paths.split(","), map(int, a.lazy.split(","))):
-                    interface.TMA, interface.LAZY = path == "tma", bool(lazy)
+                for path in a.paths.split(","):
+                    interface.TMA = path == "tma"
                     # the pointer path at its default tile only: the baseline of the same run
-                    for t in TILES[d] if path == "tma" else [configs.default("fwd", d, 2, causal)]:
+                    for t in TILES if path == "tma" else [configs.default("fwd", d, 2, causal)]:
                         if not configs.keep("fwd", t, d, 2, 9):
                             continue
                         try:
@@ -77,10 +74,9 @@ def main():
                             print(f"   {path} {t}: {type(e).__name__} {str(e)[:120]}", flush=True)
                             continue
                         tf = flops / ms * 1e-9
-                        name = f"{path}{' lazy' if lazy else ''} {t}"
-                        line["tiles"][name] = tf
-                        print(f"   {name}: {tf:.1f} TF/s, {tf / line['cudnn_tflops']:.3f}x cudnn", flush=True)
-                interface.TMA, interface.LAZY = None, False
+                        line["tiles"][f"{path} {t}"] = tf
+                        print(f"   {path} {t}: {tf:.1f} TF/s, {tf / line['cudnn_tflops']:.3f}x cudnn", flush=True)
+                interface.TMA = None
                 best = max(line["tiles"].items(), key=lambda kv: kv[1])
                 print(f"  best {best[0]}: {best[1]:.1f} TF/s = {best[1] / line['cudnn_tflops']:.3f}x cudnn, "
                       f"{best[1] / line['flash_tflops']:.2f}x flash", flush=True)

@@ -25,15 +25,13 @@ import triton.language as tl
 
 from faverify.kernels.triton.common import cast, generic_args, key_ranges, load_rows, mask_scores, mm
 
-LAZY_LOG2 = tl.constexpr(8.0)  # how far p may exceed 1 before acc is rescaled (LAZY)
-
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, m_top, q, k_src, v_src, stride_ks, stride_vs,  #
+def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs,  #
                lo, hi, offs_m, offs_n, mask_dk, mask_dv, seqlen_k, diag, qk_scale,  #
                MASK: tl.constexpr, CAUSAL: tl.constexpr,  #
                BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr,
-               TMA: tl.constexpr, LAZY: tl.constexpr):
+               TMA: tl.constexpr):
     # k_src, v_src: tensor descriptors when TMA (the copy engine zero-fills rows past seqlen_k and the
     # head-dim padding), else pointer tiles loaded with masks
     for start_n in tl.range(lo, hi, BLOCK_N):
@@ -48,16 +46,7 @@ def _fwd_inner(acc, l_i, m_i, m_top, q, k_src, v_src, stride_ks, stride_vs,  #
         if MASK:
             qk = mask_scores(qk, offs_m, cols, seqlen_k, diag, CAUSAL)
         # m' = max(m, rowmax(s))
-        row_max = tl.max(qk, 1)
-        m_new = tl.maximum(m_i, row_max)
-        if LAZY:
-            m_top = tl.maximum(m_top, row_max)  # the true running max, for the backward (see _fwd)
-            # Keep the old max, for every row of the tile, unless some row's grew by more than LAZY_LOG2 in
-            # log2 units of p: then p <= 2^LAZY_LOG2 (exact in every dtype), and acc needs no rescaling.
-            # -inf to -inf counts as no growth; -inf (or -1e30) to finite as infinite.
-            grew = tl.max(tl.where(m_new > m_i, m_new - m_i, 0.0), 0) * qk_scale
-            rescale = grew > LAZY_LOG2
-            m_new = tl.where(rescale, m_new, m_i)
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
         # Started at -inf, a row that has seen only masked keys keeps m' = -inf, and s - m' would be NaN.
         # Started at -1e30, m' stays finite and exp2(-inf - m') is 0. One select per row makes both right.
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -69,14 +58,9 @@ def _fwd_inner(acc, l_i, m_i, m_top, q, k_src, v_src, stride_ks, stride_vs,  #
         else:
             v = load_rows(v_src + start_n * stride_vs, cols, seqlen_k, mask_dv, True, MASK, EVEN_D)
         # acc = acc * alpha + P V, P rounded to the input dtype as the matmul operand
-        if LAZY:
-            if rescale:  # one branch for the tile: alpha is 1 in every row otherwise
-                acc = acc * alpha[:, None]
-            acc += mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE)
-        else:
-            acc = acc * alpha[:, None] + mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE)
+        acc = acc * alpha[:, None] + mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE)
         m_i = m_new
-    return acc, l_i, m_i, m_top
+    return acc, l_i, m_i
 
 
 def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l,  #
@@ -87,8 +71,7 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l,  #
                 nheads, group, seqlen_q, seqlen_k, head_dim, qk_scale, init,  #
                 CAUSAL: tl.constexpr,  #
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,  #
-                INTERPRETED: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr = False,
-                LAZY: tl.constexpr = False):
+                INTERPRETED: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr = False):
     start_m = tl.program_id(0)
     off_bh = tl.program_id(1)
     off_b = (off_bh // nheads).to(tl.int64)
@@ -117,28 +100,22 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l,  #
         v_src = V + off_b * stride_vb + off_hk * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
 
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + init
-    m_top = m_i
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     diag = seqlen_k - seqlen_q  # bottom-right alignment: row i sees keys j <= i + diag
     full, hi = key_ranges(start_m, seqlen_k, diag, CAUSAL, BLOCK_M, BLOCK_N)
-    acc, l_i, m_i, m_top = _fwd_inner(acc, l_i, m_i, m_top, q, k_src, v_src, stride_ks, stride_vs,  #
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs,  #
                                0, full, offs_m, offs_n, mask_d[:, None], mask_d[None, :], seqlen_k, diag, qk_scale,
-                               False, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE, TMA, LAZY)
-    acc, l_i, m_i, m_top = _fwd_inner(acc, l_i, m_i, m_top, q, k_src, v_src, stride_ks, stride_vs,  #
+                               False, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE, TMA)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs,  #
                                full, hi, offs_m, offs_n, mask_d[:, None], mask_d[None, :], seqlen_k, diag, qk_scale,
-                               True, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE, TMA, LAZY)
+                               True, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE, TMA)
 
     # out = acc / l, lse = ln 2 * (m c + log2 l); a row that saw no key (l == 0) gives 0 and -inf
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     log2l = tl.math.log2(tl.where(seen, l_i, 1.0))
-    if LAZY:
-        # m_i may trail the row's max by up to LAZY_LOG2 / c; the backward clamps (s - m) c at 0, so it
-        # gets the true max, and l re-expressed relative to it: l 2^((m_i - m_top) c)
-        log2l += tl.where(seen, (m_i - m_top) * qk_scale, 0.0)
-        m_i = m_top
     lse = tl.where(seen, (m_i * qk_scale + log2l) * 0.6931471805599453, float("-inf"))
     # For the backward, m (raw) and log2 l kept apart: P = exp2((s - m) c - log2 l) needs no difference
     # of huge numbers, where exp2(s c - lse log2 e) loses everything at logits of 1e9 (lse's ulp is

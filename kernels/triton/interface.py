@@ -17,7 +17,6 @@ EMULATE = INTERPRET  # emulate GPU bf16 numerics under the interpreter (common.p
 # and no address arithmetic in the loop. None: decide per launch; tests set True or False to force a path
 # (the interpreter runs both).
 TMA = None
-LAZY = False
 
 
 def _strides(t: torch.Tensor) -> tuple:
@@ -77,7 +76,7 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
     _build("_fwd_kernel", q, k, v, out)[grid](q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
                       h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init],
                       CAUSAL=causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                      num_warps=tile.num_warps, num_stages=tile.num_stages, TMA=tma, LAZY=LAZY, **c)
+                      num_warps=tile.num_warps, num_stages=tile.num_stages, TMA=tma, **c)
     return out, lse, (rowmax, log2l)
 
 
