@@ -98,7 +98,7 @@ def _tune_triton(x, case) -> dict:
     best = _fastest(tiles.tuning_candidates("fwd", bd, elem, major),
                     lambda t: interface.forward(q, k, v, case.scale, case.causal, "-inf", tile=t))
     chosen["fwd"] = best
-    tiles.record("fwd", bd, elem, case.causal, case.seqlen_k, best)
+    tiles.record("fwd", bd, elem, case.causal, case.seqlen_k, best, interface._use_tma(q, k, v))
     out, _, rows = interface.forward(q, k, v, case.scale, case.causal, "-inf")
     for kind in ("dkdv", "dq"):
         best = _fastest(tiles.tuning_candidates(kind, bd, elem, major),

@@ -108,12 +108,14 @@ def compile_variant(v: Variant, capability: int) -> dict:
     if v.kernel == "preprocess":
         constants["BLOCK_M"] = 64
     else:
-        tile = configs.default(v.kernel, v.block_d, ELEM[v.dtype], v.causal)
+        # as interface._use_tma launches it: the 16-bit forward loads through tensor descriptors on sm_90+
+        tma = v.kernel == "fwd" and capability >= 90 and v.dtype != "fp32"
+        tile = configs.default(v.kernel, v.block_d, ELEM[v.dtype], v.causal, tma)
         constants.update(CAUSAL=v.causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, INTERPRETED=False,
                          IEEE=v.dtype == "fp32")
+        if v.kernel == "fwd":
+            constants["TMA"] = tma
         options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
-        if v.kernel == "fwd":  # as interface._use_tma launches it: tensor descriptors for 16-bit on sm_90+
-            constants["TMA"] = capability >= 90 and v.dtype != "fp32"
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
              if name[0].isupper() or name.startswith("stride_")}
     attrs = {k: a for k, a in attrs.items() if fn.arg_names[k[0]] not in constants}

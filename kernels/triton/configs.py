@@ -100,17 +100,28 @@ def _fp32(kind: str, block_d: int) -> Tile:
     return Tile(16, 32, 8, 1)  # dq: 16 query rows, 32 keys; dkdv: 16 query rows past 32 keys
 
 
-def default(kind: str, block_d: int, elem: int, causal: bool) -> Tile:
-    """Starting points measured on an H200 (anchors/h200.md for the forward), pruned to what fits."""
+# The forward's best tiles on an H200 (bf16, seqlens 4096 and 16384), by (head dim, causal).
+# Through tensor descriptors (TMA, sm_90+), devtools/triton_fwd_sweep.py in session 6: the loads cost no
+# registers, so d128 fits M128 N64 over one warpgroup with two blocks per SM (492-522 TF/s; M128 N128 w8,
+# the pointer path's best, gave 422-498).
+# Through pointers (sm_80, or strides TMA cannot take): the anchor's sweep and bench --tune in session 3;
+# at d128 M128 N64 w4 spills there (296 bytes of stack, 308-320 TF/s in session 6's sweep).
+_FWD = {True: {(64, False): Tile(128, 128, 4, 3), (64, True): Tile(128, 128, 4, 3),
+               (128, False): Tile(128, 64, 4, 2), (128, True): Tile(128, 64, 4, 2)},
+        False: {(64, False): Tile(128, 64, 4, 4), (64, True): Tile(128, 128, 4, 3),
+                (128, False): Tile(128, 128, 8, 3), (128, True): Tile(128, 128, 8, 3)}}
+
+
+def default(kind: str, block_d: int, elem: int, causal: bool, tma: bool = False) -> Tile:
+    """Starting points measured on an H200, pruned to what fits. tma: the forward loads through tensor
+    descriptors (interface._use_tma)."""
     if INTERPRET:
         return _INTERPRETED[kind]  # small tiles: many tiles and tails even at CPU-sized seqlens
     if elem == 4:
         return _fp32(kind, block_d)
     wide = block_d > 128  # 16-bit here: fp32 took its tiles above
-    if kind == "fwd":  # the best of the anchor's sweep at seqlen 16384 (bf16)
-        preferred = {(64, False): Tile(128, 64, 4, 4), (64, True): Tile(128, 128, 4, 3),
-                     (128, False): Tile(128, 64, 4, 2), (128, True): Tile(128, 128, 8, 3)}.get(
-            (block_d, causal), Tile(128, 64, 4, 3) if not wide else Tile(64, 64, 4, 2))
+    if kind == "fwd":
+        preferred = _FWD[tma].get((block_d, causal), Tile(128, 64, 4, 3) if not wide else Tile(64, 64, 4, 2))
     elif kind == "dkdv":
         preferred = Tile(32, 128, 4, 3) if not wide else Tile(32, 64, 8, 2)
     else:
@@ -122,16 +133,17 @@ def default(kind: str, block_d: int, elem: int, causal: bool) -> Tile:
                key=lambda t: (t.block_m * t.block_n, t.num_stages, -t.num_warps))
 
 
-_CHOSEN: dict = {}  # (kind, block_d, elem, causal, seqlen bucket) -> Tile
+_CHOSEN: dict = {}  # (kind, block_d, elem, causal, seqlen bucket, tma) -> Tile
 
 
 def seqlen_bucket(seqlen: int) -> int:
     return min(16384, max(1024, 1 << (max(seqlen, 1) - 1).bit_length()))
 
 
-def select(kind: str, block_d: int, elem: int, causal: bool, seqlen: int) -> Tile:
-    return _CHOSEN.get((kind, block_d, elem, causal, seqlen_bucket(seqlen))) or default(kind, block_d, elem, causal)
+def select(kind: str, block_d: int, elem: int, causal: bool, seqlen: int, tma: bool = False) -> Tile:
+    key = (kind, block_d, elem, causal, seqlen_bucket(seqlen), tma)
+    return _CHOSEN.get(key) or default(kind, block_d, elem, causal, tma)
 
 
-def record(kind: str, block_d: int, elem: int, causal: bool, seqlen: int, tile: Tile) -> None:
-    _CHOSEN[(kind, block_d, elem, causal, seqlen_bucket(seqlen))] = tile
+def record(kind: str, block_d: int, elem: int, causal: bool, seqlen: int, tile: Tile, tma: bool = False) -> None:
+    _CHOSEN[(kind, block_d, elem, causal, seqlen_bucket(seqlen), tma)] = tile

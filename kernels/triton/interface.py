@@ -68,9 +68,9 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
     if sk == 0:  # no key at all: every row follows the convention for rows that see none
         return out.zero_(), lse.fill_(float("-inf")), (rowmax.zero_(), log2l.fill_(float("inf")))
     c = _common(q)
-    tile = tile or configs.select("fwd", c["BLOCK_D"], q.element_size(), causal, max(sq, sk))
-    grid = (triton.cdiv(sq, tile.block_m), b * h)
     tma = _use_tma(q, k, v, out)
+    tile = tile or configs.select("fwd", c["BLOCK_D"], q.element_size(), causal, max(sq, sk), tma)
+    grid = (triton.cdiv(sq, tile.block_m), b * h)
     if tma and not INTERPRET:
         triton.set_allocator(_scratch)  # a context variable: set on the launching thread, every launch
     _build("_fwd_kernel", q, k, v, out)[grid](q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
