@@ -122,10 +122,13 @@ def default(kind: str, block_d: int, elem: int, causal: bool, tma: bool = False)
     wide = block_d > 128  # 16-bit here: fp32 took its tiles above
     if kind == "fwd":
         preferred = _FWD[tma].get((block_d, causal), Tile(128, 64, 4, 3) if not wide else Tile(64, 64, 4, 2))
+    # the backward: dq takes what bench --tune chose in every session-3 row on the H200 (no spill on sm_90);
+    # dkdv M32 N128 (at d128 it is pruned, and the fallback below gives M64 N128 w8 s3)
     elif kind == "dkdv":
         preferred = Tile(32, 128, 4, 3) if not wide else Tile(32, 64, 8, 2)
     else:
-        preferred = Tile(128, 32, 4, 3) if not wide else Tile(64, 32, 8, 2)
+        preferred = (Tile(128, 64, 8, 3) if block_d == 128 else Tile(64, 64, 4, 3) if not wide
+                     else Tile(64, 32, 8, 2))
     if keep(kind, preferred, block_d, elem, 8):
         return preferred
     # the largest tile that fits an sm_80 block (fp32 at head dim 256 needs small ones), deepest pipeline
