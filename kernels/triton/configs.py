@@ -123,9 +123,11 @@ def default(kind: str, block_d: int, elem: int, causal: bool, tma: bool = False)
     if kind == "fwd":
         preferred = _FWD[tma].get((block_d, causal), Tile(128, 64, 4, 3) if not wide else Tile(64, 64, 4, 2))
     # the backward: dq takes what bench --tune chose in every session-3 row on the H200 (no spill on sm_90);
-    # dkdv M32 N128 (at d128 it is pruned, and the fallback below gives M64 N128 w8 s3)
+    # dkdv at d128 too: causal M64 N128 w8 s2 (session 6: 1.05-1.06x sdpa-flash, against 0.95-0.96 with s3),
+    # non-causal s3 (session 3); elsewhere M32 N128
     elif kind == "dkdv":
-        preferred = Tile(32, 128, 4, 3) if not wide else Tile(32, 64, 8, 2)
+        preferred = (Tile(64, 128, 8, 2 if causal else 3) if block_d == 128 else Tile(32, 128, 4, 3) if not wide
+                     else Tile(32, 64, 8, 2))
     else:
         preferred = (Tile(128, 64, 8, 3) if block_d == 128 else Tile(64, 64, 4, 3) if not wide
                      else Tile(64, 32, 8, 2))
