@@ -14,8 +14,8 @@ INIT_VALUE = {"-inf": float("-inf"), "-1e30": -1e30}
 EMULATE = INTERPRET  # emulate GPU bf16 numerics under the interpreter (common.py says why); tests switch it
 # The forward loads through the copy engine (TMA tensor descriptors) on sm_90 and later when the fast build
 # applies: no pointer tiles in registers and no address arithmetic in the loop (d128 M128 N64 w4: 40 bytes
-# of stack against 296, and 1.6x the speed on the H200; docs/measurements.md, session 6). None: decide per launch; tests set True or False to force a path
-# (the interpreter runs both).
+# of stack against 296, and 1.6x the speed on the H200; docs/measurements.md, session 6).
+# None: decide per launch; tests set True or False to force a path (the interpreter runs both).
 TMA = None
 
 
