@@ -108,6 +108,23 @@ def test_forward_through_tensor_descriptors_gives_the_same_bits(case):
         assert torch.equal(a, b), name
 
 
+def test_launchers_run_on_their_tensors_device(monkeypatch):
+    """Triton launches on the current device: tensors on cuda:1 need it switched (and the descriptor
+    scratch allocated there). Checked without a second GPU by recording the switch."""
+    import contextlib
+
+    from faverify.kernels.triton import interface
+    entered = []
+    monkeypatch.setattr(torch.cuda, "device", lambda d: entered.append(d) or contextlib.nullcontext())
+
+    class OnSecondGpu:
+        is_cuda, device = True, "cuda:1"
+
+    assert interface._on_their_device(lambda first, x: x)(OnSecondGpu(), 5) == 5 and entered == ["cuda:1"]
+    assert interface._on_their_device(lambda first: 0)(torch.zeros(1)) == 0 and entered == ["cuda:1"]
+    assert hasattr(interface.forward, "__wrapped__") and hasattr(interface.backward, "__wrapped__")
+
+
 def test_tensor_descriptors_only_where_strides_allow():
     from faverify.kernels.triton import interface
     q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16, device=DEVICE)

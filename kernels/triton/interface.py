@@ -1,6 +1,9 @@
 """Launchers, autograd, and the public flash_attn_func of the Triton kernels."""
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
 import triton
 
@@ -36,8 +39,19 @@ def _build(name: str, *tensors):
 
 
 def _scratch(size: int, alignment: int, stream):
-    """Global memory for descriptors made on the device (128 bytes each, per program)."""
+    """Global memory for descriptors made on the device (128 bytes each, per program), on the current
+    device: the launchers make it the tensors' (_on_their_device)."""
     return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _on_their_device(launcher):
+    """Run a launcher with the current CUDA device set to its first tensor's: Triton launches on the current
+    device, not on the tensors', so tensors on cuda:1 would otherwise be read from a kernel on cuda:0."""
+    @functools.wraps(launcher)
+    def run(first, *args, **kwargs):
+        with torch.cuda.device(first.device) if first.is_cuda else contextlib.nullcontext():
+            return launcher(first, *args, **kwargs)
+    return run
 
 
 def _use_tma(*tensors) -> bool:
@@ -56,6 +70,7 @@ def _common(q):
     return dict(BLOCK_D=bd, EVEN_D=d == bd, INTERPRETED=EMULATE, IEEE=q.dtype == torch.float32)
 
 
+@_on_their_device
 def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile | None = None):
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
@@ -80,6 +95,7 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
     return out, lse, (rowmax, log2l)
 
 
+@_on_their_device
 def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles: dict | None = None):
     """rows: the forward's (row max, log2 l) per [b, h, seqlen_q] row."""
     rowmax, log2l = rows
