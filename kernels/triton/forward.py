@@ -15,6 +15,11 @@ Causal is bottom-right aligned (query i sees key j iff j <= i + seqlen_k - seqle
 every row of the query tile sees run without a mask; the diagonal tiles and the seqlen_k tail run with
 one; tiles above the diagonal are skipped.
 
+Loads: on sm_90 and later, with 16-byte aligned bases and strides, through tensor descriptors (TMA), one
+per (batch, head) bounded by the sequence and the head dim, so the copy engine zero-fills the tails and the
+head-dim padding (TMA=True, chosen by interface._use_tma); elsewhere through masked pointer loads. Both give
+the same bits (a test checks it).
+
 Why subtract before scaling: written as s * c - m' (m' the max of the rounded products s * c), the compiler
 contracts it into fma(s, c, -m'), which is the rounding error of s * c, not 0, for the maximal logit: at
 logits of 1e11 (every element 133120 in bf16) that is +-4096, exp2 overflows and out is NaN. A difference
