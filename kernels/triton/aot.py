@@ -109,7 +109,7 @@ def compile_variant(v: Variant, capability: int) -> dict:
         constants["BLOCK_M"] = 64
     else:
         # as interface._use_tma launches it: the 16-bit forward loads through tensor descriptors on sm_90+
-        tma = v.kernel == "fwd" and capability >= 90 and v.dtype != "fp32"
+        tma = v.kernel == "fwd" and configs.tma_forward(ELEM[v.dtype], capability // 10)
         tile = configs.default(v.kernel, v.block_d, ELEM[v.dtype], v.causal, tma)
         constants.update(CAUSAL=v.causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, INTERPRETED=False,
                          IEEE=v.dtype == "fp32")

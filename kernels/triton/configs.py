@@ -100,6 +100,13 @@ def _fp32(kind: str, block_d: int) -> Tile:
     return Tile(16, 32, 8, 1)  # dq: 16 query rows, 32 keys; dkdv: 16 query rows past 32 keys
 
 
+def tma_forward(elem: int, capability_major: int) -> bool:
+    """Whether the forward loads through tensor descriptors (TMA) for this element size on this GPU, given
+    16-byte aligned tensors (interface._use_tma checks those): 16-bit dtypes on sm_90 and later. fp32 keeps
+    its small CUDA-core tiles (_fp32) and the pointer loads they were measured with."""
+    return elem == 2 and capability_major >= 9
+
+
 # The forward's best tiles on an H200 (bf16, seqlens 4096 and 16384), by (head dim, causal).
 # Through tensor descriptors (TMA, sm_90+), devtools/triton_fwd_sweep.py in session 6: the loads cost no
 # registers, so d128 fits M128 N64 over one warpgroup with two blocks per SM (492-522 TF/s; M128 N128 w8,

@@ -61,7 +61,7 @@ def _use_tma(*tensors) -> bool:
     if TMA is not None:
         return TMA
     q = tensors[0]
-    return not INTERPRET and q.element_size() == 2 and torch.cuda.get_device_capability(q.device)[0] >= 9
+    return not INTERPRET and configs.tma_forward(q.element_size(), torch.cuda.get_device_capability(q.device)[0])
 
 
 def _common(q):
