@@ -1,7 +1,9 @@
-"""Time the Triton forward over tile candidates, through tensor descriptors (TMA) and through pointers,
-next to sdpa-cudnn and sdpa-flash in the same process (issue 3's 0.9x cuDNN target). GPU only.
+"""Time the forward over tile candidates: the Gluon warp-specialized kernel (ws, sm_90), the Triton one
+through tensor descriptors (tma: every tile; tma1: the default tile) and through pointers (ptr: the default
+tile), next to sdpa-cudnn and sdpa-flash in the same process (issue 3's 0.9x cuDNN target). GPU only.
 
-    python3 devtools/triton_fwd_sweep.py [--dtype bf16] [--seqlens 4096,16384] [--headdims 64,128] [--json F]
+    python3 devtools/triton_fwd_sweep.py [--dtype bf16] [--seqlens 4096,16384] [--headdims 64,128]
+                                         [--paths ws,tma,ptr] [--json F]
 
 Shapes are faverify bench's (16384 tokens, nheads * head_dim = 2048). Before timing, each shape checks
 that the TMA and pointer paths give the same bits at the default tile.
@@ -33,7 +35,7 @@ def main():
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--seqlens", default="4096,16384")
     p.add_argument("--headdims", default="64,128")
-    p.add_argument("--paths", default="tma,ptr")
+    p.add_argument("--paths", default="ws,tma,ptr")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
@@ -54,18 +56,22 @@ def main():
                             qt, kt, vt, is_causal=causal))
                 scale = d ** -0.5
                 same = []
+                interface.HOPPER = False  # the Triton forward's two load paths
                 for tma in (False, True):
                     interface.TMA = tma
                     same.append(interface.forward(q, k, v, scale, causal, "-inf"))
+                interface.HOPPER = None
                 bits = all(torch.equal(x, y) for x, y in zip(same[0][:2], same[1][:2]))
                 line = {"d": d, "causal": causal, "seqlen": n, "cudnn_tflops": flops / ref["cudnn"] * 1e-9,
                         "flash_tflops": flops / ref["flash"] * 1e-9, "tma_bits_equal": bits, "tiles": {}}
                 print(f"d{d} causal={causal} n={n}: cudnn {line['cudnn_tflops']:.1f} flash "
                       f"{line['flash_tflops']:.1f} TF/s; TMA bits equal: {bits}", flush=True)
                 for path in a.paths.split(","):
-                    interface.TMA = path == "tma"
-                    # the pointer path at its default tile only: the baseline of the same run
-                    for t in TILES if path == "tma" else [configs.default("fwd", d, 2, causal)]:
+                    interface.TMA = path != "ptr"
+                    tiles = {"ws": [Tile(128, n, 4, st, hopper=True) for n in (64, 128) for st in (2, 3)],
+                             "tma": TILES, "tma1": [configs.default("fwd", d, 2, causal, True)],
+                             "ptr": [configs.default("fwd", d, 2, causal)]}[path]
+                    for t in tiles:
                         if not configs.keep("fwd", t, d, 2, 9):
                             continue
                         try:

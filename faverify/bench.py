@@ -95,10 +95,11 @@ def _tune_triton(x, case) -> dict:
     major = torch.cuda.get_device_capability(x.q.device)[0]
     q, k, v = (t.detach() for t in x.tensors())
     chosen = {}
-    best = _fastest(tiles.tuning_candidates("fwd", bd, elem, major),
+    tma = interface._use_tma(q, k, v)
+    best = _fastest(tiles.tuning_candidates("fwd", bd, elem, major, interface._use_hopper(q, tma)),
                     lambda t: interface.forward(q, k, v, case.scale, case.causal, "-inf", tile=t))
     chosen["fwd"] = best
-    tiles.record("fwd", bd, elem, case.causal, case.seqlen_k, best, interface._use_tma(q, k, v))
+    tiles.record("fwd", bd, elem, case.causal, case.seqlen_k, best, tma)
     out, _, rows = interface.forward(q, k, v, case.scale, case.causal, "-inf")
     for kind in ("dkdv", "dq"):
         best = _fastest(tiles.tuning_candidates(kind, bd, elem, major),

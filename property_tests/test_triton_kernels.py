@@ -108,6 +108,58 @@ def test_forward_through_tensor_descriptors_gives_the_same_bits(case):
         assert torch.equal(a, b), name
 
 
+HOPPER_SKIP = "the warp-specialized Gluon forward runs on sm_90 only (wgmma)"
+
+
+def _is_hopper() -> bool:
+    return HAS_GPU and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(HAS_GPU and not _is_hopper(), reason=HOPPER_SKIP)
+@settings(max_examples=40, deadline=None)
+@given(cases(limits=Limits(max_seqlen=400, max_batch=2, max_heads=4, max_elements=1 << 17),
+             dtypes=("bf16", "fp16"), head_dims=(40, 64, 72, 128), layouts=("contiguous", "transposed", "packed")))
+def test_hopper_forward_is_right_against_fp64(case):
+    """The Gluon forward (forward_hopper.py) takes 16-bit inputs with padded head dim 64 or 128 on sm_90:
+    its outputs pass the verdict against FP64 on random cases (tails at 64 and 128 rows, causal with
+    seqlen_q != seqlen_k, fully masked rows, GQA, both inits, large logits), and its row max and log2 l,
+    which the backward reads, equal the Triton forward's up to summation order."""
+    import dataclasses
+
+    from faverify.kernels.triton import configs, interface
+    case = dataclasses.replace(case, head_dim=-(-case.head_dim // 8) * 8)  # 16-byte strides: TMA applies
+    x = make_inputs(case, DEVICE)
+    assert interface._use_hopper(x.q, interface._use_tma(x.q, x.k, x.v)), case
+    tile = configs.select("fwd", 64 if case.head_dim <= 64 else 128, 2, case.causal, case.seqlen_k, True, True)
+    assert tile.hopper
+    out, lse, (rowmax, log2l) = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init)
+    metrics = compare(case, x, {"out": out, "lse": lse}, Tolerance(), ("out", "lse"))
+    assert all(m.passed for m in metrics.values()), {t: m.reason for t, m in metrics.items() if not m.passed}
+    interface.HOPPER = False
+    try:
+        _, lse_t, (rowmax_t, log2l_t) = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init)
+    finally:
+        interface.HOPPER = None
+    torch.testing.assert_close(rowmax, rowmax_t, rtol=1e-6, atol=0)  # the max of the same fp32 logits
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_t)) and torch.equal(torch.isinf(log2l), torch.isinf(log2l_t))
+    torch.testing.assert_close(log2l, log2l_t, rtol=0, atol=1e-5, equal_nan=True)
+
+
+def test_hopper_forward_only_where_it_can_run():
+    """16-bit, sm_90 exactly, padded head dim 64 or 128, loads through TMA; never under the interpreter."""
+    from faverify.kernels.triton import configs, interface
+    assert configs.hopper_forward(2, 9, 64) and configs.hopper_forward(2, 9, 128)
+    assert not any([configs.hopper_forward(4, 9, 64), configs.hopper_forward(2, 8, 128),
+                    configs.hopper_forward(2, 10, 128), configs.hopper_forward(2, 9, 32),
+                    configs.hopper_forward(2, 9, 256)])
+    q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16, device=DEVICE)
+    assert not interface._use_hopper(q, False)
+    assert interface._use_hopper(q, True) == _is_hopper()
+    assert str(configs.HOPPER[128]).endswith(" ws")
+    assert configs.default("fwd", 128, 2, False, True, True).hopper == (not interface.INTERPRET)
+
+
 def test_launchers_run_on_their_tensors_device(monkeypatch):
     """Triton launches on the current device: tensors on cuda:1 need it switched (and the descriptor
     scratch allocated there). Checked without a second GPU by recording the switch."""

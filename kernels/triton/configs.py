@@ -17,9 +17,11 @@ class Tile:
     block_n: int  # keys per tile
     num_warps: int
     num_stages: int
+    hopper: bool = False  # the warp-specialized Gluon forward (forward_hopper.py) rather than forward.py
 
     def __str__(self) -> str:
-        return f"M{self.block_m} N{self.block_n} w{self.num_warps} s{self.num_stages}"
+        text = f"M{self.block_m} N{self.block_n} w{self.num_warps} s{self.num_stages}"
+        return text + " ws" if self.hopper else text
 
 
 CANDIDATES = {
@@ -83,8 +85,10 @@ TUNING = {
 }
 
 
-def tuning_candidates(kind: str, block_d: int, elem: int, capability_major: int = 9) -> list:
-    return [t for t in TUNING[kind] if keep(kind, t, block_d, elem, capability_major)]
+def tuning_candidates(kind: str, block_d: int, elem: int, capability_major: int = 9, hopper: bool = False) -> list:
+    """hopper: the Gluon forward can run (hopper_forward), and its tiles compete too."""
+    extra = [Tile(128, n, 4, s, hopper=True) for n in (64, 128) for s in (2, 3)] if hopper and kind == "fwd" else []
+    return [t for t in TUNING[kind] + extra if keep(kind, t, block_d, elem, capability_major)]
 
 
 _INTERPRETED = {"fwd": Tile(64, 32, 4, 1), "dkdv": Tile(32, 64, 4, 1), "dq": Tile(64, 32, 4, 1)}
@@ -119,9 +123,23 @@ _FWD = {True: {(64, False): Tile(128, 128, 4, 3), (64, True): Tile(128, 128, 4, 
                 (128, False): Tile(128, 128, 8, 3), (128, True): Tile(128, 128, 8, 3)}}
 
 
-def default(kind: str, block_d: int, elem: int, causal: bool, tma: bool = False) -> Tile:
+def hopper_forward(elem: int, capability_major: int, block_d: int) -> bool:
+    """Whether the warp-specialized Gluon forward (forward_hopper.py) can run, given tensors that load
+    through TMA: 16-bit, sm_90 exactly (wgmma is Hopper's; later GPUs have other matrix instructions),
+    padded head dim 64 or 128 (its two consumer warpgroups hold 64 x BLOCK_D accumulators)."""
+    return elem == 2 and capability_major == 9 and block_d in (64, 128)
+
+
+# The Gluon forward's tiles: 64 query rows per consumer warpgroup (two of them), keys per stage, warps of
+# one consumer (the launch's num_warps), stages of the k/v ring.
+HOPPER = {64: Tile(128, 128, 4, 2, hopper=True), 128: Tile(128, 128, 4, 2, hopper=True)}
+
+
+def default(kind: str, block_d: int, elem: int, causal: bool, tma: bool = False, hopper: bool = False) -> Tile:
     """Starting points measured on an H200, pruned to what fits. tma: the forward loads through tensor
-    descriptors (interface._use_tma)."""
+    descriptors (interface._use_tma); hopper: the Gluon forward can run (hopper_forward)."""
+    if kind == "fwd" and hopper and not INTERPRET:
+        return HOPPER[block_d]
     if INTERPRET:
         return _INTERPRETED[kind]  # small tiles: many tiles and tails even at CPU-sized seqlens
     if elem == 4:
@@ -152,9 +170,10 @@ def seqlen_bucket(seqlen: int) -> int:
     return min(16384, max(1024, 1 << (max(seqlen, 1) - 1).bit_length()))
 
 
-def select(kind: str, block_d: int, elem: int, causal: bool, seqlen: int, tma: bool = False) -> Tile:
+def select(kind: str, block_d: int, elem: int, causal: bool, seqlen: int, tma: bool = False,
+           hopper: bool = False) -> Tile:
     key = (kind, block_d, elem, causal, seqlen_bucket(seqlen), tma)
-    return _CHOSEN.get(key) or default(kind, block_d, elem, causal, tma)
+    return _CHOSEN.get(key) or default(kind, block_d, elem, causal, tma, hopper)
 
 
 def record(kind: str, block_d: int, elem: int, causal: bool, seqlen: int, tile: Tile, tma: bool = False) -> None:

@@ -10,6 +10,7 @@ import triton
 from faverify.kernels.triton import configs
 from faverify.kernels.triton import backward as _bwd
 from faverify.kernels.triton import forward as _fwd
+from faverify.kernels.triton import forward_hopper as _fwd_hopper
 from faverify.kernels.triton.common import INTERPRET, LOG2E, block_d, quiet
 from faverify.kernels.validate import check_inputs
 
@@ -20,6 +21,9 @@ EMULATE = INTERPRET  # emulate GPU bf16 numerics under the interpreter (common.p
 # of stack against 296, and 1.6x the speed on the H200; docs/measurements.md, session 6).
 # None: decide per launch; tests set True or False to force a path (the interpreter runs both).
 TMA = None
+# The warp-specialized Gluon forward (forward_hopper.py) where it can run (configs.hopper_forward): None
+# decides per launch; tests set False to compare it with the Triton forward on the same GPU.
+HOPPER = None
 
 
 def _strides(t: torch.Tensor) -> tuple:
@@ -64,6 +68,13 @@ def _use_tma(*tensors) -> bool:
     return not INTERPRET and configs.tma_forward(q.element_size(), torch.cuda.get_device_capability(q.device)[0])
 
 
+def _use_hopper(q, tma: bool) -> bool:
+    if not tma or INTERPRET or HOPPER is False:
+        return False
+    return configs.hopper_forward(q.element_size(), torch.cuda.get_device_capability(q.device)[0],
+                                  block_d(q.shape[3]))
+
+
 def _common(q):
     d = q.shape[3]
     bd = block_d(d)
@@ -84,10 +95,19 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
         return out.zero_(), lse.fill_(float("-inf")), (rowmax.zero_(), log2l.fill_(float("inf")))
     c = _common(q)
     tma = _use_tma(q, k, v, out)
-    tile = tile or configs.select("fwd", c["BLOCK_D"], q.element_size(), causal, max(sq, sk), tma)
+    hopper = _use_hopper(q, tma)
+    tile = tile or configs.select("fwd", c["BLOCK_D"], q.element_size(), causal, max(sq, sk), tma, hopper)
+    if tile.hopper and not hopper:  # a tuned choice recorded where the Gluon kernel ran; not here
+        tile = configs.default("fwd", c["BLOCK_D"], q.element_size(), causal, tma)
     grid = (triton.cdiv(sq, tile.block_m), b * h)
     if tma and not INTERPRET:
         triton.set_allocator(_scratch)  # a context variable: set on the launching thread, every launch
+    if tile.hopper:
+        _fwd_hopper._fwd_hopper[grid](q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v),
+                                      *_strides(out), h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init],
+                                      CAUSAL=causal, BLOCK_N=tile.block_n, BLOCK_D=c["BLOCK_D"],
+                                      STAGES=tile.num_stages, num_warps=tile.num_warps, maxnreg=_fwd_hopper.MAXNREG)
+        return out, lse, (rowmax, log2l)
     _build("_fwd_kernel", q, k, v, out)[grid](q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
                       h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init],
                       CAUSAL=causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,

@@ -1,0 +1,190 @@
+"""Flash forward for Hopper (sm_90) in Gluon: warp-specialized, FlashAttention-3's structure.
+
+The Triton forward (forward.py) leaves the tensor cores idle while a warpgroup runs its softmax: Triton
+3.6 waits for each q k^T right after issuing it, and cannot split the loop across warpgroups. Here the
+three roles get their own warps, and the warp schedulers interleave them:
+    producer  (1 warp):   TMA loads of q once, then k and v tiles into a ring of STAGES buffers
+    consumer 0 (4 warps): query rows [0, 64) of the tile: s = q k^T, online softmax, acc += p v
+    consumer 1 (4 warps): query rows [64, 128), the same key tiles
+While one consumer runs its softmax on the CUDA cores, the other's wgmmas run on the tensor cores. A key
+stage is free again when both consumers have arrived on its `empty` barrier.
+
+The numerics are the Triton forward's, line for line (forward.py's docstring says why): raw logits, the
+running max in raw units, p = exp2((s - m') * c) with the -inf guard, l summed from the fp32 p, P rounded
+to the input dtype as the matmul operand, the same outputs (out, lse, row max, log2 l) and the same
+convention for rows that see no key. Masks: key tiles at or past `full` (the causal diagonal and the
+seqlen_k tail) are masked; the descriptors' bounds make the copy engine zero-fill everything past
+seqlen_q, seqlen_k and head_dim. Both consumers walk the tile's key range, so the diagonal tiles of the
+upper half are masked row by row.
+
+Applies to 16-bit inputs on sm_90 with 16-byte aligned strides and padded head dim 64 or 128
+(interface._use_hopper). Gluon does not run under the interpreter: the CPU never takes this path; the GPU
+tests and the fuzz run check it against FP64.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+# globals a kernel reads must be constexpr
+HALF = gl.constexpr(64)  # query rows per consumer warpgroup: one wgmma M
+BLOCK_M = gl.constexpr(2 * 64)  # query rows per program
+PRODUCER_REGS = gl.constexpr(24)  # the fewest setmaxnreg allows: the producer only issues copies
+CONSUMER_REGS = gl.constexpr(240)
+MAXNREG = 168  # 12 warps (3 warpgroups, the producer's rounded up) x 32 x 168 <= 64K registers per SM
+
+
+@gluon.constexpr_function
+def _smem_layout(rows, cols, dtype):
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
+
+
+@gluon.constexpr_function
+def _mma_layout(n, dtype):
+    """The accumulator layout of a 64 x n wgmma over one warpgroup (4 warps along the rows)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                     instr_shape=[16, n, 256 // dtype.primitive_bitwidth])
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
+              row0, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [row0, 0], q_ready, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [row0 + HALF, 0], q_ready, q_smem.index(1))
+    for j in range(n_blocks):
+        stage = j % STAGES
+        # a fresh barrier counts as having completed phase 1: the first pass through the ring waits for nothing
+        mbarrier.wait(kv_empty.index(stage), ((j // STAGES) & 1) ^ 1)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [j * BLOCK_N, 0], k_ready.index(stage), k_smem.index(stage))
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], v_ready.index(stage), v_smem.index(stage))
+
+
+@gluon.jit
+def _consumer(q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, Lse, Rowmax, Log2l,
+              row0, off_bh, seqlen_q, seqlen_k, diag, n_full, n_blocks, qk_scale, init,
+              CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
+              WHICH: gl.constexpr):
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = _mma_layout(BLOCK_N, dtype)
+    o_layout: gl.constexpr = _mma_layout(BLOCK_D, dtype)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                 k_width=32 // dtype.primitive_bitwidth)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    first = row0 + WHICH * HALF
+    offs_m = first + gl.arange(0, HALF, layout=s_rows)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    q = q_smem.index(WHICH)
+    m_i = gl.zeros([HALF], gl.float32, s_rows) + init
+    l_i = gl.zeros([HALF], gl.float32, s_rows)
+    acc = gl.zeros([HALF, BLOCK_D], gl.float32, o_layout)
+    s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
+
+    mbarrier.wait(q_ready, 0)
+    for j in range(n_blocks):
+        stage = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(k_ready.index(stage), phase)
+        s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        if j >= n_full:  # the diagonal and the seqlen_k tail (TMA filled keys past seqlen_k with zeros)
+            cols = j * BLOCK_N + offs_n
+            keep = cols[None, :] < seqlen_k
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= offs_m[:, None] + diag)
+            s = gl.where(keep, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # the guard of forward.py
+        p = gl.exp2((s - m_use[:, None]) * qk_scale)
+        alpha = gl.exp2((m_i - m_use) * qk_scale)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        mbarrier.wait(v_ready.index(stage), phase)
+        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(stage), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(kv_empty.index(stage), count=1)
+        m_i = m_new
+
+    seen = l_i > 0.0
+    log2l = gl.log2(gl.where(seen, l_i, 1.0))
+    lse = gl.where(seen, (m_i * qk_scale + log2l) * 0.6931471805599453, float("-inf"))
+    rows = off_bh.to(gl.int64) * seqlen_q + offs_m
+    in_q = offs_m < seqlen_q
+    gl.store(Rowmax + rows, gl.where(seen, m_i, 0.0), mask=in_q)
+    gl.store(Log2l + rows, gl.where(seen, log2l, float("inf")), mask=in_q)
+    gl.store(Lse + rows, lse, mask=in_q)
+    out = acc / gl.convert_layout(gl.where(seen, l_i, 1.0), o_rows)[:, None]
+    # this half of q is read by no wgmma any more: it stages out for the TMA store, which clips at the bounds
+    q.store(out.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [first, 0], q)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _fwd_hopper(Q, K, V, Out, Lse, Rowmax, Log2l,  #
+                stride_qb, stride_qs, stride_qh,  #
+                stride_kb, stride_ks, stride_kh,  #
+                stride_vb, stride_vs, stride_vh,  #
+                stride_ob, stride_os, stride_oh,  #
+                nheads, group, seqlen_q, seqlen_k, head_dim, qk_scale, init,  #
+                CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr):
+    dtype: gl.constexpr = Q.dtype.element_ty
+    start_m = gl.program_id(0)
+    off_bh = gl.program_id(1)
+    off_b = (off_bh // nheads).to(gl.int64)
+    off_h = (off_bh % nheads).to(gl.int64)
+    off_hk = off_h // group  # GQA/MQA: query head h reads kv head h // group
+
+    # one descriptor per (batch, head), bounded by the sequence and the head dim (forward.py's TMA path)
+    qo_layout: gl.constexpr = _smem_layout(HALF, BLOCK_D, dtype)
+    kv_layout: gl.constexpr = _smem_layout(BLOCK_N, BLOCK_D, dtype)
+    q_desc = tma.make_tensor_descriptor(Q + off_b * stride_qb + off_h * stride_qh, [seqlen_q, head_dim],
+                                        [stride_qs, 1], [HALF, BLOCK_D], qo_layout)
+    k_desc = tma.make_tensor_descriptor(K + off_b * stride_kb + off_hk * stride_kh, [seqlen_k, head_dim],
+                                        [stride_ks, 1], [BLOCK_N, BLOCK_D], kv_layout)
+    v_desc = tma.make_tensor_descriptor(V + off_b * stride_vb + off_hk * stride_vh, [seqlen_k, head_dim],
+                                        [stride_vs, 1], [BLOCK_N, BLOCK_D], kv_layout)
+    o_desc = tma.make_tensor_descriptor(Out + off_b * stride_ob + off_h * stride_oh, [seqlen_q, head_dim],
+                                        [stride_os, 1], [HALF, BLOCK_D], qo_layout)
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, HALF, BLOCK_D], qo_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)  # one arrive per consumer
+
+    # key tiles [0, n_full) are seen whole by every row of the tile; [n_full, n_blocks) are masked; causal
+    # skips the rest (common.key_ranges, in tiles)
+    row0 = start_m * BLOCK_M
+    diag = seqlen_k - seqlen_q
+    if CAUSAL:
+        full = gl.minimum(gl.maximum(row0 + diag + 1, 0), seqlen_k)
+        hi = gl.minimum(gl.maximum(row0 + BLOCK_M + diag, 0), seqlen_k)
+    else:
+        full = seqlen_k
+        hi = seqlen_k
+    n_full = full // BLOCK_N
+    n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
+
+    gl.warp_specialize([
+        (_consumer, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, Lse, Rowmax, Log2l,
+                     row0, off_bh, seqlen_q, seqlen_k, diag, n_full, n_blocks, qk_scale, init,
+                     CAUSAL, BLOCK_N, BLOCK_D, STAGES, 0)),
+        (_consumer, (q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty, o_desc, Lse, Rowmax, Log2l,
+                     row0, off_bh, seqlen_q, seqlen_k, diag, n_full, n_blocks, qk_scale, init,
+                     CAUSAL, BLOCK_N, BLOCK_D, STAGES, 1)),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, v_ready, kv_empty,
+                     row0, n_blocks, BLOCK_N, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
