@@ -17,7 +17,7 @@ import torch
 import triton.testing
 
 from faverify.bench import Config
-from faverify.kernels.triton import configs, interface
+from faverify.kernels.triton import configs, forward_hopper, interface
 from faverify.kernels.triton.configs import Tile
 
 TILES = [Tile(128, 64, 4, s) for s in (2, 3, 4)] + [Tile(128, 128, 4, s) for s in (2, 3)] \
@@ -68,20 +68,29 @@ def main():
                       f"{line['flash_tflops']:.1f} TF/s; TMA bits equal: {bits}", flush=True)
                 for path in a.paths.split(","):
                     interface.TMA = path != "ptr"
-                    tiles = {"ws": [Tile(128, n, 4, st, hopper=True) for n in (64, 128) for st in (2, 3)],
+                    tiles = {"ws": [Tile(128, n, 4, st, hopper=True) for n in (64, 128) for st in (2, 3)
+                                    if st == 2 or n == 64 or d == 64],
                              "tma": TILES, "tma1": [configs.default("fwd", d, 2, causal, True)],
                              "ptr": [configs.default("fwd", d, 2, causal)]}[path]
+                    schedules = [dict(OVERLAP=o, PINGPONG=pp) for o in (False, True) for pp in (False, True)]
                     for t in tiles:
                         if not configs.keep("fwd", t, d, 2, 9):
                             continue
-                        try:
-                            ms = bench(lambda: interface.forward(q, k, v, scale, causal, "-inf", tile=t))
-                        except Exception as e:  # noqa: BLE001 (a tile that cannot compile is skipped)
-                            print(f"   {path} {t}: {type(e).__name__} {str(e)[:120]}", flush=True)
-                            continue
-                        tf = flops / ms * 1e-9
-                        line["tiles"][f"{path} {t}"] = tf
-                        print(f"   {path} {t}: {tf:.1f} TF/s, {tf / line['cudnn_tflops']:.3f}x cudnn", flush=True)
+                        for sched in schedules if path == "ws" else [{}]:
+                            forward_hopper.SCHEDULE.update(sched)
+                            name = f"{path} {t}" + "".join(f" {k[:2].lower()}{int(v)}" for k, v in sched.items())
+                            try:
+                                ms = bench(lambda: interface.forward(q, k, v, scale, causal, "-inf", tile=t))
+                            except Exception as e:  # noqa: BLE001 (a tile that cannot compile is skipped)
+                                print(f"   {name}: {type(e).__name__} {str(e)[:120]}", flush=True)
+                                continue
+                            tf = flops / ms * 1e-9
+                            if path == "ws":  # against the Triton forward's output of the same inputs
+                                diff = (interface.forward(q, k, v, scale, causal, "-inf", tile=t)[0].float()
+                                        - same[1][0].float()).abs().max().item()
+                                name += f" (max|out - triton out| {diff:.2e})"
+                            line["tiles"][name] = tf
+                            print(f"   {name}: {tf:.1f} TF/s, {tf / line['cudnn_tflops']:.3f}x cudnn", flush=True)
                 interface.TMA = None
                 best = max(line["tiles"].items(), key=lambda kv: kv[1])
                 print(f"  best {best[0]}: {best[1]:.1f} TF/s = {best[1] / line['cudnn_tflops']:.3f}x cudnn, "

@@ -119,7 +119,7 @@ def _is_hopper() -> bool:
 @pytest.mark.skipif(HAS_GPU and not _is_hopper(), reason=HOPPER_SKIP)
 @settings(max_examples=40, deadline=None)
 @given(cases(limits=Limits(max_seqlen=400, max_batch=2, max_heads=4, max_elements=1 << 17),
-             dtypes=("bf16", "fp16"), head_dims=(40, 64, 72, 128), layouts=("contiguous", "transposed", "packed")))
+             dtypes=("bf16", "fp16"), head_dims=(48, 64, 80, 128), layouts=("contiguous", "transposed", "packed")))
 def test_hopper_forward_is_right_against_fp64(case):
     """The Gluon forward (forward_hopper.py) takes 16-bit inputs with padded head dim 64 or 128 on sm_90:
     its outputs pass the verdict against FP64 on random cases (tails at 64 and 128 rows, causal with
@@ -128,7 +128,6 @@ def test_hopper_forward_is_right_against_fp64(case):
     import dataclasses
 
     from faverify.kernels.triton import configs, interface
-    case = dataclasses.replace(case, head_dim=-(-case.head_dim // 8) * 8)  # 16-byte strides: TMA applies
     x = make_inputs(case, DEVICE)
     assert interface._use_hopper(x.q, interface._use_tma(x.q, x.k, x.v)), case
     tile = configs.select("fwd", 64 if case.head_dim <= 64 else 128, 2, case.causal, case.seqlen_k, True, True)

@@ -106,7 +106,8 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
         _fwd_hopper._fwd_hopper[grid](q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v),
                                       *_strides(out), h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init],
                                       CAUSAL=causal, BLOCK_N=tile.block_n, BLOCK_D=c["BLOCK_D"],
-                                      STAGES=tile.num_stages, num_warps=tile.num_warps, maxnreg=_fwd_hopper.MAXNREG)
+                                      STAGES=tile.num_stages, num_warps=tile.num_warps, maxnreg=_fwd_hopper.MAXNREG,
+                                      **_fwd_hopper.SCHEDULE)
         return out, lse, (rowmax, log2l)
     _build("_fwd_kernel", q, k, v, out)[grid](q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
                       h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init],
