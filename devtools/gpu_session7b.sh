@@ -1,8 +1,8 @@
-# Session 7, issue 3: the Gluon forward's schedules (FA3's intra-warpgroup overlap, ping-pong between the
+# Session 7, issue 3: the Gluon forward's tiles (and in the first run its schedules: FA3's intra-warpgroup overlap, ping-pong between the
 # consumers) and tiles, next to the Triton forward's default and SDPA, bf16; its GPU test. ~8 min.
 . devtools/device_setup.sh
 step() { local s=$(date +%s); timeout -s TERM "$@"; echo "  exit $? after $(( $(date +%s) - s )) s"; }
-echo "== sweep"; step 330 python3 devtools/triton_fwd_sweep.py --dtype bf16 --paths ws,tma1 --json $OUT/sweep.json \
+echo "== sweep"; step 300 python3 devtools/triton_fwd_sweep.py --dtype bf16 --paths ws,tma1 --json $OUT/sweep.json \
   > $OUT/sweep.log 2>&1; grep -E "^d|best|tma1" $OUT/sweep.log | cut -c1-150; grep "ws " $OUT/sweep.log | sort -t: -k2 -rn | head -0
 python3 - <<'PY'
 import json, os

@@ -25,6 +25,9 @@ TILES = [Tile(128, 64, 4, s) for s in (2, 3, 4)] + [Tile(128, 128, 4, s) for s i
                                                 Tile(64, 128, 4, 3), Tile(256, 64, 8, 2), Tile(256, 64, 8, 3),
                                                 Tile(256, 128, 8, 2)]
 
+# the Gluon forward's (block_n, stages, blocks per SM) by head dim
+WS = {64: [(128, 2, 1), (64, 2, 1), (64, 3, 1), (64, 2, 2), (64, 3, 2), (64, 4, 2)], 128: [(128, 2, 1), (64, 3, 1)]}
+
 
 def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
@@ -68,30 +71,28 @@ def main():
                       f"{line['flash_tflops']:.1f} TF/s; TMA bits equal: {bits}", flush=True)
                 for path in a.paths.split(","):
                     interface.TMA = path != "ptr"
-                    tiles = {"ws": [Tile(128, n, 4, st, hopper=True) for n in (64, 128) for st in (2, 3)
-                                    if st == 2 or n == 64 or d == 64],
-                             "tma": TILES, "tma1": [configs.default("fwd", d, 2, causal, True)],
-                             "ptr": [configs.default("fwd", d, 2, causal)]}[path]
-                    schedules = [dict(OVERLAP=o, PINGPONG=pp) for o in (False, True) for pp in (False, True)]
-                    for t in tiles:
-                        if not configs.keep("fwd", t, d, 2, 9):
+                    tiles = {"ws": [(Tile(128, n, 4, st, hopper=True), per_sm)
+                                    for n, st, per_sm in WS[d] if configs.keep("fwd", Tile(128, n, 4, st, True), d, 2)],
+                             "tma": [(t, 1) for t in TILES if configs.keep("fwd", t, d, 2, 9)],
+                             "tma1": [(configs.default("fwd", d, 2, causal, True), 1)],
+                             "ptr": [(configs.default("fwd", d, 2, causal), 1)]}[path]
+                    for t, per_sm in tiles:
+                        forward_hopper.PER_SM = per_sm
+                        name = f"{path} {t}" + (f" {per_sm}/SM" if path == "ws" else "")
+                        try:
+                            ms = bench(lambda: interface.forward(q, k, v, scale, causal, "-inf", tile=t))
+                        except Exception as e:  # noqa: BLE001 (a tile that cannot compile is skipped)
+                            print(f"   {name}: {type(e).__name__} {str(e)[:120]}", flush=True)
                             continue
-                        for sched in schedules if path == "ws" else [{}]:
-                            forward_hopper.SCHEDULE.update(sched)
-                            name = f"{path} {t}" + "".join(f" {k[:2].lower()}{int(v)}" for k, v in sched.items())
-                            try:
-                                ms = bench(lambda: interface.forward(q, k, v, scale, causal, "-inf", tile=t))
-                            except Exception as e:  # noqa: BLE001 (a tile that cannot compile is skipped)
-                                print(f"   {name}: {type(e).__name__} {str(e)[:120]}", flush=True)
-                                continue
-                            tf = flops / ms * 1e-9
-                            if path == "ws":  # against the Triton forward's output of the same inputs
-                                diff = (interface.forward(q, k, v, scale, causal, "-inf", tile=t)[0].float()
-                                        - same[1][0].float()).abs().max().item()
-                                name += f" (max|out - triton out| {diff:.2e})"
-                            line["tiles"][name] = tf
-                            print(f"   {name}: {tf:.1f} TF/s, {tf / line['cudnn_tflops']:.3f}x cudnn", flush=True)
+                        tf = flops / ms * 1e-9
+                        if path == "ws":  # against the Triton forward's output of the same inputs
+                            diff = (interface.forward(q, k, v, scale, causal, "-inf", tile=t)[0].float()
+                                    - same[1][0].float()).abs().max().item()
+                            name += f" (max|out - triton out| {diff:.2e})"
+                        line["tiles"][name] = tf
+                        print(f"   {name}: {tf:.1f} TF/s, {tf / line['cudnn_tflops']:.3f}x cudnn", flush=True)
                 interface.TMA = None
+                forward_hopper.PER_SM = 1
                 best = max(line["tiles"].items(), key=lambda kv: kv[1])
                 print(f"  best {best[0]}: {best[1]:.1f} TF/s = {best[1] / line['cudnn_tflops']:.3f}x cudnn, "
                       f"{best[1] / line['flash_tflops']:.2f}x flash", flush=True)

@@ -30,10 +30,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 HALF = gl.constexpr(64)  # query rows per consumer warpgroup: one wgmma M
 BLOCK_M = gl.constexpr(2 * 64)  # query rows per program
 PRODUCER_REGS = gl.constexpr(24)  # the fewest setmaxnreg allows: the producer only issues copies
-CONSUMER_REGS = gl.constexpr(240)
-MAXNREG = 168  # 12 warps (3 warpgroups, the producer's rounded up) x 32 x 168 <= 64K registers per SM
-# Schedule switches (constexpr), set by devtools/triton_fwd_sweep.py to compare them
-SCHEDULE = {"OVERLAP": True, "PINGPONG": True}
+# Registers: 12 warps (3 warpgroups, the producer's rounded up) share the launch's maxnreg x 12 x 32; the
+# producer gives back all but 24 and each consumer takes CONSUMER_REGS. One block per SM: 168 (all 64K),
+# consumers 240. Two blocks per SM: 80, consumers 104 (small tiles only).
+PER_SM = 1  # set by devtools/triton_fwd_sweep.py to compare
+
+
+def registers(per_sm: int) -> tuple:
+    """(maxnreg, consumer registers) for `per_sm` blocks on one SM."""
+    return (168, 240) if per_sm == 1 else (80, 104)
 
 
 @gluon.constexpr_function
@@ -51,7 +56,7 @@ def _mma_layout(n, dtype):
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, smem, bars, row0, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     q_smem, k_smem, v_smem = smem
-    q_ready, k_ready, v_ready, k_empty, v_empty, turn = bars
+    q_ready, k_ready, v_ready, k_empty, v_empty = bars
     mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [row0, 0], q_ready, q_smem.index(0))
     tma.async_copy_global_to_shared(q_desc, [row0 + HALF, 0], q_ready, q_smem.index(1))
@@ -65,21 +70,6 @@ def _producer(q_desc, k_desc, v_desc, smem, bars, row0, n_blocks, BLOCK_N: gl.co
         mbarrier.wait(v_empty.index(stage), empty_phase)
         mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], v_ready.index(stage), v_smem.index(stage))
-
-
-@gluon.jit
-def _take_turn(turn, t, WHICH: gl.constexpr, PINGPONG: gl.constexpr):
-    """Ping-pong (FlashAttention-3): consumer WHICH issues its wgmmas only in its t-th turn, after the other
-    consumer has issued its own: the tensor cores take them in alternation while the other one runs its
-    softmax. Consumer 0's first turn is free (a fresh barrier has completed phase 1)."""
-    if PINGPONG:
-        mbarrier.wait(turn.index(WHICH), (t & 1) ^ (1 - WHICH))
-
-
-@gluon.jit
-def _pass_turn(turn, WHICH: gl.constexpr, PINGPONG: gl.constexpr):
-    if PINGPONG:
-        mbarrier.arrive(turn.index(1 - WHICH), count=1)
 
 
 @gluon.jit
@@ -103,9 +93,9 @@ def _softmax(s, m_i, l_i, j, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
 def _consumer(smem, bars, o_desc, Lse, Rowmax, Log2l,
               row0, off_bh, seqlen_q, seqlen_k, diag, n_full, n_blocks, qk_scale, init,
               CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
-              OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, WHICH: gl.constexpr):
+              WHICH: gl.constexpr):
     q_smem, k_smem, v_smem = smem
-    q_ready, k_ready, v_ready, k_empty, v_empty, turn = bars
+    q_ready, k_ready, v_ready, k_empty, v_empty = bars
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = _mma_layout(BLOCK_N, dtype)
     o_layout: gl.constexpr = _mma_layout(BLOCK_D, dtype)
@@ -124,60 +114,37 @@ def _consumer(smem, bars, o_desc, Lse, Rowmax, Log2l,
     s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
 
     mbarrier.wait(q_ready, 0)
-    if OVERLAP:
-        # FlashAttention-3's intra-warpgroup overlap: the softmax of tile j runs while the tensor cores do
-        # p_{j-1} v_{j-1}. acc is rescaled once that product is in (acc then holds tiles < j at max m_j).
-        if n_blocks > 0:
-            mbarrier.wait(k_ready.index(0), 0)
-            _take_turn(turn, 0, WHICH, PINGPONG)
-            s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-            _pass_turn(turn, WHICH, PINGPONG)
-            mbarrier.arrive(k_empty.index(0), count=1)
-            p, alpha, l_i, m_i = _softmax(s, m_i, l_i, 0, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
-                                          CAUSAL, BLOCK_N)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            for j in range(1, n_blocks):
-                stage = j % STAGES
-                prev = (j - 1) % STAGES
-                mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
-                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-                _take_turn(turn, j, WHICH, PINGPONG)
-                s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-                s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-                _pass_turn(turn, WHICH, PINGPONG)
-                mbarrier.arrive(k_empty.index(stage), count=1)
-                p, alpha, l_i, m_i = _softmax(s, m_i, l_i, j, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
-                                              CAUSAL, BLOCK_N)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                mbarrier.arrive(v_empty.index(prev), count=1)
-                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
-            last = (n_blocks - 1) % STAGES
-            mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-            _take_turn(turn, n_blocks, WHICH, PINGPONG)
-            acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            _pass_turn(turn, WHICH, PINGPONG)
-            mbarrier.arrive(v_empty.index(last), count=1)
-    else:
-        for j in range(n_blocks):
+    # FlashAttention-3's intra-warpgroup overlap: the softmax of key tile j runs on the CUDA cores while
+    # the tensor cores do p_{j-1} v_{j-1}; acc is rescaled once that product is in (it then holds the
+    # tiles before j at the max of tile j). The other consumer's wgmmas fill the gaps that remain.
+    if n_blocks > 0:
+        mbarrier.wait(k_ready.index(0), 0)
+        s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        mbarrier.arrive(k_empty.index(0), count=1)
+        p, alpha, l_i, m_i = _softmax(s, m_i, l_i, 0, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
+                                      CAUSAL, BLOCK_N)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        for j in range(1, n_blocks):
             stage = j % STAGES
-            phase = (j // STAGES) & 1
-            mbarrier.wait(k_ready.index(stage), phase)
-            _take_turn(turn, j, WHICH, PINGPONG)
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
             s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # q k^T in; p v may still run
             mbarrier.arrive(k_empty.index(stage), count=1)
             p, alpha, l_i, m_i = _softmax(s, m_i, l_i, j, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
                                           CAUSAL, BLOCK_N)
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            mbarrier.wait(v_ready.index(stage), phase)
-            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(stage), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            _pass_turn(turn, WHICH, PINGPONG)
-            mbarrier.arrive(v_empty.index(stage), count=1)
+            mbarrier.arrive(v_empty.index(prev), count=1)
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        last = (n_blocks - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(v_empty.index(last), count=1)
 
     seen = l_i > 0.0
     log2l = gl.log2(gl.where(seen, l_i, 1.0))
@@ -203,7 +170,7 @@ def _fwd_hopper(Q, K, V, Out, Lse, Rowmax, Log2l,  #
                 stride_ob, stride_os, stride_oh,  #
                 nheads, group, seqlen_q, seqlen_k, head_dim, qk_scale, init,  #
                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
-                OVERLAP: gl.constexpr = True, PINGPONG: gl.constexpr = True):
+                CONSUMER_REGS: gl.constexpr = 240):
     dtype: gl.constexpr = Q.dtype.element_ty
     start_m = gl.program_id(0)
     off_bh = gl.program_id(1)
@@ -231,17 +198,14 @@ def _fwd_hopper(Q, K, V, Out, Lse, Rowmax, Log2l,  #
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)  # one arrive per consumer
         mbarrier.init(v_empty.index(i), count=2)
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
     smem = (q_smem, k_smem, v_smem)
-    bars = (q_ready, k_ready, v_ready, k_empty, v_empty, turn)
+    bars = (q_ready, k_ready, v_ready, k_empty, v_empty)
 
     # key tiles [0, n_full) are seen whole by every row of the tile; [n_full, n_blocks) are masked; causal
     # skips the rest (common.key_ranges, in tiles)
@@ -258,8 +222,8 @@ def _fwd_hopper(Q, K, V, Out, Lse, Rowmax, Log2l,  #
 
     gl.warp_specialize([
         (_consumer, (smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full,
-                     n_blocks, qk_scale, init, CAUSAL, BLOCK_N, BLOCK_D, STAGES, OVERLAP, PINGPONG, 0)),
+                     n_blocks, qk_scale, init, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 0)),
         (_consumer, (smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full,
-                     n_blocks, qk_scale, init, CAUSAL, BLOCK_N, BLOCK_D, STAGES, OVERLAP, PINGPONG, 1)),
+                     n_blocks, qk_scale, init, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 1)),
         (_producer, (q_desc, k_desc, v_desc, smem, bars, row0, n_blocks, BLOCK_N, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
