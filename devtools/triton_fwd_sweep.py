@@ -25,8 +25,9 @@ TILES = [Tile(128, 64, 4, s) for s in (2, 3, 4)] + [Tile(128, 128, 4, s) for s i
                                                 Tile(64, 128, 4, 3), Tile(256, 64, 8, 2), Tile(256, 64, 8, 3),
                                                 Tile(256, 128, 8, 2)]
 
-# the Gluon forward's (block_n, stages, blocks per SM) by head dim
-WS = {64: [(128, 2, 1), (64, 2, 1), (64, 3, 1), (64, 2, 2), (64, 3, 2), (64, 4, 2)], 128: [(128, 2, 1), (64, 3, 1)]}
+# the Gluon forward's (block_m: 64 rows per consumer warpgroup, block_n, stages, blocks per SM) by head dim
+WS = {64: [(128, 128, 2, 1), (192, 128, 2, 1), (192, 64, 2, 1), (192, 64, 3, 1), (128, 64, 3, 2), (128, 64, 2, 2)],
+      128: [(128, 128, 2, 1)]}
 
 
 def bench(fn):
@@ -71,8 +72,8 @@ def main():
                       f"{line['flash_tflops']:.1f} TF/s; TMA bits equal: {bits}", flush=True)
                 for path in a.paths.split(","):
                     interface.TMA = path != "ptr"
-                    tiles = {"ws": [(Tile(128, n, 4, st, hopper=True), per_sm)
-                                    for n, st, per_sm in WS[d] if configs.keep("fwd", Tile(128, n, 4, st, True), d, 2)],
+                    tiles = {"ws": [(Tile(m, n, 4, st, hopper=True), per_sm)
+                                    for m, n, st, per_sm in WS[d] if configs.keep("fwd", Tile(m, n, 4, st, True), d, 2)],
                              "tma": [(t, 1) for t in TILES if configs.keep("fwd", t, d, 2, 9)],
                              "tma1": [(configs.default("fwd", d, 2, causal, True), 1)],
                              "ptr": [(configs.default("fwd", d, 2, causal), 1)]}[path]

@@ -49,8 +49,8 @@ def fp32_registers(kind: str, tile: Tile, block_d: int) -> float:
     spills to the stack (seen in the AOT report: M128 N128 w4 at head dim 128, 256 by this count, gets a
     12 KB stack frame on sm_80). The AOT report's stack column checks every default against this."""
     m, n = tile.block_m, tile.block_n
-    if tile.hopper:  # the Gluon forward: two consumer warpgroups of num_warps, 64 rows each
-        m = m // 2
+    if tile.hopper:  # the Gluon forward: consumer warpgroups of 64 rows each, block_m // 64 of them
+        m = 64
     held = {"fwd": m * block_d + m * n,  # acc, s/p
             "dkdv": 2 * n * block_d + 2 * n * m,  # dk, dv, p^T, ds^T
             "dq": m * block_d + 2 * m * n}[kind]  # dq, p, ds

@@ -28,7 +28,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 # globals a kernel reads must be constexpr
 HALF = gl.constexpr(64)  # query rows per consumer warpgroup: one wgmma M
-BLOCK_M = gl.constexpr(2 * 64)  # query rows per program
 PRODUCER_REGS = gl.constexpr(24)  # the fewest setmaxnreg allows: the producer only issues copies
 # Registers: 12 warps (3 warpgroups, the producer's rounded up) share the launch's maxnreg x 12 x 32; the
 # producer gives back all but 24 and each consumer takes CONSUMER_REGS. One block per SM: 168 (all 64K),
@@ -36,8 +35,10 @@ PRODUCER_REGS = gl.constexpr(24)  # the fewest setmaxnreg allows: the producer o
 PER_SM = 1  # set by devtools/triton_fwd_sweep.py to compare
 
 
-def registers(per_sm: int) -> tuple:
-    """(maxnreg, consumer registers) for `per_sm` blocks on one SM."""
+def registers(per_sm: int, consumers: int) -> tuple:
+    """(maxnreg, consumer registers) for `per_sm` blocks of `consumers` consumer warpgroups on one SM."""
+    if consumers == 3:  # 4 warpgroups: 128 x 4 x 128 = 64K
+        return 128, 160
     return (168, 240) if per_sm == 1 else (80, 104)
 
 
@@ -54,12 +55,13 @@ def _mma_layout(n, dtype):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, smem, bars, row0, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+def _producer(q_desc, k_desc, v_desc, smem, bars, row0, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              CONSUMERS: gl.constexpr):
     q_smem, k_smem, v_smem = smem
     q_ready, k_ready, v_ready, k_empty, v_empty = bars
-    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [row0, 0], q_ready, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [row0 + HALF, 0], q_ready, q_smem.index(1))
+    mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
+    for i in gl.static_range(CONSUMERS):
+        tma.async_copy_global_to_shared(q_desc, [row0 + i * HALF, 0], q_ready, q_smem.index(i))
     for j in range(n_blocks):
         stage = j % STAGES
         # a fresh barrier counts as having completed phase 1: the first pass through the ring waits for nothing
@@ -170,7 +172,7 @@ def _fwd_hopper(Q, K, V, Out, Lse, Rowmax, Log2l,  #
                 stride_ob, stride_os, stride_oh,  #
                 nheads, group, seqlen_q, seqlen_k, head_dim, qk_scale, init,  #
                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
-                CONSUMER_REGS: gl.constexpr = 240):
+                CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240):
     dtype: gl.constexpr = Q.dtype.element_ty
     start_m = gl.program_id(0)
     off_bh = gl.program_id(1)
@@ -190,7 +192,7 @@ def _fwd_hopper(Q, K, V, Out, Lse, Rowmax, Log2l,  #
     o_desc = tma.make_tensor_descriptor(Out + off_b * stride_ob + off_h * stride_oh, [seqlen_q, head_dim],
                                         [stride_os, 1], [HALF, BLOCK_D], qo_layout)
 
-    q_smem = gl.allocate_shared_memory(dtype, [2, HALF, BLOCK_D], qo_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, HALF, BLOCK_D], qo_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -202,13 +204,14 @@ def _fwd_hopper(Q, K, V, Out, Lse, Rowmax, Log2l,  #
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)  # one arrive per consumer
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)  # one arrive per consumer
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
     smem = (q_smem, k_smem, v_smem)
     bars = (q_ready, k_ready, v_ready, k_empty, v_empty)
 
     # key tiles [0, n_full) are seen whole by every row of the tile; [n_full, n_blocks) are masked; causal
     # skips the rest (common.key_ranges, in tiles)
+    BLOCK_M: gl.constexpr = CONSUMERS * HALF
     row0 = start_m * BLOCK_M
     diag = seqlen_k - seqlen_q
     if CAUSAL:
@@ -220,10 +223,23 @@ def _fwd_hopper(Q, K, V, Out, Lse, Rowmax, Log2l,  #
     n_full = full // BLOCK_N
     n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
 
-    gl.warp_specialize([
-        (_consumer, (smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full,
-                     n_blocks, qk_scale, init, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 0)),
-        (_consumer, (smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full,
-                     n_blocks, qk_scale, init, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 1)),
-        (_producer, (q_desc, k_desc, v_desc, smem, bars, row0, n_blocks, BLOCK_N, STAGES)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    # the default partition (num_warps = 4) is consumer 0; workers: the other consumers, then the producer.
+    # (Written out: Gluon 3.6 takes neither a function inside a tuple nor constexprs through tuple concatenation.)
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer, (smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full,
+                         n_blocks, qk_scale, init, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 0)),
+            (_consumer, (smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full,
+                         n_blocks, qk_scale, init, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 1)),
+            (_producer, (q_desc, k_desc, v_desc, smem, bars, row0, n_blocks, BLOCK_N, STAGES, CONSUMERS)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full,
+                         n_blocks, qk_scale, init, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 0)),
+            (_consumer, (smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full,
+                         n_blocks, qk_scale, init, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 1)),
+            (_consumer, (smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full,
+                         n_blocks, qk_scale, init, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 2)),
+            (_producer, (q_desc, k_desc, v_desc, smem, bars, row0, n_blocks, BLOCK_N, STAGES, CONSUMERS)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])

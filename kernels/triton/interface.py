@@ -103,12 +103,13 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
     if tma and not INTERPRET:
         triton.set_allocator(_scratch)  # a context variable: set on the launching thread, every launch
     if tile.hopper:
-        maxnreg, consumer_regs = _fwd_hopper.registers(_fwd_hopper.PER_SM)
+        consumers = tile.block_m // _fwd_hopper.HALF
+        maxnreg, consumer_regs = _fwd_hopper.registers(_fwd_hopper.PER_SM, consumers)
         _fwd_hopper._fwd_hopper[grid](q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v),
                                       *_strides(out), h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init],
                                       CAUSAL=causal, BLOCK_N=tile.block_n, BLOCK_D=c["BLOCK_D"],
                                       STAGES=tile.num_stages, num_warps=tile.num_warps, maxnreg=maxnreg,
-                                      CONSUMER_REGS=consumer_regs)
+                                      CONSUMERS=consumers, CONSUMER_REGS=consumer_regs)
         return out, lse, (rowmax, log2l)
     _build("_fwd_kernel", q, k, v, out)[grid](q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
                       h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init],
