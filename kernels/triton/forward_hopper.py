@@ -33,6 +33,7 @@ PRODUCER_REGS = gl.constexpr(24)  # the fewest setmaxnreg allows: the producer o
 # producer gives back all but 24 and each consumer takes CONSUMER_REGS. One block per SM: 168 (all 64K),
 # consumers 240. Two blocks per SM: 80, consumers 104 (small tiles only).
 PER_SM = 1  # set by devtools/triton_fwd_sweep.py to compare
+HEADS_FIRST = False  # likewise
 
 
 def registers(per_sm: int, consumers: int) -> tuple:
@@ -172,10 +173,20 @@ def _fwd_hopper(Q, K, V, Out, Lse, Rowmax, Log2l,  #
                 stride_ob, stride_os, stride_oh,  #
                 nheads, group, seqlen_q, seqlen_k, head_dim, qk_scale, init,  #
                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
-                CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240):
+                CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240, HEADS_FIRST: gl.constexpr = False):
     dtype: gl.constexpr = Q.dtype.element_ty
-    start_m = gl.program_id(0)
-    off_bh = gl.program_id(1)
+    # Causal: query blocks further down see more keys; they start first (reversed), so the last wave holds
+    # the short ones. HEADS_FIRST: the grid is (heads, blocks), each wave the same block of many heads.
+    if HEADS_FIRST:
+        start_m = gl.program_id(1)
+        off_bh = gl.program_id(0)
+        n_m = gl.num_programs(1)
+    else:
+        start_m = gl.program_id(0)
+        off_bh = gl.program_id(1)
+        n_m = gl.num_programs(0)
+    if CAUSAL:
+        start_m = n_m - 1 - start_m
     off_b = (off_bh // nheads).to(gl.int64)
     off_h = (off_bh % nheads).to(gl.int64)
     off_hk = off_h // group  # GQA/MQA: query head h reads kv head h // group
