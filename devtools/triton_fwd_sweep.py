@@ -17,17 +17,13 @@ import torch
 import triton.testing
 
 from faverify.bench import Config
-from faverify.kernels.triton import configs, forward_hopper, interface
+from faverify.kernels.triton import configs, interface
 from faverify.kernels.triton.configs import Tile
 
 TILES = [Tile(128, 64, 4, s) for s in (2, 3, 4)] + [Tile(128, 128, 4, s) for s in (2, 3)] \
     + [Tile(128, 128, 8, s) for s in (2, 3)] + [Tile(128, 64, 8, 3), Tile(64, 64, 4, 3), Tile(64, 64, 4, 4),
                                                 Tile(64, 128, 4, 3), Tile(256, 64, 8, 2), Tile(256, 64, 8, 3),
                                                 Tile(256, 128, 8, 2)]
-
-# the Gluon forward's (block_m: 64 rows per consumer warpgroup, block_n, stages, blocks per SM) by head dim
-WS = {64: [(192, 128, 2, 1, False), (192, 128, 2, 1, True), (128, 64, 3, 2, False), (128, 64, 3, 2, True)],
-      128: [(128, 128, 2, 1, False), (128, 128, 2, 1, True)]}  # ..., heads first
 
 
 def bench(fn):
@@ -72,14 +68,12 @@ def main():
                       f"{line['flash_tflops']:.1f} TF/s; TMA bits equal: {bits}", flush=True)
                 for path in a.paths.split(","):
                     interface.TMA = path != "ptr"
-                    tiles = {"ws": [(Tile(m, n, 4, st, hopper=True), (per_sm, hf))
-                                    for m, n, st, per_sm, hf in WS[d] if configs.keep("fwd", Tile(m, n, 4, st, True), d, 2)],
-                             "tma": [(t, (1, False)) for t in TILES if configs.keep("fwd", t, d, 2, 9)],
-                             "tma1": [(configs.default("fwd", d, 2, causal, True), (1, False))],
-                             "ptr": [(configs.default("fwd", d, 2, causal), (1, False))]}[path]
-                    for t, (per_sm, heads_first) in tiles:
-                        forward_hopper.PER_SM, forward_hopper.HEADS_FIRST = per_sm, heads_first
-                        name = f"{path} {t}" + (f" {per_sm}/SM{' heads-first' * heads_first}" if path == "ws" else "")
+                    tiles = {"ws": [t for t in configs.tuning_candidates("fwd", d, 2, 9, True) if t.hopper],
+                             "tma": [t for t in TILES if configs.keep("fwd", t, d, 2, 9)],
+                             "tma1": [configs.default("fwd", d, 2, causal, True)],
+                             "ptr": [configs.default("fwd", d, 2, causal)]}[path]
+                    for t in tiles:
+                        name = f"{path} {t}"
                         try:
                             ms = bench(lambda: interface.forward(q, k, v, scale, causal, "-inf", tile=t))
                         except Exception as e:  # noqa: BLE001 (a tile that cannot compile is skipped)
@@ -93,7 +87,6 @@ def main():
                         line["tiles"][name] = tf
                         print(f"   {name}: {tf:.1f} TF/s, {tf / line['cudnn_tflops']:.3f}x cudnn", flush=True)
                 interface.TMA = None
-                forward_hopper.PER_SM, forward_hopper.HEADS_FIRST = 1, False
                 best = max(line["tiles"].items(), key=lambda kv: kv[1])
                 print(f"  best {best[0]}: {best[1]:.1f} TF/s = {best[1] / line['cudnn_tflops']:.3f}x cudnn, "
                       f"{best[1] / line['flash_tflops']:.2f}x flash", flush=True)

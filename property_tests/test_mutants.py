@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from faverify.kernels.mutants.build import source
-from faverify.kernels.mutants.catalog import MUTANTS, Mutant
+from faverify.kernels.mutants.catalog import HOPPER_MUTANTS, MUTANTS, Mutant, applicable
 from property_tests.cli_helpers import cli, read_json
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -24,6 +24,16 @@ def test_a_stale_mutant_is_an_error_not_a_silent_survivor():
 def test_unknown_mutant_is_a_usage_error():
     r = cli("mutants", "--only", "nosuch", "--device", "cpu")
     assert r.exit_code == 2 and "--only='nosuch': unknown mutant" in r.stderr
+
+
+def test_mutants_of_the_gluon_forward_run_only_where_it_does():
+    """The Gluon forward runs on sm_90 only: its mutants are left out elsewhere (they would survive for
+    nothing), and asking for one there is a usage error that names the rule."""
+    cpu = torch.device("cpu")
+    assert HOPPER_MUTANTS and not any(applicable(m, cpu) for m in HOPPER_MUTANTS)
+    assert all(applicable(m, cpu) for m in MUTANTS if m not in HOPPER_MUTANTS)
+    r = cli("mutants", "--only", "ws-consumer-rows", "--device", "cpu")
+    assert r.exit_code == 2 and "--only='ws-consumer-rows': its code runs only on sm_90 GPUs" in r.stderr, r.stderr
 
 
 def test_mutants_in_parallel_jobs(tmp_path):
@@ -48,7 +58,7 @@ def test_every_mutant_is_killed_and_the_control_passes(tmp_path):
     after another in this process (on 2 cores, job processes only add start-up time), 5 shrink steps."""
     r = cli("mutants", "--iters", "60", "--device", DEVICE, "--shrink-budget", "5", "--json", tmp_path / "m.json")
     report = read_json(tmp_path / "m.json")
-    assert len(report["mutants"]) == len(MUTANTS)
+    assert len(report["mutants"]) == len([m for m in MUTANTS if applicable(m, torch.device(DEVICE))])
     survivors = [m["mutant"] for m in report["mutants"] if not m["killed"]]
     assert not survivors, survivors
     assert report["control"]["failed"] == 0, report["control"]

@@ -260,6 +260,9 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
         print("\n" + out[-20000:])
     assert returncode == 0, out[-3000:] + err[-3000:]
     assert "0 failed" in out
+    # the Gluon forward, for sm_90 only, as the launcher takes it there (configs.HOPPER)
+    ws = [line for line in out.splitlines() if line.startswith("fwd-ws ")]
+    assert len(ws) == 8 and all(" sm_90 " in line and line.rstrip().endswith(" ok") for line in ws), ws
     # fp32's own small tiles (configs._fp32): the 16-bit ones spilled up to 45 KB there
     fp32 = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if re.match(r"\w+ fp32 D\d+", line)]
     assert fp32 and all(int(row[5]) <= 64 for row in fp32), [row[:6] for row in fp32 if int(row[5]) > 64]

@@ -38,7 +38,7 @@ def mutants(
     from faverify import devices
     from faverify.dtypes import parse_dtypes
     from faverify.fuzz import FuzzPlan
-    from faverify.kernels.mutants.catalog import BY_NAME
+    from faverify.kernels.mutants.catalog import BY_NAME, applicable
     from faverify.mutants import run_mutants
     from faverify.parallel import cores
     from faverify.report import fmt, table
@@ -55,6 +55,11 @@ def mutants(
         if value is not None and value < 1:
             raise UsageError(option, value, "must be >= 1")
     targets = devices.resolve(device)[:1]
+    elsewhere = [n for n in names if not applicable(BY_NAME[n], targets[0])]
+    if only is not None and elsewhere:
+        raise UsageError("--only", elsewhere[0], f"its code runs only on {BY_NAME[elsewhere[0]].runs_on} GPUs, "
+                                                 f"not on {targets[0]}")
+    names = [n for n in names if n not in elsewhere]
     on_gpu = targets[0].type == "cuda"
     if jobs is None:
         jobs = min(8, max(1, cores() // 2)) if on_gpu else 1
@@ -78,6 +83,8 @@ def mutants(
              str(r["cases_to_kill"] or "-"), r["signature"],
              _short_case(r["minimal_case"]), fmt(r["seconds"], ".1f")] for r in report["mutants"]]
     typer.echo(table(rows, ["mutant", "result", "cases to kill", "caught as", "minimal case", "seconds"], "table"))
+    if elsewhere:
+        typer.echo(f"\nnot run here (their code runs only on sm_90 GPUs): {', '.join(elsewhere)}")
     c = report["control"]
     typer.echo(f"\nkilled {report['killed']} of {len(report['mutants'])}, median cases to kill "
                f"{report['median_cases_to_kill']}; control (unmutated triton): {c['cases']} cases, "

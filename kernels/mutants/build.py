@@ -14,7 +14,7 @@ from pathlib import Path
 from faverify.kernels.mutants.catalog import BY_NAME, Mutant
 
 _SOURCE = Path(__file__).resolve().parent.parent / "triton"
-_FILES = ("forward.py", "backward.py", "interface.py")
+_FILES = ("forward.py", "forward_hopper.py", "backward.py", "interface.py")
 
 
 def _cache_root() -> Path:
@@ -33,6 +33,8 @@ def source(mutant: Mutant) -> dict:
                             f"from {package} import backward as _bwd")
         text = text.replace("from faverify.kernels.triton import forward as _fwd",
                             f"from {package} import forward as _fwd")
+        text = text.replace("from faverify.kernels.triton import forward_hopper as _fwd_hopper",
+                            f"from {package} import forward_hopper as _fwd_hopper")
         if name == mutant.file:
             count = text.count(mutant.old)
             if count != 1:

@@ -12,6 +12,16 @@ class Mutant:
     new: str
     bug: str
     why: str
+    runs_on: str = "any"  # "sm_90": the mutated code runs only there (the Gluon forward), a GPU of that kind
+
+
+def applicable(mutant: Mutant, device) -> bool:
+    """Whether the mutated code runs on `device` (a torch.device): a mutant of code that never runs there
+    would survive for nothing."""
+    if mutant.runs_on == "any":
+        return True
+    import torch
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
 MUTANTS = (
@@ -98,5 +108,27 @@ MUTANTS = (
            "the dq kernel's causal mask drops the diagonal (< instead of <=)",
            "an off-by-one in one of three copies of the mask, seen in real kernels' trackers"),
 )
+
+# The Gluon forward (forward_hopper.py), the forward that runs on sm_90 for 16-bit head dims 33..128: the
+# same classes of bug in its own code, plus one of its own (the consumer warpgroups' row offsets).
+HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", old, new, bug, why, runs_on="sm_90")
+                       for name, old, new, bug, why in (
+    ("ws-no-neg-inf-guard", 'm_use = gl.where(m_new == float("-inf"), 0.0, m_new)', "m_use = m_new",
+     "the Gluon forward subtracts an unguarded -inf running max: NaN on a row whose first tile is masked",
+     "as no-neg-inf-guard, in a second copy of the softmax"),
+    ("ws-no-rescale", "            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]\n", "",
+     "the Gluon forward never rescales acc when the running max grows",
+     "with the p v product issued a tile late, the rescale moves after its wait and is easy to drop"),
+    ("ws-causal-top-left", "    diag = seqlen_k - seqlen_q\n", "    diag = 0\n",
+     "the Gluon forward aligns the causal mask top-left",
+     "as causal-top-left: equal seqlens hide it"),
+    ("ws-tail-tile-unmasked", "n_full = full // BLOCK_N", "n_full = (full + BLOCK_N - 1) // BLOCK_N",
+     "the Gluon forward counts the partial last key tile as full: keys past seqlen_k (zero-filled) enter the "
+     "softmax", "tile counts rounded the wrong way; seqlens that are multiples of 128 hide it"),
+    ("ws-consumer-rows", "first = row0 + WHICH * HALF", "first = row0",
+     "every consumer warpgroup of the Gluon forward takes the first 64 rows of the block",
+     "the per-warpgroup offset is easy to lose when a kernel is split into partitions; blocks of 64 rows hide it"),
+))
+MUTANTS = MUTANTS + HOPPER_MUTANTS
 
 BY_NAME = {m.name: m for m in MUTANTS}

@@ -28,6 +28,7 @@ from faverify.kernels.triton.common import BLOCK_DS
 
 ELEM = {"fp16": 2, "bf16": 2, "fp32": 4}
 KERNELS = ("fwd", "dkdv", "dq", "preprocess")
+HOPPER_KERNEL = "fwd-ws"  # the Gluon forward (forward_hopper.py): sm_90 only, 16-bit, head dims 64 and 128
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,13 @@ class Variant:
                 f"{'' if self.even_d else ' odd-d'}")
 
 
-def variants() -> list:
+def variants(capability: int = 80) -> list:
+    """The variants compiled for one compute capability: every Triton kernel's, and on sm_90 the Gluon
+    forward's, whose tile is configs.HOPPER's (what the launcher takes there)."""
     out = []
+    if capability == 90:
+        out += [Variant(HOPPER_KERNEL, dtype, block_d, causal, True)
+                for dtype in ("bf16", "fp16") for block_d in (64, 128) for causal in (False, True)]
     for kernel in KERNELS:
         for dtype in ("bf16", "fp16", "fp32"):
             for block_d in BLOCK_DS:
@@ -92,6 +98,23 @@ def ptx_digest(ptx: str) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
+def _compile_hopper(v: Variant, capability: int):
+    """The Gluon forward as interface.forward launches it on sm_90, with configs.HOPPER's tile."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from faverify.kernels.triton import configs
+    from faverify.kernels.triton.forward_hopper import _fwd_hopper, launch
+
+    constants, options = launch(configs.HOPPER[v.block_d])
+    constants.update(CAUSAL=v.causal, BLOCK_D=v.block_d)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(_fwd_hopper.arg_names)
+             if (name[0].isupper() or name.startswith("stride_")) and name not in constants}
+    source = GluonASTSource(_fwd_hopper, _signature(_fwd_hopper, v.dtype, constants), constants, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
+
+
 def compile_variant(v: Variant, capability: int) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -101,6 +124,15 @@ def compile_variant(v: Variant, capability: int) -> dict:
     from faverify.kernels.triton.backward import _bwd_dkdv, _bwd_dq, _bwd_preprocess
     from faverify.kernels.triton.forward import _fwd_kernel
 
+    if v.kernel == HOPPER_KERNEL:
+        start = time.perf_counter()
+        result = {"variant": str(v), **asdict(v), "sm": capability, "tile": str(configs.HOPPER[v.block_d])}
+        try:
+            compiled = _compile_hopper(v, capability)
+        except Exception as e:  # reported per variant, as below
+            result.update(ok=False, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
+            return result
+        return _report(result, compiled, capability, start)
     fn = {"fwd": _fwd_kernel, "dkdv": _bwd_dkdv, "dq": _bwd_dq, "preprocess": _bwd_preprocess}[v.kernel]
     constants = {"BLOCK_D": v.block_d, "EVEN_D": v.even_d}
     options = {"num_warps": 4, "num_stages": 1}
@@ -127,6 +159,12 @@ def compile_variant(v: Variant, capability: int) -> dict:
     except Exception as e:  # reported per variant; the other variants still compile
         result.update(ok=False, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
         return result
+    return _report(result, compiled, capability, start)
+
+
+def _report(result: dict, compiled, capability: int, start: float) -> dict:
+    from faverify.kernels.triton import configs
+
     result.update(ok=True, shared=compiled.metadata.shared, seconds=round(time.perf_counter() - start, 2),
                   ptx=ptx_digest(compiled.asm["ptx"]), **_resources(compiled.asm["cubin"]))
     limit = configs.SMEM_LIMIT[capability // 10]
@@ -141,7 +179,7 @@ def _job(args):
 
 
 def compile_all(capabilities=(80, 90), jobs: int = 2) -> list:
-    work = [(v, cap) for cap in capabilities for v in variants()]
+    work = [(v, cap) for cap in capabilities for v in variants(cap)]
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         return list(pool.map(_job, work, chunksize=4))
 

@@ -63,6 +63,10 @@ def keep(kind: str, tile: Tile, block_d: int, elem: int, capability_major: int =
         return False
     if fp32_registers(kind, tile, block_d) > 192:
         return False
+    # the Gluon forward's three consumers get 160 registers each (forward_hopper.registers), which a
+    # 64 x 128 accumulator and a 64 x block_n score tile with two copies of p do not fit
+    if tile.hopper and tile.block_m > 128 and block_d > 64:
+        return False
     # 8 warps on a small tile leave each warp too little work (the Triton tutorial's rule)
     if tile.num_warps == 8 and tile.block_m * tile.block_n < 128 * 128 and kind == "fwd":
         return False
@@ -89,7 +93,8 @@ TUNING = {
 
 def tuning_candidates(kind: str, block_d: int, elem: int, capability_major: int = 9, hopper: bool = False) -> list:
     """hopper: the Gluon forward can run (hopper_forward), and its tiles compete too."""
-    extra = [Tile(128, n, 4, s, hopper=True) for n in (64, 128) for s in (2, 3)] if hopper and kind == "fwd" else []
+    extra = [Tile(m, n, 4, s, hopper=True) for m in (128, 192) for n in (64, 128) for s in (2, 3)
+             ] if hopper and kind == "fwd" else []
     return [t for t in TUNING[kind] + extra if keep(kind, t, block_d, elem, capability_major)]
 
 
@@ -132,9 +137,11 @@ def hopper_forward(elem: int, capability_major: int, block_d: int) -> bool:
     return elem == 2 and capability_major == 9 and block_d in (64, 128)
 
 
-# The Gluon forward's tiles: 64 query rows per consumer warpgroup (two of them), keys per stage, warps of
-# one consumer (the launch's num_warps), stages of the k/v ring.
-HOPPER = {64: Tile(128, 128, 4, 2, hopper=True), 128: Tile(128, 128, 4, 2, hopper=True)}
+# The Gluon forward's tiles: block_m = 64 query rows per consumer warpgroup, block_n keys per stage of the
+# k/v ring, num_warps of one consumer (the launch's), num_stages of the ring. From devtools/triton_fwd_sweep.py
+# on the H200 (session 7, bf16): d64 takes three consumers (M192: 0.91-1.06x cuDNN at seqlen 4096 and 16384
+# non-causal, against 0.79-0.92x with two), d128 two (M128 N128: 0.92-1.01x; M128 N64 0.80-0.86x).
+HOPPER = {64: Tile(192, 128, 4, 2, hopper=True), 128: Tile(128, 128, 4, 2, hopper=True)}
 
 
 def default(kind: str, block_d: int, elem: int, causal: bool, tma: bool = False, hopper: bool = False) -> Tile:

@@ -1,25 +1,33 @@
-"""Flash forward for Hopper (sm_90) in Gluon: warp-specialized, FlashAttention-3's structure.
+"""Flash forward for Hopper (sm_90) in Gluon: warp-specialized, in FlashAttention-3's structure.
 
-The Triton forward (forward.py) leaves the tensor cores idle while a warpgroup runs its softmax: Triton
-3.6 waits for each q k^T right after issuing it, and cannot split the loop across warpgroups. Here the
-three roles get their own warps, and the warp schedulers interleave them:
-    producer  (1 warp):   TMA loads of q once, then k and v tiles into a ring of STAGES buffers
-    consumer 0 (4 warps): query rows [0, 64) of the tile: s = q k^T, online softmax, acc += p v
-    consumer 1 (4 warps): query rows [64, 128), the same key tiles
-While one consumer runs its softmax on the CUDA cores, the other's wgmmas run on the tensor cores. A key
-stage is free again when both consumers have arrived on its `empty` barrier.
+The Triton forward (forward.py) keeps one warpgroup per block, and Triton 3.6 waits for each q k^T right
+after issuing it: the tensor cores idle while the softmax runs. Here the roles get warps of their own:
+    producer   (1 warp):   TMA loads: q once, then k and v tiles into a ring of STAGES buffers
+    consumer c (4 warps):  query rows [64 c, 64 c + 64) of the block, over the same key tiles:
+                           s = q k^T, online softmax, acc += p v
+Two consumers at head dim 128 (block_m 128), three at 64 (block_m 192; configs.HOPPER says why). Within a
+consumer, the softmax of key tile j runs while the tensor cores do p_{j-1} v_{j-1} (FlashAttention-3's
+intra-warpgroup overlap); across consumers, the warp schedulers interleave one's softmax with another's
+wgmmas. A k (v) stage is free again when every consumer has arrived on its `empty` barrier: k right after
+its q k^T, v after its p v. Causal blocks run longest first (the grid's block index reversed).
 
 The numerics are the Triton forward's, line for line (forward.py's docstring says why): raw logits, the
 running max in raw units, p = exp2((s - m') * c) with the -inf guard, l summed from the fp32 p, P rounded
 to the input dtype as the matmul operand, the same outputs (out, lse, row max, log2 l) and the same
 convention for rows that see no key. Masks: key tiles at or past `full` (the causal diagonal and the
 seqlen_k tail) are masked; the descriptors' bounds make the copy engine zero-fill everything past
-seqlen_q, seqlen_k and head_dim. Both consumers walk the tile's key range, so the diagonal tiles of the
-upper half are masked row by row.
+seqlen_q, seqlen_k and head_dim. All consumers walk the block's key range, so on the diagonal the upper
+rows are masked row by row.
 
 Applies to 16-bit inputs on sm_90 with 16-byte aligned strides and padded head dim 64 or 128
-(interface._use_hopper). Gluon does not run under the interpreter: the CPU never takes this path; the GPU
-tests and the fuzz run check it against FP64.
+(interface._use_hopper, configs.hopper_forward). Gluon does not run under the interpreter: the CPU never
+takes this path; the GPU tests, the fuzz run and the mutants of kernels/mutants check it there, and CI
+compiles it for sm_90 (aot.py).
+
+Tried on the H200 and not kept (docs/measurements.md, session 7): FlashAttention-3's ping-pong between
+consumers (a turn barrier around each consumer's wgmmas: up to 6% slower, equal at one shape), a loop
+without the overlap (5-10% slower), two blocks per SM with 104 registers per consumer, and the grid with
+heads first.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -29,18 +37,24 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 # globals a kernel reads must be constexpr
 HALF = gl.constexpr(64)  # query rows per consumer warpgroup: one wgmma M
 PRODUCER_REGS = gl.constexpr(24)  # the fewest setmaxnreg allows: the producer only issues copies
-# Registers: 12 warps (3 warpgroups, the producer's rounded up) share the launch's maxnreg x 12 x 32; the
-# producer gives back all but 24 and each consumer takes CONSUMER_REGS. One block per SM: 168 (all 64K),
-# consumers 240. Two blocks per SM: 80, consumers 104 (small tiles only).
-PER_SM = 1  # set by devtools/triton_fwd_sweep.py to compare
-HEADS_FIRST = False  # likewise
 
 
-def registers(per_sm: int, consumers: int) -> tuple:
-    """(maxnreg, consumer registers) for `per_sm` blocks of `consumers` consumer warpgroups on one SM."""
-    if consumers == 3:  # 4 warpgroups: 128 x 4 x 128 = 64K
+def registers(consumers: int) -> tuple:
+    """(maxnreg, registers of each consumer) for one block per SM, which gets all 64K registers: the
+    launch's maxnreg x 32 x the warps (the producer's warpgroup rounded up to 4), and setmaxnreg then gives
+    the producer 24 and splits the rest among the consumers."""
+    if consumers == 3:  # 4 warpgroups x 128 threads x 128 = 64K; (4 x 128 - 24) / 3, rounded down to 8s
         return 128, 160
-    return (168, 240) if per_sm == 1 else (80, 104)
+    return 168, 240  # 3 warpgroups x 128 x 168 <= 64K; (3 x 168 - 24) / 2
+
+
+def launch(tile) -> tuple:
+    """(constants, options) of a configs.Tile with hopper=True: the compile-time constants besides CAUSAL
+    and BLOCK_D, and the launch options. What interface.forward launches and the AOT report compiles."""
+    consumers = tile.block_m // HALF
+    maxnreg, consumer_regs = registers(consumers)
+    return (dict(BLOCK_N=tile.block_n, STAGES=tile.num_stages, CONSUMERS=consumers, CONSUMER_REGS=consumer_regs),
+            dict(num_warps=tile.num_warps, maxnreg=maxnreg))
 
 
 @gluon.constexpr_function
@@ -56,8 +70,8 @@ def _mma_layout(n, dtype):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, smem, bars, row0, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              CONSUMERS: gl.constexpr):
+def _producer(load, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    q_desc, k_desc, v_desc, smem, bars, row0, n_blocks = load
     q_smem, k_smem, v_smem = smem
     q_ready, k_ready, v_ready, k_empty, v_empty = bars
     mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
@@ -93,10 +107,10 @@ def _softmax(s, m_i, l_i, j, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
 
 
 @gluon.jit
-def _consumer(smem, bars, o_desc, Lse, Rowmax, Log2l,
-              row0, off_bh, seqlen_q, seqlen_k, diag, n_full, n_blocks, qk_scale, init,
-              CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
+def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
               WHICH: gl.constexpr):
+    smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full, n_blocks, qk_scale, \
+        init = run
     q_smem, k_smem, v_smem = smem
     q_ready, k_ready, v_ready, k_empty, v_empty = bars
     dtype: gl.constexpr = q_smem.dtype
@@ -173,20 +187,12 @@ def _fwd_hopper(Q, K, V, Out, Lse, Rowmax, Log2l,  #
                 stride_ob, stride_os, stride_oh,  #
                 nheads, group, seqlen_q, seqlen_k, head_dim, qk_scale, init,  #
                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
-                CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240, HEADS_FIRST: gl.constexpr = False):
+                CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     dtype: gl.constexpr = Q.dtype.element_ty
-    # Causal: query blocks further down see more keys; they start first (reversed), so the last wave holds
-    # the short ones. HEADS_FIRST: the grid is (heads, blocks), each wave the same block of many heads.
-    if HEADS_FIRST:
-        start_m = gl.program_id(1)
-        off_bh = gl.program_id(0)
-        n_m = gl.num_programs(1)
-    else:
-        start_m = gl.program_id(0)
-        off_bh = gl.program_id(1)
-        n_m = gl.num_programs(0)
-    if CAUSAL:
-        start_m = n_m - 1 - start_m
+    start_m = gl.program_id(0)
+    off_bh = gl.program_id(1)
+    if CAUSAL:  # blocks further down see more keys: they start first, and the last wave holds short ones
+        start_m = gl.num_programs(0) - 1 - start_m
     off_b = (off_bh // nheads).to(gl.int64)
     off_h = (off_bh % nheads).to(gl.int64)
     off_hk = off_h // group  # GQA/MQA: query head h reads kv head h // group
@@ -234,23 +240,18 @@ def _fwd_hopper(Q, K, V, Out, Lse, Rowmax, Log2l,  #
     n_full = full // BLOCK_N
     n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
 
-    # the default partition (num_warps = 4) is consumer 0; workers: the other consumers, then the producer.
-    # (Written out: Gluon 3.6 takes neither a function inside a tuple nor constexprs through tuple concatenation.)
+    # the default partition (num_warps = 4) is consumer 0; workers: the other consumers, then the producer
+    run = (smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full, n_blocks,
+           qk_scale, init)
+    load = (q_desc, k_desc, v_desc, smem, bars, row0, n_blocks)  # (a tuple in a variable: constexprs stay out)
     if CONSUMERS == 2:
-        gl.warp_specialize([
-            (_consumer, (smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full,
-                         n_blocks, qk_scale, init, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 0)),
-            (_consumer, (smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full,
-                         n_blocks, qk_scale, init, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 1)),
-            (_producer, (q_desc, k_desc, v_desc, smem, bars, row0, n_blocks, BLOCK_N, STAGES, CONSUMERS)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        gl.warp_specialize([(_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 0)),
+                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 1)),
+                            (_producer, (load, BLOCK_N, STAGES, CONSUMERS))],
+                           [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
-        gl.warp_specialize([
-            (_consumer, (smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full,
-                         n_blocks, qk_scale, init, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 0)),
-            (_consumer, (smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full,
-                         n_blocks, qk_scale, init, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 1)),
-            (_consumer, (smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full,
-                         n_blocks, qk_scale, init, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 2)),
-            (_producer, (q_desc, k_desc, v_desc, smem, bars, row0, n_blocks, BLOCK_N, STAGES, CONSUMERS)),
-        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+        gl.warp_specialize([(_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 0)),
+                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 1)),
+                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 2)),
+                            (_producer, (load, BLOCK_N, STAGES, CONSUMERS))],
+                           [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])

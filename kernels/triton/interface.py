@@ -103,16 +103,10 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
     if tma and not INTERPRET:
         triton.set_allocator(_scratch)  # a context variable: set on the launching thread, every launch
     if tile.hopper:
-        consumers = tile.block_m // _fwd_hopper.HALF
-        if _fwd_hopper.HEADS_FIRST:
-            grid = grid[::-1]
-        maxnreg, consumer_regs = _fwd_hopper.registers(_fwd_hopper.PER_SM, consumers)
+        constants, options = _fwd_hopper.launch(tile)
         _fwd_hopper._fwd_hopper[grid](q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v),
                                       *_strides(out), h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init],
-                                      CAUSAL=causal, BLOCK_N=tile.block_n, BLOCK_D=c["BLOCK_D"],
-                                      STAGES=tile.num_stages, num_warps=tile.num_warps, maxnreg=maxnreg,
-                                      CONSUMERS=consumers, CONSUMER_REGS=consumer_regs,
-                                      HEADS_FIRST=_fwd_hopper.HEADS_FIRST)
+                                      CAUSAL=causal, BLOCK_D=c["BLOCK_D"], **constants, **options)
         return out, lse, (rowmax, log2l)
     _build("_fwd_kernel", q, k, v, out)[grid](q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
                       h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init],
