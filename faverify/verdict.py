@@ -19,6 +19,12 @@ which is 64), the attention weights are not determined by the fp32 logits at all
 may legitimately give all the weight to one key among equals. The case is then ill-conditioned: the
 tolerance is waived for out and the gradients (counted and reported as waived), while NaN/Inf, the
 rows-that-see-no-key rule and lse are still checked.
+
+One exception to the Inf rule: an Inf in out or a gradient passes where the allowed error itself reaches
+the dtype's largest finite value. There the tolerance accepts results beyond the dtype's range, and Inf
+is what rounding such a result to the dtype gives (the fp16 dk of a key seen by every row, whose terms
+cancel to exactly 0, is rounding noise of size u32 * scale_T: at bf16-scale logits, 1e19 against fp16's
+65504). NaN always fails.
 """
 from __future__ import annotations
 

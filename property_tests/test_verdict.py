@@ -87,6 +87,27 @@ def test_ill_conditioned_cases_waive_tolerance_but_not_nan():
     assert not m.passed and m.nan == 1
 
 
+def test_inf_fails_unless_the_allowed_error_passes_the_dtype_range():
+    """An Inf where the reference is finite fails; it passes only where the allowed error itself reaches
+    the dtype's largest finite value (the tolerance then accepts results past the range, and Inf is one
+    of them rounded). NaN fails there too."""
+    c = Case(1, 8, 8, 1, 1, 16, dtype="fp16", seed=1)
+    x = make_inputs(c, "cpu")
+    out = naive(*x.tensors(), causal=False, scale=c.scale)["out"].clone()
+    out[0, 2, 0, 1] = math.inf
+    m, _, _ = _judge(out, c, x)
+    assert not m.passed and m.inf == 1 and "Inf where the reference is finite" in m.reason
+    c = Case(1, 1, 17, 1, 1, 40, dtype="fp16", regime="bf16-scale", softmax_scale=0.001)
+    x = make_inputs(c, "cpu")
+    out = x.v[:, :1].expand(1, 1, 1, 40).clone() * 0
+    out[0, 0, 0, 0] = math.inf
+    m, _, _ = _judge(out, c, x)
+    assert m.allowed >= torch.finfo(torch.float16).max and m.passed and m.inf == 1
+    out[0, 0, 0, 1] = math.nan
+    m, _, _ = _judge(out, c, x)
+    assert not m.passed and "NaN" in m.reason and "Inf" not in m.reason
+
+
 def test_overrides():
     assert parse_overrides("out=4,dq=5", DEFAULT_FACTOR, "--factor")["dq"] == 5
     assert set(parse_overrides("7", DEFAULT_FACTOR, "--factor").values()) == {7.0}
