@@ -25,7 +25,7 @@ takes this path; the GPU tests, the fuzz run and the mutants of kernels/mutants 
 compiles it for sm_90 (aot.py).
 
 Tried on the H200 and not kept (docs/measurements.md, session 7): FlashAttention-3's ping-pong between
-consumers (a turn barrier around each consumer's wgmmas: up to 6% slower, equal at one shape), a loop
+consumers (a turn barrier around each consumer's wgmmas: 2-8% slower, equal at one shape), a loop
 without the overlap (5-10% slower), two blocks per SM with 104 registers per consumer, and the grid with
 heads first.
 """
