@@ -128,10 +128,11 @@ def test_hopper_forward_is_right_against_fp64(case):
     import dataclasses
 
     from faverify.kernels.triton import configs, interface
+    from faverify.kernels.triton.common import block_d
     case = dataclasses.replace(case, head_dim=-(-case.head_dim // 16) * 16)  # 16-byte strides: TMA applies
     x = make_inputs(case, DEVICE)
     assert interface._use_hopper(x.q, interface._use_tma(x.q, x.k, x.v)), case
-    tile = configs.select("fwd", 64 if case.head_dim <= 64 else 128, 2, case.causal, case.seqlen_k, True, True)
+    tile = configs.select("fwd", block_d(case.head_dim), 2, case.causal, case.seqlen_k, True, True)
     assert tile.hopper
     out, lse, (rowmax, log2l) = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init)
     metrics = compare(case, x, {"out": out, "lse": lse}, Tolerance(), ("out", "lse"))

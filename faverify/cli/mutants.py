@@ -84,7 +84,8 @@ def mutants(
              _short_case(r["minimal_case"]), fmt(r["seconds"], ".1f")] for r in report["mutants"]]
     typer.echo(table(rows, ["mutant", "result", "cases to kill", "caught as", "minimal case", "seconds"], "table"))
     if elsewhere:
-        typer.echo(f"\nnot run here (their code runs only on sm_90 GPUs): {', '.join(elsewhere)}")
+        typer.echo("\nnot run here (their code runs only elsewhere): "
+                   + ", ".join(f"{n} ({BY_NAME[n].runs_on})" for n in elsewhere))
     c = report["control"]
     typer.echo(f"\nkilled {report['killed']} of {len(report['mutants'])}, median cases to kill "
                f"{report['median_cases_to_kill']}; control (unmutated triton): {c['cases']} cases, "

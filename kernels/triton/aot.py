@@ -98,41 +98,35 @@ def ptx_digest(ptx: str) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
-def _compile_hopper(v: Variant, capability: int):
-    """The Gluon forward as interface.forward launches it on sm_90, with configs.HOPPER's tile."""
-    import triton
-    from triton.backends.compiler import GPUTarget
+def _aligned_attrs(fn, constants: dict) -> dict:
+    """Pointers and strides declared divisible by 16, as for contiguous inputs (the fast build)."""
+    return {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+            if (name[0].isupper() or name.startswith("stride_")) and name not in constants}
+
+
+def _hopper_source(v: Variant, capability: int):
+    """(source, options, tile) of the Gluon forward as interface.forward launches it on sm_90."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from faverify.kernels.triton import configs
     from faverify.kernels.triton.forward_hopper import _fwd_hopper, launch
 
-    constants, options = launch(configs.HOPPER[v.block_d])
+    tile = configs.HOPPER[v.block_d]
+    constants, options = launch(tile)
     constants.update(CAUSAL=v.causal, BLOCK_D=v.block_d)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(_fwd_hopper.arg_names)
-             if (name[0].isupper() or name.startswith("stride_")) and name not in constants}
-    source = GluonASTSource(_fwd_hopper, _signature(_fwd_hopper, v.dtype, constants), constants, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
+    source = GluonASTSource(_fwd_hopper, _signature(_fwd_hopper, v.dtype, constants), constants,
+                            _aligned_attrs(_fwd_hopper, constants))
+    return source, options, str(tile)
 
 
-def compile_variant(v: Variant, capability: int) -> dict:
-    import triton
-    from triton.backends.compiler import GPUTarget
+def _triton_source(v: Variant, capability: int):
+    """(source, options, tile) of a Triton kernel with the tile its launcher picks by default."""
     from triton.compiler import ASTSource
 
     from faverify.kernels.triton import configs
     from faverify.kernels.triton.backward import _bwd_dkdv, _bwd_dq, _bwd_preprocess
     from faverify.kernels.triton.forward import _fwd_kernel
 
-    if v.kernel == HOPPER_KERNEL:
-        start = time.perf_counter()
-        result = {"variant": str(v), **asdict(v), "sm": capability, "tile": str(configs.HOPPER[v.block_d])}
-        try:
-            compiled = _compile_hopper(v, capability)
-        except Exception as e:  # reported per variant, as below
-            result.update(ok=False, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
-            return result
-        return _report(result, compiled, capability, start)
     fn = {"fwd": _fwd_kernel, "dkdv": _bwd_dkdv, "dq": _bwd_dq, "preprocess": _bwd_preprocess}[v.kernel]
     constants = {"BLOCK_D": v.block_d, "EVEN_D": v.even_d}
     options = {"num_warps": 4, "num_stages": 1}
@@ -148,23 +142,24 @@ def compile_variant(v: Variant, capability: int) -> dict:
         if v.kernel == "fwd":
             constants["TMA"] = tma
         options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-             if name[0].isupper() or name.startswith("stride_")}
-    attrs = {k: a for k, a in attrs.items() if fn.arg_names[k[0]] not in constants}
+    source = ASTSource(fn, _signature(fn, v.dtype, constants), constants, _aligned_attrs(fn, constants))
+    return source, options, str(tile) if tile else "M64"
+
+
+def compile_variant(v: Variant, capability: int) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from faverify.kernels.triton import configs
+
+    source, options, tile = (_hopper_source if v.kernel == HOPPER_KERNEL else _triton_source)(v, capability)
     start = time.perf_counter()
-    result = {"variant": str(v), **asdict(v), "sm": capability, "tile": str(tile) if tile else "M64"}
+    result = {"variant": str(v), **asdict(v), "sm": capability, "tile": tile}
     try:
-        compiled = triton.compile(ASTSource(fn, _signature(fn, v.dtype, constants), constants, attrs),
-                                  target=GPUTarget("cuda", capability, 32), options=options)
+        compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
     except Exception as e:  # reported per variant; the other variants still compile
         result.update(ok=False, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
         return result
-    return _report(result, compiled, capability, start)
-
-
-def _report(result: dict, compiled, capability: int, start: float) -> dict:
-    from faverify.kernels.triton import configs
-
     result.update(ok=True, shared=compiled.metadata.shared, seconds=round(time.perf_counter() - start, 2),
                   ptx=ptx_digest(compiled.asm["ptx"]), **_resources(compiled.asm["cubin"]))
     limit = configs.SMEM_LIMIT[capability // 10]

@@ -133,7 +133,7 @@ _FWD = {True: {(64, False): Tile(128, 128, 4, 3), (64, True): Tile(128, 128, 4, 
 def hopper_forward(elem: int, capability_major: int, block_d: int) -> bool:
     """Whether the warp-specialized Gluon forward (forward_hopper.py) can run, given tensors that load
     through TMA: 16-bit, sm_90 exactly (wgmma is Hopper's; later GPUs have other matrix instructions),
-    padded head dim 64 or 128 (its two consumer warpgroups hold 64 x BLOCK_D accumulators)."""
+    padded head dim 64 or 128 (its consumer warpgroups hold 64 x BLOCK_D accumulators; HOPPER's tiles)."""
     return elem == 2 and capability_major == 9 and block_d in (64, 128)
 
 

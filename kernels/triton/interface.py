@@ -102,16 +102,15 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
     grid = (triton.cdiv(sq, tile.block_m), b * h)
     if tma and not INTERPRET:
         triton.set_allocator(_scratch)  # a context variable: set on the launching thread, every launch
+    # both forwards take the same runtime arguments (forward.py's _fwd, forward_hopper.py's _fwd_hopper)
+    args = (q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+            h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init])
     if tile.hopper:
         constants, options = _fwd_hopper.launch(tile)
-        _fwd_hopper._fwd_hopper[grid](q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v),
-                                      *_strides(out), h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init],
-                                      CAUSAL=causal, BLOCK_D=c["BLOCK_D"], **constants, **options)
-        return out, lse, (rowmax, log2l)
-    _build("_fwd_kernel", q, k, v, out)[grid](q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-                      h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init],
-                      CAUSAL=causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                      num_warps=tile.num_warps, num_stages=tile.num_stages, TMA=tma, **c)
+        _fwd_hopper._fwd_hopper[grid](*args, CAUSAL=causal, BLOCK_D=c["BLOCK_D"], **constants, **options)
+    else:
+        _build("_fwd_kernel", q, k, v, out)[grid](*args, CAUSAL=causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+                                                  num_warps=tile.num_warps, num_stages=tile.num_stages, TMA=tma, **c)
     return out, lse, (rowmax, log2l)
 
 
