@@ -57,6 +57,7 @@ class KernelStats:
     per_device: Counter = field(default_factory=Counter)
     phases: Counter = field(default_factory=Counter)  # seconds per phase, summed over cases
     signature_counts: Counter = field(default_factory=Counter)  # failure signature -> cases
+    paths: Counter = field(default_factory=Counter)  # the subject's code path -> cases that took it
     restarts: int = 0  # worker processes started again after a crash or a timeout
     warmup_cases: int = 0  # unjudged cases run first so each compiled variant compiles once (parallel.warm_up)
     warmup_seconds: float = 0.0
@@ -83,6 +84,7 @@ class KernelStats:
         if r.gradcheck and not r.gradcheck["skipped"]:
             self.gradchecks[r.gradcheck["dtype"]].append(r.gradcheck)
         self.signature_counts.update(r.signatures)
+        self.paths.update(r.paths)
 
     @property
     def cases(self) -> int:
@@ -130,6 +132,7 @@ class KernelStats:
         return {"kernel": self.kernel, "cases": self.cases, "passed": self.counts["pass"], "failed": self.failed,
                 "crashed": self.counts["crash"], "timed_out": self.counts["timeout"], "skipped": self.counts["skip"],
                 "skip_reasons": dict(self.skipped.most_common()), "per_device": dict(self.per_device),
+                "paths": dict(self.paths),  # in the order first taken: fwd before bwd
                 "worker_restarts": self.restarts,
                 "warmup": {"cases": self.warmup_cases, "seconds": round(self.warmup_seconds, 2)},
                 "seconds": self.seconds, "cases_per_second": self.cases / self.seconds if self.seconds else 0.0,

@@ -43,6 +43,8 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, 
     kernel = result.kernels[0]
     failures = kernel["failures"]
     minimal = failures[0]["minimal"] if failures else None
+    # the cases that ran the mutated code: a survivor that none reached says the fuzz never drove it there
+    reached = sum(n for path, n in kernel["summary"].get("paths", {}).items() if mutant.reaches(path))
     check = check or _check_in_process(devices[0])
     control_there = check(Case.from_dict(minimal["case"]), tolerance) if minimal else None
     attributable = control_there is not None and not control_there.failed
@@ -50,7 +52,7 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, 
     return {
         "mutant": name, "bug": mutant.bug, "why": mutant.why, "killed": killed,
         "cases_to_kill": kernel["summary"]["cases"] if killed else None,
-        "cases": kernel["summary"]["cases"], "signature": failures[0]["signature"] if failures else "",
+        "cases": kernel["summary"]["cases"], "reached": reached, "signature": failures[0]["signature"] if failures else "",
         "minimal_case": minimal["case"] if minimal else None,
         "reason": minimal["reason"][:300] if minimal else "",
         "reproducer": failures[0]["reproducer"] if failures else "",
@@ -102,8 +104,9 @@ def _kill_parallel(names: list, plan: FuzzPlan, device, *, tolerance, isolate: b
                 del running[name]
                 kind, payload = message
                 rows[name] = payload if kind == "row" else _error_row(name, payload)
-                print(f"mutants: {name}: {'killed' if rows[name]['killed'] else 'NOT killed'} "
-                      f"({rows[name]['seconds']} s)", file=sys.stderr, flush=True)
+                row = rows[name]
+                print(f"mutants: {name}: {'killed' if row['killed'] else 'NOT killed'} ({row['seconds']} s, "
+                      f"{row['reached']} of {row['cases']} cases ran its code)", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         for p, _ in running.values():
             p.terminate()
@@ -117,7 +120,7 @@ def _error_row(name: str, error: str) -> dict:
     from faverify.kernels.mutants.catalog import BY_NAME
     mutant = BY_NAME[name]
     return {"mutant": name, "bug": mutant.bug, "why": mutant.why, "killed": False, "cases_to_kill": None,
-            "cases": 0, "signature": "", "minimal_case": None, "reason": f"not run to the end: {error}",
+            "cases": 0, "reached": 0, "signature": "", "minimal_case": None, "reason": f"not run to the end: {error}",
             "reproducer": "", "control_on_minimal_case": None, "seconds": 0.0, "interrupted": False}
 
 

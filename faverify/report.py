@@ -112,6 +112,10 @@ def render(run: Run, style: str = "table") -> str:
                         for k in run.kernels if k["summary"].get("per_device"))
     if devices:
         out.append(("- " if style == "md" else "") + f"cases per device: {devices}")
+    paths = "; ".join(f"{k['summary']['kernel']}: " + ", ".join(f"{p} {n}" for p, n in k["summary"]["paths"].items())
+                      for k in run.kernels if k["summary"].get("paths"))
+    if paths:
+        out.append(("- " if style == "md" else "") + f"cases per code path (what the subject launched): {paths}")
     warmed = "; ".join(f"{k['summary']['kernel']}: {w['cases']} cases in {w['seconds']:.1f} s"
                        for k in run.kernels if (w := k["summary"].get("warmup", {})).get("cases"))
     if warmed:

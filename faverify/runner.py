@@ -34,6 +34,7 @@ class CaseResult:
     seconds: float = 0.0
     phases: dict = field(default_factory=dict)  # seconds per phase: subject, reference, gradcheck
     device: str = ""
+    paths: list = field(default_factory=list)  # the subject's code paths this case took (Subject.paths)
 
     @property
     def failed(self) -> bool:
@@ -42,14 +43,15 @@ class CaseResult:
     def to_dict(self) -> dict:
         return {"kernel": self.kernel, "case": self.case.to_dict(), "status": self.status, "reason": self.reason,
                 "metrics": {k: m.to_dict() for k, m in self.metrics.items()}, "signatures": list(self.signatures),
-                "gradcheck": self.gradcheck, "seconds": self.seconds, "phases": self.phases, "device": self.device}
+                "gradcheck": self.gradcheck, "seconds": self.seconds, "phases": self.phases, "device": self.device,
+                "paths": list(self.paths)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CaseResult":
         return cls(kernel=d["kernel"], case=Case.from_dict(d["case"]), status=d["status"], reason=d["reason"],
                    metrics={k: TensorMetrics.from_dict(m) for k, m in d["metrics"].items()},
                    signatures=list(d["signatures"]), gradcheck=d.get("gradcheck"), seconds=d["seconds"],
-                   phases=d.get("phases", {}), device=d.get("device", ""))
+                   phases=d.get("phases", {}), device=d.get("device", ""), paths=list(d.get("paths", [])))
 
 
 def failure(kernel: str, case: Case, status: str, reason: str, signature: str, device: str = "") -> CaseResult:
@@ -64,7 +66,9 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
     tolerance = tolerance or Tolerance()
     start = time.perf_counter()
     clock = _Clock(device)
+    subject.take_paths()  # whatever ran before this case is not its
     result = _evaluate(subject, case, device, mode, tolerance, clock, stored)
+    result.paths = subject.take_paths()
     if gradcheck and result.status == "pass":
         from faverify.gradcheck import directional
         result.gradcheck = directional(subject, case, device).to_dict()

@@ -44,6 +44,8 @@ def test_mutants_in_parallel_jobs(tmp_path):
     report = read_json(tmp_path / "m.json")
     assert report["settings"]["jobs"] == 2
     assert [(m["mutant"], m["killed"]) for m in report["mutants"]] == [("no-final-division", True), ("lse-log2", True)]
+    # the job process hands back how many cases ran the mutated code (forward.py's: every case here)
+    assert all(m["reached"] == m["cases"] >= 1 for m in report["mutants"]), report["mutants"]
     assert report["control"]["cases"] == 10 and r.exit_code == 0, r.stdout
 
 
@@ -61,6 +63,41 @@ def test_every_mutant_is_killed_and_the_control_passes(tmp_path):
     assert len(report["mutants"]) == len([m for m in MUTANTS if applicable(m, torch.device(DEVICE))])
     survivors = [m["mutant"] for m in report["mutants"] if not m["killed"]]
     assert not survivors, survivors
+    # a mutant is killed by a case that ran its code (Subject.paths: what the launcher took)
+    assert all(m["reached"] >= 1 for m in report["mutants"]), [(m["mutant"], m["reached"]) for m in report["mutants"]]
     assert report["control"]["failed"] == 0, report["control"]
     assert report["median_cases_to_kill"] <= 50
     assert r.exit_code == 0, r.stdout
+
+
+def test_a_mutant_reaches_only_the_paths_of_its_file():
+    """A case reaches a mutant's code if it took a code path of the mutated file (interface.PATHS)."""
+    from faverify.kernels.triton.interface import PATHS
+    by_file = {m.file: m for m in MUTANTS}
+    assert [p for p in PATHS if by_file["forward_hopper.py"].reaches(p)] == ["fwd gluon-ws"]
+    assert [p for p in PATHS if by_file["forward.py"].reaches(p)] == ["fwd triton-tma", "fwd triton",
+                                                                      "fwd triton generic"]
+    assert [p for p in PATHS if by_file["backward.py"].reaches(p)] == ["bwd triton", "bwd triton generic"]
+    assert all(by_file["interface.py"].reaches(p) for p in PATHS)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the Gluon forward runs on sm_90 only")
+def test_a_gluon_mutant_fails_in_a_worker_process():
+    """faverify mutants on a GPU runs each case in a worker process: there, a mutant of the Gluon forward
+    must launch its own mutated kernel and fail (session 7: they survived that path)."""
+    from faverify.case import Case
+    from faverify.isolation import Worker
+    from faverify.verdict import Tolerance
+    case = Case(1, 129, 129, 2, 2, 64, dtype="bf16", seed=1)  # rows past 64: the second consumer's
+    results = {}
+    for kernel in ("triton", "mutant:ws-consumer-rows"):
+        worker = Worker(kernel, "cuda:0", "fwd", Tolerance().to_dict(), 300.0)
+        try:
+            results[kernel] = worker.evaluate(case)
+        finally:
+            worker.stop()
+    assert results["triton"].status == "pass" and results["triton"].paths == ["fwd gluon-ws"], results["triton"]
+    mutant = results["mutant:ws-consumer-rows"]
+    assert mutant.paths == ["fwd gluon-ws"] and mutant.status == "fail", (mutant.status, mutant.reason)

@@ -12,7 +12,7 @@ from faverify.runner import compare, evaluate
 from faverify.strategies import Limits, cases
 from faverify.subjects import resolve
 from faverify.verdict import Tolerance
-from property_tests.cli_helpers import cli
+from property_tests.cli_helpers import cli, read_json
 
 HAS_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_GPU else "cpu"
@@ -70,6 +70,24 @@ def test_no_keys_at_all():
     x, got = run(case)
     assert (got["out"] == 0).all() and (got["lse"] == float("-inf")).all() and (got["dq"] == 0).all()
     assert got["dk"].shape == (1, 0, 1, 16)
+
+
+def test_each_case_reports_the_code_paths_it_took():
+    """The subject tells which launch paths ran (Subject.paths): the fuzz counts cases per path and a
+    mutant's row says whether any case ran its code. Here: the Triton forward and backward on this
+    device (the Gluon forward on sm_90, TMA on later GPUs), the forward alone in mode fwd, no launch at
+    all without keys, and nothing left over from an earlier call."""
+    subject = resolve("triton")
+    major = torch.cuda.get_device_capability()[0] if HAS_GPU else 0
+    fwd = "fwd gluon-ws" if major == 9 else ("fwd triton-tma" if major > 9 else "fwd triton")
+    case = Case(1, 33, 40, 2, 1, 64, dtype="bf16", seed=3)
+    assert evaluate(subject, case, DEVICE).paths == [fwd, "bwd triton"]
+    assert evaluate(subject, case, DEVICE, mode="fwd").paths == [fwd]
+    empty = Case(1, 5, 0, 2, 1, 16, seed=1)
+    assert evaluate(subject, empty, DEVICE).paths == ["fwd none (empty)", "bwd none (empty)"]
+    x = make_inputs(case, DEVICE)
+    subject(x.q, x.k, x.v, case)  # a call outside a case: not the next case's
+    assert evaluate(subject, empty, DEVICE, mode="fwd").paths == ["fwd none (empty)"]
 
 
 def test_backward_is_deterministic():
@@ -248,9 +266,17 @@ def test_head_dim_over_256_is_rejected():
 
 
 @pytest.mark.slow
-def test_fuzz_60_cases_every_dtype_on_this_machine():
-    r = cli("fuzz", "--kernel", "triton", "--iters", "60", "--dtype", "bf16,fp16,fp32", "--device", DEVICE)
+def test_fuzz_60_cases_every_dtype_on_this_machine(tmp_path):
+    from faverify.kernels.triton.interface import PATHS
+    r = cli("fuzz", "--kernel", "triton", "--iters", "60", "--dtype", "bf16,fp16,fp32", "--device", DEVICE,
+            "--json", tmp_path / "f.json")
     assert r.exit_code == 0, r.stderr
+    # every case that ran took one forward path, and the report counts them (fwd gluon-ws among them on sm_90)
+    summary = read_json(tmp_path / "f.json")["kernels"][0]["summary"]
+    paths = summary["paths"]
+    assert set(paths) <= set(PATHS) and sum(n for p, n in paths.items() if p.startswith("fwd")) == 60, paths
+    assert paths.get("fwd gluon-ws", 0) > 0 or not _is_hopper(), paths
+    assert "cases per code path" in r.stdout
 
 
 @pytest.mark.slow

@@ -80,9 +80,10 @@ def mutants(
             json_path.write_text(json.dumps(report, indent=1, default=str))
     rows = [[r["mutant"], "killed" if r["killed"] else ("SURVIVED" if not r["signature"] else
                                                         "NOT ATTRIBUTABLE (the control fails there too)"),
-             str(r["cases_to_kill"] or "-"), r["signature"],
+             str(r["cases_to_kill"] or "-"), f'{r["reached"]} of {r["cases"]}', r["signature"],
              _short_case(r["minimal_case"]), fmt(r["seconds"], ".1f")] for r in report["mutants"]]
-    typer.echo(table(rows, ["mutant", "result", "cases to kill", "caught as", "minimal case", "seconds"], "table"))
+    typer.echo(table(rows, ["mutant", "result", "cases to kill", "cases that ran its code", "caught as",
+                            "minimal case", "seconds"], "table"))
     if elsewhere:
         typer.echo("\nnot run here (their code runs only elsewhere): "
                    + ", ".join(f"{n} ({BY_NAME[n].runs_on})" for n in elsewhere))

@@ -54,6 +54,12 @@ class Subject:
     # workers, so each variant compiles once and lands in the on-disk cache before the cases start,
     # instead of every worker compiling every variant itself. None: nothing to compile ahead.
     warmup: Callable[[tuple], list] | None = None
+    # The code paths its kernels took since the last call, which starts a new list (e.g. ["fwd gluon-ws",
+    # "bwd triton"]): each case reports them, a fuzz counts the cases per path. None: not told.
+    paths: Callable[[], list] | None = None
+
+    def take_paths(self) -> list:
+        return self.paths() if self.paths is not None else []
 
     def unsupported(self, case: Case, device: torch.device) -> str | None:
         return self.caps.reason_unsupported(case, device)

@@ -14,6 +14,15 @@ class Mutant:
     why: str
     runs_on: str = "any"  # "sm_90": the mutated code runs only there (the Gluon forward), a GPU of that kind
 
+    def reaches(self, path: str) -> bool:
+        """Whether a case that took this code path (interface.PATHS) ran the mutated file's code."""
+        return path.startswith(_PATH_OF[self.file])
+
+
+# the prefix of interface.PATHS each kernel file's code runs under ("" : the launcher, every path)
+_PATH_OF = {"forward.py": "fwd triton", "forward_hopper.py": "fwd gluon-ws", "backward.py": "bwd triton",
+            "interface.py": ""}
+
 
 def applicable(mutant: Mutant, device) -> bool:
     """Whether the mutated code runs on `device` (a torch.device): a mutant of code that never runs there

@@ -24,6 +24,18 @@ TMA = None
 # The warp-specialized Gluon forward (forward_hopper.py) where it can run (configs.hopper_forward): None
 # decides per launch; tests set False to compare it with the Triton forward on the same GPU.
 HOPPER = None
+# The code paths the launches took, in order (PATHS names them): the subject reports them per case, so a
+# fuzz shows which kernels its cases reached and a mutant which cases ran its mutated code. take_paths()
+# hands them over and starts a new list.
+_LAUNCHED: list = []
+PATHS = ("fwd gluon-ws", "fwd triton-tma", "fwd triton", "fwd triton generic", "fwd none (empty)",
+         "bwd triton", "bwd triton generic", "bwd none (empty)")
+
+
+def take_paths() -> list:
+    taken = list(dict.fromkeys(_LAUNCHED))  # each path once, in the order first taken
+    _LAUNCHED.clear()
+    return taken
 
 
 def _strides(t: torch.Tensor) -> tuple:
@@ -36,10 +48,14 @@ def _aligned(*tensors) -> bool:
     return all(t.data_ptr() % 16 == 0 and all(s % 16 == 0 for s in t.stride()[:-1]) for t in tensors)
 
 
+def _fast(*tensors) -> bool:
+    return INTERPRET or _aligned(*tensors)
+
+
 def _build(name: str, *tensors):
     """The fast build of kernel `name` when the tensors allow it, else the generic one (common.generic_args)."""
     module = _fwd if name == "_fwd_kernel" else _bwd
-    return getattr(module, name if INTERPRET or _aligned(*tensors) else name + "_generic")
+    return getattr(module, name if _fast(*tensors) else name + "_generic")
 
 
 def _scratch(size: int, alignment: int, stream):
@@ -90,8 +106,10 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
     # the backward's P comes from the row max and log2 l (backward.py says why), kept per row
     rowmax, log2l = torch.empty_like(lse), torch.empty_like(lse)
     if sq == 0:
+        _LAUNCHED.append("fwd none (empty)")
         return out, lse, (rowmax, log2l)
     if sk == 0:  # no key at all: every row follows the convention for rows that see none
+        _LAUNCHED.append("fwd none (empty)")
         return out.zero_(), lse.fill_(float("-inf")), (rowmax.zero_(), log2l.fill_(float("inf")))
     c = _common(q)
     tma = _use_tma(q, k, v, out)
@@ -106,9 +124,11 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
     args = (q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
             h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init])
     if tile.hopper:
+        _LAUNCHED.append("fwd gluon-ws")
         constants, options = _fwd_hopper.launch(tile)
         _fwd_hopper._fwd_hopper[grid](*args, CAUSAL=causal, BLOCK_D=c["BLOCK_D"], **constants, **options)
     else:
+        _LAUNCHED.append("fwd triton-tma" if tma else "fwd triton" + ("" if _fast(q, k, v, out) else " generic"))
         _build("_fwd_kernel", q, k, v, out)[grid](*args, CAUSAL=causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                                                   num_warps=tile.num_warps, num_stages=tile.num_stages, TMA=tma, **c)
     return out, lse, (rowmax, log2l)
@@ -124,6 +144,7 @@ def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles:
     dk = torch.empty((b, sk, hk, d), dtype=k.dtype, device=k.device)
     dv = torch.empty((b, sk, hk, d), dtype=v.dtype, device=v.device)
     if sq == 0 or sk == 0:
+        _LAUNCHED.append("bwd none (empty)")
         return dq.zero_(), dk.zero_(), dv.zero_()
     if dout.stride(-1) != 1:  # autograd may hand us an expanded gradient (stride 0): one copy of dO only
         dout = dout.contiguous()
@@ -137,6 +158,7 @@ def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles:
     _build("_bwd_preprocess", out, dout)[(triton.cdiv(sq, pre_m), b * h)](out, dout, delta, *_strides(out), *_strides(dout), h, sq, d,
                                                      BLOCK_M=pre_m, BLOCK_D=c["BLOCK_D"], EVEN_D=c["EVEN_D"])
     t = pick["dkdv"]
+    _LAUNCHED.append("bwd triton" + ("" if _fast(q, k, v, dout, dk, dv) else " generic"))
     _build("_bwd_dkdv", q, k, v, dout, dk, dv)[(triton.cdiv(sk, t.block_n), b * hk)](
         q, k, v, dout, rowmax, log2l, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
         *_strides(dk), *_strides(dv), hk, h // hk, sq, sk, d, scale, scale * LOG2E,

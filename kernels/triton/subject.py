@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -23,8 +24,9 @@ def _wrap(name: str, flash_attn_func, description: str) -> Subject:
 
     caps = Capabilities(devices=("cpu",) if INTERPRET else ("cuda",), init_modes=("-inf", "-1e30"), lse=True)
     mode = "under the Triton interpreter (CPU)" if INTERPRET else "compiled for the GPU"
+    interface = sys.modules[flash_attn_func.__module__]  # a mutant's own copy for a mutant
     return Subject(name=name, fn=fn, caps=caps, description=f"{description}, {mode}",
-                   warmup=None if INTERPRET else warmup_cases)
+                   warmup=None if INTERPRET else warmup_cases, paths=interface.take_paths)
 
 
 def warmup_cases(dtypes: tuple) -> list:
