@@ -40,6 +40,14 @@ class FuzzPlan:
     shrink_budget: int = 300  # evaluations spent shrinking one failure
     shrink_seconds: float = 120.0
     stop_at_first_failure: bool = False  # `faverify mutants`: a mutant is killed by its first failure
+    # strategies.cases' arguments that narrow the draw (`faverify mutants`: to the cases that run a mutant's
+    # code, catalog.Mutant.cases); its dtypes are intersected with the plan's
+    narrow: dict | None = None
+
+    def case_args(self) -> dict:
+        args = dict(self.narrow or {}, limits=self.limits)
+        args["dtypes"] = tuple(d for d in self.dtypes if d in args.get("dtypes", self.dtypes))
+        return args
 
 
 class Interesting(Exception):
@@ -113,7 +121,7 @@ def _fuzz_sequential(kernel, plan, evaluate, stats, progress) -> KernelStats:
 
         test = hypothesis_settings(plan, examples=plan.iters - generated, database=db,
                          phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink))(
-            seed(plan.seed + rounds)(given(cases(dtypes=plan.dtypes, limits=plan.limits))(run_one)))
+            seed(plan.seed + rounds)(given(cases(**plan.case_args()))(run_one)))
         before = generated
         note = ""
         try:

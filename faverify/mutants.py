@@ -37,7 +37,8 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, 
 
     mutant = BY_NAME[name]
     start = time.perf_counter()
-    result = run([f"mutant:{name}"], dataclasses.replace(plan, stop_at_first_failure=True), devices, mode="both",
+    plan = dataclasses.replace(plan, stop_at_first_failure=True, narrow=mutant.cases)
+    result = run([f"mutant:{name}"], plan, devices, mode="both",
                  tolerance=tolerance, command="mutants", workers=1, isolate=isolate, timeout=timeout,
                  progress_factory=progress_factory)
     kernel = result.kernels[0]
@@ -52,7 +53,9 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, 
     return {
         "mutant": name, "bug": mutant.bug, "why": mutant.why, "killed": killed,
         "cases_to_kill": kernel["summary"]["cases"] if killed else None,
-        "cases": kernel["summary"]["cases"], "reached": reached, "signature": failures[0]["signature"] if failures else "",
+        "cases": kernel["summary"]["cases"], "reached": reached, "paths": kernel["summary"].get("paths", {}),
+        "cases_narrowed_to": mutant.cases,
+        "skipped": kernel["summary"]["skipped"], "signature": failures[0]["signature"] if failures else "",
         "minimal_case": minimal["case"] if minimal else None,
         "reason": minimal["reason"][:300] if minimal else "",
         "reproducer": failures[0]["reproducer"] if failures else "",
@@ -106,7 +109,8 @@ def _kill_parallel(names: list, plan: FuzzPlan, device, *, tolerance, isolate: b
                 rows[name] = payload if kind == "row" else _error_row(name, payload)
                 row = rows[name]
                 print(f"mutants: {name}: {'killed' if row['killed'] else 'NOT killed'} ({row['seconds']} s, "
-                      f"{row['reached']} of {row['cases']} cases ran its code)", file=sys.stderr, flush=True)
+                      f"{row['reached']} of {row['cases']} cases ran its code; {row['skipped']} skipped; paths {row['paths']})",
+                      file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         for p, _ in running.values():
             p.terminate()
@@ -120,7 +124,7 @@ def _error_row(name: str, error: str) -> dict:
     from faverify.kernels.mutants.catalog import BY_NAME
     mutant = BY_NAME[name]
     return {"mutant": name, "bug": mutant.bug, "why": mutant.why, "killed": False, "cases_to_kill": None,
-            "cases": 0, "reached": 0, "signature": "", "minimal_case": None, "reason": f"not run to the end: {error}",
+            "cases": 0, "reached": 0, "paths": {}, "skipped": 0, "signature": "", "minimal_case": None, "reason": f"not run to the end: {error}",
             "reproducer": "", "control_on_minimal_case": None, "seconds": 0.0, "interrupted": False}
 
 

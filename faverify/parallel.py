@@ -25,7 +25,7 @@ _REPLAYABLE = (Phase.generate, Phase.shrink)
 def _replayable(plan: FuzzPlan, body: Callable[[Case], None]):
     """The plan's seeded Hypothesis test around body: the draw and every replay of it are built here."""
     return hypothesis_settings(plan, examples=plan.iters, database=None, phases=_REPLAYABLE)(
-        seed(plan.seed)(given(cases(dtypes=plan.dtypes, limits=plan.limits))(body)))
+        seed(plan.seed)(given(cases(**plan.case_args()))(body)))
 
 
 def _draw(plan: FuzzPlan, keep: Callable[[Case], None]) -> None:

@@ -58,8 +58,9 @@ def seqlens(*, max_seqlen: int) -> st.SearchStrategy[int]:
 @st.composite
 def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes: tuple = REGIMES,
           layouts: tuple = LAYOUTS, inits: tuple = INITS, causal: bool | None = None,
-          head_dims: tuple = HEAD_DIMS) -> Case:
-    """A Case within `limits`. Arguments narrow the choices; each must be a non-empty subset."""
+          head_dims: tuple = HEAD_DIMS, exact_head_dims: bool = False) -> Case:
+    """A Case within `limits`. Arguments narrow the choices; each must be a non-empty subset. Head dims
+    are drawn from head_dims or anywhere between its least and largest, or only from it (exact)."""
     for name, chosen, allowed in (("dtypes", dtypes, DTYPES), ("regimes", regimes, REGIMES),
                                   ("layouts", layouts, LAYOUTS), ("inits", inits, INITS)):
         if not chosen or not set(chosen) <= set(allowed):
@@ -69,8 +70,10 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
 
     dtype = draw(st.sampled_from(dtypes))
     is_causal = draw(st.booleans()) if causal is None else causal
-    head_dim = draw(st.one_of(st.sampled_from(head_dims),
-                              st.integers(min(head_dims), max(head_dims)))) if len(head_dims) > 1 else head_dims[0]
+    if exact_head_dims or len(head_dims) == 1:
+        head_dim = draw(st.sampled_from(head_dims))
+    else:
+        head_dim = draw(st.one_of(st.sampled_from(head_dims), st.integers(min(head_dims), max(head_dims))))
     nheads_k = draw(st.integers(1, max(1, min(4, limits.max_heads))))
     group = draw(st.sampled_from([g for g in GROUPS if g * nheads_k <= limits.max_heads] or [1]))
     nheads = nheads_k * group

@@ -52,3 +52,14 @@ def test_bottom_right_causal_visibility():
     assert [c.visible_keys(i) for i in range(5)] == [0, 0, 1, 2, 3]
     assert c.has_masked_rows and c.masked_rows == 2
     assert not dataclasses.replace(c, seqlen_k=5).has_masked_rows
+
+
+def test_exact_head_dims_draw_only_the_listed_ones():
+    from hypothesis import given, settings
+    from faverify.strategies import cases
+
+    @settings(max_examples=60, deadline=None)
+    @given(cases(head_dims=(48, 96), exact_head_dims=True))
+    def check(case):
+        assert case.head_dim in (48, 96)
+    check()

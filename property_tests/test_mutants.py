@@ -101,3 +101,38 @@ def test_a_gluon_mutant_fails_in_a_worker_process():
     assert results["triton"].status == "pass" and results["triton"].paths == ["fwd gluon-ws"], results["triton"]
     mutant = results["mutant:ws-consumer-rows"]
     assert mutant.paths == ["fwd gluon-ws"] and mutant.status == "fail", (mutant.status, mutant.reason)
+
+
+def test_a_gluon_mutant_is_fuzzed_only_with_cases_that_reach_the_gluon_forward():
+    """A Gluon mutant's fuzz draws from GLUON_CASES (FuzzPlan.narrow): every case must be one the launcher
+    sends to the Gluon forward on sm_90 (16-bit, padded head dim 64 or 128, strides multiples of 16), and
+    the case mix must stay wide (both dtypes, causal and not, each allowed layout, tails)."""
+    from faverify.fuzz import FuzzPlan
+    from faverify.inputs import make_inputs
+    from faverify.kernels.mutants.catalog import GLUON_CASES
+    from faverify.kernels.triton import configs
+    from faverify.kernels.triton.common import block_d
+    from faverify.kernels.triton.interface import _aligned
+    from faverify.parallel import draw_cases
+    from faverify.strategies import Limits
+    limits = Limits(max_seqlen=300, max_batch=2, max_heads=8, max_elements=1 << 16)
+    plan = FuzzPlan(iters=150, seed=3, dtypes=("bf16", "fp16", "fp32"), limits=limits, database=None,
+                    narrow=GLUON_CASES)
+    drawn = draw_cases(plan)
+    assert len(drawn) == 150
+    for case in drawn:
+        x = make_inputs(case, "cpu")
+        out = torch.empty(x.q.shape, dtype=x.q.dtype)
+        elem = x.q.element_size()
+        assert configs.hopper_forward(elem, 9, block_d(case.head_dim)) and _aligned(x.q, x.k, x.v, out), case
+    assert {c.dtype for c in drawn} == {"bf16", "fp16"} and {c.causal for c in drawn} == {False, True}
+    assert {c.layout for c in drawn} == set(GLUON_CASES["layouts"])
+    assert any(c.seqlen_k % 128 for c in drawn) and {block_d(c.head_dim) for c in drawn} == {64, 128}
+
+
+def test_a_mutant_whose_dtypes_were_not_asked_for_is_left_out_with_the_rule():
+    from faverify.kernels.mutants.catalog import left_out
+    m = Mutant("bf16-only", "forward.py", "x", "y", "bug", "why", cases={"dtypes": ("bf16",)})
+    assert left_out(m, torch.device("cpu"), ("bf16", "fp32")) is None
+    assert left_out(m, torch.device("cpu"), ("fp32",)) == "its code runs only for bf16, not for fp32"
+    assert "runs only on sm_90 GPUs" in left_out(HOPPER_MUTANTS[0], torch.device("cpu"), ("bf16",))

@@ -38,7 +38,7 @@ def mutants(
     from faverify import devices
     from faverify.dtypes import parse_dtypes
     from faverify.fuzz import FuzzPlan
-    from faverify.kernels.mutants.catalog import BY_NAME, applicable
+    from faverify.kernels.mutants.catalog import BY_NAME, left_out
     from faverify.mutants import run_mutants
     from faverify.parallel import cores
     from faverify.report import fmt, table
@@ -55,17 +55,18 @@ def mutants(
         if value is not None and value < 1:
             raise UsageError(option, value, "must be >= 1")
     targets = devices.resolve(device)[:1]
-    elsewhere = [n for n in names if not applicable(BY_NAME[n], targets[0])]
+    dtypes = parse_dtypes(dtype)
+    elsewhere = {n: why for n in names if (why := left_out(BY_NAME[n], targets[0], dtypes))}
     if only is not None and elsewhere:
-        raise UsageError("--only", elsewhere[0], f"its code runs only on {BY_NAME[elsewhere[0]].runs_on} GPUs, "
-                                                 f"not on {targets[0]}")
+        first = next(iter(elsewhere))
+        raise UsageError("--only", first, elsewhere[first])
     names = [n for n in names if n not in elsewhere]
     on_gpu = targets[0].type == "cuda"
     if jobs is None:
         jobs = min(8, max(1, cores() // 2)) if on_gpu else 1
     if workers is None:
         workers = devices.default_workers(targets[0])
-    plan = FuzzPlan(iters=iters, seed=seed, dtypes=parse_dtypes(dtype), limits=limits_for(targets[0].type),
+    plan = FuzzPlan(iters=iters, seed=seed, dtypes=dtypes, limits=limits_for(targets[0].type),
                     database=None, shrink_budget=shrink_budget)
     isolate = on_gpu if isolate is None else isolate
     if jobs > 1 and not isolate:
@@ -84,9 +85,11 @@ def mutants(
              _short_case(r["minimal_case"]), fmt(r["seconds"], ".1f")] for r in report["mutants"]]
     typer.echo(table(rows, ["mutant", "result", "cases to kill", "cases that ran its code", "caught as",
                             "minimal case", "seconds"], "table"))
+    narrowed = [r["mutant"] for r in report["mutants"] if r.get("cases_narrowed_to")]
+    if narrowed:
+        typer.echo(f"\ndrawn only from cases that run the mutated code (catalog.Mutant.cases): {', '.join(narrowed)}")
     if elsewhere:
-        typer.echo("\nnot run here (their code runs only elsewhere): "
-                   + ", ".join(f"{n} ({BY_NAME[n].runs_on})" for n in elsewhere))
+        typer.echo("\nnot run here: " + "; ".join(f"{n} ({why})" for n, why in elsewhere.items()))
     c = report["control"]
     typer.echo(f"\nkilled {report['killed']} of {len(report['mutants'])}, median cases to kill "
                f"{report['median_cases_to_kill']}; control (unmutated triton): {c['cases']} cases, "

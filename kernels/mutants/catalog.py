@@ -13,6 +13,10 @@ class Mutant:
     bug: str
     why: str
     runs_on: str = "any"  # "sm_90": the mutated code runs only there (the Gluon forward), a GPU of that kind
+    # the draw narrowed to cases that run the mutated code (strategies.cases' arguments, FuzzPlan.narrow);
+    # None: every case runs it. A default fuzz on an H200 sends about 1 case in 8 to the Gluon forward:
+    # 100 cases of its mutants reached it 0 to 4 times (session 8), too few to test the fuzz's verdicts.
+    cases: dict | None = None
 
     def reaches(self, path: str) -> bool:
         """Whether a case that took this code path (interface.PATHS) ran the mutated file's code."""
@@ -22,6 +26,17 @@ class Mutant:
 # the prefix of interface.PATHS each kernel file's code runs under ("" : the launcher, every path)
 _PATH_OF = {"forward.py": "fwd triton", "forward_hopper.py": "fwd gluon-ws", "backward.py": "bwd triton",
             "interface.py": ""}
+
+
+def left_out(mutant: Mutant, device, dtypes: tuple) -> str | None:
+    """Why the mutated code cannot run on `device` for these dtypes (a mutant would survive for nothing
+    there), or None."""
+    if not applicable(mutant, device):
+        return f"its code runs only on {mutant.runs_on} GPUs, not on {device}"
+    wanted = (mutant.cases or {}).get("dtypes", dtypes)
+    if not set(wanted) & set(dtypes):
+        return f"its code runs only for {', '.join(wanted)}, not for {', '.join(dtypes)}"
+    return None
 
 
 def applicable(mutant: Mutant, device) -> bool:
@@ -120,7 +135,12 @@ MUTANTS = (
 
 # The Gluon forward (forward_hopper.py), the forward that runs on sm_90 for 16-bit head dims 33..128: the
 # same classes of bug in its own code, plus one of its own (the consumer warpgroups' row offsets).
-HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", old, new, bug, why, runs_on="sm_90")
+# Its cases (configs.hopper_forward, interface._use_hopper): 16-bit, padded head dim 64 or 128, every stride
+# a multiple of 16 elements: head dims that are multiples of 16, in the layouts that keep them so ("strided"
+# pads rows by 8).
+GLUON_CASES = {"dtypes": ("bf16", "fp16"), "head_dims": (48, 64, 80, 96, 112, 128), "exact_head_dims": True,
+               "layouts": ("contiguous", "transposed", "packed")}
+HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", old, new, bug, why, runs_on="sm_90", cases=GLUON_CASES)
                        for name, old, new, bug, why in (
     ("ws-no-neg-inf-guard", 'm_use = gl.where(m_new == float("-inf"), 0.0, m_new)', "m_use = m_new",
      "the Gluon forward subtracts an unguarded -inf running max: NaN on a row whose first tile is masked",
