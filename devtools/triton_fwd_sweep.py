@@ -1,4 +1,5 @@
-"""Time the forward over tile candidates: the Gluon warp-specialized kernel (ws, sm_90), the Triton one
+"""Time the forward over tile candidates: the Gluon warp-specialized kernel (ws, sm_90: persistent; ws1: one
+program per query block, forward_hopper.PERSISTENT off), the Triton one
 through tensor descriptors (tma: every tile; tma1: the default tile) and through pointers (ptr: the default
 tile), next to sdpa-cudnn and sdpa-flash in the same process (issue 3's 0.9x cuDNN target). GPU only.
 
@@ -17,7 +18,7 @@ import torch
 import triton.testing
 
 from faverify.bench import Config
-from faverify.kernels.triton import configs, interface
+from faverify.kernels.triton import configs, forward_hopper, interface
 from faverify.kernels.triton.configs import Tile
 
 TILES = [Tile(128, 64, 4, s) for s in (2, 3, 4)] + [Tile(128, 128, 4, s) for s in (2, 3)] \
@@ -68,7 +69,9 @@ def main():
                       f"{line['flash_tflops']:.1f} TF/s; TMA bits equal: {bits}", flush=True)
                 for path in a.paths.split(","):
                     interface.TMA = path != "ptr"
-                    tiles = {"ws": [t for t in configs.tuning_candidates("fwd", d, 2, 9, True) if t.hopper],
+                    forward_hopper.PERSISTENT = path != "ws1"
+                    ws = [t for t in configs.tuning_candidates("fwd", d, 2, 9, True) if t.hopper]
+                    tiles = {"ws": ws, "ws1": ws,
                              "tma": [t for t in TILES if configs.keep("fwd", t, d, 2, 9)],
                              "tma1": [configs.default("fwd", d, 2, causal, True)],
                              "ptr": [configs.default("fwd", d, 2, causal)]}[path]
@@ -80,13 +83,14 @@ def main():
                             print(f"   {name}: {type(e).__name__} {str(e)[:120]}", flush=True)
                             continue
                         tf = flops / ms * 1e-9
-                        if path == "ws":  # against the Triton forward's output of the same inputs
+                        if path.startswith("ws"):  # against the Triton forward's output of the same inputs
                             diff = (interface.forward(q, k, v, scale, causal, "-inf", tile=t)[0].float()
                                     - same[1][0].float()).abs().max().item()
                             name += f" (max|out - triton out| {diff:.2e})"
                         line["tiles"][name] = tf
                         print(f"   {name}: {tf:.1f} TF/s, {tf / line['cudnn_tflops']:.3f}x cudnn", flush=True)
                 interface.TMA = None
+                forward_hopper.PERSISTENT = True
                 best = max(line["tiles"].items(), key=lambda kv: kv[1])
                 print(f"  best {best[0]}: {best[1]:.1f} TF/s = {best[1] / line['cudnn_tflops']:.3f}x cudnn, "
                       f"{best[1] / line['flash_tflops']:.2f}x flash", flush=True)

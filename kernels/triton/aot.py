@@ -109,13 +109,19 @@ def _hopper_source(v: Variant, capability: int):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from faverify.kernels.triton import configs
-    from faverify.kernels.triton.forward_hopper import _fwd_hopper, launch
+    from triton.experimental.gluon import language as gl
+
+    from faverify.kernels.triton.forward_hopper import HALF, _fwd_hopper, box_layout, launch
 
     tile = configs.HOPPER[v.block_d]
     constants, options = launch(tile)
     constants.update(CAUSAL=v.causal, BLOCK_D=v.block_d)
-    source = GluonASTSource(_fwd_hopper, _signature(_fwd_hopper, v.dtype, constants), constants,
-                            _aligned_attrs(_fwd_hopper, constants))
+    signature = _signature(_fwd_hopper, v.dtype, constants)
+    dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[v.dtype]
+    for name, rows in (("q_desc", HALF.value), ("k_desc", tile.block_n), ("v_desc", tile.block_n),
+                       ("o_desc", HALF.value)):  # host-made descriptors (forward_hopper.descriptors)
+        signature[name] = f"tensordesc<{v.dtype}[1,{rows},1,{v.block_d}],{box_layout(rows, v.block_d, dtype)!r}>"
+    source = GluonASTSource(_fwd_hopper, signature, constants, _aligned_attrs(_fwd_hopper, constants))
     return source, options, str(tile)
 
 

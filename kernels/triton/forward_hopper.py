@@ -53,13 +53,48 @@ def launch(tile) -> tuple:
     and BLOCK_D, and the launch options. What interface.forward launches and the AOT report compiles."""
     consumers = tile.block_m // HALF
     maxnreg, consumer_regs = registers(consumers)
-    return (dict(BLOCK_N=tile.block_n, STAGES=tile.num_stages, CONSUMERS=consumers, CONSUMER_REGS=consumer_regs),
-            dict(num_warps=tile.num_warps, maxnreg=maxnreg))
+    return (dict(BLOCK_N=tile.block_n, STAGES=tile.num_stages, CONSUMERS=consumers, CONSUMER_REGS=consumer_regs,
+                 GROUP=HEAD_GROUP), dict(num_warps=tile.num_warps, maxnreg=maxnreg))
+
+
+def box_layout(rows: int, block_d: int, dtype):
+    """The shared layout of a [1, rows, 1, block_d] box of a [b, s, h, d] tensor (gl dtype)."""
+    return gl.NVMMASharedLayout.get_default_for([1, rows, 1, block_d], dtype)
+
+
+def descriptors(q, k, v, out, tile, block_d: int) -> tuple:
+    """Host-made TMA descriptors of q, k, v, out ([b, s, h, d] with their own strides), boxes of one head's
+    HALF query rows or block_n key rows by block_d, zero-filled past each dimension's end."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    dtype = {"torch.bfloat16": gl.bfloat16, "torch.float16": gl.float16}[str(q.dtype)]
+    made = []
+    for t, rows in ((q, HALF.value), (k, tile.block_n), (v, tile.block_n), (out, HALF.value)):
+        made.append(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, block_d],
+                                     box_layout(rows, block_d, dtype)))
+    return tuple(made)
+
+
+def grid(tile, seqlen_q: int, n_bh: int, programs: int) -> tuple:
+    """Persistent: at most `programs` (one per SM) programs, each over every programs-th query block."""
+    blocks = -(-seqlen_q // tile.block_m) * n_bh
+    return (min(blocks, programs) if PERSISTENT else blocks,)
+
+
+# Heads per group of the schedule (_schedule): the programs running at once read the key/value tiles of
+# about HEAD_GROUP heads, from L2 after the first.
+HEAD_GROUP = 8
+# False: one program per query block (the launch before session 8), for devtools/triton_fwd_sweep.py to compare
+PERSISTENT = True
 
 
 @gluon.constexpr_function
 def _smem_layout(rows, cols, dtype):
     return gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
+
+
+@gluon.constexpr_function
+def _smem_layout4(rows, cols, dtype):
+    return gl.NVMMASharedLayout.get_default_for([1, rows, 1, cols], dtype)
 
 
 @gluon.constexpr_function
@@ -70,23 +105,78 @@ def _mma_layout(n, dtype):
 
 
 @gluon.jit
-def _producer(load, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
-    q_desc, k_desc, v_desc, smem, bars, row0, n_blocks = load
-    q_smem, k_smem, v_smem = smem
-    q_ready, k_ready, v_ready, k_empty, v_empty = bars
-    mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
-    for i in gl.static_range(CONSUMERS):
-        tma.async_copy_global_to_shared(q_desc, [row0 + i * HALF, 0], q_ready, q_smem.index(i))
-    for j in range(n_blocks):
-        stage = j % STAGES
-        # a fresh barrier counts as having completed phase 1: the first pass through the ring waits for nothing
-        empty_phase = ((j // STAGES) & 1) ^ 1
-        mbarrier.wait(k_empty.index(stage), empty_phase)
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [j * BLOCK_N, 0], k_ready.index(stage), k_smem.index(stage))
-        mbarrier.wait(v_empty.index(stage), empty_phase)
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], v_ready.index(stage), v_smem.index(stage))
+def _schedule(t, n_m, n_bh, GROUP: gl.constexpr, CAUSAL: gl.constexpr):
+    """Tile t of the launch -> (query block, batch * head). Heads go in groups of GROUP, so the programs
+    running at once share the key/value tiles of a few heads in L2; within a group, causal blocks run
+    longest first (the blocks further down see more keys), so each program's tiles, taken round-robin,
+    add up to about the same work."""
+    per_group = GROUP * n_m
+    first = (t // per_group) * GROUP
+    size = gl.minimum(GROUP, n_bh - first)
+    within = t % per_group
+    rank = within // size
+    if CAUSAL:
+        rank = n_m - 1 - rank
+    return rank, first + within % size
+
+
+@gluon.jit
+def _key_tiles(row0, seqlen_k, diag, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """(n_full, n_blocks) of the query block at row0: key tiles [0, n_full) are seen whole by every row of
+    the block; [n_full, n_blocks) are masked; causal skips the rest (common.key_ranges, in tiles)."""
+    if CAUSAL:
+        full = gl.minimum(gl.maximum(row0 + diag + 1, 0), seqlen_k)
+        hi = gl.minimum(gl.maximum(row0 + BLOCK_M + diag, 0), seqlen_k)
+    else:
+        full = seqlen_k
+        hi = seqlen_k
+    n_full = full // BLOCK_N
+    return n_full, (hi + BLOCK_N - 1) // BLOCK_N
+
+
+@gluon.jit
+def _box(smem, BLOCK: gl.constexpr, BLOCK_D: gl.constexpr):
+    """A [BLOCK, BLOCK_D] shared tile seen as the [1, BLOCK, 1, BLOCK_D] box of a [b, s, h, d] descriptor:
+    the same bytes (the swizzle is the innermost dims')."""
+    return smem._reinterpret(smem.dtype, [1, BLOCK, 1, BLOCK_D],
+                             _smem_layout4(BLOCK, BLOCK_D, smem.dtype))
+
+
+@gluon.jit
+def _producer(load, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
+              CONSUMERS: gl.constexpr, GROUP: gl.constexpr, CAUSAL: gl.constexpr):
+    q_desc, k_desc, v_desc, smem, bars, seqlen_k, diag, nheads, group, n_m, n_bh = load
+    q_smem, k_smem, v_smem, o_smem = smem
+    q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
+    BLOCK_M: gl.constexpr = CONSUMERS * HALF
+    it = 0  # key tiles loaded so far, over all of this program's query blocks: the ring's position
+    done = 0  # query blocks so far
+    for t in range(gl.program_id(0), n_m * n_bh, gl.num_programs(0)):
+        mb, bh = _schedule(t, n_m, n_bh, GROUP, CAUSAL)
+        off_b = bh // nheads
+        off_h = bh % nheads
+        row0 = mb * BLOCK_M
+        n_full, n_blocks = _key_tiles(row0, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+        # q of this block goes where the last block's was, once every consumer is past its last q k^T
+        # (a fresh barrier counts as having completed phase 1: the first wait passes)
+        mbarrier.wait(q_empty, (done & 1) ^ 1)
+        mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
+        for i in gl.static_range(CONSUMERS):
+            tma.async_copy_global_to_shared(q_desc, [off_b, row0 + i * HALF, off_h, 0], q_ready,
+                                            _box(q_smem.index(i), HALF, BLOCK_D))
+        for j in range(n_blocks):
+            stage = it % STAGES
+            empty_phase = ((it // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(stage), empty_phase)
+            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [off_b, j * BLOCK_N, off_h // group, 0], k_ready.index(stage),
+                                            _box(k_smem.index(stage), BLOCK_N, BLOCK_D))
+            mbarrier.wait(v_empty.index(stage), empty_phase)
+            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [off_b, j * BLOCK_N, off_h // group, 0], v_ready.index(stage),
+                                            _box(v_smem.index(stage), BLOCK_N, BLOCK_D))
+            it += 1
+        done += 1
 
 
 @gluon.jit
@@ -108,150 +198,136 @@ def _softmax(s, m_i, l_i, j, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
 
 @gluon.jit
 def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
-              WHICH: gl.constexpr):
-    smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full, n_blocks, qk_scale, \
-        init = run
-    q_smem, k_smem, v_smem = smem
-    q_ready, k_ready, v_ready, k_empty, v_empty = bars
+              CONSUMERS: gl.constexpr, GROUP: gl.constexpr, WHICH: gl.constexpr):
+    smem, bars, o_desc, Lse, Rowmax, Log2l, seqlen_q, seqlen_k, diag, nheads, n_m, n_bh, qk_scale, init = run
+    q_smem, k_smem, v_smem, o_smem = smem
+    q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
     dtype: gl.constexpr = q_smem.dtype
+    BLOCK_M: gl.constexpr = CONSUMERS * HALF
     s_layout: gl.constexpr = _mma_layout(BLOCK_N, dtype)
     o_layout: gl.constexpr = _mma_layout(BLOCK_D, dtype)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
                                                  k_width=32 // dtype.primitive_bitwidth)
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-
-    first = row0 + WHICH * HALF
-    offs_m = first + gl.arange(0, HALF, layout=s_rows)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    q = q_smem.index(WHICH)
-    m_i = gl.zeros([HALF], gl.float32, s_rows) + init
-    l_i = gl.zeros([HALF], gl.float32, s_rows)
-    acc = gl.zeros([HALF, BLOCK_D], gl.float32, o_layout)
     s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, s_layout)
+    q = q_smem.index(WHICH)
+    o = o_smem.index(WHICH)
 
-    mbarrier.wait(q_ready, 0)
-    # FlashAttention-3's intra-warpgroup overlap: the softmax of key tile j runs on the CUDA cores while
-    # the tensor cores do p_{j-1} v_{j-1}; acc is rescaled once that product is in (it then holds the
-    # tiles before j at the max of tile j). The other consumer's wgmmas fill the gaps that remain.
-    if n_blocks > 0:
-        mbarrier.wait(k_ready.index(0), 0)
-        s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        mbarrier.arrive(k_empty.index(0), count=1)
-        p, alpha, l_i, m_i = _softmax(s, m_i, l_i, 0, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
-                                      CAUSAL, BLOCK_N)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        for j in range(1, n_blocks):
-            stage = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+    it = 0  # the ring's position, as the producer's
+    done = 0
+    for t in range(gl.program_id(0), n_m * n_bh, gl.num_programs(0)):
+        mb, bh = _schedule(t, n_m, n_bh, GROUP, CAUSAL)
+        row0 = mb * BLOCK_M
+        n_full, n_blocks = _key_tiles(row0, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+        first = row0 + WHICH * HALF
+        offs_m = first + gl.arange(0, HALF, layout=s_rows)
+        m_i = gl.zeros([HALF], gl.float32, s_rows) + init
+        l_i = gl.zeros([HALF], gl.float32, s_rows)
+        acc = gl.zeros([HALF, BLOCK_D], gl.float32, o_layout)
+
+        mbarrier.wait(q_ready, done & 1)
+        # FlashAttention-3's intra-warpgroup overlap: the softmax of key tile j runs on the CUDA cores while
+        # the tensor cores do p_{j-1} v_{j-1}; acc is rescaled once that product is in (it then holds the
+        # tiles before j at the max of tile j). The other consumers' wgmmas fill the gaps that remain.
+        if n_blocks > 0:
+            stage = it % STAGES
+            mbarrier.wait(k_ready.index(stage), (it // STAGES) & 1)
             s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # q k^T in; p v may still run
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
             mbarrier.arrive(k_empty.index(stage), count=1)
-            p, alpha, l_i, m_i = _softmax(s, m_i, l_i, j, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
+            p, alpha, l_i, m_i = _softmax(s, m_i, l_i, 0, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
                                           CAUSAL, BLOCK_N)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(v_empty.index(prev), count=1)
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-        last = (n_blocks - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(v_empty.index(last), count=1)
+            for j in range(1, n_blocks):
+                stage = (it + j) % STAGES
+                prev = (it + j - 1) % STAGES
+                mbarrier.wait(k_ready.index(stage), ((it + j) // STAGES) & 1)
+                mbarrier.wait(v_ready.index(prev), ((it + j - 1) // STAGES) & 1)
+                s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # q k^T in; p v may still run
+                mbarrier.arrive(k_empty.index(stage), count=1)
+                p, alpha, l_i, m_i = _softmax(s, m_i, l_i, j, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
+                                              CAUSAL, BLOCK_N)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                mbarrier.arrive(v_empty.index(prev), count=1)
+                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+            last = (it + n_blocks - 1) % STAGES
+            mbarrier.wait(v_ready.index(last), ((it + n_blocks - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(v_empty.index(last), count=1)
+        mbarrier.arrive(q_empty, count=1)  # this block's q is read by no wgmma any more: the next one may load
+        it += n_blocks
+        done += 1
 
-    seen = l_i > 0.0
-    log2l = gl.log2(gl.where(seen, l_i, 1.0))
-    lse = gl.where(seen, (m_i * qk_scale + log2l) * 0.6931471805599453, float("-inf"))
-    rows = off_bh.to(gl.int64) * seqlen_q + offs_m
-    in_q = offs_m < seqlen_q
-    gl.store(Rowmax + rows, gl.where(seen, m_i, 0.0), mask=in_q)
-    gl.store(Log2l + rows, gl.where(seen, log2l, float("inf")), mask=in_q)
-    gl.store(Lse + rows, lse, mask=in_q)
-    out = acc / gl.convert_layout(gl.where(seen, l_i, 1.0), o_rows)[:, None]
-    # this half of q is read by no wgmma any more: it stages out for the TMA store, which clips at the bounds
-    q.store(out.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [first, 0], q)
+        seen = l_i > 0.0
+        log2l = gl.log2(gl.where(seen, l_i, 1.0))
+        lse = gl.where(seen, (m_i * qk_scale + log2l) * 0.6931471805599453, float("-inf"))
+        rows = bh.to(gl.int64) * seqlen_q + offs_m
+        in_q = offs_m < seqlen_q
+        gl.store(Rowmax + rows, gl.where(seen, m_i, 0.0), mask=in_q)
+        gl.store(Log2l + rows, gl.where(seen, log2l, float("inf")), mask=in_q)
+        gl.store(Lse + rows, lse, mask=in_q)
+        out = acc / gl.convert_layout(gl.where(seen, l_i, 1.0), o_rows)[:, None]
+        # out stages through shared memory for the TMA store, which clips at the bounds; the store of the
+        # last block may still be reading it, and runs while this block computed
+        tma.store_wait(pendings=0)
+        o.store(out.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [bh // nheads, first, bh % nheads, 0], _box(o, HALF, BLOCK_D))
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def _fwd_hopper(Q, K, V, Out, Lse, Rowmax, Log2l,  #
-                stride_qb, stride_qs, stride_qh,  #
-                stride_kb, stride_ks, stride_kh,  #
-                stride_vb, stride_vs, stride_vh,  #
-                stride_ob, stride_os, stride_oh,  #
-                nheads, group, seqlen_q, seqlen_k, head_dim, qk_scale, init,  #
+def _fwd_hopper(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l,  #
+                n_bh, nheads, group, seqlen_q, seqlen_k, qk_scale, init,  #
                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
-                CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    dtype: gl.constexpr = Q.dtype.element_ty
-    start_m = gl.program_id(0)
-    off_bh = gl.program_id(1)
-    if CAUSAL:  # blocks further down see more keys: they start first, and the last wave holds short ones
-        start_m = gl.num_programs(0) - 1 - start_m
-    off_b = (off_bh // nheads).to(gl.int64)
-    off_h = (off_bh % nheads).to(gl.int64)
-    off_hk = off_h // group  # GQA/MQA: query head h reads kv head h // group
-
-    # one descriptor per (batch, head), bounded by the sequence and the head dim (forward.py's TMA path)
-    qo_layout: gl.constexpr = _smem_layout(HALF, BLOCK_D, dtype)
+                CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, GROUP: gl.constexpr):
+    """q, k, v, out through host-made descriptors of their [b, s, h, d] tensors (boxes [1, rows, 1, BLOCK_D],
+    zero-filled past seqlen and head_dim). Persistent: program p runs query blocks p, p + grid, ... of the
+    launch's _schedule, so the next block's q and first key tiles load while this one's epilogue runs."""
+    dtype: gl.constexpr = q_desc.dtype
+    BLOCK_M: gl.constexpr = CONSUMERS * HALF
+    layout: gl.constexpr = _smem_layout(HALF, BLOCK_D, dtype)
     kv_layout: gl.constexpr = _smem_layout(BLOCK_N, BLOCK_D, dtype)
-    q_desc = tma.make_tensor_descriptor(Q + off_b * stride_qb + off_h * stride_qh, [seqlen_q, head_dim],
-                                        [stride_qs, 1], [HALF, BLOCK_D], qo_layout)
-    k_desc = tma.make_tensor_descriptor(K + off_b * stride_kb + off_hk * stride_kh, [seqlen_k, head_dim],
-                                        [stride_ks, 1], [BLOCK_N, BLOCK_D], kv_layout)
-    v_desc = tma.make_tensor_descriptor(V + off_b * stride_vb + off_hk * stride_vh, [seqlen_k, head_dim],
-                                        [stride_vs, 1], [BLOCK_N, BLOCK_D], kv_layout)
-    o_desc = tma.make_tensor_descriptor(Out + off_b * stride_ob + off_h * stride_oh, [seqlen_q, head_dim],
-                                        [stride_os, 1], [HALF, BLOCK_D], qo_layout)
-
-    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, HALF, BLOCK_D], qo_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, HALF, BLOCK_D], layout)
+    o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, HALF, BLOCK_D], layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
+    mbarrier.init(q_empty, count=CONSUMERS)  # one arrive per consumer
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=CONSUMERS)  # one arrive per consumer
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
-    smem = (q_smem, k_smem, v_smem)
-    bars = (q_ready, k_ready, v_ready, k_empty, v_empty)
-
-    # key tiles [0, n_full) are seen whole by every row of the tile; [n_full, n_blocks) are masked; causal
-    # skips the rest (common.key_ranges, in tiles)
-    BLOCK_M: gl.constexpr = CONSUMERS * HALF
-    row0 = start_m * BLOCK_M
+    smem = (q_smem, k_smem, v_smem, o_smem)
+    bars = (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty)
+    n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
     diag = seqlen_k - seqlen_q
-    if CAUSAL:
-        full = gl.minimum(gl.maximum(row0 + diag + 1, 0), seqlen_k)
-        hi = gl.minimum(gl.maximum(row0 + BLOCK_M + diag, 0), seqlen_k)
-    else:
-        full = seqlen_k
-        hi = seqlen_k
-    n_full = full // BLOCK_N
-    n_blocks = (hi + BLOCK_N - 1) // BLOCK_N
 
     # the default partition (num_warps = 4) is consumer 0; workers: the other consumers, then the producer
-    run = (smem, bars, o_desc, Lse, Rowmax, Log2l, row0, off_bh, seqlen_q, seqlen_k, diag, n_full, n_blocks,
-           qk_scale, init)
-    load = (q_desc, k_desc, v_desc, smem, bars, row0, n_blocks)  # (a tuple in a variable: constexprs stay out)
+    run = (smem, bars, o_desc, Lse, Rowmax, Log2l, seqlen_q, seqlen_k, diag, nheads, n_m, n_bh, qk_scale, init)
+    load = (q_desc, k_desc, v_desc, smem, bars, seqlen_k, diag, nheads, group, n_m, n_bh)
+    # (tuples in variables: constexprs stay out of them, Gluon 3.6 would make them tensors)
     if CONSUMERS == 2:
-        gl.warp_specialize([(_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 0)),
-                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 1)),
-                            (_producer, (load, BLOCK_N, STAGES, CONSUMERS))],
+        gl.warp_specialize([(_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 0)),
+                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 1)),
+                            (_producer, (load, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, CAUSAL))],
                            [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
-        gl.warp_specialize([(_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 0)),
-                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 1)),
-                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, 2)),
-                            (_producer, (load, BLOCK_N, STAGES, CONSUMERS))],
+        gl.warp_specialize([(_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 0)),
+                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 1)),
+                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 2)),
+                            (_producer, (load, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, CAUSAL))],
                            [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])

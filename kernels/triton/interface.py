@@ -64,6 +64,11 @@ def _scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _on_their_device(launcher):
     """Run a launcher with the current CUDA device set to its first tensor's: Triton launches on the current
     device, not on the tensors', so tensors on cuda:1 would otherwise be read from a kernel on cuda:0."""
@@ -117,20 +122,21 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
     tile = tile or configs.select("fwd", c["BLOCK_D"], q.element_size(), causal, max(sq, sk), tma, hopper)
     if tile.hopper and not hopper:  # a tuned choice recorded where the Gluon kernel ran; not here
         tile = configs.default("fwd", c["BLOCK_D"], q.element_size(), causal, tma)
-    grid = (triton.cdiv(sq, tile.block_m), b * h)
-    if tma and not INTERPRET:
-        triton.set_allocator(_scratch)  # a context variable: set on the launching thread, every launch
-    # both forwards take the same runtime arguments (forward.py's _fwd, forward_hopper.py's _fwd_hopper)
-    args = (q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-            h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init])
     if tile.hopper:
         _LAUNCHED.append("fwd gluon-ws")
         constants, options = _fwd_hopper.launch(tile)
-        _fwd_hopper._fwd_hopper[grid](*args, CAUSAL=causal, BLOCK_D=c["BLOCK_D"], **constants, **options)
-    else:
-        _LAUNCHED.append("fwd triton-tma" if tma else "fwd triton" + ("" if _fast(q, k, v, out) else " generic"))
-        _build("_fwd_kernel", q, k, v, out)[grid](*args, CAUSAL=causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                                                  num_warps=tile.num_warps, num_stages=tile.num_stages, TMA=tma, **c)
+        _fwd_hopper._fwd_hopper[_fwd_hopper.grid(tile, sq, b * h, _sm_count(q.device))](
+            *_fwd_hopper.descriptors(q, k, v, out, tile, c["BLOCK_D"]), lse, rowmax, log2l, b * h, h, h // hk, sq, sk,
+            scale * LOG2E, INIT_VALUE[init], CAUSAL=causal, BLOCK_D=c["BLOCK_D"], **constants, **options)
+        return out, lse, (rowmax, log2l)
+    if tma and not INTERPRET:
+        triton.set_allocator(_scratch)  # a context variable: set on the launching thread, every launch
+    _LAUNCHED.append("fwd triton-tma" if tma else "fwd triton" + ("" if _fast(q, k, v, out) else " generic"))
+    _build("_fwd_kernel", q, k, v, out)[(triton.cdiv(sq, tile.block_m), b * h)](
+        q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+        h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init],
+        CAUSAL=causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps,
+        num_stages=tile.num_stages, TMA=tma, **c)
     return out, lse, (rowmax, log2l)
 
 
