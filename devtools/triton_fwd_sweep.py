@@ -37,6 +37,8 @@ def main():
     p.add_argument("--seqlens", default="4096,16384")
     p.add_argument("--headdims", default="64,128")
     p.add_argument("--paths", default="ws,tma,ptr")
+    p.add_argument("--ws-tiles", default="all", choices=("all", "default"),
+                   help="the Gluon forward's tuning candidates, or only its default tile (configs.HOPPER)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
@@ -71,6 +73,7 @@ def main():
                     interface.TMA = path != "ptr"
                     forward_hopper.PERSISTENT = path != "ws1"
                     ws = [t for t in configs.tuning_candidates("fwd", d, 2, 9, True) if t.hopper]
+                    ws = ws if a.ws_tiles == "all" else [configs.HOPPER[d]]
                     tiles = {"ws": ws, "ws1": ws,
                              "tma": [t for t in TILES if configs.keep("fwd", t, d, 2, 9)],
                              "tma1": [configs.default("fwd", d, 2, causal, True)],

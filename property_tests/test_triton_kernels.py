@@ -142,7 +142,9 @@ def test_hopper_forward_is_right_against_fp64(case):
     """The Gluon forward (forward_hopper.py) takes 16-bit inputs with padded head dim 64 or 128 on sm_90:
     its outputs pass the verdict against FP64 on random cases (tails at 64 and 128 rows, causal with
     seqlen_q != seqlen_k, fully masked rows, GQA, both inits, large logits), and its row max and log2 l,
-    which the backward reads, equal the Triton forward's up to summation order."""
+    which the backward reads, equal the Triton forward's up to summation order. The kernel is persistent:
+    run on 3 programs, each takes many query blocks in turn (the ring's stages and barrier phases go on
+    from block to block), and gives the same bits as on one program per SM."""
     import dataclasses
 
     from faverify.kernels.triton import configs, interface
@@ -152,7 +154,14 @@ def test_hopper_forward_is_right_against_fp64(case):
     assert interface._use_hopper(x.q, interface._use_tma(x.q, x.k, x.v)), case
     tile = configs.select("fwd", block_d(case.head_dim), 2, case.causal, case.seqlen_k, True, True)
     assert tile.hopper
-    out, lse, (rowmax, log2l) = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init)
+    interface.PROGRAMS = 3
+    try:
+        out, lse, (rowmax, log2l) = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init)
+    finally:
+        interface.PROGRAMS = None
+    wide = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init)
+    for a, b in zip((out, lse, rowmax, log2l), (wide[0], wide[1], *wide[2])):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
     metrics = compare(case, x, {"out": out, "lse": lse}, Tolerance(), ("out", "lse"))
     assert all(m.passed for m in metrics.values()), {t: m.reason for t, m in metrics.items() if not m.passed}
     interface.HOPPER = False
