@@ -1,5 +1,6 @@
-"""Time the forward over tile candidates: the Gluon warp-specialized kernel (ws, sm_90: persistent; ws1: one
-program per query block, forward_hopper.PERSISTENT off), the Triton one
+"""Time the forward over tile candidates: the Gluon warp-specialized kernel (ws, sm_90, one program per query
+block, the launcher's default; wsp: persistent, one program per SM; ws-g<N>: heads in groups of N in the
+schedule instead of forward_hopper.HEAD_GROUP), the Triton one
 through tensor descriptors (tma: every tile; tma1: the default tile) and through pointers (ptr: the default
 tile), next to sdpa-cudnn and sdpa-flash in the same process (issue 3's 0.9x cuDNN target). GPU only.
 
@@ -43,6 +44,8 @@ def main():
     a = p.parse_args()
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
     rows = []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    group = forward_hopper.HEAD_GROUP
     for d in map(int, a.headdims.split(",")):
         for causal in (False, True):
             for n in map(int, a.seqlens.split(",")):
@@ -71,10 +74,11 @@ def main():
                       f"{line['flash_tflops']:.1f} TF/s; TMA bits equal: {bits}", flush=True)
                 for path in a.paths.split(","):
                     interface.TMA = path != "ptr"
-                    forward_hopper.PERSISTENT = path != "ws1"
+                    interface.PROGRAMS = sms if path == "wsp" else None
+                    forward_hopper.HEAD_GROUP = int(path[4:]) if path.startswith("ws-g") else group
                     ws = [t for t in configs.tuning_candidates("fwd", d, 2, 9, True) if t.hopper]
                     ws = ws if a.ws_tiles == "all" else [configs.HOPPER[d]]
-                    tiles = {"ws": ws, "ws1": ws,
+                    tiles = {**{p: ws for p in a.paths.split(",") if p.startswith("ws")},
                              "tma": [t for t in TILES if configs.keep("fwd", t, d, 2, 9)],
                              "tma1": [configs.default("fwd", d, 2, causal, True)],
                              "ptr": [configs.default("fwd", d, 2, causal)]}[path]
@@ -93,7 +97,8 @@ def main():
                         line["tiles"][name] = tf
                         print(f"   {name}: {tf:.1f} TF/s, {tf / line['cudnn_tflops']:.3f}x cudnn", flush=True)
                 interface.TMA = None
-                forward_hopper.PERSISTENT = True
+                interface.PROGRAMS = None
+                forward_hopper.HEAD_GROUP = group
                 best = max(line["tiles"].items(), key=lambda kv: kv[1])
                 print(f"  best {best[0]}: {best[1]:.1f} TF/s = {best[1] / line['cudnn_tflops']:.3f}x cudnn, "
                       f"{best[1] / line['flash_tflops']:.2f}x flash", flush=True)

@@ -144,7 +144,7 @@ def test_hopper_forward_is_right_against_fp64(case):
     seqlen_q != seqlen_k, fully masked rows, GQA, both inits, large logits), and its row max and log2 l,
     which the backward reads, equal the Triton forward's up to summation order. The kernel is persistent:
     run on 3 programs, each takes many query blocks in turn (the ring's stages and barrier phases go on
-    from block to block), and gives the same bits as on one program per SM."""
+    from block to block), and gives the same bits as with one program per block (the default)."""
     import dataclasses
 
     from faverify.kernels.triton import configs, interface

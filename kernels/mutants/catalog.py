@@ -154,6 +154,10 @@ HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", old, new, bug, why, run
     ("ws-tail-tile-unmasked", "n_full = full // BLOCK_N", "n_full = (full + BLOCK_N - 1) // BLOCK_N",
      "the Gluon forward counts the partial last key tile as full: keys past seqlen_k (zero-filled) enter the "
      "softmax", "tile counts rounded the wrong way; seqlens that are multiples of 128 hide it"),
+    ("ws-skip-own-diagonal", "(gl.maximum(first + HALF + diag, 0) + BLOCK_N - 1) // BLOCK_N",
+     "gl.maximum(first + HALF + diag, 0) // BLOCK_N",
+     "a causal consumer of the Gluon forward skips the key tile its last rows' diagonal falls in",
+     "the count of tiles a warpgroup may skip rounds down where it must round up; only some rows lose keys"),
     ("ws-consumer-rows", "first = row0 + WHICH * HALF", "first = row0",
      "every consumer warpgroup of the Gluon forward takes the first 64 rows of the block",
      "the per-warpgroup offset is easy to lose when a kernel is split into partitions; blocks of 64 rows hide it"),

@@ -74,17 +74,19 @@ def descriptors(q, k, v, out, tile, block_d: int) -> tuple:
     return tuple(made)
 
 
-def grid(tile, seqlen_q: int, n_bh: int, programs: int) -> tuple:
-    """Persistent: at most `programs` (one per SM) programs, each over every programs-th query block."""
+def grid(tile, seqlen_q: int, n_bh: int, programs: int | None) -> tuple:
+    """One program per query block (programs None), or at most `programs`, each over every programs-th
+    block of the schedule (persistent). On the H200 one per block was as fast without a mask and 3-13%
+    faster with the causal one, whose blocks differ in length: the hardware hands out the next block to
+    the SM that is free, a persistent program takes its share in advance (devtools/triton_fwd_sweep.py,
+    docs/measurements.md, session 8)."""
     blocks = -(-seqlen_q // tile.block_m) * n_bh
-    return (min(blocks, programs) if PERSISTENT else blocks,)
+    return (blocks if programs is None else min(blocks, programs),)
 
 
 # Heads per group of the schedule (_schedule): the programs running at once read the key/value tiles of
 # about HEAD_GROUP heads, from L2 after the first.
 HEAD_GROUP = 8
-# False: one program per query block (the launch before session 8), for devtools/triton_fwd_sweep.py to compare
-PERSISTENT = True
 
 
 @gluon.constexpr_function
@@ -226,12 +228,15 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
         m_i = gl.zeros([HALF], gl.float32, s_rows) + init
         l_i = gl.zeros([HALF], gl.float32, s_rows)
         acc = gl.zeros([HALF, BLOCK_D], gl.float32, o_layout)
+        n_mine = n_blocks
+        if CAUSAL:  # key tiles past this consumer's last row's diagonal: masked for all of its rows, skipped
+            n_mine = gl.minimum(n_blocks, (gl.maximum(first + HALF + diag, 0) + BLOCK_N - 1) // BLOCK_N)
 
         mbarrier.wait(q_ready, done & 1)
         # FlashAttention-3's intra-warpgroup overlap: the softmax of key tile j runs on the CUDA cores while
         # the tensor cores do p_{j-1} v_{j-1}; acc is rescaled once that product is in (it then holds the
         # tiles before j at the max of tile j). The other consumers' wgmmas fill the gaps that remain.
-        if n_blocks > 0:
+        if n_mine > 0:
             stage = it % STAGES
             mbarrier.wait(k_ready.index(stage), (it // STAGES) & 1)
             s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -240,7 +245,7 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
             p, alpha, l_i, m_i = _softmax(s, m_i, l_i, 0, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
                                           CAUSAL, BLOCK_N)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-            for j in range(1, n_blocks):
+            for j in range(1, n_mine):
                 stage = (it + j) % STAGES
                 prev = (it + j - 1) % STAGES
                 mbarrier.wait(k_ready.index(stage), ((it + j) // STAGES) & 1)
@@ -255,11 +260,19 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
                 mbarrier.arrive(v_empty.index(prev), count=1)
                 acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
-            last = (it + n_blocks - 1) % STAGES
-            mbarrier.wait(v_ready.index(last), ((it + n_blocks - 1) // STAGES) & 1)
+            last = (it + n_mine - 1) % STAGES
+            mbarrier.wait(v_ready.index(last), ((it + n_mine - 1) // STAGES) & 1)
             acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(last), count=1)
+        # the skipped tiles: the stages are freed as the other consumers' are, once loaded (so that each
+        # arrive counts toward that load's phase)
+        for j in range(n_mine, n_blocks):
+            stage = (it + j) % STAGES
+            mbarrier.wait(k_ready.index(stage), ((it + j) // STAGES) & 1)
+            mbarrier.arrive(k_empty.index(stage), count=1)
+            mbarrier.wait(v_ready.index(stage), ((it + j) // STAGES) & 1)
+            mbarrier.arrive(v_empty.index(stage), count=1)
         mbarrier.arrive(q_empty, count=1)  # this block's q is read by no wgmma any more: the next one may load
         it += n_blocks
         done += 1

@@ -24,8 +24,9 @@ TMA = None
 # The warp-specialized Gluon forward (forward_hopper.py) where it can run (configs.hopper_forward): None
 # decides per launch; tests set False to compare it with the Triton forward on the same GPU.
 HOPPER = None
-# Programs of the persistent Gluon forward: None, one per SM; tests set a few, so that each program runs many
-# query blocks (the shared-memory ring and the barrier phases carried from one block to the next).
+# Programs of the Gluon forward (forward_hopper.grid): None, one per query block; a number makes it persistent
+# (tests set 3, so that each program runs many blocks, carrying its shared-memory ring and barrier phases
+# from one to the next; devtools/triton_fwd_sweep.py times one per SM).
 PROGRAMS = None
 # The code paths the launches took, in order (PATHS names them): the subject reports them per case, so a
 # fuzz shows which kernels its cases reached and a mutant which cases ran its mutated code. take_paths()
@@ -65,11 +66,6 @@ def _scratch(size: int, alignment: int, stream):
     """Global memory for descriptors made on the device (128 bytes each, per program), on the current
     device: the launchers make it the tensors' (_on_their_device)."""
     return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _on_their_device(launcher):
@@ -128,7 +124,7 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
     if tile.hopper:
         _LAUNCHED.append("fwd gluon-ws")
         constants, options = _fwd_hopper.launch(tile)
-        _fwd_hopper._fwd_hopper[_fwd_hopper.grid(tile, sq, b * h, PROGRAMS or _sm_count(q.device))](
+        _fwd_hopper._fwd_hopper[_fwd_hopper.grid(tile, sq, b * h, PROGRAMS)](
             *_fwd_hopper.descriptors(q, k, v, out, tile, c["BLOCK_D"]), lse, rowmax, log2l, b * h, h, h // hk, sq, sk,
             scale * LOG2E, INIT_VALUE[init], CAUSAL=causal, BLOCK_D=c["BLOCK_D"], **constants, **options)
         return out, lse, (rowmax, log2l)
