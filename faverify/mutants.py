@@ -35,7 +35,13 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, 
     from faverify.case import Case
     from faverify.kernels.mutants.catalog import BY_NAME
 
+    from faverify.kernels.mutants.build import source
+
     mutant = BY_NAME[name]
+    try:  # a stale or unparsable mutant: its workers could not load it, which is no kill
+        source(mutant)
+    except RuntimeError as e:
+        return _error_row(name, str(e))
     start = time.perf_counter()
     plan = dataclasses.replace(plan, stop_at_first_failure=True, narrow=mutant.cases)
     result = run([f"mutant:{name}"], plan, devices, mode="both",

@@ -136,3 +136,25 @@ def test_a_mutant_whose_dtypes_were_not_asked_for_is_left_out_with_the_rule():
     assert left_out(m, torch.device("cpu"), ("bf16", "fp32")) is None
     assert left_out(m, torch.device("cpu"), ("fp32",)) == "its code runs only for bf16, not for fp32"
     assert "runs only on sm_90 GPUs" in left_out(HOPPER_MUTANTS[0], torch.device("cpu"), ("bf16",))
+
+
+def test_a_mutant_that_does_not_parse_is_an_error_row_not_a_kill():
+    """Session 8: a replacement that left a stray indent made the worker fail to import the mutant, and the
+    mutants run counted that crash as a kill. The mutated source must parse, and kill() reports it."""
+    from faverify.fuzz import FuzzPlan
+    from faverify.kernels.mutants import catalog
+    from faverify.mutants import kill
+    from faverify.strategies import Limits
+    from faverify.verdict import Tolerance
+    broken = Mutant("broken-indent", "forward.py", "    start_m = tl.program_id(0)\n", "        start_m = 0\n",
+                    "bug", "why")
+    with pytest.raises(RuntimeError, match="no longer parses"):
+        source(broken)
+    catalog.BY_NAME["broken-indent"] = broken
+    try:
+        row = kill("broken-indent", FuzzPlan(iters=3, seed=0, dtypes=("fp32",), limits=Limits(8, 1, 1, 64),
+                                             database=None), [torch.device("cpu")], tolerance=Tolerance(),
+                   isolate=False, timeout=30.0)
+    finally:
+        del catalog.BY_NAME["broken-indent"]
+    assert not row["killed"] and "no longer parses" in row["reason"], row

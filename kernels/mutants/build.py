@@ -41,6 +41,11 @@ def source(mutant: Mutant) -> dict:
                 raise RuntimeError(f"mutant {mutant.name}: its text occurs {count} times in kernels/triton/{name} "
                                    "(must be exactly once); update kernels/mutants/catalog.py")
             text = text.replace(mutant.old, mutant.new)
+            try:  # a replacement that breaks the syntax would be "killed" by the worker that cannot import it
+                compile(text, name, "exec")
+            except SyntaxError as e:
+                raise RuntimeError(f"mutant {mutant.name}: kernels/triton/{name} no longer parses after the "
+                                   f"replacement ({e.msg}, line {e.lineno}); update kernels/mutants/catalog.py")
         out[name] = text
     return out
 

@@ -145,7 +145,7 @@ HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", old, new, bug, why, run
     ("ws-no-neg-inf-guard", 'm_use = gl.where(m_new == float("-inf"), 0.0, m_new)', "m_use = m_new",
      "the Gluon forward subtracts an unguarded -inf running max: NaN on a row whose first tile is masked",
      "as no-neg-inf-guard, in a second copy of the softmax"),
-    ("ws-no-rescale", "            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]\n", "",
+    ("ws-no-rescale", "                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]\n", "",
      "the Gluon forward never rescales acc when the running max grows",
      "with the p v product issued a tile late, the rescale moves after its wait and is easy to drop"),
     ("ws-causal-top-left", "    diag = seqlen_k - seqlen_q\n", "    diag = 0\n",

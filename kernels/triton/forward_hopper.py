@@ -2,32 +2,40 @@
 
 The Triton forward (forward.py) keeps one warpgroup per block, and Triton 3.6 waits for each q k^T right
 after issuing it: the tensor cores idle while the softmax runs. Here the roles get warps of their own:
-    producer   (1 warp):   TMA loads: q once, then k and v tiles into a ring of STAGES buffers
+    producer   (1 warp):   TMA loads: q once per block, then k and v tiles into a ring of STAGES buffers
     consumer c (4 warps):  query rows [64 c, 64 c + 64) of the block, over the same key tiles:
                            s = q k^T, online softmax, acc += p v
 Two consumers at head dim 128 (block_m 128), three at 64 (block_m 192; configs.HOPPER says why). Within a
 consumer, the softmax of key tile j runs while the tensor cores do p_{j-1} v_{j-1} (FlashAttention-3's
 intra-warpgroup overlap); across consumers, the warp schedulers interleave one's softmax with another's
 wgmmas. A k (v) stage is free again when every consumer has arrived on its `empty` barrier: k right after
-its q k^T, v after its p v. Causal blocks run longest first (the grid's block index reversed).
+its q k^T, v after its p v. With the causal mask, a consumer skips the key tiles past its own last row's
+diagonal (it only frees their stages).
+
+q, k, v and out come as descriptors made on the host over their [b, s, h, d] tensors (boxes of one head),
+so no block spends its start making four on the device. Blocks follow _schedule: heads in groups of
+HEAD_GROUP (their key/value tiles stay in L2), causal blocks longest first. A program can run several
+blocks in turn (persistent: the next block's q and first key tiles load while this one's epilogue runs;
+the ring's position and the barrier phases carry over); the launcher gives each block its own program,
+which measured faster (grid).
 
 The numerics are the Triton forward's, line for line (forward.py's docstring says why): raw logits, the
 running max in raw units, p = exp2((s - m') * c) with the -inf guard, l summed from the fp32 p, P rounded
 to the input dtype as the matmul operand, the same outputs (out, lse, row max, log2 l) and the same
 convention for rows that see no key. Masks: key tiles at or past `full` (the causal diagonal and the
 seqlen_k tail) are masked; the descriptors' bounds make the copy engine zero-fill everything past
-seqlen_q, seqlen_k and head_dim. All consumers walk the block's key range, so on the diagonal the upper
-rows are masked row by row.
+seqlen_q, seqlen_k and head_dim. A skipped tile is one whose every logit the mask would make -inf: the
+result has the same bits.
 
 Applies to 16-bit inputs on sm_90 with 16-byte aligned strides and padded head dim 64 or 128
 (interface._use_hopper, configs.hopper_forward). Gluon does not run under the interpreter: the CPU never
 takes this path; the GPU tests, the fuzz run and the mutants of kernels/mutants check it there, and CI
 compiles it for sm_90 (aot.py).
 
-Tried on the H200 and not kept (docs/measurements.md, session 7): FlashAttention-3's ping-pong between
-consumers (a turn barrier around each consumer's wgmmas: 2-8% slower, equal at one shape), a loop
-without the overlap (5-10% slower), two blocks per SM with 104 registers per consumer, and the grid with
-heads first.
+Tried on the H200 and not kept (docs/measurements.md, sessions 7 and 8): FlashAttention-3's ping-pong
+between consumers (2-8% slower, equal at one shape), a loop without the overlap (5-10% slower), two
+blocks per SM with 104 registers per consumer, the grid with heads first, and the persistent launch of
+one program per SM (equal without a mask, 3-13% slower with the causal one).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
