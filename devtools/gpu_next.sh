@@ -1,10 +1,11 @@
-# The last GPU check session 5 owed (docs/measurements.md, "Session 5"), run at its end: the SDPA skip
-# reasons without shapes or source locations (4d186e1), one row per reason for sdpa-efficient (before, one
-# per shape). Nothing else is owed. One H200; about 2 minutes.
+# What session 8 owes (docs/measurements.md, "Session 8"): the issue's fuzz run to its end on the final Gluon
+# forward (session 8's stopped at 9185 cases, 0 failed, on the script's own time limit), and the memory
+# test on it. One H200; about 6 minutes. Then, in a second call, the GPU run of the slow mutants test:
+#   python3 -m pytest -q -p no:cacheprovider -m slow property_tests/test_mutants.py
 . devtools/device_setup.sh
 step() { local s=$(date +%s); timeout -s TERM "$@"; echo "  exit $? after $(( $(date +%s) - s )) s"; }
-export FAVERIFY_CACHE=${FAVERIFY_CACHE:-/tmp/fvcache}
-{
-echo "== sdpa-efficient"; step 90 python3 -m faverify fuzz --kernel sdpa-efficient --iters 3000 --dtype bf16,fp16 --no-db \
-  --json /tmp/efficient.json 2>&1 | sed -n '/== Skipped cases/,/== Failures/p' | head -20
-} 2>&1 | tee $OUT/log.txt
+echo "== fuzz triton 10000"; step 420 python3 -m faverify fuzz --kernel triton --iters 10000 --dtype bf16,fp16 \
+  --mode both --no-db --json $OUT/fuzz_triton.json > $OUT/fuzz.log 2>&1; grep -A4 "== Summary" $OUT/fuzz.log
+grep -E "warm-up|code path|Failures|minimal case|reason" $OUT/fuzz.log | head -8
+echo "== memory"; step 120 python3 -m pytest -q -p no:cacheprovider property_tests/test_memory.py -s > $OUT/mem.log 2>&1
+grep -E "peak|passed|failed" $OUT/mem.log
