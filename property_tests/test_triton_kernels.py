@@ -278,14 +278,14 @@ def test_head_dim_over_256_is_rejected():
 def test_fuzz_60_cases_every_dtype_on_this_machine(tmp_path):
     from faverify.kernels.triton.interface import PATHS
     r = cli("fuzz", "--kernel", "triton", "--iters", "60", "--dtype", "bf16,fp16,fp32", "--device", DEVICE,
-            "--json", tmp_path / "f.json")
+            "--json", tmp_path / "f.json", "--markdown", tmp_path / "f.md")
     assert r.exit_code == 0, r.stderr
     # every case that ran took one forward path, and the report counts them (fwd gluon-ws among them on sm_90)
     summary = read_json(tmp_path / "f.json")["kernels"][0]["summary"]
     paths = summary["paths"]
     assert set(paths) <= set(PATHS) and sum(n for p, n in paths.items() if p.startswith("fwd")) == 60, paths
     assert paths.get("fwd gluon-ws", 0) > 0 or not _is_hopper(), paths
-    assert "cases per code path" in r.stdout
+    assert "cases per code path" in (tmp_path / "f.md").read_text()
 
 
 @pytest.mark.slow
@@ -298,7 +298,8 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
     assert "0 failed" in out
     # the Gluon forward, for sm_90 only, as the launcher takes it there (configs.HOPPER)
     ws = [line for line in out.splitlines() if line.startswith("fwd-ws ")]
-    assert len(ws) == 8 and all(" sm_90 " in line and line.rstrip().endswith(" ok") for line in ws), ws
+    # ("ok, spills": the host-descriptor launch spills 40-160 bytes of stack, docs/measurements.md session 8)
+    assert len(ws) == 8 and all(" sm_90 " in line and re.search(r" ok(, spills)?$", line.rstrip()) for line in ws), ws
     # fp32's own small tiles (configs._fp32): the 16-bit ones spilled up to 45 KB there
     fp32 = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if re.match(r"\w+ fp32 D\d+", line)]
     assert fp32 and all(int(row[5]) <= 64 for row in fp32), [row[:6] for row in fp32 if int(row[5]) > 64]
