@@ -70,7 +70,9 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
 
     dtype = draw(st.sampled_from(dtypes))
     is_causal = draw(st.booleans()) if causal is None else causal
-    if exact_head_dims or len(head_dims) == 1:
+    if len(head_dims) == 1:
+        head_dim = head_dims[0]
+    elif exact_head_dims:
         head_dim = draw(st.sampled_from(head_dims))
     else:
         head_dim = draw(st.one_of(st.sampled_from(head_dims), st.integers(min(head_dims), max(head_dims))))
