@@ -33,9 +33,8 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, 
     """Fuzz one mutant until its first failure; the row of the report. check(case, tolerance): the
     unmutated kernels' result on a case (default: evaluated in this process)."""
     from faverify.case import Case
-    from faverify.kernels.mutants.catalog import BY_NAME
-
     from faverify.kernels.mutants.build import source
+    from faverify.kernels.mutants.catalog import BY_NAME
 
     mutant = BY_NAME[name]
     try:  # a stale or unparsable mutant: its workers could not load it, which is no kill
@@ -130,7 +129,8 @@ def _error_row(name: str, error: str) -> dict:
     from faverify.kernels.mutants.catalog import BY_NAME
     mutant = BY_NAME[name]
     return {"mutant": name, "bug": mutant.bug, "why": mutant.why, "killed": False, "cases_to_kill": None,
-            "cases": 0, "reached": 0, "paths": {}, "skipped": 0, "signature": "", "minimal_case": None, "reason": f"not run to the end: {error}",
+            "cases": 0, "reached": 0, "paths": {}, "skipped": 0, "signature": "", "minimal_case": None,
+            "reason": f"not run to the end: {error}",
             "reproducer": "", "control_on_minimal_case": None, "seconds": 0.0, "interrupted": False}
 
 

@@ -106,20 +106,19 @@ def _aligned_attrs(fn, constants: dict) -> dict:
 
 def _hopper_source(v: Variant, capability: int):
     """(source, options, tile) of the Gluon forward as interface.forward launches it on sm_90."""
+    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from faverify.kernels.triton import configs
-    from triton.experimental.gluon import language as gl
-
-    from faverify.kernels.triton.forward_hopper import HALF, _fwd_hopper, box_layout, launch
+    from faverify.kernels.triton.forward_hopper import _fwd_hopper, box_layout, box_rows, launch
 
     tile = configs.HOPPER[v.block_d]
     constants, options = launch(tile)
     constants.update(CAUSAL=v.causal, BLOCK_D=v.block_d)
     signature = _signature(_fwd_hopper, v.dtype, constants)
     dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[v.dtype]
-    for name, rows in (("q_desc", HALF.value), ("k_desc", tile.block_n), ("v_desc", tile.block_n),
-                       ("o_desc", HALF.value)):  # host-made descriptors (forward_hopper.descriptors)
+    # host-made descriptors (forward_hopper.descriptors)
+    for name, rows in zip(("q_desc", "k_desc", "v_desc", "o_desc"), box_rows(tile)):
         signature[name] = f"tensordesc<{v.dtype}[1,{rows},1,{v.block_d}],{box_layout(rows, v.block_d, dtype)!r}>"
     source = GluonASTSource(_fwd_hopper, signature, constants, _aligned_attrs(_fwd_hopper, constants))
     return source, options, str(tile)

@@ -65,21 +65,19 @@ def launch(tile) -> tuple:
                  GROUP=HEAD_GROUP), dict(num_warps=tile.num_warps, maxnreg=maxnreg))
 
 
-def box_layout(rows: int, block_d: int, dtype):
-    """The shared layout of a [1, rows, 1, block_d] box of a [b, s, h, d] tensor (gl dtype)."""
-    return gl.NVMMASharedLayout.get_default_for([1, rows, 1, block_d], dtype)
+def box_rows(tile) -> tuple:
+    """Rows of the q, k, v and out boxes: one consumer's HALF query rows, one stage's block_n keys."""
+    return HALF.value, tile.block_n, tile.block_n, HALF.value
 
 
 def descriptors(q, k, v, out, tile, block_d: int) -> tuple:
     """Host-made TMA descriptors of q, k, v, out ([b, s, h, d] with their own strides), boxes of one head's
-    HALF query rows or block_n key rows by block_d, zero-filled past each dimension's end."""
+    box_rows by block_d, zero-filled past each dimension's end."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     dtype = {"torch.bfloat16": gl.bfloat16, "torch.float16": gl.float16}[str(q.dtype)]
-    made = []
-    for t, rows in ((q, HALF.value), (k, tile.block_n), (v, tile.block_n), (out, HALF.value)):
-        made.append(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, block_d],
-                                     box_layout(rows, block_d, dtype)))
-    return tuple(made)
+    return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, block_d],
+                                  box_layout(rows, block_d, dtype))
+                 for t, rows in zip((q, k, v, out), box_rows(tile)))
 
 
 def grid(tile, seqlen_q: int, n_bh: int, programs: int | None) -> tuple:
@@ -103,8 +101,10 @@ def _smem_layout(rows, cols, dtype):
 
 
 @gluon.constexpr_function
-def _smem_layout4(rows, cols, dtype):
-    return gl.NVMMASharedLayout.get_default_for([1, rows, 1, cols], dtype)
+def box_layout(rows, block_d, dtype):
+    """The shared layout of a [1, rows, 1, block_d] box of a [b, s, h, d] tensor (gl dtype): the kernel's
+    view of its tiles, and the host's descriptors' (descriptors, aot.py)."""
+    return gl.NVMMASharedLayout.get_default_for([1, rows, 1, block_d], dtype)
 
 
 @gluon.constexpr_function
@@ -149,7 +149,7 @@ def _box(smem, BLOCK: gl.constexpr, BLOCK_D: gl.constexpr):
     """A [BLOCK, BLOCK_D] shared tile seen as the [1, BLOCK, 1, BLOCK_D] box of a [b, s, h, d] descriptor:
     the same bytes (the swizzle is the innermost dims')."""
     return smem._reinterpret(smem.dtype, [1, BLOCK, 1, BLOCK_D],
-                             _smem_layout4(BLOCK, BLOCK_D, smem.dtype))
+                             box_layout(BLOCK, BLOCK_D, smem.dtype))
 
 
 @gluon.jit

@@ -52,14 +52,10 @@ def _aligned(*tensors) -> bool:
     return all(t.data_ptr() % 16 == 0 and all(s % 16 == 0 for s in t.stride()[:-1]) for t in tensors)
 
 
-def _fast(*tensors) -> bool:
-    return INTERPRET or _aligned(*tensors)
-
-
 def _build(name: str, *tensors):
     """The fast build of kernel `name` when the tensors allow it, else the generic one (common.generic_args)."""
     module = _fwd if name == "_fwd_kernel" else _bwd
-    return getattr(module, name if _fast(*tensors) else name + "_generic")
+    return getattr(module, name if INTERPRET or _aligned(*tensors) else name + "_generic")
 
 
 def _scratch(size: int, alignment: int, stream):
@@ -130,8 +126,9 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
         return out, lse, (rowmax, log2l)
     if tma and not INTERPRET:
         triton.set_allocator(_scratch)  # a context variable: set on the launching thread, every launch
-    _LAUNCHED.append("fwd triton-tma" if tma else "fwd triton" + ("" if _fast(q, k, v, out) else " generic"))
-    _build("_fwd_kernel", q, k, v, out)[(triton.cdiv(sq, tile.block_m), b * h)](
+    kernel = _build("_fwd_kernel", q, k, v, out)
+    _LAUNCHED.append("fwd triton-tma" if tma else "fwd triton" + ("" if kernel is _fwd._fwd_kernel else " generic"))
+    kernel[(triton.cdiv(sq, tile.block_m), b * h)](
         q, k, v, out, lse, rowmax, log2l, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
         h, h // hk, sq, sk, d, scale * LOG2E, INIT_VALUE[init],
         CAUSAL=causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps,
@@ -163,8 +160,9 @@ def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles:
     _build("_bwd_preprocess", out, dout)[(triton.cdiv(sq, pre_m), b * h)](out, dout, delta, *_strides(out), *_strides(dout), h, sq, d,
                                                      BLOCK_M=pre_m, BLOCK_D=c["BLOCK_D"], EVEN_D=c["EVEN_D"])
     t = pick["dkdv"]
-    _LAUNCHED.append("bwd triton" + ("" if _fast(q, k, v, dout, dk, dv) else " generic"))
-    _build("_bwd_dkdv", q, k, v, dout, dk, dv)[(triton.cdiv(sk, t.block_n), b * hk)](
+    kernel = _build("_bwd_dkdv", q, k, v, dout, dk, dv)
+    _LAUNCHED.append("bwd triton" + ("" if kernel is _bwd._bwd_dkdv else " generic"))
+    kernel[(triton.cdiv(sk, t.block_n), b * hk)](
         q, k, v, dout, rowmax, log2l, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
         *_strides(dk), *_strides(dv), hk, h // hk, sq, sk, d, scale, scale * LOG2E,
         CAUSAL=causal, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **c)
