@@ -188,6 +188,17 @@ def test_hopper_forward_only_where_it_can_run():
     assert configs.default("fwd", 128, 2, False, True, True).hopper == (not interface.INTERPRET)
 
 
+def test_gluon_grid_is_one_program_per_block_or_the_persistent_count():
+    """forward_hopper.grid: the GPU test's 3 persistent programs must really be 3 (else it would compare the
+    default launch with itself), and never more programs than blocks."""
+    from faverify.kernels.triton import configs
+    from faverify.kernels.triton.forward_hopper import grid
+    tile = configs.HOPPER[64]  # 192 query rows per block
+    assert grid(tile, 1000, 6, None) == (6 * 6,)
+    assert grid(tile, 1000, 6, 3) == (3,)
+    assert grid(tile, 100, 2, 3) == (2,)
+
+
 def test_launchers_run_on_their_tensors_device(monkeypatch):
     """Triton launches on the current device: tensors on cuda:1 need it switched (and the descriptor
     scratch allocated there). Checked without a second GPU by recording the switch."""
