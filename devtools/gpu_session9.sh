@@ -11,6 +11,6 @@ echo "== memory"; step 60 python3 -m pytest -q -p no:cacheprovider property_test
 grep -E "peak|MiB|passed|failed" $OUT/mem.log
 left=$(( 565 - ($(date +%s) - t0) ))
 echo "== Gluon forward GPU tests (limit $left s)"; step $left python3 -m pytest -q -p no:cacheprovider -rs \
-  property_tests/test_triton_kernels.py -k "hopper or code_paths or init_modes or gqa or strided or deterministic or descriptors or no_keys" \
+  property_tests/test_triton_kernels.py -k "hopper or code_paths or init_modes or gqa or strided or deterministic or descriptors or no_keys or gluon_mutant" \
   property_tests/test_mutants.py::test_a_gluon_mutant_fails_in_a_worker_process > $OUT/tests.log 2>&1
 grep -v -i warn $OUT/tests.log | tail -15
