@@ -43,14 +43,25 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, 
         return _error_row(name, str(e))
     start = time.perf_counter()
     plan = dataclasses.replace(plan, stop_at_first_failure=True, narrow=mutant.cases)
+    # the cases that ran the mutated code, counted per case: one case can take several of the file's paths
+    # (forward and backward), so the per-path counts of the summary would count it more than once
+    reached = 0
+
+    def counting(kernel: str):
+        shown = progress_factory(kernel)
+
+        def progress(r) -> None:
+            nonlocal reached
+            reached += any(mutant.reaches(p) for p in r.paths)
+            shown(r)
+        return progress
+
     result = run([f"mutant:{name}"], plan, devices, mode="both",
                  tolerance=tolerance, command="mutants", workers=1, isolate=isolate, timeout=timeout,
-                 progress_factory=progress_factory)
+                 progress_factory=counting)
     kernel = result.kernels[0]
     failures = kernel["failures"]
     minimal = failures[0]["minimal"] if failures else None
-    # the cases that ran the mutated code: a survivor that none reached says the fuzz never drove it there
-    reached = sum(n for path, n in kernel["summary"].get("paths", {}).items() if mutant.reaches(path))
     check = check or _check_in_process(devices[0])
     control_there = check(Case.from_dict(minimal["case"]), tolerance) if minimal else None
     attributable = control_there is not None and not control_there.failed

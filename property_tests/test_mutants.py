@@ -39,13 +39,17 @@ def test_mutants_of_the_gluon_forward_run_only_where_it_does():
 def test_mutants_in_parallel_jobs(tmp_path):
     """The GPU default: mutants fuzzed at once, each in a job process with its own worker (the slow test
     below runs them one after another, the CPU default)."""
-    r = cli("mutants", "--only", "no-final-division,lse-log2", "--iters", "10", "--device", "cpu",
+    r = cli("mutants", "--only", "no-final-division,scale-inverse-d", "--iters", "10", "--device", "cpu",
             "--shrink-budget", "2", "--jobs", "2", "--isolate", "--json", tmp_path / "m.json")
     report = read_json(tmp_path / "m.json")
     assert report["settings"]["jobs"] == 2
-    assert [(m["mutant"], m["killed"]) for m in report["mutants"]] == [("no-final-division", True), ("lse-log2", True)]
-    # the job process hands back how many cases ran the mutated code (forward.py's: every case here)
+    assert [(m["mutant"], m["killed"]) for m in report["mutants"]] == [("no-final-division", True),
+                                                                       ("scale-inverse-d", True)]
+    # the job process hands back how many cases ran the mutated code: forward.py's and interface.py's, every
+    # case here. Counted per case: an interface.py case takes a forward and a backward path, and a sum of
+    # the per-path counts would say 2 of 1
     assert all(m["reached"] == m["cases"] >= 1 for m in report["mutants"]), report["mutants"]
+    assert sum(report["mutants"][1]["paths"].values()) > report["mutants"][1]["cases"], report["mutants"][1]
     assert report["control"]["cases"] == 10 and r.exit_code == 0, r.stdout
 
 
