@@ -98,6 +98,34 @@ def test_backward_is_deterministic():
         assert torch.equal(a[name], b[name]), name
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="compiled variants exist only on the GPU (the interpreter compiles nothing)")
+def test_one_compile_per_variant_whatever_the_sizes():
+    """A fuzz run draws a new batch, head count, group and pair of seqlens nearly every case. Triton compiles
+    a kernel again for each pattern of integer arguments equal to 1 or divisible by 16 unless they are left
+    unspecialized, and each compile costs seconds: the sizes must not make new variants (the Gluon forward's
+    did, and halved the GPU fuzz throughput)."""
+    import triton
+
+    from faverify.kernels.triton import backward, forward, forward_hopper
+    kernels = {f"{m.__name__}.{n}": f for m in (forward, forward_hopper, backward) for n, f in vars(m).items()
+               if isinstance(f, triton.runtime.JITFunction)}
+    device = torch.cuda.current_device()
+    for f in kernels.values():
+        if device in f.device_caches:
+            f.device_caches[device][0].clear()
+    subject = resolve("triton")
+    sizes = [(1, 1, 1, 1, 1), (2, 16, 32, 16, 16), (3, 97, 200, 6, 2), (1, 256, 1, 4, 4), (4, 33, 48, 8, 1)]
+    paths = set()
+    for b, sq, sk, h, hk in sizes:
+        r = evaluate(subject, Case(b, sq, sk, h, hk, 64, dtype="bf16", seed=3), DEVICE)
+        assert r.status == "pass", r.reason
+        paths.add(tuple(r.paths))
+    assert len(paths) == 1, paths  # one launch path for all: one variant of each kernel it runs
+    compiled = {n: len(f.device_caches[device][0]) for n, f in kernels.items() if device in f.device_caches}
+    assert sum(compiled.values()) >= 2 and max(compiled.values()) == 1, compiled
+
+
 TMA_SKIP = HAS_GPU and torch.cuda.get_device_capability()[0] < 9
 
 
