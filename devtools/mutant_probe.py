@@ -24,7 +24,7 @@ def in_process(name: str) -> None:
         itf = sys.modules[func.__module__]
         x = make_inputs(CASE, "cuda")
         tma = itf._use_tma(x.q, x.k, x.v)
-        jit = itf._fwd_hopper._fwd_hopper
+        jit = itf._fwd_hopper.kernel(CASE.seqlen_q, CASE.seqlen_k)
         print(f"{kernel}: {r.status} {r.reason[:160]!r}; interface {itf.__name__}, _use_tma {tma}, "
               f"_use_hopper {itf._use_hopper(x.q, tma)}, gluon module {itf._fwd_hopper.__name__}, "
               f"compiled {[len(c[0]) for c in jit.device_caches.values()]}, key {jit.cache_key[:12]}", flush=True)

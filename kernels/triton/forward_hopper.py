@@ -303,11 +303,7 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
     tma.store_wait(pendings=0)
 
 
-# The sizes are runtime values, not specialized: Triton would otherwise compile the kernel again for each
-# pattern of sizes equal to 1 or divisible by 16 (up to 3^5 per variant), which a fuzz run meets case after
-# case, at seconds a compile. The descriptors handle the tails, so the kernel gains nothing from them.
-@gluon.jit(do_not_specialize=["n_bh", "nheads", "group", "seqlen_q", "seqlen_k"])
-def _fwd_hopper(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l,  #
+def _fwd_ws(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l,  #
                 n_bh, nheads, group, seqlen_q, seqlen_k, qk_scale, init,  #
                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
                 CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, GROUP: gl.constexpr):
@@ -355,3 +351,19 @@ def _fwd_hopper(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l,  #
                             (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 2)),
                             (_producer, (load, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, CAUSAL))],
                            [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+
+
+# Two builds of one kernel, as forward.py's fast and generic ones. Triton compiles a kernel again for each
+# pattern of integer arguments equal to 1 or divisible by 16: up to 3^5 patterns of these five sizes per
+# variant, which a fuzz run meets case after case, at seconds a compile (it halved the GPU fuzz rate).
+# Leaving all five unspecialized cost 7-9% at d64 causal 4096 on the H200, all of it from the seqlens
+# (devtools/gluon_specialize.py, docs/measurements.md, session 9). So seqlens that are both multiples of
+# 16 take a build specialized on them (one pattern), any other pair the build specialized on nothing.
+_HEADS = ["n_bh", "nheads", "group"]
+_fwd_hopper_aligned = gluon.jit(do_not_specialize=_HEADS)(_fwd_ws)
+_fwd_hopper = gluon.jit(do_not_specialize=_HEADS + ["seqlen_q", "seqlen_k"])(_fwd_ws)
+
+
+def kernel(seqlen_q: int, seqlen_k: int):
+    """The build a launch takes (the comment above)."""
+    return _fwd_hopper_aligned if seqlen_q % 16 == 0 and seqlen_k % 16 == 0 else _fwd_hopper

@@ -120,7 +120,7 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
     if tile.hopper:
         _LAUNCHED.append("fwd gluon-ws")
         constants, options = _fwd_hopper.launch(tile)
-        _fwd_hopper._fwd_hopper[_fwd_hopper.grid(tile, sq, b * h, PROGRAMS)](
+        _fwd_hopper.kernel(sq, sk)[_fwd_hopper.grid(tile, sq, b * h, PROGRAMS)](
             *_fwd_hopper.descriptors(q, k, v, out, tile, c["BLOCK_D"]), lse, rowmax, log2l, b * h, h, h // hk, sq, sk,
             scale * LOG2E, INIT_VALUE[init], CAUSAL=causal, BLOCK_D=c["BLOCK_D"], **constants, **options)
         return out, lse, (rowmax, log2l)
