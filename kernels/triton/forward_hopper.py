@@ -360,8 +360,9 @@ def _fwd_ws(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l,  #
 # (devtools/gluon_specialize.py, docs/measurements.md, session 9). So seqlens that are both multiples of
 # 16 take a build specialized on them (one pattern), any other pair the build specialized on nothing.
 _HEADS = ["n_bh", "nheads", "group"]
+ALIGNED = ("seqlen_q", "seqlen_k")  # the sizes _fwd_hopper_aligned is specialized on (aot.py declares them)
 _fwd_hopper_aligned = gluon.jit(do_not_specialize=_HEADS)(_fwd_ws)
-_fwd_hopper = gluon.jit(do_not_specialize=_HEADS + ["seqlen_q", "seqlen_k"])(_fwd_ws)
+_fwd_hopper = gluon.jit(do_not_specialize=_HEADS + list(ALIGNED))(_fwd_ws)
 
 
 def kernel(seqlen_q: int, seqlen_k: int):
