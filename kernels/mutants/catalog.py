@@ -154,10 +154,14 @@ HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", old, new, bug, why, run
     ("ws-tail-tile-unmasked", "n_full = full // BLOCK_N", "n_full = (full + BLOCK_N - 1) // BLOCK_N",
      "the Gluon forward counts the partial last key tile as full: keys past seqlen_k (zero-filled) enter the "
      "softmax", "tile counts rounded the wrong way; seqlens that are multiples of 128 hide it"),
-    ("ws-skip-own-diagonal", "(gl.maximum(first + HALF + diag, 0) + BLOCK_N - 1) // BLOCK_N",
-     "gl.maximum(first + HALF + diag, 0) // BLOCK_N",
-     "a causal consumer of the Gluon forward skips the key tile its last rows' diagonal falls in",
-     "the count of tiles a warpgroup may skip rounds down where it must round up; only some rows lose keys"),
+    ("ws-skip-own-diagonal", "(hi + BLOCK_N - 1) // BLOCK_N", "hi // BLOCK_N",
+     "the Gluon forward skips the key tile its rows' last diagonal (or seqlen_k) falls in",
+     "the count of tiles a block or warpgroup may skip rounds down where it must round up; only some rows "
+     "lose keys"),
+    ("ws-partial-consumer-idle", "gl.where(first < seqlen_q, n_mine, 0)", "gl.where(first + HALF <= seqlen_q, n_mine, 0)",
+     "a consumer warpgroup of the Gluon forward whose rows run past seqlen_q computes nothing, not even its "
+     "rows before seqlen_q", "idle warpgroups past the end are skipped, and the test for one is an off-by-a-tile; "
+     "seqlen_q a multiple of 64 hides it"),
     ("ws-consumer-rows", "first = row0 + WHICH * HALF", "first = row0",
      "every consumer warpgroup of the Gluon forward takes the first 64 rows of the block",
      "the per-warpgroup offset is easy to lose when a kernel is split into partitions; blocks of 64 rows hide it"),

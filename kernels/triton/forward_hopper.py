@@ -10,7 +10,7 @@ consumer, the softmax of key tile j runs while the tensor cores do p_{j-1} v_{j-
 intra-warpgroup overlap); across consumers, the warp schedulers interleave one's softmax with another's
 wgmmas. A k (v) stage is free again when every consumer has arrived on its `empty` barrier: k right after
 its q k^T, v after its p v. With the causal mask, a consumer skips the key tiles past its own last row's
-diagonal (it only frees their stages).
+diagonal (it only frees their stages); a consumer whose rows all lie past seqlen_q skips every tile.
 
 q, k, v and out come as descriptors made on the host over their [b, s, h, d] tensors (boxes of one head),
 so no block spends its start making four on the device. Blocks follow _schedule: heads in groups of
@@ -132,8 +132,9 @@ def _schedule(t, n_m, n_bh, GROUP: gl.constexpr, CAUSAL: gl.constexpr):
 
 @gluon.jit
 def _key_tiles(row0, seqlen_k, diag, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """(n_full, n_blocks) of the query block at row0: key tiles [0, n_full) are seen whole by every row of
-    the block; [n_full, n_blocks) are masked; causal skips the rest (common.key_ranges, in tiles)."""
+    """(n_full, n_blocks) of the query rows [row0, row0 + BLOCK_M) (a block's, or one consumer's): key tiles
+    [0, n_full) are seen whole by every row; [n_full, n_blocks) are masked; causal skips the rest
+    (common.key_ranges, in tiles)."""
     if CAUSAL:
         full = gl.minimum(gl.maximum(row0 + diag + 1, 0), seqlen_k)
         hi = gl.minimum(gl.maximum(row0 + BLOCK_M + diag, 0), seqlen_k)
@@ -166,7 +167,7 @@ def _producer(load, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.con
         off_b = bh // nheads
         off_h = bh % nheads
         row0 = mb * BLOCK_M
-        n_full, n_blocks = _key_tiles(row0, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+        _, n_blocks = _key_tiles(row0, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
         # q of this block goes where the last block's was, once every consumer is past its last q k^T
         # (a fresh barrier counts as having completed phase 1: the first wait passes)
         mbarrier.wait(q_empty, (done & 1) ^ 1)
@@ -230,15 +231,19 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
     for t in range(gl.program_id(0), n_m * n_bh, gl.num_programs(0)):
         mb, bh = _schedule(t, n_m, n_bh, GROUP, CAUSAL)
         row0 = mb * BLOCK_M
-        n_full, n_blocks = _key_tiles(row0, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+        _, n_blocks = _key_tiles(row0, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)  # the tiles the block loads
         first = row0 + WHICH * HALF
+        # this consumer's rows see fewer with the causal mask: tiles past its last row's diagonal are masked
+        # for all of them, and skipped (n_mine); its first row's diagonal ends the tiles it sees whole
+        # (n_full), one tile later than the block's first row's for the third consumer
+        n_full, n_mine = _key_tiles(first, seqlen_k, diag, HALF, BLOCK_N, CAUSAL)
+        # a consumer whose rows all lie past seqlen_q (in the last query block) computes nothing: its tiles
+        # are skipped too, which leaves the SM's tensor cores to the consumers with rows
+        n_mine = gl.where(first < seqlen_q, n_mine, 0)
         offs_m = first + gl.arange(0, HALF, layout=s_rows)
         m_i = gl.zeros([HALF], gl.float32, s_rows) + init
         l_i = gl.zeros([HALF], gl.float32, s_rows)
         acc = gl.zeros([HALF, BLOCK_D], gl.float32, o_layout)
-        n_mine = n_blocks
-        if CAUSAL:  # key tiles past this consumer's last row's diagonal: masked for all of its rows, skipped
-            n_mine = gl.minimum(n_blocks, (gl.maximum(first + HALF + diag, 0) + BLOCK_N - 1) // BLOCK_N)
 
         mbarrier.wait(q_ready, done & 1)
         # FlashAttention-3's intra-warpgroup overlap: the softmax of key tile j runs on the CUDA cores while
