@@ -24,4 +24,9 @@ echo "== mutants 60"; step 130 python3 -m faverify mutants --iters 60 --json $OU
 grep -v -i warn $OUT/mutants.log | grep -E "^killed|^control|survived" | cut -c1-140
 echo "== sweep TMA bits"; step 40 python3 devtools/triton_fwd_sweep.py --headdims 64 --seqlens 4096 --paths tma1 > $OUT/sweep.log 2>&1
 grep -v -i warn $OUT/sweep.log | grep -E "bits|tma1"
+for i in 1 2 3; do  # part 1's second bench read fp16 d128 non-causal 4096 at 0.89 (cuDNN 613.6 TF/s, 596.1 before)
+  echo "== bench d128 non-causal $i"; step 60 python3 -m faverify bench --kernel triton --headdims 128 \
+    --seqlens 4096,16384 --causal false --dtype bf16,fp16 --mode fwd --no-tune > $OUT/bench128_$i.log 2>&1
+  grep -v -i warn $OUT/bench128_$i.log | grep -E "^triton|^sdpa-cudnn" | awk '{print $1,$2,$3,$4,$5,$6,$7}'
+done
 fi
