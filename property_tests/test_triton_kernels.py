@@ -136,21 +136,28 @@ TMA_SKIP = HAS_GPU and torch.cuda.get_device_capability()[0] < 9
 @given(cases(limits=SMALL, dtypes=("bf16", "fp16"), head_dims=(16, 48, 64, 80, 128),
              layouts=("contiguous", "transposed", "packed")))  # "strided" pads rows by 8: no TMA
 def test_forward_through_tensor_descriptors_gives_the_same_bits(case):
-    """The TMA path (sm_90+) and the pointer path must agree bit for bit: the copy engine's zero fill at
-    the sequence tails and in the head-dim padding (48 and 80 pad to 64 and 128) replaces the masks."""
+    """The Triton forward's TMA path (sm_90+) and its pointer path must agree bit for bit: the copy engine's
+    zero fill at the sequence tails and in the head-dim padding (48 and 80 pad to 64 and 128) replaces the
+    masks. Both at one tile, and without the Gluon forward, which TMA inputs take on sm_90: its own key
+    tiles are another sum order (test_hopper_forward_is_right_against_fp64 checks it)."""
     import dataclasses
 
-    from faverify.kernels.triton import interface
+    from faverify.kernels.triton import configs, interface
+    from faverify.kernels.triton.common import block_d
     case = dataclasses.replace(case, head_dim=-(-case.head_dim // 16) * 16)  # 16-byte strides in every layout
     x = make_inputs(case, DEVICE)
+    tile = configs.default("fwd", block_d(case.head_dim), x.q.element_size(), case.causal)
     got = {}
     for tma in (False, True):
-        interface.TMA = tma
+        interface.TMA, interface.HOPPER = tma, False
         try:
             assert interface._use_tma(x.q, x.k, x.v) == tma, case
-            out, lse, (rowmax, log2l) = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init)
+            out, lse, (rowmax, log2l) = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init,
+                                                          tile=tile)
+            launched = interface._LAUNCHED[-1]
+            assert ("triton-tma" in launched) == tma and "gluon" not in launched, launched
         finally:
-            interface.TMA = None
+            interface.TMA, interface.HOPPER = None, None
         got[tma] = (out, lse, rowmax, log2l)
     for name, a, b in zip(("out", "lse", "rowmax", "log2l"), got[False], got[True]):
         assert torch.equal(a, b), name
