@@ -4,7 +4,7 @@ forward_hopper.kernel's choice. First the bits: out and lse of every valid row m
 are meant not to change), at bench's shapes and at ragged ones. Then the speed at bench's shapes, the two
 alternating, with sdpa-cudnn in the same process; the spread between repeats is the noise. GPU (sm_90).
 
-    python3 devtools/gluon_ab.py OLD_FILE [--dtype bf16] [--repeats 3]
+    python3 devtools/gluon_ab.py OLD_FILE [--dtype bf16] [--repeats 3] [--bits-only]
 """
 import argparse
 import importlib.util
@@ -17,7 +17,9 @@ from faverify.kernels.triton import forward_hopper, interface
 
 ROWS = ((64, True, 4096), (64, True, 16384), (64, False, 4096), (128, True, 4096), (128, False, 4096))
 RAGGED = ((1, 777, 1000, 4, 64, True), (2, 1000, 777, 4, 64, True), (1, 193, 193, 3, 128, True),
-          (3, 4160, 4160, 2, 64, False), (1, 65, 4096, 2, 64, True))  # (b, sq, sk, h, d, causal)
+          (3, 4160, 4160, 2, 64, False), (1, 65, 4096, 2, 64, True), (2, 100, 120, 3, 64, False),
+          (1, 130, 70, 2, 64, True), (2, 1, 129, 4, 128, False), (1, 127, 127, 1, 128, True),
+          (2, 70, 130, 2, 64, True))  # (b, sq, sk, h, d, causal)
 
 
 def load(path):
@@ -32,6 +34,7 @@ def main():
     p.add_argument("old")
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--bits-only", action="store_true", help="compare the bits, time nothing")
     a = p.parse_args()
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
     builds = {"new": forward_hopper.kernel, "old": load(a.old)}
@@ -54,6 +57,8 @@ def main():
         same &= eq
         print(f"bits b{b} sq{sq} sk{sk} h{h} d{d} causal={causal}: {'same' if eq else 'DIFFER'}", flush=True)
     print("bits: all same" if same else "bits: DIFFER", flush=True)
+    if a.bits_only:
+        return
 
     bench = lambda fn: triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")  # noqa: E731
     for d, causal, n in ROWS:

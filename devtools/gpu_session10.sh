@@ -1,7 +1,7 @@
 # Session 10, check 1: the Gluon forward's consumers past seqlen_q skip their tiles, and each consumer masks
-# only from its own first row's diagonal. Old (HEAD's file, devtools/ab_old_forward_hopper.py) against new
-# in one process: same bits, speed; the Gluon GPU tests; the 7 ws mutants; the row at the line in two
-# separate bench runs. ~6 min.
+# only from its own first row's diagonal. Old (5bf8dbb's file: git show 5bf8dbb:kernels/triton/forward_hopper.py
+# > devtools/ab_old_forward_hopper.py, untracked) against new in one process: same bits, speed; the Gluon GPU
+# tests; the 7 ws mutants; the row at the line in two separate bench runs. ~6 min.
 . devtools/device_setup.sh
 step() { local s=$(date +%s); timeout -s TERM "$@"; echo "  exit $? after $(( $(date +%s) - s )) s"; }
 echo "== A/B bf16"; step 150 python3 devtools/gluon_ab.py devtools/ab_old_forward_hopper.py --dtype bf16 > $OUT/ab_bf16.log 2>&1
