@@ -10,7 +10,7 @@ import argparse
 import importlib.util
 
 import torch
-import triton.testing
+from gluon_specialize import bench, bench_row  # devtools/, the script's own folder
 
 from faverify.bench import Config
 from faverify.kernels.triton import forward_hopper, interface
@@ -60,15 +60,8 @@ def main():
     if a.bits_only:
         return
 
-    bench = lambda fn: triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")  # noqa: E731
     for d, causal, n in ROWS:
-        cfg = Config(a.dtype, d, causal, n)
-        q, k, v = (torch.randn(cfg.batch, n, cfg.nheads, d, device="cuda", dtype=dt) for _ in range(3))
-        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-            cudnn = cfg.flops("fwd") / bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-                qt, kt, vt, is_causal=causal)) * 1e-9
-        print(f"{a.dtype} d{d} causal={causal} n={n}: cudnn {cudnn:.1f} TF/s", flush=True)
+        cfg, (q, k, v), cudnn = bench_row(a.dtype, d, causal, n)
         for repeat in range(a.repeats):
             for name in builds:
                 tf = cfg.flops("fwd") / bench(lambda: run(name, q, k, v, causal)) * 1e-9
