@@ -47,8 +47,9 @@ def main():
             forward_hopper.kernel = builds["new"]
 
     same = True
-    for b, sq, sk, h, d, causal in RAGGED + tuple((Config(a.dtype, d, c, n).batch, n, n, Config(a.dtype, d, c, n).nheads,
-                                                   d, c) for d, c, n in ROWS):
+    rows = (Config(a.dtype, *row) for row in ROWS)  # bench's shapes
+    for b, sq, sk, h, d, causal in RAGGED + tuple((c.batch, c.seqlen, c.seqlen, c.nheads, c.head_dim, c.causal)
+                                                  for c in rows):
         torch.manual_seed(0)
         q = torch.randn(b, sq, h, d, device="cuda", dtype=dt)
         k, v = (torch.randn(b, sk, h, d, device="cuda", dtype=dt) for _ in range(2))
