@@ -346,9 +346,10 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
     assert "0 failed" in out
     # the Gluon forward, for sm_90 only, as the launcher takes it there (configs.HOPPER)
     ws = [line for line in out.splitlines() if line.startswith("fwd-ws ")]
-    # ("ok, spills": the d64 causal variants keep 24 bytes of stack, saved once per query block before the
-    # key-tile loop; docs/measurements.md, session 10)
-    assert len(ws) == 8 and all(" sm_90 " in line and re.search(r" ok(, spills)?$", line.rstrip()) for line in ws), ws
+    # only the d64 causal variants may spill: 24 bytes of stack, saved once per query block before the
+    # key-tile loop (docs/measurements.md, session 10); a spill anywhere else is new
+    assert len(ws) == 8 and all(" sm_90 " in line and (line.rstrip().endswith(" ok") or (
+        " D64 causal " in line and line.rstrip().endswith(" ok, spills"))) for line in ws), ws
     # fp32's own small tiles (configs._fp32): the 16-bit ones spilled up to 45 KB there
     fp32 = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if re.match(r"\w+ fp32 D\d+", line)]
     assert fp32 and all(int(row[5]) <= 64 for row in fp32), [row[:6] for row in fp32 if int(row[5]) > 64]
