@@ -58,7 +58,7 @@ def _time(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def measure(subject: Subject, config: Config, device, *, modes=("fwd", "bwd"), tune: bool = False) -> dict:
+def time_row(subject: Subject, config: Config, device, *, modes=("fwd", "bwd"), tune: bool = False) -> dict:
     """Validate, optionally tune (bundled Triton kernels), then time one subject on one configuration."""
     row = {"kernel": subject.name, **dataclasses.asdict(config), "batch": config.batch, "nheads": config.nheads}
     check = evaluate(subject, config.case(small=True), device, mode="both" if "bwd" in modes else "fwd")

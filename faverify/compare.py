@@ -66,7 +66,7 @@ def _mark(stat: str, before: float, after: float, factor: float) -> str:
     return ""
 
 
-def compare(base: Run, head: Run, factor: float) -> dict:
+def compare_runs(base: Run, head: Run, factor: float) -> dict:
     label = _kernel_label(base, head)
     a, b = _rows(base, label), _rows(head, label)
     gpu_changed = _gpus(base) != _gpus(head)

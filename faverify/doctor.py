@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from faverify import env as environment
-from faverify import golden
+from faverify import golden, golden_files
 
 
 
@@ -99,8 +99,8 @@ def _gpu_golden_checks(kernels_by_device: dict, names, tolerance) -> dict:
 def _fingerprint(kernel: str, device: str, runs: int) -> list:
     """sha256 of a bundled kernel's out, lse and gradients on one stored case, `runs` times."""
     from faverify.subjects import resolve
-    entry = next(e for e in golden.index() if e.name == "gqa-113x203")
-    values, _, _ = golden.load(golden.DEFAULT_DIR, entry, "cpu")
+    entry = next(e for e in golden_files.index() if e.name == "gqa-113x203")
+    values, _, _ = golden_files.load(golden_files.DEFAULT_DIR, entry, "cpu")
     subject = resolve(kernel)
     prints = []
     for _ in range(runs):
@@ -156,11 +156,11 @@ def _show(check: Check) -> None:
 
 
 def run(level: str = "quick", *, tolerance, include_cpu: bool = True) -> dict:
-    names = golden.QUICK if level == "quick" else None
+    names = golden_files.QUICK if level == "quick" else None
     checks = _Checks()
     if include_cpu:
         checks.append(_golden_check("sdpa-math", "cpu", names, tolerance, isolate=False))
-        checks.append(_golden_check("triton", "cpu", names if level == "quick" else golden.QUICK, tolerance,
+        checks.append(_golden_check("triton", "cpu", names if level == "quick" else golden_files.QUICK, tolerance,
                                     isolate=True) if not torch.cuda.is_available()
                       else Check("golden: triton", "cpu", "Skip", "with a GPU the Triton kernels are compiled for it, "
                                                                        "not interpreted on the CPU"))

@@ -11,14 +11,25 @@ import multiprocessing as mp
 import time
 import traceback
 from multiprocessing.connection import wait
+from typing import NamedTuple
 
 from faverify.case import Case
 from faverify.runner import CaseResult, failure
+from faverify.scheduler import POLL_SECONDS
 
 # Messages after which a CUDA context cannot be trusted: the worker reports a crash and exits.
 _POISONED = ("CUDA error", "illegal memory access", "device-side assert", "unspecified launch failure",
              "CUBLAS_STATUS_EXECUTION_FAILED", "misaligned address")
 STARTUP_SECONDS = 120.0  # importing torch and initializing CUDA happen once per worker, not per case
+
+
+class Task(NamedTuple):
+    """One case for a worker. golden: (directory, golden_files.Entry), a stored case judged against its
+    file's reference; warm: run only for what it compiles (parallel.warm_up), unjudged."""
+    case: Case
+    gradcheck: bool = False
+    golden: tuple | None = None
+    warm: bool = False
 
 
 def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict) -> None:
@@ -49,8 +60,8 @@ def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict) -> None:
                 result = _warm(subject, case, device, mode)
             else:
                 stored = None
-                if golden is not None:  # (directory, golden.Entry): a stored case, its reference from the file
-                    from faverify import golden as golden_files
+                if golden is not None:  # (directory, golden_files.Entry): a stored case, its reference from the file
+                    from faverify import golden_files
                     directory, entry = golden
                     stored = golden_files.load(directory, entry, device)
                 result = evaluate(subject, case, device, mode=mode, tolerance=tol, gradcheck=gradcheck,
@@ -113,15 +124,15 @@ class Worker:
                 self.process.join(5)
         self.process = None
 
-    def submit(self, case: Case, gradcheck: bool, golden: tuple | None = None, warm: bool = False) -> None:
+    def submit(self, task: Task) -> None:
         if self.process is None or not self.process.is_alive():
             if self.conn is not None:  # it ran before: this is a fresh worker after a crash or a timeout
                 self.restarts += 1
             self.start()
-        self.pending = case
+        self.pending = task.case
         if self.ready:
             self.sent_at = time.monotonic()
-        self.conn.send((case.to_dict(), gradcheck, golden, warm))
+        self.conn.send((task.case.to_dict(), task.gradcheck, task.golden, task.warm))
 
     def collect(self) -> CaseResult | None:
         """The pending case's result if it is ready, a crash/timeout result if it never will be, else None."""
@@ -162,64 +173,14 @@ class Worker:
         return [self.conn, self.process.sentinel]
 
     def evaluate(self, case: Case, gradcheck: bool = False, golden: tuple | None = None) -> CaseResult:
-        self.submit(case, gradcheck, golden)
+        self.submit(Task(case, gradcheck, golden))
         while True:
-            wait(self.waitables(), timeout=1.0)
+            wait(self.waitables(), timeout=POLL_SECONDS)
             result = self.collect()
             if result is not None:
                 return result
 
 
-class Pool:
-    """Workers over one or more devices. map() keeps every worker busy; evaluate() uses the first."""
-
-    def __init__(self, kernel: str, devices: list, per_device: int, mode: str, tolerance: dict, timeout: float):
-        self.workers = [Worker(kernel, str(d), mode, tolerance, timeout)
-                        for d in devices for _ in range(per_device)]
-
-    def evaluate(self, case: Case, gradcheck: bool = False) -> CaseResult:
-        return self.workers[0].evaluate(case, gradcheck)
-
-    def map(self, items, on_result, warm: bool = False) -> None:
-        """items: iterable of (index, case, gradcheck); on_result(index, result) as each finishes.
-        warm: run the cases only for what they compile (parallel.warm_up), without judging them."""
-        queue = iter(items)
-        busy: dict = {}
-        exhausted = False
-        while True:
-            for w in self.workers:
-                if w not in busy and not exhausted:
-                    item = next(queue, None)
-                    if item is None:
-                        exhausted = True
-                        break
-                    index, case, gradcheck = item
-                    w.submit(case, gradcheck, warm=warm)
-                    busy[w] = index
-            if not busy:
-                return
-            wait([c for w in busy for c in w.waitables()], timeout=1.0)
-            for w in list(busy):
-                result = w.collect()
-                if result is not None:
-                    on_result(busy.pop(w), result)
-
-    def retain(self, per_device: int) -> None:
-        """Keep the first `per_device` workers of each device, stop the others (after a warm-up that
-        used more)."""
-        kept, seen = [], {}
-        for w in self.workers:
-            seen[w.device] = seen.get(w.device, 0) + 1
-            if seen[w.device] <= per_device:
-                kept.append(w)
-            else:
-                w.stop()
-        self.workers = kept
-
-    def close(self) -> None:
-        for w in self.workers:
-            w.stop()
-
-    @property
-    def restarts(self) -> int:
-        return sum(w.restarts for w in self.workers)
+def case_workers(kernel: str, devices: list, per_device: int, mode: str, tolerance: dict, timeout: float) -> list:
+    """`per_device` workers of one subject on each device, in device order (scheduler.Pool's lane)."""
+    return [Worker(kernel, str(d), mode, tolerance, timeout) for d in devices for _ in range(per_device)]

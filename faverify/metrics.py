@@ -1,4 +1,5 @@
-"""Error statistics of one tensor against the FP64 reference, and the verdict on it.
+"""Error statistics of a subject's tensors against the FP64 reference and the naive baseline (the
+verdict on them is verdict.py's).
 
 All statistics of a case are computed on the device and moved to the host in one transfer: the fuzz
 loop runs thousands of cases and each host sync costs as much as a small kernel.
@@ -9,9 +10,6 @@ import math
 from dataclasses import asdict, dataclass
 
 import torch
-
-from faverify.dtypes import TORCH
-from faverify.verdict import Tolerance
 
 _STATS = ("max_abs", "mean_abs", "rmse", "ref_max", "max_ulp", "nan", "inf", "masked_bad",
           "baseline_max_abs", "worst")
@@ -45,10 +43,21 @@ class TensorMetrics:
         return cls(**d)
 
 
-def measure(got: dict, ref: dict, base: dict, scales: dict, *, dtype: str, tolerance: Tolerance,
-            tensors: tuple[str, ...], masked_rows: int = 0) -> dict:
-    """Metrics for each named tensor the subject produced. masked_rows: how many rows see no key (always
-    the first rows, with bottom-right causal alignment; Case.masked_rows)."""
+@dataclass(frozen=True)
+class ErrorStats:
+    """One tensor's raw statistics (the keys of _STATS), with what the tolerance needs besides: the
+    magnitude of its terms (scale_T), the largest logit bound S, and where its largest error sits."""
+    tensor: str
+    values: dict
+    scale: float
+    logit: float
+    worst_index: list
+
+
+def error_stats(got: dict, ref: dict, base: dict, scales: dict, *, tensors: tuple[str, ...],
+                masked_rows: int = 0) -> dict:
+    """ErrorStats for each named tensor the subject produced. masked_rows: how many rows see no key
+    (always the first rows, with bottom-right causal alignment; Case.masked_rows)."""
     rows, names = [], []
     for name in tensors:
         if got.get(name) is None:
@@ -64,8 +73,7 @@ def measure(got: dict, ref: dict, base: dict, scales: dict, *, dtype: str, toler
     for name, values in zip(names, host):
         s = dict(zip(_STATS, values[:-2]))
         scale, max_logit = values[-2:]
-        worst = _unravel(int(s["worst"]), tuple(got[name].shape))
-        result[name] = _judge(name, s, scale, max_logit, worst, dtype, tolerance)
+        result[name] = ErrorStats(name, s, scale, max_logit, _unravel(int(s["worst"]), tuple(got[name].shape)))
     return result
 
 
@@ -107,7 +115,7 @@ def _raw_stats(name, got, ref, base, masked_rows):
 
 
 def _masked_bad(name, g, masked_rows):
-    """Rows that see no key: out and dq must be 0, lse -inf (DESIGN.md). The count comes from the case,
+    """Rows that see no key: out and dq must be 0, lse -inf (docs/design.md). The count comes from the case,
     on the host: no device sync."""
     if not masked_rows or name not in ("out", "lse", "dq"):
         return torch.zeros((), dtype=torch.float64, device=g.device)
@@ -145,28 +153,3 @@ def _unravel(flat: int, shape: tuple) -> list:
         index.append(flat % dim if dim else 0)
         flat //= dim if dim else 1
     return index[::-1]
-
-
-def _judge(name, s, scale, logit, worst, dtype, tolerance) -> TensorMetrics:
-    # lse is float32, but its floor follows the inputs' dtype, as its baseline does
-    base = s["baseline_max_abs"]
-    allowed = tolerance.allowed(name, dtype, base, scale, logit)
-    reasons = []
-    if s["nan"]:
-        reasons.append(f"{int(s['nan'])} NaN where the reference is finite")
-    if s["inf"] and not (name != "lse" and allowed >= torch.finfo(TORCH[dtype]).max):
-        reasons.append(f"{int(s['inf'])} Inf where the reference is finite")
-    if s["masked_bad"]:
-        want = "-inf" if name == "lse" else "0"
-        reasons.append(f"{int(s['masked_bad'])} entries of rows that see no key are not {want}")
-    waived = name != "lse" and tolerance.ill_conditioned(logit)
-    if s["max_abs"] > allowed and not waived:
-        reasons.append(f"max error {s['max_abs']:.3g} > allowed {allowed:.3g}")
-    ratio = s["max_abs"] / base if base > 0 else (0.0 if s["max_abs"] == 0 else math.inf)
-    return TensorMetrics(
-        tensor=name, max_abs=s["max_abs"], mean_abs=s["mean_abs"], rmse=s["rmse"],
-        max_rel=s["max_abs"] / s["ref_max"] if s["ref_max"] > 0 else (0.0 if s["max_abs"] == 0 else math.inf),
-        max_ulp=s["max_ulp"], nan=int(s["nan"]), inf=int(s["inf"]), masked_bad=int(s["masked_bad"]),
-        baseline_max_abs=base, ratio=ratio, scale=scale, allowed=allowed, waived=waived, worst_index=worst,
-        passed=not reasons, reason="; ".join(reasons),
-    )

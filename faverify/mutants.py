@@ -18,7 +18,8 @@ import sys
 import time
 from multiprocessing.connection import wait
 
-from faverify.fuzz import FuzzPlan, run
+from faverify.fuzz import run
+from faverify.plan import FuzzPlan
 
 
 def _check_in_process(device):

@@ -13,8 +13,10 @@ from hypothesis.errors import Flaky
 
 from faverify.case import Case
 from faverify.collector import Failure, KernelStats
-from faverify.fuzz import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings
+from faverify.isolation import Task
+from faverify.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings
 from faverify.runner import CaseResult
+from faverify.scheduler import cores
 from faverify.strategies import cases
 
 
@@ -116,7 +118,7 @@ def warm_up(pool, warmup: list, stats: KernelStats) -> None:
     if not warmup:
         return
     start = time.perf_counter()
-    pool.map(((i, c, False) for i, c in enumerate(warmup)), lambda i, r: None, warm=True)
+    pool.map(((i, Task(c, warm=True)) for i, c in enumerate(warmup)), lambda i, r: None)
     stats.warmup_cases, stats.warmup_seconds = len(warmup), time.perf_counter() - start
 
 
@@ -149,7 +151,7 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
     shrinking = False
     shrunk: dict = {}  # signature -> (minimal, steps, note)
     try:
-        pool.map(((i, c, every > 0 and i % every == 0) for i, c in enumerate(drawn)), record)
+        pool.map(((i, Task(c, every > 0 and i % every == 0)) for i, c in enumerate(drawn)), record)
         shrinking = True
         pending = [(sig, index, found) for sig, (index, found) in sorted(first.items(), key=found_order)]
         if pending:
@@ -210,11 +212,6 @@ def shrink_all(plan: FuzzPlan, pending: list, workers: list, shrunk: dict) -> No
     finally:
         stopped.set()
         executor.shutdown(wait=False, cancel_futures=True)
-
-
-def cores() -> int:
-    import os
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def warmup_cases(name: str, plan: FuzzPlan) -> list:

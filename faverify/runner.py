@@ -13,10 +13,10 @@ import torch
 from faverify.case import Case
 from faverify.errors import Unsupported
 from faverify.inputs import Inputs, make_inputs
-from faverify.metrics import TensorMetrics, measure
+from faverify.metrics import TensorMetrics, error_stats
 from faverify.reference import naive, reference
 from faverify.subjects.base import Subject
-from faverify.verdict import Tolerance
+from faverify.verdict import Tolerance, judge_all, kind
 
 MODES = {"fwd": ("out", "lse"), "bwd": ("dq", "dk", "dv"), "both": ("out", "lse", "dq", "dk", "dv")}
 STATUSES = ("pass", "fail", "skip", "crash", "timeout")
@@ -151,16 +151,16 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         for gname, grad, inp in zip(("dq", "dk", "dv"), grads, (x.q, x.k, x.v)):
             got[gname] = grad if grad is not None else torch.zeros_like(inp)
     clock.lap("subject")
-    metrics = compare(case, x, got, tolerance, MODES[mode], reference_given)
+    metrics = judge(case, x, got, tolerance, MODES[mode], reference_given)
     clock.lap("reference")
-    signatures = [f"{t}:{_kind(m)}" for t, m in metrics.items() if not m.passed]
+    signatures = [f"{t}:{kind(m)}" for t, m in metrics.items() if not m.passed]
     if signatures:
         reason = "; ".join(f"{t}: {m.reason}" for t, m in metrics.items() if not m.passed)
         return CaseResult(name, case, "fail", reason, metrics, signatures)
     return CaseResult(name, case, "pass", "", metrics)
 
 
-def compare(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple, given=None) -> dict:
+def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple, given=None) -> dict:
     """Judge a subject's tensors (any of out, lse, dq, dk, dv) for `case` against the FP64 reference
     (computed here, or `given` as (reference tensors, scales), from a golden file)."""
     q, k, v = (t.detach() for t in x.tensors())
@@ -172,22 +172,12 @@ def compare(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tup
         else:
             ref, scales = given
         base = naive(q, k, v, dout, causal=case.causal, scale=case.scale)
-        return measure(got, ref, base, scales, dtype=case.dtype, tolerance=tolerance, tensors=tensors,
-                       masked_rows=case.masked_rows)
-
-
-def _kind(m: TensorMetrics) -> str:
-    if m.nan:
-        return "nan"
-    if m.inf:
-        return "inf"
-    if m.masked_bad:
-        return "masked-rows"
-    return "tolerance"
+        stats = error_stats(got, ref, base, scales, tensors=tensors, masked_rows=case.masked_rows)
+    return judge_all(stats, case.dtype, tolerance)
 
 
 def _check_outputs(case: Case, q: torch.Tensor, out, lse) -> str | None:
-    """The calling convention (DESIGN.md): out like q, lse [b, h, seqlen_q] float32."""
+    """The calling convention (docs/design.md): out like q, lse [b, h, seqlen_q] float32."""
     if not isinstance(out, torch.Tensor):
         return f"out is {type(out).__name__}, expected a tensor"
     if tuple(out.shape) != tuple(q.shape):

@@ -20,7 +20,7 @@ from faverify.case import Case
 from faverify.collector import repro_command
 from faverify.inputs import Inputs, make_inputs
 from faverify.report import METRIC_HEADERS, metrics_rows, table
-from faverify.runner import compare
+from faverify.runner import judge
 from faverify.strategies import CPU_LIMITS, GPU_LIMITS, Limits, cases
 from faverify.verdict import Tolerance
 
@@ -50,7 +50,7 @@ def assert_attention_close(subject_output, case: Case, *, kernel: str = "package
         raise ValueError("subject_output holds no tensor")
     x = make_inputs(case, first.device)
     names = tuple(t for t in ("out", "lse", "dq", "dk", "dv") if got.get(t) is not None)
-    metrics = compare(case, x, got, tolerance or Tolerance(), names)
+    metrics = judge(case, x, got, tolerance or Tolerance(), names)
     failed = {t: m for t, m in metrics.items() if not m.passed}
     if failed:
         device = first.device.type

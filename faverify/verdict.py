@@ -1,4 +1,4 @@
-"""The tolerance policy (DESIGN.md), one place.
+"""The verdict on a subject's tensors: the tolerance policy (docs/design.md), one place.
 
 For each tensor T: fail if T has NaN/Inf where the FP64 reference is finite; fail if a row that sees no
 key is not (out 0, lse -inf); fail if
@@ -31,8 +31,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from faverify.dtypes import FLOOR_UNIT, UNIT_ROUNDOFF
+import torch
+
+from faverify.dtypes import FLOOR_UNIT, TORCH, UNIT_ROUNDOFF
 from faverify.errors import UsageError
+from faverify.metrics import ErrorStats, TensorMetrics
 from faverify.reference import TENSORS
 
 # flash-attention's own suite allows 2x the baseline error for out and 3x for the gradients.
@@ -91,3 +94,46 @@ def parse_overrides(text: str | None, defaults: dict, argument: str) -> dict:
         else:
             raise UsageError(argument, name, f"tensor must be one of {', '.join(TENSORS)}")
     return values
+
+
+def judge(stats: ErrorStats, dtype: str, tolerance: Tolerance) -> TensorMetrics:
+    """The verdict on one tensor: its statistics, the error allowed, and why it fails (if it does)."""
+    name, s, scale, logit = stats.tensor, stats.values, stats.scale, stats.logit
+    # lse is float32, but its floor follows the inputs' dtype, as its baseline does
+    base = s["baseline_max_abs"]
+    allowed = tolerance.allowed(name, dtype, base, scale, logit)
+    reasons = []
+    if s["nan"]:
+        reasons.append(f"{int(s['nan'])} NaN where the reference is finite")
+    if s["inf"] and not (name != "lse" and allowed >= torch.finfo(TORCH[dtype]).max):
+        reasons.append(f"{int(s['inf'])} Inf where the reference is finite")
+    if s["masked_bad"]:
+        want = "-inf" if name == "lse" else "0"
+        reasons.append(f"{int(s['masked_bad'])} entries of rows that see no key are not {want}")
+    waived = name != "lse" and tolerance.ill_conditioned(logit)
+    if s["max_abs"] > allowed and not waived:
+        reasons.append(f"max error {s['max_abs']:.3g} > allowed {allowed:.3g}")
+    ratio = s["max_abs"] / base if base > 0 else (0.0 if s["max_abs"] == 0 else math.inf)
+    return TensorMetrics(
+        tensor=name, max_abs=s["max_abs"], mean_abs=s["mean_abs"], rmse=s["rmse"],
+        max_rel=s["max_abs"] / s["ref_max"] if s["ref_max"] > 0 else (0.0 if s["max_abs"] == 0 else math.inf),
+        max_ulp=s["max_ulp"], nan=int(s["nan"]), inf=int(s["inf"]), masked_bad=int(s["masked_bad"]),
+        baseline_max_abs=base, ratio=ratio, scale=scale, allowed=allowed, waived=waived,
+        worst_index=stats.worst_index, passed=not reasons, reason="; ".join(reasons),
+    )
+
+
+def judge_all(stats: dict, dtype: str, tolerance: Tolerance) -> dict:
+    """judge() for every tensor of error_stats' result, by name."""
+    return {name: judge(s, dtype, tolerance) for name, s in stats.items()}
+
+
+def kind(m: TensorMetrics) -> str:
+    """The failure class of a failing tensor, the second half of its signature ("dq:nan")."""
+    if m.nan:
+        return "nan"
+    if m.inf:
+        return "inf"
+    if m.masked_bad:
+        return "masked-rows"
+    return "tolerance"

@@ -60,27 +60,25 @@ def test_parallel_workers_give_the_same_cases_as_one(tmp_path):
 
 
 def test_interrupted_runs_still_write_their_results(tmp_path, monkeypatch):
-    import faverify.fuzz as fuzz_module
-    original = fuzz_module.fuzz_subject
+    import faverify.sequential as sequential
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(fuzz_module, "fuzz_subject", interrupted)
+    monkeypatch.setattr(sequential, "fuzz_subject", interrupted)
     r = cli("fuzz", "--kernel", "sdpa-math", "--iters", "5", "--device", "cpu", "--no-isolate",
             "--json", tmp_path / "run.json")
-    monkeypatch.setattr(fuzz_module, "fuzz_subject", original)
     assert r.exit_code == 2 and "interrupted" in r.stderr
     assert read_json(tmp_path / "run.json")["settings"]["interrupted"] is True
 
 
 def test_an_interrupted_parallel_run_still_lists_its_failures(tmp_path, monkeypatch):
-    import faverify.isolation as iso
-    original = iso.Pool.map
+    from faverify.scheduler import Pool
+    original = Pool.map
 
     def map_some_then_interrupt(self, items, on_result):
         original(self, list(items)[:20], on_result)
         raise KeyboardInterrupt
-    monkeypatch.setattr(iso.Pool, "map", map_some_then_interrupt)
+    monkeypatch.setattr(Pool, "map", map_some_then_interrupt)
     r = cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "60", "--device", "cpu",
             "--workers", "2", "--json", tmp_path / "run.json")
     assert r.exit_code == 1, r.stderr
@@ -92,12 +90,13 @@ def test_an_interrupted_parallel_run_still_lists_its_failures(tmp_path, monkeypa
 def test_warm_up_runs_cases_unjudged_in_the_workers():
     """Warm-up cases (parallel.warm_up) run in the workers without a verdict: a clean run is a skip marked
     warm-up, a raising one a failure that names the warm-up (the parent discards both)."""
-    from faverify.isolation import Pool
-    pool = Pool("property_tests.planted:raises_type_error", ["cpu"], 2, "both", Tolerance().to_dict(), 60)
+    from faverify.isolation import Task, case_workers
+    from faverify.scheduler import Pool
+    pool = Pool(case_workers("property_tests.planted:raises_type_error", ["cpu"], 2, "both", Tolerance().to_dict(), 60))
     got = {}
     cases = [Case(1, 9, 9, 2, 1, 16, causal=c, seed=i) for i, c in enumerate((False, True, False))]
     try:
-        pool.map(((i, c, False) for i, c in enumerate(cases)), lambda i, r: got.__setitem__(i, r), warm=True)
+        pool.map(((i, Task(c, warm=True)) for i, c in enumerate(cases)), lambda i, r: got.__setitem__(i, r))
     finally:
         pool.close()
     assert [(got[i].status, got[i].reason[:26]) for i in range(3)] == [
@@ -107,7 +106,7 @@ def test_warm_up_runs_cases_unjudged_in_the_workers():
 
 def test_parallel_fuzz_warms_up_before_its_cases():
     from faverify.collector import KernelStats
-    from faverify.fuzz import FuzzPlan
+    from faverify.plan import FuzzPlan
     from faverify.parallel import fuzz_parallel
     from faverify.runner import CaseResult
     from faverify.strategies import limits_for
@@ -118,11 +117,12 @@ def test_parallel_fuzz_warms_up_before_its_cases():
         def retain(self, per_device):
             self.calls.append(("retain", per_device))
 
-        def map(self, items, on_result, warm=False):
+        def map(self, items, on_result):
             items = list(items)
-            self.calls.append((warm, [c for _, c, _ in items]))
-            for i, c, _ in items:
-                on_result(i, CaseResult("x", c, "skip" if warm else "pass"))
+            warm = all(task.warm for _, task in items)
+            self.calls.append((warm, [task.case for _, task in items]))
+            for i, task in items:
+                on_result(i, CaseResult("x", task.case, "skip" if task.warm else "pass"))
 
     warm = [Case(1, 5, 5, 1, 1, 16), Case(1, 5, 5, 1, 1, 32)]
     stats = KernelStats("x")
@@ -138,7 +138,7 @@ def test_warm_up_covers_the_gradient_checks_dtype(monkeypatch):
     """The gradient check runs the subject in fp32 where it can: a fuzz of bf16 and fp16 that checks
     gradients also meets the fp32 variants, so its warm-up must compile them."""
     import faverify.subjects as subjects
-    from faverify.fuzz import FuzzPlan
+    from faverify.plan import FuzzPlan
     from faverify.parallel import warmup_cases
     from faverify.strategies import limits_for
     from faverify.subjects.base import Capabilities, Subject
@@ -153,7 +153,7 @@ def test_warm_up_covers_the_gradient_checks_dtype(monkeypatch):
 def test_cases_streamed_from_a_thread_are_the_seeds_cases():
     """A parallel fuzz takes its cases from Hypothesis drawing in a thread while workers run: the same
     cases in the same order as drawn in this thread (the shrink replays that order, parallel.shrink_by_replay)."""
-    from faverify.fuzz import FuzzPlan
+    from faverify.plan import FuzzPlan
     from faverify.parallel import draw_cases, stream_cases
     from faverify.strategies import limits_for
     plan = FuzzPlan(iters=150, seed=11, dtypes=("bf16", "fp32"), limits=limits_for("cuda"), database=None)
@@ -164,19 +164,18 @@ def test_cases_streamed_from_a_thread_are_the_seeds_cases():
 
 
 def test_a_signal_while_the_workers_stop_loses_nothing(tmp_path, monkeypatch):
-    """SIGTERM (a CI timeout) that lands after the cases, while the workers are being stopped, used to
-    escape the run and lose every result (seen on the H200: no JSON, no table). It is held now: the run
-    is written whole and marked interrupted."""
+    """SIGTERM (a CI timeout) that lands after the cases, while the workers are being stopped, is held:
+    the run is written whole and marked interrupted, not lost with its results."""
     import os
     import signal
 
-    import faverify.isolation as iso
-    original = iso.Pool.close
+    from faverify.scheduler import Pool
+    original = Pool.close
 
     def close_under_a_signal(self):
         os.kill(os.getpid(), signal.SIGTERM)
         original(self)
-    monkeypatch.setattr(iso.Pool, "close", close_under_a_signal)
+    monkeypatch.setattr(Pool, "close", close_under_a_signal)
     r = cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "8", "--device", "cpu",
             "--workers", "2", "--shrink-budget", "2", "--json", tmp_path / "run.json")
     run = read_json(tmp_path / "run.json")
@@ -218,19 +217,19 @@ def test_failures_are_listed_in_drawing_order_whatever_order_the_workers_finish(
     """The workers return cases as they finish. Failures are listed by the case that first showed them,
     then by tensor within that case, so a loaded machine gives the same report (a CI run under load once
     swapped dk and dv here)."""
-    import faverify.isolation as iso
-    original = iso.Pool.map
+    from faverify.scheduler import Pool
+    original = Pool.map
 
-    def finish_backwards(self, items, on_result, warm=False):
+    def finish_backwards(self, items, on_result):
         done = []
-        original(self, items, lambda i, r: done.append((i, r)), warm)
+        original(self, items, lambda i, r: done.append((i, r)))
         for i, r in reversed(done):
             on_result(i, r)
 
     listed = []
     for patch in (None, finish_backwards):
         if patch:
-            monkeypatch.setattr(iso.Pool, "map", patch)
+            monkeypatch.setattr(Pool, "map", patch)
         cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "12", "--device", "cpu", "--no-db",
             "--workers", "2", "--shrink-budget", "0", "--gradcheck-every", "0", "--json", tmp_path / "r.json")
         listed.append([f["signature"] for f in read_json(tmp_path / "r.json")["kernels"][0]["failures"]])

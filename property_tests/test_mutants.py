@@ -111,7 +111,7 @@ def test_a_gluon_mutant_is_fuzzed_only_with_cases_that_reach_the_gluon_forward()
     """A Gluon mutant's fuzz draws from GLUON_CASES (FuzzPlan.narrow): every case must be one the launcher
     sends to the Gluon forward on sm_90 (16-bit, padded head dim 64 or 128, strides multiples of 16), and
     the case mix must stay wide (both dtypes, causal and not, each allowed layout, tails)."""
-    from faverify.fuzz import FuzzPlan
+    from faverify.plan import FuzzPlan
     from faverify.inputs import make_inputs
     from faverify.kernels.mutants.catalog import GLUON_CASES
     from faverify.kernels.triton import configs
@@ -145,7 +145,7 @@ def test_a_mutant_whose_dtypes_were_not_asked_for_is_left_out_with_the_rule():
 def test_a_mutant_that_does_not_parse_is_an_error_row_not_a_kill():
     """Session 8: a replacement that left a stray indent made the worker fail to import the mutant, and the
     mutants run counted that crash as a kill. The mutated source must parse, and kill() reports it."""
-    from faverify.fuzz import FuzzPlan
+    from faverify.plan import FuzzPlan
     from faverify.kernels.mutants import catalog
     from faverify.mutants import kill
     from faverify.strategies import Limits

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 
 from faverify.case import Case
 from faverify.inputs import make_inputs
-from faverify.runner import compare, evaluate
+from faverify.runner import evaluate, judge
 from faverify.strategies import Limits, cases
 from faverify.subjects import resolve
 from faverify.verdict import Tolerance
@@ -39,7 +39,7 @@ def run(case, *, init=None, backward=True):
 def test_bf16_is_right_against_fp64(case):
     """bf16 on the CPU goes through the interpreter, which gets bf16 dots and casts wrong by itself."""
     x, got = run(case)
-    metrics = compare(case, x, got, Tolerance(), tuple(got))
+    metrics = judge(case, x, got, Tolerance(), tuple(got))
     assert all(m.passed for m in metrics.values()), {t: m.reason for t, m in metrics.items() if not m.passed}
 
 
@@ -50,7 +50,7 @@ def test_without_the_interpreter_emulation_bf16_would_be_wrong(monkeypatch):
     case = Case(1, 64, 64, 2, 2, 64, dtype="bf16", seed=3)
     monkeypatch.setattr(interface, "EMULATE", False)
     x, got = run(case, backward=False)
-    metrics = compare(case, x, got, Tolerance(), ("out", "lse"))
+    metrics = judge(case, x, got, Tolerance(), ("out", "lse"))
     assert not metrics["out"].passed
 
 
@@ -199,7 +199,7 @@ def test_hopper_forward_is_right_against_fp64(case):
     wide = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init)
     for a, b in zip((out, lse, rowmax, log2l), (wide[0], wide[1], *wide[2])):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
-    metrics = compare(case, x, {"out": out, "lse": lse}, Tolerance(), ("out", "lse"))
+    metrics = judge(case, x, {"out": out, "lse": lse}, Tolerance(), ("out", "lse"))
     assert all(m.passed for m in metrics.values()), {t: m.reason for t, m in metrics.items() if not m.passed}
     interface.HOPPER = False
     try:
@@ -296,7 +296,7 @@ def test_strided_inputs_without_copies(layout, monkeypatch):
     out, lse = flash()(x.q, x.k, x.v, causal=True, return_lse=True)
     monkeypatch.undo()
     assert not copies  # q, k, v are read in place through their strides
-    metrics = compare(case, x, {"out": out, "lse": lse}, Tolerance(), ("out", "lse"))
+    metrics = judge(case, x, {"out": out, "lse": lse}, Tolerance(), ("out", "lse"))
     assert all(m.passed for m in metrics.values())
 
 
@@ -368,7 +368,7 @@ def _variant(case: Case) -> tuple:
 def test_warmup_cases_cover_every_variant_a_fuzz_draws():
     """The GPU fuzz warm-up (parallel.warm_up) compiles each variant once, ahead of the cases; a variant it
     missed would compile in every worker again. Every variant of 400 drawn cases is among the warm-up's."""
-    from faverify.fuzz import FuzzPlan
+    from faverify.plan import FuzzPlan
     from faverify.parallel import draw_cases
     from faverify.kernels.triton.common import BLOCK_DS
     from faverify.kernels.triton.subject import warmup_cases

@@ -6,9 +6,9 @@ import torch
 from faverify.case import Case
 from faverify.errors import UsageError
 from faverify.inputs import make_inputs
-from faverify.metrics import _ordered, measure
+from faverify.metrics import _ordered, error_stats
 from faverify.reference import naive, reference
-from faverify.verdict import DEFAULT_FACTOR, Tolerance, parse_overrides
+from faverify.verdict import DEFAULT_FACTOR, Tolerance, judge, parse_overrides
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -26,8 +26,8 @@ def _judge(got_out, case, x, tolerance=Tolerance()):
     ref, scales = reference(*x.tensors(), causal=case.causal, scale=case.scale)
     base = naive(*x.tensors(), causal=case.causal, scale=case.scale)
     masked = case.masked_rows
-    return measure({"out": got_out, "lse": None}, ref, base, scales, dtype=case.dtype, tolerance=tolerance,
-                   tensors=("out", "lse"), masked_rows=masked)["out"], base, ref
+    stats = error_stats({"out": got_out, "lse": None}, ref, base, scales, tensors=("out", "lse"), masked_rows=masked)
+    return judge(stats["out"], case.dtype, tolerance), base, ref
 
 
 def test_baseline_itself_passes_and_twice_its_error_fails():

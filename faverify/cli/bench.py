@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from faverify.cli import app
+from faverify.cli.app import app
 from faverify.cli.common import DeviceOpt, Mode, progress_bar
 from faverify.errors import EnvironmentProblem, UsageError
 from faverify.signals import held, sigterm_interrupts
@@ -28,7 +28,7 @@ def bench(
     import json
 
     from faverify import devices
-    from faverify.bench import YARDSTICKS, configs, measure, ratios
+    from faverify.bench import YARDSTICKS, configs, ratios, time_row
     from faverify.dtypes import parse_dtypes
     from faverify.report import fmt, table
     from faverify.subjects import resolve_many
@@ -64,7 +64,7 @@ def bench(
                 for subject in subjects:
                     # tiles tuned for one 16-bit dtype serve the other (same element size, same tiles)
                     tuned_already = config.dtype != todo[0].dtype
-                    rows.append(measure(subject, config, target, modes=modes, tune=tune and not tuned_already))
+                    rows.append(time_row(subject, config, target, modes=modes, tune=tune and not tuned_already))
                     progress.update(task, advance=1)
         except KeyboardInterrupt:  # the rows measured so far are still written
             interrupted = True

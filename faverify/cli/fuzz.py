@@ -1,4 +1,4 @@
-"""faverify fuzz | repro | kernels."""
+"""faverify fuzz."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,8 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from faverify.case import Case
-from faverify.cli import app
+from faverify.cli.app import app
 from faverify.cli.common import (AtolOpt, DeviceOpt, FactorOpt, Mode, progress_bar, progress_factory,
                                  say, tolerance_from)
 from faverify.errors import EnvironmentProblem, UsageError
@@ -42,7 +41,8 @@ def fuzz(
     """Fuzz kernels against the FP64 reference; shrink each failure to a minimal case."""
     from faverify import devices
     from faverify.dtypes import parse_dtypes
-    from faverify.fuzz import FuzzPlan, run
+    from faverify.fuzz import run
+    from faverify.plan import FuzzPlan
     from faverify.report import render
     from faverify.strategies import limits_for
     from faverify.subjects import resolve_many
@@ -99,57 +99,3 @@ def _exit_code(result) -> int:
         raise EnvironmentProblem("no case ran: every case was skipped ("
                                  + "; ".join(sorted(reasons)[:3]) + ")")
     return 1 if result.failed else 0
-
-
-@app.command()
-def repro(
-    kernel: Annotated[str, typer.Option(help="The subject to run")],
-    case: Annotated[str, typer.Option(help="The case as JSON, or @FILE holding it")],
-    device: DeviceOpt = "auto",
-    mode: Annotated[Mode, typer.Option()] = Mode.both,
-    factor: FactorOpt = None,
-    atol: AtolOpt = None,
-) -> int:
-    """Run one case (as printed by fuzz) and print its error table."""
-    from faverify import devices
-    from faverify.report import METRIC_HEADERS, metrics_rows, table
-    from faverify.runner import evaluate
-    from faverify.subjects import resolve
-
-    text = case
-    if case.startswith("@"):
-        try:
-            text = Path(case[1:]).read_text()
-        except OSError as e:
-            raise UsageError("--case", case, f"cannot read the file ({e.strerror})") from None
-    the_case = Case.from_json(text)
-    subject = resolve(kernel)
-    target = devices.resolve(device)[0]
-    result = evaluate(subject, the_case, target, mode=mode.value, tolerance=tolerance_from(factor, atol))
-    say(f"{kernel} on {target}: {the_case.short()}")
-    if result.metrics:
-        say(table(metrics_rows(result.metrics), METRIC_HEADERS, "table"))
-    say(f"verdict: {result.status}" + (f" ({result.reason})" if result.reason else ""))
-    if result.status == "skip":
-        raise EnvironmentProblem(f"the case was skipped: {result.reason}")
-    return 1 if result.failed else 0
-
-
-@app.command()
-def kernels() -> int:
-    """List the built-in subjects and what each supports."""
-    from faverify.report import table
-    from faverify.subjects import builtin_names, resolve
-
-    rows = []
-    for name in builtin_names():
-        try:
-            s = resolve(name)
-        except Exception as e:  # a subject that cannot load is listed with the reason
-            rows.append([name, "unavailable", "", "", "", "", f"{type(e).__name__}: {e}"])
-            continue
-        c = s.caps
-        rows.append([name, ",".join(c.dtypes), ",".join(c.devices), f"{c.min_head_dim}..{c.max_head_dim}",
-                     "yes" if c.gqa else "no", ",".join(c.init_modes) if c.init_modes else "n/a", s.description])
-    typer.echo(table(rows, ["kernel", "dtypes", "devices", "head dims", "GQA", "init", "description"], "table"))
-    return 0

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.case import Case
-from faverify.cli import app
+from faverify.cli.app import app
 from faverify.cli.common import DeviceOpt, progress_bar, progress_factory
 from faverify.errors import UsageError
 from faverify.signals import held, sigterm_interrupts
@@ -37,10 +37,10 @@ def mutants(
 
     from faverify import devices
     from faverify.dtypes import parse_dtypes
-    from faverify.fuzz import FuzzPlan
+    from faverify.plan import FuzzPlan
     from faverify.kernels.mutants.catalog import BY_NAME, left_out
     from faverify.mutants import run_mutants
-    from faverify.parallel import cores
+    from faverify.scheduler import cores
     from faverify.report import fmt, table
     from faverify.strategies import limits_for
     from faverify.verdict import Tolerance

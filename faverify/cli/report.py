@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from faverify.cli import app
+from faverify.cli.app import app
 from faverify.errors import UsageError
 
 
@@ -38,8 +38,7 @@ def compare(
     all_rows: Annotated[bool, typer.Option("--all", help="Show every row, not only the marked ones")] = False,
 ) -> int:
     """What got worse (+), better (-), newly fails (!) or cannot be compared (x). Exit 1 on + or !."""
-    from faverify.compare import compare as compare_runs
-    from faverify.compare import summary_line
+    from faverify.compare import compare_runs, summary_line
     from faverify.report import fmt, ratio, table
     from faverify.results import Run
 

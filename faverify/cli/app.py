@@ -1,0 +1,82 @@
+"""The Typer app every command registers on, and where errors become exit codes.
+
+Exit codes (docs/design.md): 0 all checks passed; 1 a numerical failure, crash or regression was found;
+2 usage or environment error. Every error is one line on stderr, never a traceback.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from typer.core import TyperGroup
+
+try:  # typer >= 0.2x vendors click; older typer (as on some GPU images) uses click itself
+    from typer import _click as click
+except ImportError:  # pragma: no cover - depends on the installed typer
+    import click
+
+from faverify.errors import EnvironmentProblem, UsageError
+
+
+class _Group(TyperGroup):
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        args = list(sys.argv[1:] if args is None else args)
+        try:
+            rv = super().main(args=args, prog_name="faverify", complete_var=complete_var,
+                              standalone_mode=False, **extra)
+            code = rv if isinstance(rv, int) else 0
+        except _NO_ARGS as e:
+            typer.echo(e.ctx.get_help() if e.ctx else "faverify --help", err=True)
+            code = 2
+        except click.ClickException as e:
+            ctx = getattr(e, "ctx", None)
+            where = ctx.command_path if ctx is not None else "faverify"
+            code = _error(f"{where}: {e.format_message()}{_given_value(e, args)}", e.exit_code)
+        except _ABORT:
+            code = _error("aborted", 130)
+        except (UsageError, EnvironmentProblem) as e:
+            code = _error(str(e), 2)
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+_NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2 only
+_ABORT = getattr(click.exceptions, "Abort", ())  # typer's vendored click turns Ctrl-C into Exit(130)
+
+
+def _given_value(e: Exception, args: list) -> str:
+    """typer's own parse errors name the option and the rule; add the value the user gave."""
+    param = getattr(e, "param", None)
+    for opt in getattr(param, "opts", ()) or ():
+        for i, a in enumerate(args):
+            if a == opt and i + 1 < len(args):
+                return f" (got {args[i + 1]!r})"
+            if a.startswith(opt + "="):
+                return f" (got {a.split('=', 1)[1]!r})"
+    return ""
+
+
+def _error(message: str, code: int) -> int:
+    typer.echo(f"faverify: error: {message}", err=True)
+    return code
+
+
+app = typer.Typer(cls=_Group, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  rich_markup_mode=None, help="Prove FlashAttention-style kernels numerically right, or find "
+                                              "the smallest input on which they are wrong.")
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from faverify import __version__
+        typer.echo(f"faverify {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="Print the version and exit")] = False) -> None:
+    """Prove FlashAttention-style kernels numerically right, or find the smallest input on which they are
+    wrong."""

@@ -1,0 +1,45 @@
+"""faverify doctor."""
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from faverify.cli.app import app
+from faverify.errors import EnvironmentProblem
+
+
+class Level(str, Enum):
+    quick = "quick"
+    full = "full"
+
+
+@app.command()
+def doctor(
+    level: Annotated[Level, typer.Option(help="quick: 8 golden cases per check; full: all 40")] = Level.quick,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the checks as JSON")] = None,
+) -> int:
+    """Check a machine: environment, then per GPU the kernels and SDPA backends against golden cases,
+    run-to-run determinism, and identical bits across GPUs of one model. Exit 1 on any Fail."""
+    import json
+
+    from faverify import doctor as doctor_checks
+    from faverify.env import header_lines
+    from faverify.report import table
+    from faverify.verdict import Tolerance
+
+    report = doctor_checks.run(level.value, tolerance=Tolerance())
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=1, default=str))
+    for line in header_lines(report["environment"]):
+        typer.echo(line)
+    rows = [[c["check"], c["device"], c["status"], c["detail"]] for c in report["checks"]]
+    typer.echo("\n" + table(rows, ["check", "device", "result", "detail"], "table"))
+    if report["failed"]:
+        return 1
+    if not report["passed_any"]:
+        raise EnvironmentProblem("no check passed: nothing ran")
+    return 0

@@ -1,0 +1,26 @@
+"""faverify kernels."""
+from __future__ import annotations
+
+import typer
+
+from faverify.cli.app import app
+
+
+@app.command()
+def kernels() -> int:
+    """List the built-in subjects and what each supports."""
+    from faverify.report import table
+    from faverify.subjects import builtin_names, resolve
+
+    rows = []
+    for name in builtin_names():
+        try:
+            s = resolve(name)
+        except Exception as e:  # a subject that cannot load is listed with the reason
+            rows.append([name, "unavailable", "", "", "", "", f"{type(e).__name__}: {e}"])
+            continue
+        c = s.caps
+        rows.append([name, ",".join(c.dtypes), ",".join(c.devices), f"{c.min_head_dim}..{c.max_head_dim}",
+                     "yes" if c.gqa else "no", ",".join(c.init_modes) if c.init_modes else "n/a", s.description])
+    typer.echo(table(rows, ["kernel", "dtypes", "devices", "head dims", "GQA", "init", "description"], "table"))
+    return 0

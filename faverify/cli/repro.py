@@ -1,0 +1,46 @@
+"""faverify repro."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from faverify.case import Case
+from faverify.cli.app import app
+from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, Mode, say, tolerance_from
+from faverify.errors import EnvironmentProblem, UsageError
+
+
+@app.command()
+def repro(
+    kernel: Annotated[str, typer.Option(help="The subject to run")],
+    case: Annotated[str, typer.Option(help="The case as JSON, or @FILE holding it")],
+    device: DeviceOpt = "auto",
+    mode: Annotated[Mode, typer.Option()] = Mode.both,
+    factor: FactorOpt = None,
+    atol: AtolOpt = None,
+) -> int:
+    """Run one case (as printed by fuzz) and print its error table."""
+    from faverify import devices
+    from faverify.report import METRIC_HEADERS, metrics_rows, table
+    from faverify.runner import evaluate
+    from faverify.subjects import resolve
+
+    text = case
+    if case.startswith("@"):
+        try:
+            text = Path(case[1:]).read_text()
+        except OSError as e:
+            raise UsageError("--case", case, f"cannot read the file ({e.strerror})") from None
+    the_case = Case.from_json(text)
+    subject = resolve(kernel)
+    target = devices.resolve(device)[0]
+    result = evaluate(subject, the_case, target, mode=mode.value, tolerance=tolerance_from(factor, atol))
+    say(f"{kernel} on {target}: {the_case.short()}")
+    if result.metrics:
+        say(table(metrics_rows(result.metrics), METRIC_HEADERS, "table"))
+    say(f"verdict: {result.status}" + (f" ({result.reason})" if result.reason else ""))
+    if result.status == "skip":
+        raise EnvironmentProblem(f"the case was skipped: {result.reason}")
+    return 1 if result.failed else 0

@@ -1,0 +1,176 @@
+"""Golden files: stored cases, their inputs (bit-exact) and their FP64 outputs and gradients; the file
+format, apart from the verification that reads it (golden.py).
+
+Files are NumPy .npz read with allow_pickle=False (no unpickling); bf16/fp16 inputs are stored as their
+raw 16-bit patterns. index.json holds each case and the sha256 of its file: a missing, truncated or
+tampered file is reported by name. The files ship inside the package (faverify/golden_data), so an
+installed faverify finds them wherever it runs.
+
+    faverify golden record          rebuild the files (FP64 on the CPU; deterministic)
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from faverify.case import Case
+from faverify.dtypes import TORCH
+from faverify.inputs import Inputs, draw_values
+from faverify.reference import TENSORS, reference
+
+INDEX_VERSION = 1
+DEFAULT_DIR = Path(__file__).resolve().parent / "golden_data"
+
+
+def _c(b, sq, sk, h, hk, d, dtype="bf16", causal=False, regime="normal", layout="contiguous", init="-inf",
+       scale=None, seed=1):
+    return Case(batch=b, seqlen_q=sq, seqlen_k=sk, nheads=h, nheads_k=hk, head_dim=d, dtype=dtype, causal=causal,
+                softmax_scale=scale, regime=regime, layout=layout, init=init, seed=seed)
+
+
+# Every regime and edge the strategies reach, small enough to verify in seconds on a CPU.
+CASES = {
+    "one-key": _c(1, 1, 1, 1, 1, 64),
+    "seqlen-17-causal": _c(1, 17, 17, 2, 2, 64, "fp16", True),
+    "gqa-113x203": _c(1, 113, 203, 4, 2, 16),
+    "masked-rows-203x113": _c(1, 203, 113, 2, 1, 24, "fp16", True),
+    "masked-rows-1023x17": _c(1, 1023, 17, 1, 1, 16, "bf16", True),
+    "masked-rows-init-1e30": _c(1, 130, 65, 2, 1, 64, "bf16", True, init="-1e30"),
+    "long-keys-17x1023": _c(1, 17, 1023, 1, 1, 16, "fp16"),
+    "block-edges-65x129": _c(1, 65, 129, 2, 2, 40, "fp16"),
+    "block-edges-129x65-causal": _c(1, 129, 65, 1, 1, 72, "bf16", True),
+    "block-edges-127-init-1e30": _c(1, 127, 127, 1, 1, 40, "fp16", True, init="-1e30"),
+    "mqa-128": _c(1, 65, 64, 4, 1, 128, "bf16"),
+    "head-dim-160": _c(1, 33, 31, 1, 1, 160, "fp16", True),
+    "head-dim-192": _c(1, 31, 40, 1, 1, 192, "bf16"),
+    "head-dim-256": _c(1, 17, 33, 1, 1, 256, "bf16", True),
+    "head-dim-24-batch-2": _c(2, 50, 70, 2, 1, 24, "fp16", True),
+    "large-logits-bf16": _c(1, 64, 96, 2, 2, 64, "bf16", regime="large"),
+    "large-logits-fp16-causal": _c(1, 96, 64, 2, 1, 64, "fp16", True, regime="large"),
+    "bf16-scale-bf16": _c(1, 32, 48, 2, 2, 32, "bf16", regime="bf16-scale"),
+    "bf16-scale-fp16": _c(1, 48, 32, 2, 1, 32, "fp16", True, regime="bf16-scale"),
+    "outliers-bf16": _c(1, 113, 113, 1, 1, 64, "bf16", True, regime="outliers"),
+    "outliers-fp16": _c(1, 203, 150, 2, 1, 32, "fp16", regime="outliers"),
+    "constant-bf16": _c(1, 100, 300, 1, 1, 32, "bf16", regime="constant"),
+    "constant-fp16-causal": _c(1, 300, 100, 1, 1, 32, "fp16", True, regime="constant"),
+    "peaked-bf16": _c(1, 80, 120, 2, 1, 64, "bf16", True, regime="peaked"),
+    "peaked-fp16": _c(1, 120, 80, 1, 1, 48, "fp16", regime="peaked"),
+    "tiny-bf16": _c(1, 64, 64, 2, 2, 64, "bf16", regime="tiny"),
+    "tiny-fp16": _c(1, 64, 64, 2, 2, 64, "fp16", True, regime="tiny"),
+    "transposed": _c(2, 65, 65, 2, 2, 32, "bf16", True, layout="transposed"),
+    "strided": _c(1, 70, 90, 2, 1, 48, "fp16", layout="strided"),
+    "packed-qkv": _c(1, 96, 96, 4, 2, 32, "bf16", True, layout="packed"),
+    "packed-kv": _c(1, 40, 96, 2, 2, 64, "fp16", layout="packed"),
+    "scale-tiny": _c(1, 64, 128, 2, 2, 32, "bf16", scale=1e-3),
+    "scale-large": _c(1, 128, 64, 1, 1, 64, "fp16", True, scale=2.0),
+    "fp32-basic": _c(1, 65, 77, 1, 1, 64, "fp32"),
+    "fp32-causal-masked": _c(1, 77, 65, 2, 1, 32, "fp32", True),
+    "fp32-large": _c(1, 48, 48, 1, 1, 128, "fp32", regime="large"),
+    "seed-2-normal": _c(1, 256, 256, 1, 1, 32, "bf16", True, seed=2),
+    "seed-3-fp16": _c(1, 255, 257, 1, 1, 32, "fp16", seed=3),
+    "seqlen-2": _c(1, 2, 2, 1, 1, 16, "bf16", True),
+    "seqlen-q1-causal": _c(1, 1, 113, 2, 2, 64, "fp16", True),
+}
+QUICK = ("one-key", "masked-rows-203x113", "gqa-113x203", "bf16-scale-bf16", "outliers-fp16", "packed-qkv",
+         "head-dim-256", "fp32-causal-masked")
+
+
+class GoldenFileProblem(Exception):
+    """A golden file is missing, truncated or tampered with; the message names it."""
+
+
+@dataclass
+class Entry:
+    name: str
+    case: Case
+    file: str
+    sha256: str
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    if t.dtype in (torch.bfloat16, torch.float16):
+        return t.contiguous().view(torch.int16).numpy()
+    return t.contiguous().numpy()
+
+
+def _unbits(a: np.ndarray, dtype: str, device) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if dtype in ("bf16", "fp16"):
+        t = t.view(TORCH[dtype])
+    return t.to(device)
+
+
+def record(directory: Path = DEFAULT_DIR, names=None) -> list:
+    """Draw each case's inputs on the CPU, compute FP64 outputs and gradients, write files and index."""
+    directory = Path(directory)
+    (directory / "cases").mkdir(parents=True, exist_ok=True)
+    entries = []
+    for name, case in CASES.items():
+        if names and name not in names:
+            continue
+        values = Inputs(*(t.to(TORCH[case.dtype]) for t in draw_values(case, torch.device("cpu"))))
+        with torch.no_grad():
+            ref, scales = reference(values.q, values.k, values.v, values.dout, causal=case.causal, scale=case.scale)
+        arrays = {f"in_{n}": _bits(t) for n, t in zip(("q", "k", "v", "dout"), (values.q, values.k, values.v, values.dout))}
+        arrays.update({f"ref_{n}": ref[n].numpy() for n in TENSORS})
+        arrays.update({f"scale_{n}": np.asarray(float(v)) for n, v in scales.items()})
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, **arrays)
+        data = buffer.getvalue()
+        rel = f"cases/{name}.npz"
+        (directory / rel).write_bytes(data)
+        entries.append({"name": name, "case": case.to_dict(), "file": rel, "sha256": hashlib.sha256(data).hexdigest(),
+                        "bytes": len(data)})
+    (directory / "index.json").write_text(json.dumps({"schema": "faverify.golden", "version": INDEX_VERSION,
+                                                      "cases": entries}, indent=1) + "\n")
+    return entries
+
+
+def index(directory: Path = DEFAULT_DIR) -> list:
+    path = Path(directory) / "index.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise GoldenFileProblem(f"{path}: missing (run `faverify golden record`)") from None
+    except json.JSONDecodeError as e:
+        raise GoldenFileProblem(f"{path}: not valid JSON ({e})") from None
+    if data.get("schema") != "faverify.golden" or data.get("version") != INDEX_VERSION:
+        raise GoldenFileProblem(f"{path}: not a version-{INDEX_VERSION} golden index")
+    return [Entry(e["name"], Case.from_dict(e["case"]), e["file"], e["sha256"]) for e in data["cases"]]
+
+
+def read(directory: Path, entry: Entry) -> bytes:
+    """The file's bytes, after checking them against the index's sha256."""
+    path = Path(directory) / entry.file
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise GoldenFileProblem(f"{entry.file}: missing") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != entry.sha256:
+        raise GoldenFileProblem(f"{entry.file}: sha256 {digest[:12]}... does not match the index "
+                                f"({entry.sha256[:12]}...): truncated or tampered with")
+    return data
+
+
+def decode(data: bytes, entry: Entry, device) -> tuple:
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            values = Inputs(*(_unbits(z[f"in_{n}"], entry.case.dtype, device) for n in ("q", "k", "v", "dout")))
+            ref = {n: torch.from_numpy(z[f"ref_{n}"]).to(device) for n in TENSORS}
+            scales = {n[len("scale_"):]: torch.tensor(float(z[n]), dtype=torch.float64, device=device)
+                      for n in z.files if n.startswith("scale_")}
+    except (ValueError, KeyError, OSError) as e:
+        raise GoldenFileProblem(f"{entry.file}: cannot be read ({e})") from None
+    return values, ref, scales
+
+
+def load(directory: Path, entry: Entry, device) -> tuple:
+    """(inputs in logical layout, reference tensors, scales), after checking the file's sha256."""
+    return decode(read(directory, entry), entry, device)

@@ -1,0 +1,72 @@
+"""What a fuzz of one subject is asked to do (FuzzPlan), and the pieces both of its modes share: the
+Hypothesis settings every draw is made under, and the shrinker that tells whether a smaller case still
+fails the same way. The sequential mode (sequential.py) and the parallel one (parallel.py) build on this
+module; neither imports the other.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from hypothesis import HealthCheck, Verbosity, settings
+
+from faverify.case import Case
+from faverify.runner import CaseResult
+from faverify.strategies import Limits
+
+Evaluate = Callable[[Case, bool], CaseResult]  # (case, with gradient check) -> result
+
+
+@dataclass(frozen=True)
+class FuzzPlan:
+    iters: int
+    seed: int
+    dtypes: tuple
+    limits: Limits
+    database: Path | None  # Hypothesis example database; failures found once are tried first next time
+    gradcheck_every: int = 25  # 0: never
+    shrink_budget: int = 300  # evaluations spent shrinking one failure
+    shrink_seconds: float = 120.0
+    stop_at_first_failure: bool = False  # `faverify mutants`: a mutant is killed by its first failure
+    # strategies.cases' arguments that narrow the draw (`faverify mutants`: to the cases that run a mutant's
+    # code, catalog.Mutant.cases); its dtypes are intersected with the plan's
+    narrow: dict | None = None
+
+    def case_args(self) -> dict:
+        args = dict(self.narrow or {}, limits=self.limits)
+        args["dtypes"] = tuple(d for d in self.dtypes if d in args.get("dtypes", self.dtypes))
+        return args
+
+
+class Interesting(Exception):
+    """Raised inside the Hypothesis test for the failure being found or shrunk."""
+
+
+class Shrinker:
+    """One shrink step: is this smaller case still failing with the same signature? Past the budget
+    (evaluations or seconds) nothing new is evaluated and only the best case found replays, so Hypothesis
+    ends its shrink on it."""
+
+    def __init__(self, plan: FuzzPlan, signature: str, first: CaseResult, evaluate: Evaluate):
+        self.plan, self.signature, self.first, self.best, self.evaluate = plan, signature, first, first, evaluate
+        self.steps, self.t0 = 0, time.perf_counter()
+
+    def still_fails(self, case: Case) -> bool:
+        if case == self.best.case:
+            return True
+        if self.steps >= self.plan.shrink_budget or time.perf_counter() - self.t0 > self.plan.shrink_seconds:
+            return False
+        self.steps += 1
+        r = self.evaluate(case, self.signature == "gradcheck")
+        if self.signature in r.signatures:
+            self.best = r
+            return True
+        return False
+
+
+def hypothesis_settings(plan: FuzzPlan, *, examples: int, database, phases) -> settings:
+    return settings(max_examples=max(1, examples), deadline=None, database=database, phases=phases,
+                    suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
+                    report_multiple_bugs=False, print_blob=False)

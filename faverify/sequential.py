@@ -1,0 +1,89 @@
+"""The sequential mode of a fuzz (one worker): Hypothesis draws, steers toward large errors, and shrinks
+each distinct failure once, until --iters cases have run.
+
+Hypothesis stops at its first failure and shrinks it. A fuzz run should still report all its cases, so
+the loop restarts Hypothesis after each shrink with the found signature marked as known: a known
+signature is recorded and counted, but no longer stops the run. Distinct failures (per tensor and kind:
+"out:nan", "dq:tolerance", "crash") are each shrunk to a minimal case.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from hypothesis import Phase, given, seed, target
+from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import Flaky
+
+from faverify.case import Case
+from faverify.collector import Failure, KernelStats
+from faverify.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings
+from faverify.runner import CaseResult
+from faverify.strategies import cases
+
+
+def fuzz_subject(kernel: str, plan: FuzzPlan, evaluate: Evaluate, stats: KernelStats,
+                 progress: Callable[[CaseResult], None] = lambda r: None) -> KernelStats:
+    start = time.perf_counter()
+    try:
+        return _fuzz_sequential(kernel, plan, evaluate, stats, progress)
+    finally:
+        stats.seconds += time.perf_counter() - start
+
+
+def _fuzz_sequential(kernel, plan, evaluate, stats, progress) -> KernelStats:
+    known: set = set()
+    generated = 0
+    rounds = 0
+    db = DirectoryBasedExampleDatabase(str(plan.database)) if plan.database else None
+    while generated < plan.iters:
+        state = {"shrinker": None}
+
+        def run_one(case: Case) -> None:
+            if _interesting(case):
+                # one raise site: Hypothesis tells bugs apart by the line that raised
+                raise Interesting(state["shrinker"].signature)
+
+        def _interesting(case: Case) -> bool:
+            nonlocal generated
+            if state["shrinker"] is not None:  # shrinking: only the same signature counts
+                return state["shrinker"].still_fails(case)
+            if generated >= plan.iters:
+                return False
+            gc = plan.gradcheck_every > 0 and generated % plan.gradcheck_every == 0
+            r = evaluate(case, gc)
+            generated += 1
+            stats.add(r)
+            progress(r)
+            for t, m in r.metrics.items():
+                # steer toward the tolerance edge: error / allowed, per tensor. Waived
+                # (ill-conditioned) cases have huge ratios that mean nothing; they get none.
+                usage = m.max_abs / m.allowed if m.allowed > 0 and not m.waived else 0.0
+                target(min(usage, 1e6) if usage == usage else 0.0, label=f"{t} error / allowed")
+            new = [s for s in r.signatures if s not in known]
+            if new:
+                state["shrinker"] = Shrinker(plan, new[0], r, evaluate)
+            return bool(new)
+
+        test = hypothesis_settings(plan, examples=plan.iters - generated, database=db,
+                         phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink))(
+            seed(plan.seed + rounds)(given(cases(**plan.case_args()))(run_one)))
+        before = generated
+        note = ""
+        try:
+            test()
+        except Interesting:
+            pass
+        except Flaky:
+            note = "flaky: the shrunk case did not fail again when replayed"
+        rounds += 1
+        shrinker = state["shrinker"]
+        if shrinker is not None:
+            known.add(shrinker.signature)
+            stats.failures.append(Failure(kernel=kernel, signature=shrinker.signature, first=shrinker.first,
+                                          minimal=shrinker.best, shrink_steps=shrinker.steps, note=note))
+            if plan.stop_at_first_failure:
+                break
+        elif generated == before or generated < plan.iters:
+            break  # Hypothesis ran out of distinct cases: nothing more to draw
+    return stats
