@@ -62,20 +62,18 @@ def main():
                             qt, kt, vt, is_causal=causal))
                 scale = d ** -0.5
                 same = []
-                interface.HOPPER = False  # the Triton forward's two load paths, at one tile (the paths'
-                pointer_tile = configs.default("fwd", d, 2, causal)  # defaults differ: another sum order)
+                # the Triton forward's two load paths, at one tile (the paths' defaults differ: another sum order)
+                pointer_tile = configs.default("fwd", d, 2, causal)
                 for tma in (False, True):
-                    interface.TMA = tma
-                    same.append(interface.forward(q, k, v, scale, causal, "-inf", tile=pointer_tile))
-                interface.HOPPER = None
+                    same.append(interface.forward(q, k, v, scale, causal, "-inf", tile=pointer_tile,
+                                                  launch=interface.Launch(tma=tma, hopper=False)))
                 bits = all(torch.equal(x, y) for x, y in zip(same[0][:2], same[1][:2]))
                 line = {"d": d, "causal": causal, "seqlen": n, "cudnn_tflops": flops / ref["cudnn"] * 1e-9,
                         "flash_tflops": flops / ref["flash"] * 1e-9, "tma_bits_equal": bits, "tiles": {}}
                 print(f"d{d} causal={causal} n={n}: cudnn {line['cudnn_tflops']:.1f} flash "
                       f"{line['flash_tflops']:.1f} TF/s; TMA bits equal: {bits}", flush=True)
                 for path in a.paths.split(","):
-                    interface.TMA = path != "ptr"
-                    interface.PROGRAMS = sms if path == "wsp" else None
+                    launch = interface.Launch(tma=path != "ptr", programs=sms if path == "wsp" else None)
                     forward_hopper.HEAD_GROUP = int(path[4:]) if path.startswith("ws-g") else group
                     ws = [t for t in configs.tuning_candidates("fwd", d, 2, 9, True) if t.hopper]
                     ws = ws if a.ws_tiles == "all" else [configs.HOPPER[d]]
@@ -86,19 +84,18 @@ def main():
                     for t in tiles:
                         name = f"{path} {t}"
                         try:
-                            ms = bench(lambda: interface.forward(q, k, v, scale, causal, "-inf", tile=t))
+                            ms = bench(lambda: interface.forward(q, k, v, scale, causal, "-inf", tile=t,
+                                                                 launch=launch))
                         except Exception as e:  # noqa: BLE001 (a tile that cannot compile is skipped)
                             print(f"   {name}: {type(e).__name__} {str(e)[:120]}", flush=True)
                             continue
                         tf = flops / ms * 1e-9
                         if path.startswith("ws"):  # against the Triton forward's output of the same inputs
-                            diff = (interface.forward(q, k, v, scale, causal, "-inf", tile=t)[0].float()
+                            diff = (interface.forward(q, k, v, scale, causal, "-inf", tile=t, launch=launch)[0].float()
                                     - same[1][0].float()).abs().max().item()
                             name += f" (max|out - triton out| {diff:.2e})"
                         line["tiles"][name] = tf
                         print(f"   {name}: {tf:.1f} TF/s, {tf / line['cudnn_tflops']:.3f}x cudnn", flush=True)
-                interface.TMA = None
-                interface.PROGRAMS = None
                 forward_hopper.HEAD_GROUP = group
                 best = max(line["tiles"].items(), key=lambda kv: kv[1])
                 print(f"  best {best[0]}: {best[1]:.1f} TF/s = {best[1] / line['cudnn_tflops']:.3f}x cudnn, "

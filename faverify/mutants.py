@@ -16,7 +16,6 @@ import multiprocessing as mp
 import statistics
 import sys
 import time
-from multiprocessing.connection import wait
 
 from faverify.fuzz import run
 from faverify.plan import FuzzPlan
@@ -95,46 +94,64 @@ def _kill_job(conn, name, plan, device, tolerance_dict, isolate, timeout) -> Non
         conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
+class MutantJob:
+    """A worker of scheduler.Pool that fuzzes one mutant per process (_kill_job): each mutant compiles its
+    own kernels, so a process per mutant costs nothing a reused one would save. The result is its row."""
+
+    def __init__(self, plan: FuzzPlan, device, tolerance, isolate: bool, timeout: float):
+        self.args = (plan, str(device), tolerance.to_dict(), isolate, timeout)
+        self.device = str(device)
+        self.process = self.conn = None
+        self.name = ""
+
+    def submit(self, name: str) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.process = ctx.Process(target=_kill_job, args=(child, name, *self.args))
+        self.process.start()
+        child.close()
+        self.conn, self.name = parent, name
+
+    def collect(self) -> dict | None:
+        if self.conn.poll():
+            kind, payload = self.conn.recv()
+        elif not self.process.is_alive():
+            kind, payload = "error", f"its job process died (exit code {self.process.exitcode})"
+        else:
+            return None
+        self.process.join()
+        row = payload if kind == "row" else _error_row(self.name, payload)
+        print(f"mutants: {self.name}: {'killed' if row['killed'] else 'NOT killed'} ({row['seconds']} s, "
+              f"{row['reached']} of {row['cases']} cases ran its code; {row['skipped']} skipped; paths {row['paths']})",
+              file=sys.stderr, flush=True)
+        return row
+
+    def waitables(self) -> list:
+        return [self.conn, self.process.sentinel]
+
+    def stop(self) -> None:
+        """Stop a job still running (an interrupt); its workers exit when their pipes close."""
+        if self.process is not None and self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5)
+
+
 def _kill_parallel(names: list, plan: FuzzPlan, device, *, tolerance, isolate: bool, timeout: float,
-                   jobs: int) -> list:
+                   jobs: int) -> tuple:
     """(rows in the order of `names`, interrupted); on an interrupt, the rows finished so far (the running
-    jobs are stopped; their workers exit when their pipes close)."""
-    ctx = mp.get_context("spawn")
-    waiting, running, rows = list(names), {}, {}
+    jobs are stopped)."""
+    from faverify.scheduler import Pool
+
+    pool = Pool([MutantJob(plan, device, tolerance, isolate, timeout) for _ in range(jobs)])
+    rows: dict = {}
+    interrupted = False
     try:
-        while waiting or running:
-            while waiting and len(running) < jobs:
-                name = waiting.pop(0)
-                parent, child = ctx.Pipe()
-                p = ctx.Process(target=_kill_job, args=(child, name, plan, str(device), tolerance.to_dict(),
-                                                        isolate, timeout))
-                p.start()
-                child.close()
-                running[name] = (p, parent)
-            wait([c for _, c in running.values()] + [p.sentinel for p, _ in running.values()])
-            for name, (p, conn) in list(running.items()):
-                message = None
-                if conn.poll():
-                    message = conn.recv()
-                elif not p.is_alive():
-                    message = ("error", f"its job process died (exit code {p.exitcode})")
-                if message is None:
-                    continue
-                p.join()
-                del running[name]
-                kind, payload = message
-                rows[name] = payload if kind == "row" else _error_row(name, payload)
-                row = rows[name]
-                print(f"mutants: {name}: {'killed' if row['killed'] else 'NOT killed'} ({row['seconds']} s, "
-                      f"{row['reached']} of {row['cases']} cases ran its code; {row['skipped']} skipped; paths {row['paths']})",
-                      file=sys.stderr, flush=True)
+        pool.map(((n, n) for n in names), rows.__setitem__)
     except KeyboardInterrupt:
-        for p, _ in running.values():
-            p.terminate()
-        for p, _ in running.values():
-            p.join(5)
-        return [rows[n] for n in names if n in rows], True
-    return [rows[n] for n in names if n in rows], False
+        interrupted = True
+    finally:
+        pool.close()
+    return [rows[n] for n in names if n in rows], interrupted
 
 
 def _error_row(name: str, error: str) -> dict:

@@ -2,6 +2,8 @@
 
 Plain torch with autograd, in the subject signature (q, k, v, *, causal, softmax_scale) on [b, s, h, d].
 """
+import math
+
 import torch
 
 
@@ -72,7 +74,7 @@ def with_lse(q, k, v, *, causal, softmax_scale):
         i = torch.arange(sq)[:, None]
         j = torch.arange(sk)[None, :]
         s = s.masked_fill(j > i + sk - sq, float("-inf"))
-    return out, torch.logsumexp(s, dim=-1) / 0.6931471805599453
+    return out, torch.logsumexp(s, dim=-1) / math.log(2)
 
 
 def segfaults(q, k, v, *, causal, softmax_scale):

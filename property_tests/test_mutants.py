@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from faverify.kernels.mutants.build import source
+from faverify.kernels.mutants.build import KERNELS, MARKER, source
 from faverify.kernels.mutants.catalog import HOPPER_MUTANTS, MUTANTS, Mutant, applicable
 from property_tests.cli_helpers import cli, read_json
 
@@ -10,15 +10,49 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
-def test_each_mutant_changes_exactly_one_place(mutant):
-    mutated = source(mutant)
-    assert mutant.new in mutated[mutant.file] or mutant.new == ""
-    assert mutated[mutant.file].count(mutant.old) == 0 or mutant.old in mutant.new
+def test_each_mutant_replaces_its_marked_statement_and_nothing_else(mutant):
+    import difflib
+    original = (KERNELS / mutant.file).read_text().split("\n")
+    mutated = source(mutant)[mutant.file].split("\n")
+    removed, added = [], []
+    for line in difflib.ndiff(original, mutated):
+        if line.startswith("- "):
+            removed.append(line[2:])
+        elif line.startswith("+ "):
+            added.append(line[2:])
+    imports = [line for line in removed if line.startswith("from faverify.kernels.triton import")]
+    marked = [line for line in removed if line not in imports]
+    assert len(marked) == 1 and MARKER.format(mutant.site) in marked[0], removed
+    indent = marked[0][:len(marked[0]) - len(marked[0].lstrip())]
+    body = [line for line in added if not line.startswith("from faverify_mutant_")]
+    assert body == ([indent + part for part in mutant.new.split("\n")] if mutant.new else []), added
+
+
+def test_every_marked_site_has_a_mutant():
+    """A site marked in the kernels but used by no mutant is a claim of coverage nobody tests."""
+    import re
+    marked = {(f.name, site) for f in KERNELS.glob("*.py")
+              for site in re.findall(r"\[mutant site: ([a-z0-9-]+)\]", f.read_text())}
+    assert marked == {(m.file, m.site) for m in MUTANTS}
+
+
+def test_a_mutant_survives_reformatting_of_its_statement(tmp_path):
+    """The marker anchors the mutant: a statement reformatted (spacing, a longer comment) still takes it."""
+    from faverify.kernels.mutants.build import mutate
+    from faverify.kernels.mutants.catalog import BY_NAME
+    mutant = BY_NAME["no-l-guard"]
+    text = (KERNELS / mutant.file).read_text()
+    reformatted = text.replace("out = acc / tl.where(seen, l_i, 1.0)[:, None]  # [mutant site: final-division]",
+                               "out = acc/tl.where(seen, l_i, 1.0)[:, None]  # the division  [mutant site: final-division]")
+    assert reformatted != text
+    assert mutate(reformatted, mutant) == mutate(text, mutant)
 
 
 def test_a_stale_mutant_is_an_error_not_a_silent_survivor():
-    with pytest.raises(RuntimeError, match="occurs 0 times"):
-        source(Mutant("stale", "forward.py", "no such text", "x", "bug", "why"))
+    with pytest.raises(RuntimeError, match="marks 0 lines"):
+        source(Mutant("stale", "forward.py", "no-such-site", "x", "bug", "why"))
+    with pytest.raises(RuntimeError, match="would change nothing"):
+        source(Mutant("same", "forward.py", "qk", "qk = mm(q, k, INTERPRETED, IEEE)", "bug", "why"))
 
 
 def test_unknown_mutant_is_a_usage_error():
@@ -90,7 +124,7 @@ def test_a_mutant_reaches_only_the_paths_of_its_file():
                     reason="the Gluon forward runs on sm_90 only")
 def test_a_gluon_mutant_fails_in_a_worker_process():
     """faverify mutants on a GPU runs each case in a worker process: there, a mutant of the Gluon forward
-    must launch its own mutated kernel and fail (session 7: they survived that path)."""
+    must launch its own mutated kernel and fail, not the unmutated one the parent process imported."""
     from faverify.case import Case
     from faverify.isolation import Worker
     from faverify.verdict import Tolerance
@@ -143,15 +177,14 @@ def test_a_mutant_whose_dtypes_were_not_asked_for_is_left_out_with_the_rule():
 
 
 def test_a_mutant_that_does_not_parse_is_an_error_row_not_a_kill():
-    """Session 8: a replacement that left a stray indent made the worker fail to import the mutant, and the
-    mutants run counted that crash as a kill. The mutated source must parse, and kill() reports it."""
+    """A replacement that leaves a stray indent would make the worker fail to import the mutant, and a crash
+    would count as a kill. The mutated source must parse, and kill() reports it as an error row."""
     from faverify.plan import FuzzPlan
     from faverify.kernels.mutants import catalog
     from faverify.mutants import kill
     from faverify.strategies import Limits
     from faverify.verdict import Tolerance
-    broken = Mutant("broken-indent", "forward.py", "    start_m = tl.program_id(0)\n", "        start_m = 0\n",
-                    "bug", "why")
+    broken = Mutant("broken-indent", "forward.py", "causal-diagonal", "    diag = 0", "bug", "why")
     with pytest.raises(RuntimeError, match="no longer parses"):
         source(broken)
     catalog.BY_NAME["broken-indent"] = broken

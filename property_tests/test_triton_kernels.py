@@ -24,10 +24,10 @@ def flash():
     return flash_attn_func
 
 
-def run(case, *, init=None, backward=True):
+def run(case, *, init=None, backward=True, launch=None):
     x = make_inputs(case, DEVICE, requires_grad=backward)
     out, lse = flash()(x.q, x.k, x.v, causal=case.causal, softmax_scale=case.scale, init=init or case.init,
-                       return_lse=True)
+                       return_lse=True, launch=launch)
     got = {"out": out, "lse": lse}
     if backward:
         got.update(zip(("dq", "dk", "dv"), torch.autograd.grad(out, (x.q, x.k, x.v), x.dout)))
@@ -44,12 +44,11 @@ def test_bf16_is_right_against_fp64(case):
 
 
 @pytest.mark.skipif(HAS_GPU, reason="the interpreter's bf16 handling only exists on the CPU path")
-def test_without_the_interpreter_emulation_bf16_would_be_wrong(monkeypatch):
+def test_without_the_interpreter_emulation_bf16_would_be_wrong():
     """Shows the handling is needed: switched off, the same kernel gives garbage in bf16."""
-    from faverify.kernels.triton import interface
+    from faverify.kernels.triton.interface import Launch
     case = Case(1, 64, 64, 2, 2, 64, dtype="bf16", seed=3)
-    monkeypatch.setattr(interface, "EMULATE", False)
-    x, got = run(case, backward=False)
+    x, got = run(case, backward=False, launch=Launch(emulate=False))
     metrics = judge(case, x, got, Tolerance(), ("out", "lse"))
     assert not metrics["out"].passed
 
@@ -149,15 +148,12 @@ def test_forward_through_tensor_descriptors_gives_the_same_bits(case):
     tile = configs.default("fwd", block_d(case.head_dim), x.q.element_size(), case.causal)
     got = {}
     for tma in (False, True):
-        interface.TMA, interface.HOPPER = tma, False
-        try:
-            assert interface._use_tma(x.q, x.k, x.v) == tma, case
-            out, lse, (rowmax, log2l) = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init,
-                                                          tile=tile)
-            launched = interface._LAUNCHED[-1]
-            assert ("triton-tma" in launched) == tma and "gluon" not in launched, launched
-        finally:
-            interface.TMA, interface.HOPPER = None, None
+        launch = interface.Launch(tma=tma, hopper=False)
+        assert interface._use_tma(x.q, x.k, x.v, launch=launch) == tma, case
+        out, lse, (rowmax, log2l) = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init,
+                                                      tile=tile, launch=launch)
+        launched = interface._LAUNCHED[-1]
+        assert ("triton-tma" in launched) == tma and "gluon" not in launched, launched
         got[tma] = (out, lse, rowmax, log2l)
     for name, a, b in zip(("out", "lse", "rowmax", "log2l"), got[False], got[True]):
         assert torch.equal(a, b), name
@@ -191,21 +187,15 @@ def test_hopper_forward_is_right_against_fp64(case):
     assert interface._use_hopper(x.q, interface._use_tma(x.q, x.k, x.v)), case
     tile = configs.select("fwd", block_d(case.head_dim), 2, case.causal, case.seqlen_k, True, True)
     assert tile.hopper
-    interface.PROGRAMS = 3
-    try:
-        out, lse, (rowmax, log2l) = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init)
-    finally:
-        interface.PROGRAMS = None
+    out, lse, (rowmax, log2l) = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init,
+                                                  launch=interface.Launch(programs=3))
     wide = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init)
     for a, b in zip((out, lse, rowmax, log2l), (wide[0], wide[1], *wide[2])):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
     metrics = judge(case, x, {"out": out, "lse": lse}, Tolerance(), ("out", "lse"))
     assert all(m.passed for m in metrics.values()), {t: m.reason for t, m in metrics.items() if not m.passed}
-    interface.HOPPER = False
-    try:
-        _, lse_t, (rowmax_t, log2l_t) = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init)
-    finally:
-        interface.HOPPER = None
+    _, lse_t, (rowmax_t, log2l_t) = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init,
+                                                      launch=interface.Launch(hopper=False))
     torch.testing.assert_close(rowmax, rowmax_t, rtol=1e-6, atol=0)  # the max of the same fp32 logits
     assert torch.equal(torch.isinf(lse), torch.isinf(lse_t)) and torch.equal(torch.isinf(log2l), torch.isinf(log2l_t))
     torch.testing.assert_close(log2l, log2l_t, rtol=0, atol=1e-5, equal_nan=True)
@@ -257,11 +247,8 @@ def test_tensor_descriptors_only_where_strides_allow():
     from faverify.kernels.triton import interface
     q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16, device=DEVICE)
     odd = torch.zeros(1, 8, 2, 72, dtype=torch.bfloat16, device=DEVICE)[..., :64]  # row stride 144 elements
-    interface.TMA = True
-    try:
-        assert interface._use_tma(q, q, q) and not interface._use_tma(q, odd, q)
-    finally:
-        interface.TMA = None
+    forced = interface.Launch(tma=True)
+    assert interface._use_tma(q, q, q, launch=forced) and not interface._use_tma(q, odd, q, launch=forced)
     assert interface._use_tma(q, q, q) == (HAS_GPU and torch.cuda.get_device_capability()[0] >= 9)
 
 

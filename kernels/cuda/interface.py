@@ -6,10 +6,10 @@ import functools
 
 import torch
 
+from faverify.kernels.constants import LOG2E
 from faverify.kernels.cuda import build
 from faverify.kernels.validate import check_inputs
 
-LOG2E = 1.4426950408889634
 DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 VARIANTS = {  # name: (forward launcher, backward launcher, dtypes)
     "mma": ("fa_mma_fwd", "fa_mma_bwd", (torch.float16, torch.bfloat16)),

@@ -1,4 +1,4 @@
-"""Materialize a mutant: copy the Triton kernel modules, apply the one replacement, import the copy.
+"""Materialize a mutant: copy the Triton kernel modules, replace the one marked statement, import the copy.
 
 The copy lives in a cache directory as package faverify_mutant_<name>; common.py and configs.py are
 shared with the real kernels (no mutant touches them).
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from faverify.kernels.mutants.catalog import BY_NAME, Mutant
 
-_SOURCE = Path(__file__).resolve().parent.parent / "triton"
+KERNELS = Path(__file__).resolve().parent.parent / "triton"
 _FILES = ("forward.py", "forward_hopper.py", "backward.py", "interface.py")
 
 
@@ -22,26 +22,42 @@ def _cache_root() -> Path:
     return Path(base) / "faverify" / "mutants"
 
 
+MARKER = "[mutant site: {}]"
+
+
+def mutate(text: str, mutant: Mutant) -> str:
+    """The file's text with the statement on the line marked `[mutant site: SITE]` replaced by the mutant's
+    code (several lines take the marked line's indentation; empty code deletes the line). The marker, not
+    the statement's exact text, anchors the mutant: reformatting the kernels leaves it applicable."""
+    marker = MARKER.format(mutant.site)
+    lines = text.split("\n")
+    marked = [i for i, line in enumerate(lines) if marker in line]
+    if len(marked) != 1:
+        raise RuntimeError(f"mutant {mutant.name}: {marker} marks {len(marked)} lines of kernels/triton/{mutant.file} "
+                           "(must be exactly one); update kernels/mutants/catalog.py or the marker")
+    i = marked[0]
+    line = lines[i]
+    indent = line[:len(line) - len(line.lstrip())]
+    code = line[:line.rindex("#", 0, line.index(marker))].strip()
+    if code == mutant.new:
+        raise RuntimeError(f"mutant {mutant.name}: its code is the marked statement's own; it would change nothing")
+    lines[i:i + 1] = [indent + part for part in mutant.new.split("\n")] if mutant.new else []
+    return "\n".join(lines)
+
+
 def source(mutant: Mutant) -> dict:
-    """The mutated copies of the kernel modules, by file name. Raises if the replacement no longer applies
-    (the real kernels changed): a mutant that does not change the code would survive for nothing."""
+    """The mutated copies of the kernel modules, by file name. Raises if the mutant no longer applies (its
+    site is gone or the result does not parse): a mutant that does not change the code would survive for
+    nothing, and one that breaks the syntax would be "killed" by the worker that cannot import it."""
     package = _package(mutant)
     out = {}
     for name in _FILES:
-        text = (_SOURCE / name).read_text()
-        text = text.replace("from faverify.kernels.triton import backward as _bwd",
-                            f"from {package} import backward as _bwd")
-        text = text.replace("from faverify.kernels.triton import forward as _fwd",
-                            f"from {package} import forward as _fwd")
-        text = text.replace("from faverify.kernels.triton import forward_hopper as _fwd_hopper",
-                            f"from {package} import forward_hopper as _fwd_hopper")
+        text = (KERNELS / name).read_text()
+        for module in ("backward as _bwd", "forward as _fwd", "forward_hopper as _fwd_hopper"):
+            text = text.replace(f"from faverify.kernels.triton import {module}", f"from {package} import {module}")
         if name == mutant.file:
-            count = text.count(mutant.old)
-            if count != 1:
-                raise RuntimeError(f"mutant {mutant.name}: its text occurs {count} times in kernels/triton/{name} "
-                                   "(must be exactly once); update kernels/mutants/catalog.py")
-            text = text.replace(mutant.old, mutant.new)
-            try:  # a replacement that breaks the syntax would be "killed" by the worker that cannot import it
+            text = mutate(text, mutant)
+            try:
                 compile(text, name, "exec")
             except SyntaxError as e:
                 raise RuntimeError(f"mutant {mutant.name}: kernels/triton/{name} no longer parses after the "

@@ -1,4 +1,7 @@
-"""The mutants: (file, exact text, replacement), each with the bug and why authors make it."""
+"""The mutants: (file, marked site, replacement statement), each with the bug and why authors make it.
+
+A site is a line of kernels/triton/ that carries `[mutant site: NAME]` in its comment (build.mutate
+replaces its statement); several mutants may share one site."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,14 +11,14 @@ from dataclasses import dataclass
 class Mutant:
     name: str
     file: str  # in kernels/triton/
-    old: str  # must occur exactly once
-    new: str
+    site: str  # the marker's name: exactly one line of the file carries it
+    new: str  # the statement(s) that replace the marked one; "" deletes it
     bug: str
     why: str
     runs_on: str = "any"  # "sm_90": the mutated code runs only there (the Gluon forward), a GPU of that kind
     # the draw narrowed to cases that run the mutated code (strategies.cases' arguments, FuzzPlan.narrow);
     # None: every case runs it. A default fuzz on an H200 sends about 1 case in 8 to the Gluon forward:
-    # 100 cases of its mutants reached it 0 to 4 times (session 8), too few to test the fuzz's verdicts.
+    # 100 cases of each of its mutants reached it 0 to 4 times (H200, 2026-11), too few to test the verdicts.
     cases: dict | None = None
 
     def reaches(self, path: str) -> bool:
@@ -49,85 +52,63 @@ def applicable(mutant: Mutant, device) -> bool:
 
 
 MUTANTS = (
-    Mutant("rescale-with-block-max", "forward.py",
-           "alpha = tl.math.exp2((m_i - m_use) * qk_scale)",
+    Mutant("rescale-with-block-max", "forward.py", "rescale",
            "alpha = tl.math.exp2((m_i - tl.max(qk, 1)) * qk_scale)",
            "the history is rescaled with the block's own max instead of exp(m_old - m_new)",
            "the two maxima look interchangeable in the algebra; they differ whenever a later block's max is "
            "below the running max"),
-    Mutant("no-neg-inf-guard", "forward.py",
-           'm_use = tl.where(m_new == float("-inf"), 0.0, m_new)',
-           "m_use = m_new",
+    Mutant("no-neg-inf-guard", "forward.py", "neg-inf-guard", "m_use = m_new",
            "a running max started at -inf is subtracted unguarded: (-inf) - (-inf) = NaN on a row whose first "
            "block is fully masked",
            "with a -1e30 start it is harmless, and the NaN needs a masked first block to show"),
-    Mutant("no-l-guard", "forward.py",
-           "out = acc / tl.where(seen, l_i, 1.0)[:, None]",
-           "out = acc / l_i[:, None]",
+    Mutant("no-l-guard", "forward.py", "final-division", "out = acc / l_i[:, None]",
            "no l == 0 guard: a row that sees no key divides 0 by 0",
            "no row is ever fully masked without causal masking and seqlen_q > seqlen_k"),
-    Mutant("pv-fp16-accumulation", "forward.py",
-           "acc = acc * alpha[:, None] + mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE)",
+    Mutant("pv-fp16-accumulation", "forward.py", "pv-accumulate",
            "acc = (acc * alpha[:, None] + mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE))"
            ".to(tl.float16).to(tl.float32)",
            "the P V accumulator is kept in fp16",
            "it halves the accumulator's registers, and small cases stay inside fp16's range and precision"),
-    Mutant("qk-fp16-accumulation", "forward.py",
-           "qk = mm(q, k, INTERPRETED, IEEE)",
+    Mutant("qk-fp16-accumulation", "forward.py", "qk",
            "qk = mm(q, k, INTERPRETED, IEEE).to(tl.float16).to(tl.float32)",
            "the logits q k^T are kept in fp16 (as an fp16 accumulator leaves them)",
            "fp16 accumulation is the fast path on older tensor cores; logits stay small in normal data"),
-    Mutant("causal-top-left", "forward.py",
-           "diag = seqlen_k - seqlen_q  # bottom-right alignment: row i sees keys j <= i + diag",
-           "diag = 0  # top-left alignment, as torch's is_causal",
+    Mutant("causal-top-left", "forward.py", "causal-diagonal", "diag = 0  # top-left alignment, as torch's is_causal",
            "causal mask aligned top-left instead of bottom-right",
            "the two agree whenever seqlen_q == seqlen_k, which is what most tests use"),
-    Mutant("causal-reversed", "forward.py",  # the shared mask inlined into the forward, comparison flipped
-           "qk = mask_scores(qk, offs_m, cols, seqlen_k, diag, CAUSAL)",
+    Mutant("causal-reversed", "forward.py", "mask",  # the shared mask inlined into the forward, comparison flipped
            "keep = cols[None, :] < seqlen_k\n"
-           "            if CAUSAL:\n"
-           "                keep = keep & (cols[None, :] >= offs_m[:, None] + diag)\n"
-           "            qk = tl.where(keep, qk, float(\"-inf\"))",
+           "if CAUSAL:\n"
+           "    keep = keep & (cols[None, :] >= offs_m[:, None] + diag)\n"
+           "qk = tl.where(keep, qk, float(\"-inf\"))",
            "causal comparison reversed: rows see the future",
            "a sign or an operand order flipped in an index comparison"),
-    Mutant("tail-not-masked", "forward.py",
-           "qk = mask_scores(qk, offs_m, cols, seqlen_k, diag, CAUSAL)",
+    Mutant("tail-not-masked", "forward.py", "mask",
            "qk = mask_scores(qk, offs_m, cols, 1 << 30, diag, CAUSAL)",
            "the last key block is not masked when seqlen_k is not a multiple of the block",
            "benchmarks and most tests use seqlens that are multiples of 64 or 128"),
-    Mutant("no-final-division", "forward.py",
-           "out = acc / tl.where(seen, l_i, 1.0)[:, None]",
-           "out = acc",
+    Mutant("no-final-division", "forward.py", "final-division", "out = acc",
            "the final division by l is missing",
            "a refactor of the epilogue drops it; with one key (l == 1) nothing changes"),
-    Mutant("scale-inverse-d", "interface.py",
-           "    out, lse = FlashAttnFunction.apply(q, k, v, causal, scale, init)",
-           "    scale = 1.0 / q.shape[-1] if softmax_scale is None else scale\n"
-           "    out, lse = FlashAttnFunction.apply(q, k, v, causal, scale, init)",
+    Mutant("scale-inverse-d", "interface.py", "apply",
+           "scale = 1.0 / q.shape[-1] if softmax_scale is None else scale\n"
+           "out, lse = FlashAttnFunction.apply(q, k, v, causal, scale, init, launch or DEFAULT)",
            "default softmax scale 1/d instead of 1/sqrt(d)",
            "both forms appear in papers; with an explicit scale the bug hides"),
-    Mutant("lse-log2", "forward.py",
-           "lse = tl.where(seen, (m_i * qk_scale + log2l) * 0.6931471805599453, float(\"-inf\"))",
+    Mutant("lse-log2", "forward.py", "lse",
            "lse = tl.where(seen, m_i * qk_scale + log2l, float(\"-inf\"))",
            "lse returned in log2 units",
            "the kernel works in log2 throughout and the conversion back to natural log is forgotten"),
-    Mutant("bwd-delta-from-v", "interface.py",
-           "(out, dout, delta, *_strides(out), *_strides(dout), h, sq, d,",
-           "(v, dout, delta, *_strides(v), *_strides(dout), h, sq, d,",
+    Mutant("bwd-delta-from-v", "interface.py", "delta-input", "o = v",
            "the backward's D = rowsum(dO * O) is computed from V instead of O",
            "O and V have the same shape in the common case seqlen_q == seqlen_k, nheads == nheads_k"),
-    Mutant("dk-missing-scale", "backward.py",
-           "    dk = dk * softmax_scale\n",
-           "",
+    Mutant("dk-missing-scale", "backward.py", "dk-scale", "",
            "dk misses the softmax scale",
            "dq's scale is applied in one kernel and dk's in another; one gets forgotten"),
-    Mutant("gqa-no-group-sum", "backward.py",
-           "    for g in range(0, group):",
-           "    for g in range(0, 1):",
+    Mutant("gqa-no-group-sum", "backward.py", "gqa-group", "for g in range(0, 1):",
            "GQA backward does not sum dk and dv over the query heads of the group",
            "with nheads == nheads_k (what most tests use) the group has one head"),
-    Mutant("dq-causal-off-by-one", "backward.py",  # cols <= (i - 1) + diag is cols < i + diag
-           "s = mask_scores(s, offs_m, cols, seqlen_k, diag, CAUSAL)",
+    Mutant("dq-causal-off-by-one", "backward.py", "dq-mask",  # cols <= (i - 1) + diag is cols < i + diag
            "s = mask_scores(s, offs_m - 1, cols, seqlen_k, diag, CAUSAL)",
            "the dq kernel's causal mask drops the diagonal (< instead of <=)",
            "an off-by-one in one of three copies of the mask, seen in real kernels' trackers"),
@@ -140,29 +121,29 @@ MUTANTS = (
 # pads rows by 8).
 GLUON_CASES = {"dtypes": ("bf16", "fp16"), "head_dims": (48, 64, 80, 96, 112, 128), "exact_head_dims": True,
                "layouts": ("contiguous", "transposed", "packed")}
-HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", old, new, bug, why, runs_on="sm_90", cases=GLUON_CASES)
-                       for name, old, new, bug, why in (
-    ("ws-no-neg-inf-guard", 'm_use = gl.where(m_new == float("-inf"), 0.0, m_new)', "m_use = m_new",
+HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, runs_on="sm_90", cases=GLUON_CASES)
+                       for name, site, new, bug, why in (
+    ("ws-no-neg-inf-guard", "neg-inf-guard", "m_use = m_new",
      "the Gluon forward subtracts an unguarded -inf running max: NaN on a row whose first tile is masked",
      "as no-neg-inf-guard, in a second copy of the softmax"),
-    ("ws-no-rescale", "                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]\n", "",
+    ("ws-no-rescale", "rescale", "",
      "the Gluon forward never rescales acc when the running max grows",
      "with the p v product issued a tile late, the rescale moves after its wait and is easy to drop"),
-    ("ws-causal-top-left", "    diag = seqlen_k - seqlen_q\n", "    diag = 0\n",
+    ("ws-causal-top-left", "causal-diagonal", "diag = 0",
      "the Gluon forward aligns the causal mask top-left",
      "as causal-top-left: equal seqlens hide it"),
-    ("ws-tail-tile-unmasked", "n_full = full // BLOCK_N", "n_full = (full + BLOCK_N - 1) // BLOCK_N",
+    ("ws-tail-tile-unmasked", "full-tiles", "n_full = (full + BLOCK_N - 1) // BLOCK_N",
      "the Gluon forward counts the partial last key tile as full: keys past seqlen_k (zero-filled) enter the "
      "softmax", "tile counts rounded the wrong way; seqlens that are multiples of 128 hide it"),
-    ("ws-skip-own-diagonal", "(hi + BLOCK_N - 1) // BLOCK_N", "hi // BLOCK_N",
+    ("ws-skip-own-diagonal", "key-tiles-end", "return n_full, hi // BLOCK_N",
      "the Gluon forward skips the key tile its rows' last diagonal (or seqlen_k) falls in",
      "the count of tiles a block or warpgroup may skip rounds down where it must round up; only some rows "
      "lose keys"),
-    ("ws-partial-consumer-idle", "gl.where(first < seqlen_q, n_mine, 0)", "gl.where(first + HALF <= seqlen_q, n_mine, 0)",
+    ("ws-partial-consumer-idle", "idle-consumer", "n_mine = gl.where(first + HALF <= seqlen_q, n_mine, 0)",
      "a consumer warpgroup of the Gluon forward whose rows run past seqlen_q computes nothing, not even its "
      "rows before seqlen_q", "idle warpgroups past the end are skipped, and the test for one is an off-by-a-tile; "
      "seqlen_q a multiple of 64 hides it"),
-    ("ws-consumer-rows", "first = row0 + WHICH * HALF", "first = row0",
+    ("ws-consumer-rows", "consumer-rows", "first = row0",
      "every consumer warpgroup of the Gluon forward takes the first 64 rows of the block",
      "the per-warpgroup offset is easy to lose when a kernel is split into partitions; blocks of 64 rows hide it"),
 ))

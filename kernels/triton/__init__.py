@@ -4,11 +4,11 @@ Imported lazily: whether the kernels are compiled or interpreted (TRITON_INTERPR
 are defined, and the `triton` subject chooses the interpreter on machines without a GPU first.
 """
 
-__all__ = ["flash_attn_func"]
+__all__ = ["Launch", "flash_attn_func"]
 
 
 def __getattr__(name):
-    if name == "flash_attn_func":
-        from faverify.kernels.triton.interface import flash_attn_func
-        return flash_attn_func
+    if name in __all__:
+        from faverify.kernels.triton import interface
+        return getattr(interface, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,9 +33,9 @@ def _preprocess(Out, DO, Delta,  #
     offs_d = tl.arange(0, BLOCK_D)
     cols_ok = offs_d[None, :] < head_dim
     o = load_rows(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
-                  offs_m, seqlen_q, cols_ok, True, True, EVEN_D)
+                  offs_m, seqlen_q, cols_ok, ROWS_ALONG_0=True, MASK_ROWS=True, EVEN_D=EVEN_D)
     do = load_rows(DO + off_b * stride_db + off_h * stride_dh + offs_m[:, None] * stride_ds + offs_d[None, :],
-                   offs_m, seqlen_q, cols_ok, True, True, EVEN_D)
+                   offs_m, seqlen_q, cols_ok, ROWS_ALONG_0=True, MASK_ROWS=True, EVEN_D=EVEN_D)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(Delta + off_bh.to(tl.int64) * seqlen_q + offs_m, delta, mask=offs_m < seqlen_q)
 
@@ -49,8 +49,8 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + offs_m0
         # q^T tile [BLOCK_D, BLOCK_M] and dO tile [BLOCK_M, BLOCK_D]
-        qT = load_rows(q_ptrs + start_m * stride_qs, offs_m, seqlen_q, cols_ok_t, False, MASK, EVEN_D)
-        do = load_rows(do_ptrs + start_m * stride_ds, offs_m, seqlen_q, cols_ok, True, MASK, EVEN_D)
+        qT = load_rows(q_ptrs + start_m * stride_qs, offs_m, seqlen_q, cols_ok_t, ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
+        do = load_rows(do_ptrs + start_m * stride_ds, offs_m, seqlen_q, cols_ok, ROWS_ALONG_0=True, MASK_ROWS=MASK, EVEN_D=EVEN_D)
         if MASK:  # rows past seqlen_q: log2 l = +inf makes their P exactly 0
             m = tl.load(m_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
             l2 = tl.load(l2_ptr + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
@@ -97,9 +97,9 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV,  #
     offs_d = tl.arange(0, BLOCK_D)
     cols_ok = offs_d[None, :] < head_dim
     k = load_rows(K + off_b * stride_kb + off_hk * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :],
-                  offs_n, seqlen_k, cols_ok, True, True, EVEN_D)
+                  offs_n, seqlen_k, cols_ok, ROWS_ALONG_0=True, MASK_ROWS=True, EVEN_D=EVEN_D)
     v = load_rows(V + off_b * stride_vb + off_hk * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
-                  offs_n, seqlen_k, cols_ok, True, True, EVEN_D)
+                  offs_n, seqlen_k, cols_ok, ROWS_ALONG_0=True, MASK_ROWS=True, EVEN_D=EVEN_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
@@ -118,7 +118,7 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV,  #
     if start_n + BLOCK_N > seqlen_k:
         mid = full  # this key tile holds the seqlen_k tail: mask every query tile
     mid = tl.maximum(mid, full)
-    for g in range(0, group):
+    for g in range(0, group):  # [mutant site: gqa-group]
         off_h = off_hk * group + g
         off_bh = off_b * (nheads_k * group) + off_h
         q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + offs_m0[None, :] * stride_qs + offs_d[:, None]
@@ -129,14 +129,17 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV,  #
         # diagonal tiles (masked), then tiles every row of which sees the whole key tile, then the tail
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
                              lo, full, offs_m0, offs_n, tl.trans(cols_ok), cols_ok, seqlen_q, seqlen_k, diag,
-                             qk_scale, True, CAUSAL, BLOCK_M, EVEN_D, INTERPRETED, IEEE)
+                             qk_scale, MASK=True, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,  #
+                             INTERPRETED=INTERPRETED, IEEE=IEEE)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
                              full, mid, offs_m0, offs_n, tl.trans(cols_ok), cols_ok, seqlen_q, seqlen_k, diag,
-                             qk_scale, False, CAUSAL, BLOCK_M, EVEN_D, INTERPRETED, IEEE)
+                             qk_scale, MASK=False, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,  #
+                             INTERPRETED=INTERPRETED, IEEE=IEEE)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
                              mid, seqlen_q, offs_m0, offs_n, tl.trans(cols_ok), cols_ok, seqlen_q, seqlen_k, diag,
-                             qk_scale, True, CAUSAL, BLOCK_M, EVEN_D, INTERPRETED, IEEE)
-    dk = dk * softmax_scale
+                             qk_scale, MASK=True, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,  #
+                             INTERPRETED=INTERPRETED, IEEE=IEEE)
+    dk = dk * softmax_scale  # [mutant site: dk-scale]
     out_ok = offs_n[:, None] < seqlen_k
     if not EVEN_D:
         out_ok = out_ok & cols_ok
@@ -154,11 +157,11 @@ def _dq_inner(dq, q, do, m, l2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n0
-        kT = load_rows(k_ptrs + start_n * stride_ks, cols, seqlen_k, cols_ok_t, False, MASK, EVEN_D)
-        vT = load_rows(v_ptrs + start_n * stride_vs, cols, seqlen_k, cols_ok_t, False, MASK, EVEN_D)
+        kT = load_rows(k_ptrs + start_n * stride_ks, cols, seqlen_k, cols_ok_t, ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
+        vT = load_rows(v_ptrs + start_n * stride_vs, cols, seqlen_k, cols_ok_t, ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
         s = mm(q, kT, INTERPRETED, IEEE)
         if MASK:
-            s = mask_scores(s, offs_m, cols, seqlen_k, diag, CAUSAL)
+            s = mask_scores(s, offs_m, cols, seqlen_k, diag, CAUSAL)  # [mutant site: dq-mask]
         p = tl.math.exp2(tl.minimum((s - m[:, None]) * qk_scale, 0.0) - l2[:, None])
         dp = mm(do, vT, INTERPRETED, IEEE)
         ds = p * (dp - delta[:, None])
@@ -186,9 +189,9 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ,  #
     offs_d = tl.arange(0, BLOCK_D)
     cols_ok = offs_d[None, :] < head_dim
     q = load_rows(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
-                  offs_m, seqlen_q, cols_ok, True, True, EVEN_D)
+                  offs_m, seqlen_q, cols_ok, ROWS_ALONG_0=True, MASK_ROWS=True, EVEN_D=EVEN_D)
     do = load_rows(DO + off_b * stride_db + off_h * stride_dh + offs_m[:, None] * stride_ds + offs_d[None, :],
-                   offs_m, seqlen_q, cols_ok, True, True, EVEN_D)
+                   offs_m, seqlen_q, cols_ok, ROWS_ALONG_0=True, MASK_ROWS=True, EVEN_D=EVEN_D)
     row = off_bh.to(tl.int64) * seqlen_q + offs_m
     m = tl.load(Rowmax + row, mask=offs_m < seqlen_q, other=0.0)
     l2 = tl.load(Log2l + row, mask=offs_m < seqlen_q, other=float("inf"))
@@ -200,9 +203,11 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ,  #
     diag = seqlen_k - seqlen_q
     full, hi = key_ranges(start_m, seqlen_k, diag, CAUSAL, BLOCK_M, BLOCK_N)
     dq = _dq_inner(dq, q, do, m, l2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, 0, full, offs_m, offs_n0,
-                   tl.trans(cols_ok), seqlen_k, diag, qk_scale, False, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE)
+                   tl.trans(cols_ok), seqlen_k, diag, qk_scale, MASK=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N,  #
+                   EVEN_D=EVEN_D, INTERPRETED=INTERPRETED, IEEE=IEEE)
     dq = _dq_inner(dq, q, do, m, l2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, full, hi, offs_m, offs_n0,
-                   tl.trans(cols_ok), seqlen_k, diag, qk_scale, True, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE)
+                   tl.trans(cols_ok), seqlen_k, diag, qk_scale, MASK=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N,  #
+                   EVEN_D=EVEN_D, INTERPRETED=INTERPRETED, IEEE=IEEE)
     dq = dq * softmax_scale
     out_ok = offs_m[:, None] < seqlen_q
     if not EVEN_D:

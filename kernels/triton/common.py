@@ -6,8 +6,10 @@ import warnings
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634  # exp(x) == exp2(x * LOG2E): the kernels fold it into the softmax scale
-LN2 = 0.6931471805599453
+from faverify.kernels.constants import LN2 as _LN2
+from faverify.kernels.constants import LOG2E  # noqa: F401  (the launchers fold it into the softmax scale)
+
+LN2 = tl.constexpr(_LN2)  # a global a kernel may read (Triton takes only constexpr globals)
 
 # The Triton interpreter (TRITON_INTERPRET=1, <= 3.6) computes bfloat16 wrongly in two places, silently:
 # - a tl.dot on bf16 operands multiplies the raw bits (garbage);

@@ -29,7 +29,7 @@ of equal numbers is exactly 0, and a product that no add follows cannot be contr
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import cast, generic_args, key_ranges, load_rows, mask_scores, mm
+from faverify.kernels.triton.common import LN2, cast, generic_args, key_ranges, load_rows, mask_scores, mm
 
 
 @triton.jit
@@ -46,25 +46,25 @@ def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs,  #
         if TMA:
             k = k_src.load([start_n, 0]).T
         else:
-            k = load_rows(k_src + start_n * stride_ks, cols, seqlen_k, mask_dk, False, MASK, EVEN_D)
+            k = load_rows(k_src + start_n * stride_ks, cols, seqlen_k, mask_dk, ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
         # s = q k^T (raw: scaled only after the max is subtracted, see the module docstring)
-        qk = mm(q, k, INTERPRETED, IEEE)
+        qk = mm(q, k, INTERPRETED, IEEE)  # [mutant site: qk]
         if MASK:
-            qk = mask_scores(qk, offs_m, cols, seqlen_k, diag, CAUSAL)
+            qk = mask_scores(qk, offs_m, cols, seqlen_k, diag, CAUSAL)  # [mutant site: mask]
         # m' = max(m, rowmax(s))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         # Started at -inf, a row that has seen only masked keys keeps m' = -inf, and s - m' would be NaN.
         # Started at -1e30, m' stays finite and exp2(-inf - m') is 0. One select per row makes both right.
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # [mutant site: neg-inf-guard]
         p = tl.math.exp2((qk - m_use[:, None]) * qk_scale)
-        alpha = tl.math.exp2((m_i - m_use) * qk_scale)
+        alpha = tl.math.exp2((m_i - m_use) * qk_scale)  # [mutant site: rescale]
         l_i = l_i * alpha + tl.sum(p, 1)
         if TMA:
             v = v_src.load([start_n, 0])
         else:
-            v = load_rows(v_src + start_n * stride_vs, cols, seqlen_k, mask_dv, True, MASK, EVEN_D)
+            v = load_rows(v_src + start_n * stride_vs, cols, seqlen_k, mask_dv, ROWS_ALONG_0=True, MASK_ROWS=MASK, EVEN_D=EVEN_D)
         # acc = acc * alpha + P V, P rounded to the input dtype as the matmul operand
-        acc = acc * alpha[:, None] + mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE)
+        acc = acc * alpha[:, None] + mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE)  # [mutant site: pv-accumulate]
         m_i = m_new
     return acc, l_i, m_i
 
@@ -100,7 +100,7 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l,  #
         q = q_desc.load([start_m * BLOCK_M, 0])
     else:
         q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :]
-        q = load_rows(q_ptrs, offs_m, seqlen_q, mask_d[None, :], True, True, EVEN_D)
+        q = load_rows(q_ptrs, offs_m, seqlen_q, mask_d[None, :], ROWS_ALONG_0=True, MASK_ROWS=True, EVEN_D=EVEN_D)
         # k is read transposed: a [BLOCK_D, BLOCK_N] tile
         k_src = K + off_b * stride_kb + off_hk * stride_kh + offs_n[None, :] * stride_ks + offs_d[:, None]
         v_src = V + off_b * stride_vb + off_hk * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :]
@@ -109,20 +109,23 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l,  #
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    diag = seqlen_k - seqlen_q  # bottom-right alignment: row i sees keys j <= i + diag
+    diag = seqlen_k - seqlen_q  # bottom-right alignment: row i sees keys j <= i + diag  [mutant site: causal-diagonal]
     full, hi = key_ranges(start_m, seqlen_k, diag, CAUSAL, BLOCK_M, BLOCK_N)
+    # key tiles every row sees whole, then the diagonal tiles and the seqlen_k tail, masked
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs,  #
                                0, full, offs_m, offs_n, mask_d[:, None], mask_d[None, :], seqlen_k, diag, qk_scale,
-                               False, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE, TMA)
+                               MASK=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,  #
+                               INTERPRETED=INTERPRETED, IEEE=IEEE, TMA=TMA)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs,  #
                                full, hi, offs_m, offs_n, mask_d[:, None], mask_d[None, :], seqlen_k, diag, qk_scale,
-                               True, CAUSAL, BLOCK_N, EVEN_D, INTERPRETED, IEEE, TMA)
+                               MASK=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,  #
+                               INTERPRETED=INTERPRETED, IEEE=IEEE, TMA=TMA)
 
     # out = acc / l, lse = ln 2 * (m c + log2 l); a row that saw no key (l == 0) gives 0 and -inf
     seen = l_i > 0.0
-    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]  # [mutant site: final-division]
     log2l = tl.math.log2(tl.where(seen, l_i, 1.0))
-    lse = tl.where(seen, (m_i * qk_scale + log2l) * 0.6931471805599453, float("-inf"))
+    lse = tl.where(seen, (m_i * qk_scale + log2l) * LN2, float("-inf"))  # [mutant site: lse]
     # For the backward, m (raw) and log2 l kept apart: P = exp2((s - m) c - log2 l) needs no difference
     # of huge numbers, where exp2(s c - lse log2 e) loses everything at logits of 1e9 (lse's ulp is
     # thousands there). A row that saw no key keeps m = 0, log2 l = +inf: its P is exactly 0.

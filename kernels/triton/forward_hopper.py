@@ -42,6 +42,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from faverify.kernels.triton.common import LN2
+
 # globals a kernel reads must be constexpr
 HALF = gl.constexpr(64)  # query rows per consumer warpgroup: one wgmma M
 PRODUCER_REGS = gl.constexpr(24)  # the fewest setmaxnreg allows: the producer only issues copies
@@ -141,8 +143,8 @@ def _key_tiles(row0, seqlen_k, diag, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
     else:
         full = seqlen_k
         hi = seqlen_k
-    n_full = full // BLOCK_N
-    return n_full, (hi + BLOCK_N - 1) // BLOCK_N
+    n_full = full // BLOCK_N  # [mutant site: full-tiles]
+    return n_full, (hi + BLOCK_N - 1) // BLOCK_N  # [mutant site: key-tiles-end]
 
 
 @gluon.jit
@@ -201,7 +203,7 @@ def _softmax(s, m_i, l_i, j, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
             keep = keep & (cols[None, :] <= offs_m[:, None] + diag)
         s = gl.where(keep, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1))
-    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # the guard of forward.py
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # the guard of forward.py  [mutant site: neg-inf-guard]
     p = gl.exp2((s - m_use[:, None]) * qk_scale)
     alpha = gl.exp2((m_i - m_use) * qk_scale)
     return p, alpha, l_i * alpha + gl.sum(p, 1), m_new
@@ -232,14 +234,14 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
         mb, bh = _schedule(t, n_m, n_bh, GROUP, CAUSAL)
         row0 = mb * BLOCK_M
         _, n_blocks = _key_tiles(row0, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)  # the tiles the block loads
-        first = row0 + WHICH * HALF
+        first = row0 + WHICH * HALF  # [mutant site: consumer-rows]
         # this consumer's rows see fewer with the causal mask: tiles past its last row's diagonal are masked
         # for all of them, and skipped (n_mine); its first row's diagonal ends the tiles it sees whole
         # (n_full), one tile later than the block's first row's for the third consumer
         n_full, n_mine = _key_tiles(first, seqlen_k, diag, HALF, BLOCK_N, CAUSAL)
         # a consumer whose rows all lie past seqlen_q (in the last query block) computes nothing: its tiles
         # are skipped too, which leaves the SM's tensor cores to the consumers with rows
-        n_mine = gl.where(first < seqlen_q, n_mine, 0)
+        n_mine = gl.where(first < seqlen_q, n_mine, 0)  # [mutant site: idle-consumer]
         offs_m = first + gl.arange(0, HALF, layout=s_rows)
         m_i = gl.zeros([HALF], gl.float32, s_rows) + init
         l_i = gl.zeros([HALF], gl.float32, s_rows)
@@ -271,7 +273,7 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
                                               CAUSAL, BLOCK_N)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
                 mbarrier.arrive(v_empty.index(prev), count=1)
-                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]  # [mutant site: rescale]
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
             last = (it + n_mine - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((it + n_mine - 1) // STAGES) & 1)
@@ -292,7 +294,7 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
 
         seen = l_i > 0.0
         log2l = gl.log2(gl.where(seen, l_i, 1.0))
-        lse = gl.where(seen, (m_i * qk_scale + log2l) * 0.6931471805599453, float("-inf"))
+        lse = gl.where(seen, (m_i * qk_scale + log2l) * LN2, float("-inf"))
         rows = bh.to(gl.int64) * seqlen_q + offs_m
         in_q = offs_m < seqlen_q
         gl.store(Rowmax + rows, gl.where(seen, m_i, 0.0), mask=in_q)
@@ -339,7 +341,7 @@ def _fwd_ws(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l,  #
     smem = (q_smem, k_smem, v_smem, o_smem)
     bars = (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty)
     n_m = (seqlen_q + BLOCK_M - 1) // BLOCK_M
-    diag = seqlen_k - seqlen_q
+    diag = seqlen_k - seqlen_q  # [mutant site: causal-diagonal]
 
     # the default partition (num_warps = 4) is consumer 0; workers: the other consumers, then the producer
     run = (smem, bars, o_desc, Lse, Rowmax, Log2l, seqlen_q, seqlen_k, diag, nheads, n_m, n_bh, qk_scale, init)

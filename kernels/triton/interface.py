@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 
 import torch
@@ -15,19 +16,31 @@ from faverify.kernels.triton.common import INTERPRET, LOG2E, block_d, quiet
 from faverify.kernels.validate import check_inputs
 
 INIT_VALUE = {"-inf": float("-inf"), "-1e30": -1e30}
-EMULATE = INTERPRET  # emulate GPU bf16 numerics under the interpreter (common.py says why); tests switch it
-# The forward loads through the copy engine (TMA tensor descriptors) on sm_90 and later when the fast build
-# applies: no pointer tiles in registers and no address arithmetic in the loop (d128 M128 N64 w4: 40 bytes
-# of stack against 296, and 1.6x the speed on the H200; docs/measurements.md, session 6).
-# None: decide per launch; tests set True or False to force a path (the interpreter runs both).
-TMA = None
-# The warp-specialized Gluon forward (forward_hopper.py) where it can run (configs.hopper_forward): None
-# decides per launch; tests set False to compare it with the Triton forward on the same GPU.
-HOPPER = None
-# Programs of the Gluon forward (forward_hopper.grid): None, one per query block; a number makes it persistent
-# (tests set 3, so that each program runs many blocks, carrying its shared-memory ring and barrier phases
-# from one to the next; devtools/triton_fwd_sweep.py times one per SM).
-PROGRAMS = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """How the kernels launch where a test or a tuning script chooses instead of the launcher. The default
+    (every field None) is what flash_attn_func does for its users: decide per launch.
+
+    tma: the forward loads through the copy engine (TMA tensor descriptors) on sm_90 and later when the
+        fast build applies: no pointer tiles in registers and no address arithmetic in the loop (d128 M128
+        N64 w4: 40 bytes of stack against 296, and 1.6x the speed on the H200; docs/measurements.md,
+        "Triton forward"). True or False forces a path where the strides allow it (the interpreter runs both).
+    hopper: the warp-specialized Gluon forward (forward_hopper.py) where it can run (configs.hopper_forward);
+        False compares the Triton forward with it on the same GPU.
+    programs: programs of the Gluon forward (forward_hopper.grid): None, one per query block; a number makes
+        it persistent (3: each program runs many blocks, carrying its shared-memory ring and barrier phases
+        from one to the next; devtools/triton_fwd_sweep.py times one per SM).
+    emulate: emulate GPU bf16 numerics under the interpreter (common.py says why); None: exactly there.
+    """
+    tma: bool | None = None
+    hopper: bool | None = None
+    programs: int | None = None
+    emulate: bool | None = None
+
+
+DEFAULT = Launch()
 # The code paths the launches took, in order (PATHS names them): the subject reports them per case, so a
 # fuzz shows which kernels its cases reached and a mutant which cases ran its mutated code. take_paths()
 # hands them over and starts a new list.
@@ -74,31 +87,33 @@ def _on_their_device(launcher):
     return run
 
 
-def _use_tma(*tensors) -> bool:
+def _use_tma(*tensors, launch: Launch = DEFAULT) -> bool:
     """TMA wants 16-byte aligned bases and strides: only where the fast build applies (_aligned)."""
     if not _aligned(*tensors):
         return False
-    if TMA is not None:
-        return TMA
+    if launch.tma is not None:
+        return launch.tma
     q = tensors[0]
     return not INTERPRET and configs.tma_forward(q.element_size(), torch.cuda.get_device_capability(q.device)[0])
 
 
-def _use_hopper(q, tma: bool) -> bool:
-    if not tma or INTERPRET or HOPPER is False:
+def _use_hopper(q, tma: bool, launch: Launch = DEFAULT) -> bool:
+    if not tma or INTERPRET or launch.hopper is False:
         return False
     return configs.hopper_forward(q.element_size(), torch.cuda.get_device_capability(q.device)[0],
                                   block_d(q.shape[3]))
 
 
-def _common(q):
+def _common(q, launch: Launch):
     d = q.shape[3]
     bd = block_d(d)
-    return dict(BLOCK_D=bd, EVEN_D=d == bd, INTERPRETED=EMULATE, IEEE=q.dtype == torch.float32)
+    emulate = INTERPRET if launch.emulate is None else launch.emulate
+    return dict(BLOCK_D=bd, EVEN_D=d == bd, INTERPRETED=emulate, IEEE=q.dtype == torch.float32)
 
 
 @_on_their_device
-def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile | None = None):
+def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile | None = None,
+            launch: Launch = DEFAULT):
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
@@ -111,16 +126,16 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
     if sk == 0:  # no key at all: every row follows the convention for rows that see none
         _LAUNCHED.append("fwd none (empty)")
         return out.zero_(), lse.fill_(float("-inf")), (rowmax.zero_(), log2l.fill_(float("inf")))
-    c = _common(q)
-    tma = _use_tma(q, k, v, out)
-    hopper = _use_hopper(q, tma)
+    c = _common(q, launch)
+    tma = _use_tma(q, k, v, out, launch=launch)
+    hopper = _use_hopper(q, tma, launch)
     tile = tile or configs.select("fwd", c["BLOCK_D"], q.element_size(), causal, max(sq, sk), tma, hopper)
     if tile.hopper and not hopper:  # a tuned choice recorded where the Gluon kernel ran; not here
         tile = configs.default("fwd", c["BLOCK_D"], q.element_size(), causal, tma)
     if tile.hopper:
         _LAUNCHED.append("fwd gluon-ws")
         constants, options = _fwd_hopper.launch(tile)
-        _fwd_hopper.kernel(sq, sk)[_fwd_hopper.grid(tile, sq, b * h, PROGRAMS)](
+        _fwd_hopper.kernel(sq, sk)[_fwd_hopper.grid(tile, sq, b * h, launch.programs)](
             *_fwd_hopper.descriptors(q, k, v, out, tile, c["BLOCK_D"]), lse, rowmax, log2l, b * h, h, h // hk, sq, sk,
             scale * LOG2E, INIT_VALUE[init], CAUSAL=causal, BLOCK_D=c["BLOCK_D"], **constants, **options)
         return out, lse, (rowmax, log2l)
@@ -137,7 +152,8 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
 
 
 @_on_their_device
-def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles: dict | None = None):
+def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles: dict | None = None,
+             launch: Launch = DEFAULT):
     """rows: the forward's (row max, log2 l) per [b, h, seqlen_q] row."""
     rowmax, log2l = rows
     b, sq, h, d = q.shape
@@ -150,15 +166,17 @@ def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles:
         return dq.zero_(), dk.zero_(), dv.zero_()
     if dout.stride(-1) != 1:  # autograd may hand us an expanded gradient (stride 0): one copy of dO only
         dout = dout.contiguous()
-    c = _common(q)
+    c = _common(q, launch)
     elem = q.element_size()
     tiles = tiles or {}
     pick = {kind: tiles.get(kind) or configs.select(kind, c["BLOCK_D"], elem, causal, max(sq, sk))
             for kind in ("dkdv", "dq")}
     delta = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
     pre_m = 64 if not INTERPRET else 32
-    _build("_bwd_preprocess", out, dout)[(triton.cdiv(sq, pre_m), b * h)](out, dout, delta, *_strides(out), *_strides(dout), h, sq, d,
-                                                     BLOCK_M=pre_m, BLOCK_D=c["BLOCK_D"], EVEN_D=c["EVEN_D"])
+    o = out  # D = rowsum(dO * O) is read from the forward's output  [mutant site: delta-input]
+    _build("_bwd_preprocess", o, dout)[(triton.cdiv(sq, pre_m), b * h)](
+        o, dout, delta, *_strides(o), *_strides(dout), h, sq, d, BLOCK_M=pre_m, BLOCK_D=c["BLOCK_D"],
+        EVEN_D=c["EVEN_D"])
     t = pick["dkdv"]
     kernel = _build("_bwd_dkdv", q, k, v, dout, dk, dv)
     _LAUNCHED.append("bwd triton" + ("" if kernel is _bwd._bwd_dkdv else " generic"))
@@ -176,11 +194,11 @@ def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles:
 
 class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale, init):
+    def forward(ctx, q, k, v, causal, softmax_scale, init, launch):
         with quiet():
-            out, lse, (rowmax, log2l) = forward(q, k, v, softmax_scale, causal, init)
+            out, lse, (rowmax, log2l) = forward(q, k, v, softmax_scale, causal, init, launch=launch)
         ctx.save_for_backward(q, k, v, out, rowmax, log2l)
-        ctx.scale, ctx.causal = softmax_scale, causal
+        ctx.scale, ctx.causal, ctx.launch = softmax_scale, causal, launch
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -188,12 +206,12 @@ class FlashAttnFunction(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, rowmax, log2l = ctx.saved_tensors
         with quiet():
-            dq, dk, dv = backward(dout, q, k, v, out, (rowmax, log2l), ctx.scale, ctx.causal)
-        return dq, dk, dv, None, None, None
+            dq, dk, dv = backward(dout, q, k, v, out, (rowmax, log2l), ctx.scale, ctx.causal, launch=ctx.launch)
+        return dq, dk, dv, None, None, None, None
 
 
 def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None = None, init: str = "-inf",
-                    return_lse: bool = False):
+                    return_lse: bool = False, launch: Launch | None = None):
     """FlashAttention forward (and backward through autograd) in Triton.
 
     q: [batch, seqlen_q, nheads, head_dim]; k, v: [batch, seqlen_k, nheads_k, head_dim], nheads_k dividing
@@ -201,10 +219,12 @@ def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None =
     causal: bottom-right aligned (query i sees key j iff j <= i + seqlen_k - seqlen_q).
     softmax_scale: defaults to head_dim ** -0.5.
     init: start of the running max, "-inf" (guarded) or "-1e30" (guarded at l == 0); same result either way.
+    launch: how the kernels launch (Launch: a load path or kernel forced, for tests and tuning); None
+    decides per launch.
     Returns out [batch, seqlen_q, nheads, head_dim] in the input dtype, and with return_lse also
     lse [batch, nheads, seqlen_q] float32 (natural log; -inf for a row that sees no key).
     """
     scale = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale, init=init, allow_cpu=INTERPRET,
                          device_hint="CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before import")
-    out, lse = FlashAttnFunction.apply(q, k, v, causal, scale, init)
+    out, lse = FlashAttnFunction.apply(q, k, v, causal, scale, init, launch or DEFAULT)  # [mutant site: apply]
     return (out, lse) if return_lse else out

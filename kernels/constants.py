@@ -1,0 +1,4 @@
+"""Numbers every bundled kernel uses, defined once (the Triton and CUDA launchers and the kernels' code)."""
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E); the kernels fold it into the softmax scale
+LN2 = 0.6931471805599453  # ln(2): a log2 back to a natural log (lse = (m c + log2 l) * LN2)
