@@ -33,10 +33,22 @@ def copy(tmp_path):
 def test_a_damaged_file_fails_by_name_and_the_rest_still_run(copy, damage, word):
     damage(copy / "cases" / "one-key.npz")
     r = cli("golden", "verify", "--kernel", "sdpa-math", "--device", "cpu", "--dir", copy, "--no-isolate")
-    assert r.exit_code == 1
+    assert r.exit_code == 2 and "Traceback" not in r.stderr  # the check is broken, not the kernel
     line = next(line for line in r.stderr.splitlines() if line.startswith("one-key"))
     assert "corrupt" in line and "cases/one-key.npz" in line and word in line
     assert "39 of 40 golden cases pass" in r.stderr
+    assert "error: damaged golden files" in r.stderr and "cases/one-key.npz" in r.stderr.splitlines()[-1]
+    # a kernel that fails a case exits 1 even when a file is damaged: the failure is the finding
+    r = cli("golden", "verify", "--kernel", "property_tests.planted:wrong_scale", "--device", "cpu", "--dir", copy,
+            "--no-isolate", "--only", "one-key,gqa-113x203")
+    assert r.exit_code == 1, r.stderr
+
+
+def test_a_missing_or_damaged_index_is_exit_2_naming_the_file(copy):
+    for damage in (lambda p: p.unlink(), lambda p: p.write_text("{not json")):
+        damage(copy / "index.json")
+        r = cli("golden", "verify", "--kernel", "sdpa-math", "--device", "cpu", "--dir", copy)
+        assert r.exit_code == 2 and "index.json" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_golden_files_load_without_unpickling(copy):

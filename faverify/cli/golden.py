@@ -58,8 +58,12 @@ def golden(
     bad, passed = outcome["bad"], len(outcome["passed"])
     say(f"{kernel} on {target}: {passed} of {len(rows)} golden cases pass, {len(bad)} fail, "
         f"{len(outcome['skipped'])} skipped")
-    if bad:
+    damaged = [r for r in bad if r["status"] == "corrupt"]
+    if len(damaged) < len(bad):  # the kernel failed a case: that finding comes first
         return 1
+    if damaged:  # the check itself is broken: the files must be restored, not the kernel mended
+        raise EnvironmentProblem("damaged golden files (restore them, or run `faverify golden record`): "
+                                 + "; ".join(r["reason"] for r in damaged))
     if not passed:
         raise EnvironmentProblem(f"no golden case ran: {kernel} skipped them all")
     return 0

@@ -1,0 +1,66 @@
+"""faverify installed from its wheel, outside the source tree: what a user who runs `pip install faverify`
+gets must find its golden files, its kernels' sources (mutants copy them, nvcc builds them) and its
+version, from any directory."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(args, cwd, timeout=600):
+    return subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """A fresh venv with the wheel built from this checkout (and the CPU requirements, from the same
+    local wheels the CI venv took), and a working directory far from the clone."""
+    base = tmp_path_factory.mktemp("wheel")
+    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                  base / "dist", ROOT], cwd=base)
+    assert built.returncode == 0, built.stderr[-3000:]
+    wheel = next((base / "dist").glob("faverify-*.whl"))
+    venv = base / "venv"
+    made = _run([sys.executable, "-m", "venv", venv], cwd=base)
+    assert made.returncode == 0, made.stderr
+    pip = _run([venv / "bin" / "python", "-m", "pip", "install", "-q", "-r", ROOT / "requirements" / "cpu.txt",
+                wheel], cwd=base, timeout=1200)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    elsewhere = base / "elsewhere"
+    elsewhere.mkdir()
+    return venv / "bin", elsewhere
+
+
+@pytest.mark.slow
+def test_the_wheel_imports_from_its_venv_not_the_clone(installed):
+    bin_dir, elsewhere = installed
+    r = _run([bin_dir / "python", "-c", "import faverify, faverify.kernels.triton.forward as f; "
+              "print(faverify.__file__); print(f.__file__)"], cwd=elsewhere)
+    assert r.returncode == 0, r.stderr
+    assert all(str(bin_dir.parent) in line and str(ROOT) not in line for line in r.stdout.split()), r.stdout
+    r = _run([bin_dir / "faverify", "--version"], cwd=elsewhere)
+    assert r.returncode == 0 and r.stdout.startswith("faverify "), r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_golden_verify_and_kernels_from_the_wheel(installed):
+    bin_dir, elsewhere = installed
+    r = _run([bin_dir / "faverify", "golden", "verify", "--kernel", "sdpa-math", "--device", "cpu"], cwd=elsewhere)
+    assert r.returncode == 0 and "40 of 40 golden cases pass" in r.stderr, r.stderr[-3000:]
+    r = _run([bin_dir / "faverify", "kernels"], cwd=elsewhere)
+    assert r.returncode == 0 and "triton" in r.stdout and "unavailable" not in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_mutants_and_the_cuda_sources_from_the_wheel(installed):
+    """mutants copy the installed Triton kernels' files; the nvcc build compiles the installed .cu files."""
+    bin_dir, elsewhere = installed
+    r = _run([bin_dir / "faverify", "mutants", "--only", "no-final-division", "--iters", "4", "--shrink-budget",
+              "2", "--device", "cpu"], cwd=elsewhere)
+    assert r.returncode == 0 and "killed 1 of 1" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    r = _run([bin_dir / "python", "-c", "from faverify.kernels.cuda import build; "
+              "print(sorted(p.name for p in build.SOURCE_DIR.glob('*.cu*')))"], cwd=elsewhere)
+    assert r.returncode == 0 and "mma_fwd.cu" in r.stdout and "common.cuh" in r.stdout, r.stdout + r.stderr
