@@ -1,11 +1,11 @@
-"""Time the forward over tile candidates: the Gluon warp-specialized kernel (ws, sm_90, one program per query
-block, the launcher's default; wsp: persistent, one program per SM; ws-g<N>: heads in groups of N in the
-schedule instead of forward_hopper.HEAD_GROUP), the Triton one
-through tensor descriptors (tma: every tile; tma1: the default tile) and through pointers (ptr: the default
-tile), next to sdpa-cudnn and sdpa-flash in the same process (issue 3's 0.9x cuDNN target). GPU only.
+"""Time the forward over tile candidates: the warp-specialized Hopper forward (hopper: sm_90, one program per
+query block, the launcher's default; hopperp: persistent, one program per SM; hopper-g<N>: heads in groups
+of N in the schedule instead of forward_hopper.HEAD_GROUP), the Triton one through tensor descriptors (tma:
+every tile; tma1: the default tile) and through pointers (ptr: the default tile), next to sdpa-cudnn and
+sdpa-flash in the same process, as ratios to cuDNN. GPU only.
 
     python3 devtools/triton_fwd_sweep.py [--dtype bf16] [--seqlens 4096,16384] [--headdims 64,128]
-                                         [--paths ws,tma,ptr] [--json F]
+                                         [--paths hopper,tma,ptr] [--json F]
 
 Shapes are faverify bench's (16384 tokens, nheads * head_dim = 2048). Before timing, each shape checks
 that the TMA and pointer paths give the same bits at the pointer path's default tile.
@@ -37,9 +37,9 @@ def main():
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--seqlens", default="4096,16384")
     p.add_argument("--headdims", default="64,128")
-    p.add_argument("--paths", default="ws,tma,ptr")
-    p.add_argument("--ws-tiles", default="all", choices=("all", "default"),
-                   help="the Gluon forward's tuning candidates, or only its default tile (configs.HOPPER)")
+    p.add_argument("--paths", default="hopper,tma,ptr")
+    p.add_argument("--hopper-tiles", default="all", choices=("all", "default"),
+                   help="the Hopper forward's tuning candidates, or only its default tile (configs.HOPPER)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
@@ -73,11 +73,11 @@ def main():
                 print(f"d{d} causal={causal} n={n}: cudnn {line['cudnn_tflops']:.1f} flash "
                       f"{line['flash_tflops']:.1f} TF/s; TMA bits equal: {bits}", flush=True)
                 for path in a.paths.split(","):
-                    launch = interface.Launch(tma=path != "ptr", programs=sms if path == "wsp" else None)
-                    forward_hopper.HEAD_GROUP = int(path[4:]) if path.startswith("ws-g") else group
-                    ws = [t for t in configs.tuning_candidates("fwd", d, 2, 9, True) if t.hopper]
-                    ws = ws if a.ws_tiles == "all" else [configs.HOPPER[d]]
-                    tiles = {**{p: ws for p in a.paths.split(",") if p.startswith("ws")},
+                    launch = interface.Launch(tma=path != "ptr", programs=sms if path == "hopperp" else None)
+                    forward_hopper.HEAD_GROUP = int(path[len("hopper-g"):]) if path.startswith("hopper-g") else group
+                    hopper = [t for t in configs.tuning_candidates("fwd", d, 2, 9, True) if t.hopper]
+                    hopper = hopper if a.hopper_tiles == "all" else [configs.HOPPER[d]]
+                    tiles = {**{p: hopper for p in a.paths.split(",") if p.startswith("hopper")},
                              "tma": [t for t in TILES if configs.keep("fwd", t, d, 2, 9)],
                              "tma1": [configs.default("fwd", d, 2, causal, True)],
                              "ptr": [configs.default("fwd", d, 2, causal)]}[path]
@@ -90,7 +90,7 @@ def main():
                             print(f"   {name}: {type(e).__name__} {str(e)[:120]}", flush=True)
                             continue
                         tf = flops / ms * 1e-9
-                        if path.startswith("ws"):  # against the Triton forward's output of the same inputs
+                        if path.startswith("hopper"):  # against the Triton forward's output of the same inputs
                             diff = (interface.forward(q, k, v, scale, causal, "-inf", tile=t, launch=launch)[0].float()
                                     - same[1][0].float()).abs().max().item()
                             name += f" (max|out - triton out| {diff:.2e})"

@@ -1,6 +1,6 @@
 """What every bundled kernel must do, written once and run on each: triton (on the CPU under the
 interpreter, or on the GPU), cuda and cuda-simt (GPU only: marked gpu, skipped on the CPU with the
-reason). Kernel-specific checks (launch paths, TMA, the Gluon forward, the nvcc build) stay in
+reason). Kernel-specific checks (launch paths, TMA, the Hopper forward, the nvcc build) stay in
 test_triton_kernels.py and test_cuda_kernels.py."""
 import functools
 

@@ -60,14 +60,14 @@ def test_unknown_mutant_is_a_usage_error():
     assert r.exit_code == 2 and "--only='nosuch': unknown mutant" in r.stderr
 
 
-def test_mutants_of_the_gluon_forward_run_only_where_it_does():
-    """The Gluon forward runs on sm_90 only: its mutants are left out elsewhere (they would survive for
+def test_mutants_of_the_hopper_forward_run_only_where_it_does():
+    """The Hopper forward runs on sm_90 only: its mutants are left out elsewhere (they would survive for
     nothing), and asking for one there is a usage error that names the rule."""
     cpu = torch.device("cpu")
     assert HOPPER_MUTANTS and not any(applicable(m, cpu) for m in HOPPER_MUTANTS)
     assert all(applicable(m, cpu) for m in MUTANTS if m not in HOPPER_MUTANTS)
-    r = cli("mutants", "--only", "ws-consumer-rows", "--device", "cpu")
-    assert r.exit_code == 2 and "--only='ws-consumer-rows': its code runs only on sm_90 GPUs" in r.stderr, r.stderr
+    r = cli("mutants", "--only", "hopper-consumer-rows", "--device", "cpu")
+    assert r.exit_code == 2 and "--only='hopper-consumer-rows': its code runs only on sm_90 GPUs" in r.stderr, r.stderr
 
 
 def test_mutants_in_parallel_jobs(tmp_path):
@@ -112,7 +112,7 @@ def test_a_mutant_reaches_only_the_paths_of_its_file():
     """A case reaches a mutant's code if it took a code path of the mutated file (interface.PATHS)."""
     from faverify.kernels.triton.interface import PATHS
     by_file = {m.file: m for m in MUTANTS}
-    assert [p for p in PATHS if by_file["forward_hopper.py"].reaches(p)] == ["fwd gluon-ws"]
+    assert [p for p in PATHS if by_file["forward_hopper.py"].reaches(p)] == ["fwd hopper"]
     assert [p for p in PATHS if by_file["forward.py"].reaches(p)] == ["fwd triton-tma", "fwd triton",
                                                                       "fwd triton generic"]
     assert [p for p in PATHS if by_file["backward.py"].reaches(p)] == ["bwd triton", "bwd triton generic"]
@@ -121,33 +121,33 @@ def test_a_mutant_reaches_only_the_paths_of_its_file():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                    reason="the Gluon forward runs on sm_90 only")
-def test_a_gluon_mutant_fails_in_a_worker_process():
-    """faverify mutants on a GPU runs each case in a worker process: there, a mutant of the Gluon forward
+                    reason="the Hopper forward runs on sm_90 only")
+def test_a_hopper_mutant_fails_in_a_worker_process():
+    """faverify mutants on a GPU runs each case in a worker process: there, a mutant of the Hopper forward
     must launch its own mutated kernel and fail, not the unmutated one the parent process imported."""
     from faverify.case import Case
     from faverify.isolation import Worker
     from faverify.verdict import Tolerance
     case = Case(1, 129, 129, 2, 2, 64, dtype="bf16", seed=1)  # rows past 64: the second consumer's
     results = {}
-    for kernel in ("triton", "mutant:ws-consumer-rows"):
+    for kernel in ("triton", "mutant:hopper-consumer-rows"):
         worker = Worker(kernel, "cuda:0", "fwd", Tolerance().to_dict(), 300.0)
         try:
             results[kernel] = worker.evaluate(case)
         finally:
             worker.stop()
-    assert results["triton"].status == "pass" and results["triton"].paths == ["fwd gluon-ws"], results["triton"]
-    mutant = results["mutant:ws-consumer-rows"]
-    assert mutant.paths == ["fwd gluon-ws"] and mutant.status == "fail", (mutant.status, mutant.reason)
+    assert results["triton"].status == "pass" and results["triton"].paths == ["fwd hopper"], results["triton"]
+    mutant = results["mutant:hopper-consumer-rows"]
+    assert mutant.paths == ["fwd hopper"] and mutant.status == "fail", (mutant.status, mutant.reason)
 
 
-def test_a_gluon_mutant_is_fuzzed_only_with_cases_that_reach_the_gluon_forward():
-    """A Gluon mutant's fuzz draws from GLUON_CASES (FuzzPlan.narrow): every case must be one the launcher
-    sends to the Gluon forward on sm_90 (16-bit, padded head dim 64 or 128, strides multiples of 16), and
+def test_a_hopper_mutant_is_fuzzed_only_with_cases_that_reach_the_hopper_forward():
+    """A Hopper mutant's fuzz draws from HOPPER_CASES (FuzzPlan.narrow): every case must be one the launcher
+    sends to the Hopper forward on sm_90 (16-bit, padded head dim 64 or 128, strides multiples of 16), and
     the case mix must stay wide (both dtypes, causal and not, each allowed layout, tails)."""
     from faverify.plan import FuzzPlan
     from faverify.inputs import make_inputs
-    from faverify.kernels.mutants.catalog import GLUON_CASES
+    from faverify.kernels.mutants.catalog import HOPPER_CASES
     from faverify.kernels.triton import configs
     from faverify.kernels.triton.common import block_d
     from faverify.kernels.triton.interface import _aligned
@@ -155,7 +155,7 @@ def test_a_gluon_mutant_is_fuzzed_only_with_cases_that_reach_the_gluon_forward()
     from faverify.strategies import Limits
     limits = Limits(max_seqlen=300, max_batch=2, max_heads=8, max_elements=1 << 16)
     plan = FuzzPlan(iters=150, seed=3, dtypes=("bf16", "fp16", "fp32"), limits=limits, database=None,
-                    narrow=GLUON_CASES)
+                    narrow=HOPPER_CASES)
     drawn = draw_cases(plan)
     assert len(drawn) == 150
     for case in drawn:
@@ -164,7 +164,7 @@ def test_a_gluon_mutant_is_fuzzed_only_with_cases_that_reach_the_gluon_forward()
         elem = x.q.element_size()
         assert configs.hopper_forward(elem, 9, block_d(case.head_dim)) and _aligned(x.q, x.k, x.v, out), case
     assert {c.dtype for c in drawn} == {"bf16", "fp16"} and {c.causal for c in drawn} == {False, True}
-    assert {c.layout for c in drawn} == set(GLUON_CASES["layouts"])
+    assert {c.layout for c in drawn} == set(HOPPER_CASES["layouts"])
     assert any(c.seqlen_k % 128 for c in drawn) and {block_d(c.head_dim) for c in drawn} == {64, 128}
 
 

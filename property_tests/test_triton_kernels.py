@@ -56,11 +56,11 @@ def test_without_the_interpreter_emulation_bf16_would_be_wrong():
 def test_each_case_reports_the_code_paths_it_took():
     """The subject tells which launch paths ran (Subject.paths): the fuzz counts cases per path and a
     mutant's row says whether any case ran its code. Here: the Triton forward and backward on this
-    device (the Gluon forward on sm_90, TMA on later GPUs), the forward alone in mode fwd, no launch at
+    device (the Hopper forward on sm_90, TMA on later GPUs), the forward alone in mode fwd, no launch at
     all without keys, and nothing left over from an earlier call."""
     subject = resolve("triton")
     major = torch.cuda.get_device_capability()[0] if HAS_GPU else 0
-    fwd = "fwd gluon-ws" if major == 9 else ("fwd triton-tma" if major > 9 else "fwd triton")
+    fwd = "fwd hopper" if major == 9 else ("fwd triton-tma" if major > 9 else "fwd triton")
     case = Case(1, 33, 40, 2, 1, 64, dtype="bf16", seed=3)
     assert evaluate(subject, case, DEVICE).paths == [fwd, "bwd triton"]
     assert evaluate(subject, case, DEVICE, mode="fwd").paths == [fwd]
@@ -76,7 +76,7 @@ def test_each_case_reports_the_code_paths_it_took():
 def test_one_compile_per_variant_whatever_the_sizes():
     """A fuzz run draws a new batch, head count, group and pair of seqlens nearly every case. Triton compiles
     a kernel again for each pattern of integer arguments equal to 1 or divisible by 16 unless they are left
-    unspecialized, and each compile costs seconds: the sizes must not make new variants (the Gluon forward's
+    unspecialized, and each compile costs seconds: the sizes must not make new variants (the Hopper forward's
     did, and halved the GPU fuzz throughput), beyond the one of each build."""
     import triton
 
@@ -88,7 +88,7 @@ def test_one_compile_per_variant_whatever_the_sizes():
         if device in f.device_caches:
             f.device_caches[device][0].clear()
     subject = resolve("triton")
-    # the Gluon forward's two builds (forward_hopper.kernel): seqlens both multiples of 16, or not
+    # the Hopper forward's two builds (forward_hopper.kernel): seqlens both multiples of 16, or not
     sizes = [(1, 1, 1, 1, 1), (2, 16, 32, 16, 16), (3, 97, 200, 6, 2), (1, 256, 1, 4, 4), (4, 33, 48, 8, 1),
              (3, 64, 16, 6, 2), (1, 1, 16, 1, 1)]
     paths = set()
@@ -111,7 +111,7 @@ TMA_SKIP = HAS_GPU and torch.cuda.get_device_capability()[0] < 9
 def test_forward_through_tensor_descriptors_gives_the_same_bits(case):
     """The Triton forward's TMA path (sm_90+) and its pointer path must agree bit for bit: the copy engine's
     zero fill at the sequence tails and in the head-dim padding (48 and 80 pad to 64 and 128) replaces the
-    masks. Both at one tile, and without the Gluon forward, which TMA inputs take on sm_90: its own key
+    masks. Both at one tile, and without the Hopper forward, which TMA inputs take on sm_90: its own key
     tiles are another sum order (test_hopper_forward_is_right_against_fp64 checks it)."""
     import dataclasses
 
@@ -127,13 +127,13 @@ def test_forward_through_tensor_descriptors_gives_the_same_bits(case):
         out, lse, (rowmax, log2l) = interface.forward(x.q, x.k, x.v, case.scale, case.causal, case.init,
                                                       tile=tile, launch=launch)
         launched = interface._LAUNCHED[-1]
-        assert ("triton-tma" in launched) == tma and "gluon" not in launched, launched
+        assert ("triton-tma" in launched) == tma and "hopper" not in launched, launched
         got[tma] = (out, lse, rowmax, log2l)
     for name, a, b in zip(("out", "lse", "rowmax", "log2l"), got[False], got[True]):
         assert torch.equal(a, b), name
 
 
-HOPPER_SKIP = "the warp-specialized Gluon forward runs on sm_90 only (wgmma)"
+HOPPER_SKIP = "the warp-specialized Hopper forward runs on sm_90 only (wgmma)"
 
 
 def _is_hopper() -> bool:
@@ -146,7 +146,7 @@ def _is_hopper() -> bool:
 @given(cases(limits=Limits(max_seqlen=400, max_batch=2, max_heads=4, max_elements=1 << 17),
              dtypes=("bf16", "fp16"), head_dims=(48, 64, 80, 128), layouts=("contiguous", "transposed", "packed")))
 def test_hopper_forward_is_right_against_fp64(case):
-    """The Gluon forward (forward_hopper.py) takes 16-bit inputs with padded head dim 64 or 128 on sm_90:
+    """The Hopper forward (forward_hopper.py) takes 16-bit inputs with padded head dim 64 or 128 on sm_90:
     its outputs pass the verdict against FP64 on random cases (tails at 64 and 128 rows, causal with
     seqlen_q != seqlen_k, fully masked rows, GQA, both inits, large logits), and its row max and log2 l,
     which the backward reads, equal the Triton forward's up to summation order. The kernel is persistent:
@@ -185,11 +185,11 @@ def test_hopper_forward_only_where_it_can_run():
     q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16, device=DEVICE)
     assert not interface._use_hopper(q, False)
     assert interface._use_hopper(q, True) == _is_hopper()
-    assert str(configs.HOPPER[128]).endswith(" ws")
+    assert str(configs.HOPPER[128]).endswith(" hopper")
     assert configs.default("fwd", 128, 2, False, True, True).hopper == (not interface.INTERPRET)
 
 
-def test_gluon_grid_is_one_program_per_block_or_the_persistent_count():
+def test_hopper_grid_is_one_program_per_block_or_the_persistent_count():
     """forward_hopper.grid: the GPU test's 3 persistent programs must really be 3 (else it would compare the
     default launch with itself), and never more programs than blocks."""
     from faverify.kernels.triton import configs
@@ -232,11 +232,11 @@ def test_fuzz_60_cases_every_dtype_on_this_machine(tmp_path):
     r = cli("fuzz", "--kernel", "triton", "--iters", "60", "--dtype", "bf16,fp16,fp32", "--device", DEVICE,
             "--json", tmp_path / "f.json", "--markdown", tmp_path / "f.md")
     assert r.exit_code == 0, r.stderr
-    # every case that ran took one forward path, and the report counts them (fwd gluon-ws among them on sm_90)
+    # every case that ran took one forward path, and the report counts them (fwd hopper among them on sm_90)
     summary = read_json(tmp_path / "f.json")["kernels"][0]["summary"]
     paths = summary["paths"]
     assert set(paths) <= set(PATHS) and sum(n for p, n in paths.items() if p.startswith("fwd")) == 60, paths
-    assert paths.get("fwd gluon-ws", 0) > 0 or not _is_hopper(), paths
+    assert paths.get("fwd hopper", 0) > 0 or not _is_hopper(), paths
     assert "cases per code path" in (tmp_path / "f.md").read_text()
 
 
@@ -248,12 +248,12 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
         print("\n" + out[-20000:])
     assert returncode == 0, out[-3000:] + err[-3000:]
     assert "0 failed" in out
-    # the Gluon forward, for sm_90 only, as the launcher takes it there (configs.HOPPER)
-    ws = [line for line in out.splitlines() if line.startswith("fwd-ws ")]
+    # the Hopper forward, for sm_90 only, as the launcher takes it there (configs.HOPPER)
+    hopper = [line for line in out.splitlines() if line.startswith("fwd-hopper ")]
     # only the d64 causal variants may spill: 24 bytes of stack, saved once per query block before the
     # key-tile loop (docs/measurements.md, session 10); a spill anywhere else is new
-    assert len(ws) == 8 and all(" sm_90 " in line and (line.rstrip().endswith(" ok") or (
-        " D64 causal " in line and line.rstrip().endswith(" ok, spills"))) for line in ws), ws
+    assert len(hopper) == 8 and all(" sm_90 " in line and (line.rstrip().endswith(" ok") or (
+        " D64 causal " in line and line.rstrip().endswith(" ok, spills"))) for line in hopper), hopper
     # fp32's own small tiles (configs._fp32): the 16-bit ones spilled up to 45 KB there
     fp32 = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if re.match(r"\w+ fp32 D\d+", line)]
     assert fp32 and all(int(row[5]) <= 64 for row in fp32), [row[:6] for row in fp32 if int(row[5]) > 64]

@@ -54,7 +54,7 @@ class Subject:
     # workers, so each variant compiles once and lands in the on-disk cache before the cases start,
     # instead of every worker compiling every variant itself. None: nothing to compile ahead.
     warmup: Callable[[tuple], list] | None = None
-    # The code paths its kernels took since the last call, which starts a new list (e.g. ["fwd gluon-ws",
+    # The code paths its kernels took since the last call, which starts a new list (e.g. ["fwd hopper",
     # "bwd triton"]): each case reports them, a fuzz counts the cases per path. None: not told.
     paths: Callable[[], list] | None = None
 

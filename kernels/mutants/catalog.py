@@ -15,9 +15,9 @@ class Mutant:
     new: str  # the statement(s) that replace the marked one; "" deletes it
     bug: str
     why: str
-    runs_on: str = "any"  # "sm_90": the mutated code runs only there (the Gluon forward), a GPU of that kind
+    runs_on: str = "any"  # "sm_90": the mutated code runs only there (the Hopper forward), a GPU of that kind
     # the draw narrowed to cases that run the mutated code (strategies.cases' arguments, FuzzPlan.narrow);
-    # None: every case runs it. A default fuzz on an H200 sends about 1 case in 8 to the Gluon forward:
+    # None: every case runs it. A default fuzz on an H200 sends about 1 case in 8 to the Hopper forward:
     # 100 cases of each of its mutants reached it 0 to 4 times (H200, 2026-11), too few to test the verdicts.
     cases: dict | None = None
 
@@ -27,7 +27,7 @@ class Mutant:
 
 
 # the prefix of interface.PATHS each kernel file's code runs under ("" : the launcher, every path)
-_PATH_OF = {"forward.py": "fwd triton", "forward_hopper.py": "fwd gluon-ws", "backward.py": "bwd triton",
+_PATH_OF = {"forward.py": "fwd triton", "forward_hopper.py": "fwd hopper", "backward.py": "bwd triton",
             "interface.py": ""}
 
 
@@ -114,37 +114,37 @@ MUTANTS = (
            "an off-by-one in one of three copies of the mask, seen in real kernels' trackers"),
 )
 
-# The Gluon forward (forward_hopper.py), the forward that runs on sm_90 for 16-bit head dims 33..128: the
+# The Hopper forward (forward_hopper.py), the forward that runs on sm_90 for 16-bit head dims 33..128: the
 # same classes of bug in its own code, plus one of its own (the consumer warpgroups' row offsets).
 # Its cases (configs.hopper_forward, interface._use_hopper): 16-bit, padded head dim 64 or 128, every stride
 # a multiple of 16 elements: head dims that are multiples of 16, in the layouts that keep them so ("strided"
 # pads rows by 8).
-GLUON_CASES = {"dtypes": ("bf16", "fp16"), "head_dims": (48, 64, 80, 96, 112, 128), "exact_head_dims": True,
+HOPPER_CASES = {"dtypes": ("bf16", "fp16"), "head_dims": (48, 64, 80, 96, 112, 128), "exact_head_dims": True,
                "layouts": ("contiguous", "transposed", "packed")}
-HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, runs_on="sm_90", cases=GLUON_CASES)
+HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, runs_on="sm_90", cases=HOPPER_CASES)
                        for name, site, new, bug, why in (
-    ("ws-no-neg-inf-guard", "neg-inf-guard", "m_use = m_new",
-     "the Gluon forward subtracts an unguarded -inf running max: NaN on a row whose first tile is masked",
+    ("hopper-no-neg-inf-guard", "neg-inf-guard", "m_use = m_new",
+     "the Hopper forward subtracts an unguarded -inf running max: NaN on a row whose first tile is masked",
      "as no-neg-inf-guard, in a second copy of the softmax"),
-    ("ws-no-rescale", "rescale", "",
-     "the Gluon forward never rescales acc when the running max grows",
+    ("hopper-no-rescale", "rescale", "",
+     "the Hopper forward never rescales acc when the running max grows",
      "with the p v product issued a tile late, the rescale moves after its wait and is easy to drop"),
-    ("ws-causal-top-left", "causal-diagonal", "diag = 0",
-     "the Gluon forward aligns the causal mask top-left",
+    ("hopper-causal-top-left", "causal-diagonal", "diag = 0",
+     "the Hopper forward aligns the causal mask top-left",
      "as causal-top-left: equal seqlens hide it"),
-    ("ws-tail-tile-unmasked", "full-tiles", "n_full = (full + BLOCK_N - 1) // BLOCK_N",
-     "the Gluon forward counts the partial last key tile as full: keys past seqlen_k (zero-filled) enter the "
+    ("hopper-tail-tile-unmasked", "full-tiles", "n_full = (full + BLOCK_N - 1) // BLOCK_N",
+     "the Hopper forward counts the partial last key tile as full: keys past seqlen_k (zero-filled) enter the "
      "softmax", "tile counts rounded the wrong way; seqlens that are multiples of 128 hide it"),
-    ("ws-skip-own-diagonal", "key-tiles-end", "return n_full, hi // BLOCK_N",
-     "the Gluon forward skips the key tile its rows' last diagonal (or seqlen_k) falls in",
+    ("hopper-skip-own-diagonal", "key-tiles-end", "return n_full, hi // BLOCK_N",
+     "the Hopper forward skips the key tile its rows' last diagonal (or seqlen_k) falls in",
      "the count of tiles a block or warpgroup may skip rounds down where it must round up; only some rows "
      "lose keys"),
-    ("ws-partial-consumer-idle", "idle-consumer", "n_mine = gl.where(first + HALF <= seqlen_q, n_mine, 0)",
-     "a consumer warpgroup of the Gluon forward whose rows run past seqlen_q computes nothing, not even its "
+    ("hopper-partial-consumer-idle", "idle-consumer", "n_mine = gl.where(first + HALF <= seqlen_q, n_mine, 0)",
+     "a consumer warpgroup of the Hopper forward whose rows run past seqlen_q computes nothing, not even its "
      "rows before seqlen_q", "idle warpgroups past the end are skipped, and the test for one is an off-by-a-tile; "
      "seqlen_q a multiple of 64 hides it"),
-    ("ws-consumer-rows", "consumer-rows", "first = row0",
-     "every consumer warpgroup of the Gluon forward takes the first 64 rows of the block",
+    ("hopper-consumer-rows", "consumer-rows", "first = row0",
+     "every consumer warpgroup of the Hopper forward takes the first 64 rows of the block",
      "the per-warpgroup offset is easy to lose when a kernel is split into partitions; blocks of 64 rows hide it"),
 ))
 MUTANTS = MUTANTS + HOPPER_MUTANTS

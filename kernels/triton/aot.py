@@ -28,7 +28,7 @@ from faverify.kernels.triton.common import BLOCK_DS
 
 ELEM = {"fp16": 2, "bf16": 2, "fp32": 4}
 KERNELS = ("fwd", "dkdv", "dq", "preprocess")
-HOPPER_KERNEL = "fwd-ws"  # the Gluon forward (forward_hopper.py): sm_90 only, 16-bit, head dims 64 and 128
+HOPPER_KERNEL = "fwd-hopper"  # the Hopper forward (forward_hopper.py): sm_90 only, 16-bit, head dims 64 and 128
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Variant:
 
 
 def variants(capability: int = 80) -> list:
-    """The variants compiled for one compute capability: every Triton kernel's, and on sm_90 the Gluon
+    """The variants compiled for one compute capability: every Triton kernel's, and on sm_90 the Hopper
     forward's, whose tile is configs.HOPPER's (what the launcher takes there)."""
     out = []
     if capability == 90:
@@ -106,7 +106,7 @@ def _aligned_attrs(fn, constants: dict, sizes: tuple = ()) -> dict:
 
 
 def _hopper_source(v: Variant, capability: int):
-    """(source, options, tile) of the Gluon forward as interface.forward launches it on sm_90."""
+    """(source, options, tile) of the Hopper forward as interface.forward launches it on sm_90."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 

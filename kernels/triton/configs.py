@@ -17,11 +17,11 @@ class Tile:
     block_n: int  # keys per tile
     num_warps: int
     num_stages: int
-    hopper: bool = False  # the warp-specialized Gluon forward (forward_hopper.py) rather than forward.py
+    hopper: bool = False  # the warp-specialized Hopper forward (forward_hopper.py) rather than forward.py
 
     def __str__(self) -> str:
         text = f"M{self.block_m} N{self.block_n} w{self.num_warps} s{self.num_stages}"
-        return text + " ws" if self.hopper else text
+        return text + " hopper" if self.hopper else text
 
 
 CANDIDATES = {
@@ -49,7 +49,7 @@ def fp32_registers(kind: str, tile: Tile, block_d: int) -> float:
     spills to the stack (seen in the AOT report: M128 N128 w4 at head dim 128, 256 by this count, gets a
     12 KB stack frame on sm_80). The AOT report's stack column checks every default against this."""
     m, n = tile.block_m, tile.block_n
-    if tile.hopper:  # the Gluon forward: consumer warpgroups of 64 rows each, block_m // 64 of them
+    if tile.hopper:  # the Hopper forward: consumer warpgroups of 64 rows each, block_m // 64 of them
         m = 64
     held = {"fwd": m * block_d + m * n,  # acc, s/p
             "dkdv": 2 * n * block_d + 2 * n * m,  # dk, dv, p^T, ds^T
@@ -63,7 +63,7 @@ def keep(kind: str, tile: Tile, block_d: int, elem: int, capability_major: int =
         return False
     if fp32_registers(kind, tile, block_d) > 192:
         return False
-    # the Gluon forward's three consumers get 160 registers each (forward_hopper.registers), which a
+    # the Hopper forward's three consumers get 160 registers each (forward_hopper.registers), which a
     # 64 x 128 accumulator and a 64 x block_n score tile with two copies of p do not fit
     if tile.hopper and tile.block_m > 128 and block_d > 64:
         return False
@@ -92,7 +92,7 @@ TUNING = {
 
 
 def tuning_candidates(kind: str, block_d: int, elem: int, capability_major: int = 9, hopper: bool = False) -> list:
-    """hopper: the Gluon forward can run (hopper_forward), and its tiles compete too."""
+    """hopper: the Hopper forward can run (hopper_forward), and its tiles compete too."""
     extra = [Tile(m, n, 4, s, hopper=True) for m in (128, 192) for n in (64, 128) for s in (2, 3)
              ] if hopper and kind == "fwd" else []
     return [t for t in TUNING[kind] + extra if keep(kind, t, block_d, elem, capability_major)]
@@ -131,13 +131,13 @@ _FWD = {True: {(64, False): Tile(128, 128, 4, 3), (64, True): Tile(128, 128, 4, 
 
 
 def hopper_forward(elem: int, capability_major: int, block_d: int) -> bool:
-    """Whether the warp-specialized Gluon forward (forward_hopper.py) can run, given tensors that load
+    """Whether the warp-specialized Hopper forward (forward_hopper.py) can run, given tensors that load
     through TMA: 16-bit, sm_90 exactly (wgmma is Hopper's; later GPUs have other matrix instructions),
     padded head dim 64 or 128 (its consumer warpgroups hold 64 x BLOCK_D accumulators; HOPPER's tiles)."""
     return elem == 2 and capability_major == 9 and block_d in (64, 128)
 
 
-# The Gluon forward's tiles: block_m = 64 query rows per consumer warpgroup, block_n keys per stage of the
+# The Hopper forward's tiles: block_m = 64 query rows per consumer warpgroup, block_n keys per stage of the
 # k/v ring, num_warps of one consumer (the launch's), num_stages of the ring. From devtools/triton_fwd_sweep.py
 # on the H200 (session 7, bf16): d64 takes three consumers (M192: 0.91-1.06x cuDNN at seqlen 4096 and 16384
 # non-causal, against 0.79-0.92x with two), d128 two (M128 N128: 0.92-1.01x; M128 N64 0.80-0.86x).
@@ -146,7 +146,7 @@ HOPPER = {64: Tile(192, 128, 4, 2, hopper=True), 128: Tile(128, 128, 4, 2, hoppe
 
 def default(kind: str, block_d: int, elem: int, causal: bool, tma: bool = False, hopper: bool = False) -> Tile:
     """Starting points measured on an H200, pruned to what fits. tma: the forward loads through tensor
-    descriptors (interface._use_tma); hopper: the Gluon forward can run (hopper_forward)."""
+    descriptors (interface._use_tma); hopper: the Hopper forward can run (hopper_forward)."""
     if kind == "fwd" and hopper and not INTERPRET:
         return HOPPER[block_d]
     if INTERPRET:

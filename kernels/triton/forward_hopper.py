@@ -310,7 +310,7 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
     tma.store_wait(pendings=0)
 
 
-def _fwd_ws(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l,  #
+def _fwd_source(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l,  #
                 n_bh, nheads, group, seqlen_q, seqlen_k, qk_scale, init,  #
                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
                 CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, GROUP: gl.constexpr):
@@ -364,12 +364,12 @@ def _fwd_ws(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l,  #
 # pattern of integer arguments equal to 1 or divisible by 16: up to 3^5 patterns of these five sizes per
 # variant, which a fuzz run meets case after case, at seconds a compile (it halved the GPU fuzz rate).
 # Leaving all five unspecialized cost 7-9% at d64 causal 4096 on the H200, all of it from the seqlens
-# (devtools/gluon_specialize.py, docs/measurements.md, session 9). So seqlens that are both multiples of
+# (devtools/hopper_specialize.py, docs/measurements.md, session 9). So seqlens that are both multiples of
 # 16 take a build specialized on them (one pattern), any other pair the build specialized on nothing.
 _HEADS = ["n_bh", "nheads", "group"]
 ALIGNED = ("seqlen_q", "seqlen_k")  # the sizes _fwd_hopper_aligned is specialized on (aot.py declares them)
-_fwd_hopper_aligned = gluon.jit(do_not_specialize=_HEADS)(_fwd_ws)
-_fwd_hopper = gluon.jit(do_not_specialize=_HEADS + list(ALIGNED))(_fwd_ws)
+_fwd_hopper_aligned = gluon.jit(do_not_specialize=_HEADS)(_fwd_source)
+_fwd_hopper = gluon.jit(do_not_specialize=_HEADS + list(ALIGNED))(_fwd_source)
 
 
 def kernel(seqlen_q: int, seqlen_k: int):

@@ -27,9 +27,9 @@ class Launch:
         fast build applies: no pointer tiles in registers and no address arithmetic in the loop (d128 M128
         N64 w4: 40 bytes of stack against 296, and 1.6x the speed on the H200; docs/measurements.md,
         "Triton forward"). True or False forces a path where the strides allow it (the interpreter runs both).
-    hopper: the warp-specialized Gluon forward (forward_hopper.py) where it can run (configs.hopper_forward);
+    hopper: the warp-specialized Hopper forward (forward_hopper.py) where it can run (configs.hopper_forward);
         False compares the Triton forward with it on the same GPU.
-    programs: programs of the Gluon forward (forward_hopper.grid): None, one per query block; a number makes
+    programs: programs of the Hopper forward (forward_hopper.grid): None, one per query block; a number makes
         it persistent (3: each program runs many blocks, carrying its shared-memory ring and barrier phases
         from one to the next; devtools/triton_fwd_sweep.py times one per SM).
     emulate: emulate GPU bf16 numerics under the interpreter (common.py says why); None: exactly there.
@@ -45,7 +45,7 @@ DEFAULT = Launch()
 # fuzz shows which kernels its cases reached and a mutant which cases ran its mutated code. take_paths()
 # hands them over and starts a new list.
 _LAUNCHED: list = []
-PATHS = ("fwd gluon-ws", "fwd triton-tma", "fwd triton", "fwd triton generic", "fwd none (empty)",
+PATHS = ("fwd hopper", "fwd triton-tma", "fwd triton", "fwd triton generic", "fwd none (empty)",
          "bwd triton", "bwd triton generic", "bwd none (empty)")
 
 
@@ -130,10 +130,10 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
     tma = _use_tma(q, k, v, out, launch=launch)
     hopper = _use_hopper(q, tma, launch)
     tile = tile or configs.select("fwd", c["BLOCK_D"], q.element_size(), causal, max(sq, sk), tma, hopper)
-    if tile.hopper and not hopper:  # a tuned choice recorded where the Gluon kernel ran; not here
+    if tile.hopper and not hopper:  # a tuned choice recorded where the Hopper forward ran; not here
         tile = configs.default("fwd", c["BLOCK_D"], q.element_size(), causal, tma)
     if tile.hopper:
-        _LAUNCHED.append("fwd gluon-ws")
+        _LAUNCHED.append("fwd hopper")
         constants, options = _fwd_hopper.launch(tile)
         _fwd_hopper.kernel(sq, sk)[_fwd_hopper.grid(tile, sq, b * h, launch.programs)](
             *_fwd_hopper.descriptors(q, k, v, out, tile, c["BLOCK_D"]), lse, rowmax, log2l, b * h, h, h // hk, sq, sk,

@@ -1,16 +1,16 @@
-"""The Gluon forward as it is against another version of forward_hopper.py (a file, e.g. from
+"""The Hopper forward as it is against another version of forward_hopper.py (a file, e.g. from
 `git show REV:kernels/triton/forward_hopper.py`), in one process: each launches in place of
 forward_hopper.kernel's choice. First the bits: out and lse of every valid row must be equal (the numerics
 are meant not to change), at bench's shapes and at ragged ones. Then the speed at bench's shapes, the two
 alternating, with sdpa-cudnn in the same process; the spread between repeats is the noise. GPU (sm_90).
 
-    python3 devtools/gluon_ab.py OLD_FILE [--dtype bf16] [--repeats 3] [--bits-only]
+    python3 devtools/hopper_ab.py OLD_FILE [--dtype bf16] [--repeats 3] [--bits-only]
 """
 import argparse
 import importlib.util
 
 import torch
-from gluon_specialize import bench, bench_row  # devtools/, the script's own folder
+from hopper_specialize import bench, bench_row  # devtools/, the script's own folder
 
 from faverify.bench import Config
 from faverify.kernels.triton import forward_hopper, interface

@@ -1,9 +1,9 @@
-"""Which of the Gluon forward's size arguments does its speed depend on being specialized (== 1, divisible
-by 16)? Each variant builds forward_hopper._fwd_ws with its own do_not_specialize, launched in place of
+"""Which of the Hopper forward's size arguments does its speed depend on being specialized (== 1, divisible
+by 16)? Each variant builds forward_hopper._fwd_source with its own do_not_specialize, launched in place of
 forward_hopper.kernel's choice ("as launched": that choice), and times the forward at faverify bench's
 shapes, with sdpa-cudnn in the same process. GPU (sm_90) only.
 
-    python3 devtools/gluon_specialize.py [--dtype bf16]
+    python3 devtools/hopper_specialize.py [--dtype bf16]
 """
 import argparse
 
@@ -46,7 +46,7 @@ def main():
         for repeat in (1, 2):  # twice: the spread between the repeats is the noise
             for name, unspecialized in [*VARIANTS.items(), ("as launched", None)]:
                 forward_hopper.kernel = launched if unspecialized is None else (
-                    lambda sq, sk, j=gluon.jit(do_not_specialize=unspecialized)(forward_hopper._fwd_ws): j)
+                    lambda sq, sk, j=gluon.jit(do_not_specialize=unspecialized)(forward_hopper._fwd_source): j)
                 tf = cfg.flops("fwd") / bench(lambda: interface.forward(q, k, v, d ** -0.5, causal, "-inf")) * 1e-9
                 print(f"  {name:24s} run {repeat}: {tf:6.1f} TF/s, {tf / cudnn:.3f}x cudnn", flush=True)
     forward_hopper.kernel = launched

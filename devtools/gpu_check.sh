@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU checks of a change to the kernels or the verifier, in named, time-boxed steps, each writing its
+# log (and JSON where the command makes one) into a folder:
+#
+#   bash devtools/gpu_check.sh OUTDIR [STEP ...]          (default: tests fuzz mutants)
+#
+# Steps (seconds allowed in brackets; FAVERIFY_CHECK_SCALE=0.5 halves every box):
+#   tests      [240] pytest -m gpu: every GPU-marked test (the kernels against FP64, bits, compile counts)
+#   memory     [ 90] the seqlen-65536 memory test alone
+#   fuzz       [240] faverify fuzz --kernel triton --iters 10000 --dtype bf16,fp16 --mode both
+#   fuzz-cuda  [200] the same for cuda,cuda-simt
+#   fuzz-sdpa  [240] sdpa-flash, sdpa-efficient and sdpa-cudnn at 3000 cases each
+#   mutants    [300] faverify mutants --iters 60 (every mutant that runs on this GPU, and the control)
+#   bench      [150] faverify bench --kernel triton --headdims 64,128 --seqlens 4096,16384 --dtype bf16,fp16
+#   bench-cuda [150] the same for cuda
+#   doctor     [200] faverify doctor --level full
+#   sanitize   [240] compute-sanitizer memcheck and racecheck on devtools/sanitize_cases.py
+#
+# On the lent machine (no network) faverify is installed from the checkout without dependencies first.
+# One line per step goes to stdout: its name, exit code and seconds, then the lines of its log that carry
+# the verdict; the whole log is OUTDIR/STEP.log.
+set -u
+out=${1:?usage: gpu_check.sh OUTDIR [STEP ...]}
+shift
+steps=${*:-tests fuzz mutants}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 \
+  || { echo "install failed:"; tail -5 "$out/install.log"; exit 2; }
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
+'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')"
+
+scale=${FAVERIFY_CHECK_SCALE:-1}
+box() { python3 -c "print(max(10, int($1 * $scale)))"; }
+run() {  # run NAME SECONDS GREP COMMAND...: one time-boxed step, its log in $out/NAME.log
+  local name=$1 seconds; seconds=$(box "$2"); local pattern=$3; shift 3
+  local start; start=$(date +%s)
+  timeout -s TERM -k 10 "$seconds" "$@" >"$out/$name.log" 2>&1
+  local code=$?
+  echo "== $name: exit $code after $(( $(date +%s) - start )) s (box $seconds s)"
+  grep -v -i "warn" "$out/$name.log" | grep -E "$pattern" | tail -n 12 | cut -c1-200
+}
+fuzz() {  # fuzz NAME SECONDS KERNELS ITERS
+  run "$1" "$2" "passed|failed|cases/s|warm-up|code path|minimal case|signature|interrupted" \
+    python3 -m faverify fuzz --kernel "$3" --iters "$4" --dtype bf16,fp16 --mode both --no-db \
+    --json "$out/$1.json"
+}
+
+for step in $steps; do
+  case $step in
+    tests) run tests 240 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -m gpu -rfs property_tests ;;
+    memory) run memory 90 "MiB|passed|failed" python3 -m pytest -q -p no:cacheprovider -s property_tests/test_memory.py ;;
+    fuzz) fuzz fuzz 240 triton 10000 ;;
+    fuzz-cuda) fuzz fuzz-cuda 200 cuda,cuda-simt 10000 ;;
+    fuzz-sdpa) fuzz fuzz-sdpa 240 sdpa-flash,sdpa-efficient,sdpa-cudnn 3000 ;;
+    mutants) run mutants 300 "^killed|^control|SURVIVED|NOT " python3 -m faverify mutants --iters 60 \
+      --json "$out/mutants.json" ;;
+    bench) run bench 150 "^triton|^sdpa|passed|failed" python3 -m faverify bench --kernel triton --headdims 64,128 \
+      --seqlens 4096,16384 --dtype bf16,fp16 --no-tune --json "$out/bench.json" ;;
+    bench-cuda) run bench-cuda 150 "^cuda|^sdpa|passed|failed" python3 -m faverify bench --kernel cuda \
+      --headdims 64,128 --seqlens 4096,16384 --dtype bf16,fp16 --no-tune --json "$out/bench-cuda.json" ;;
+    doctor) run doctor 200 "Pass|Fail|Warn" python3 -m faverify doctor --level full --json "$out/doctor.json" ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        run "sanitize-$tool" 120 "ERROR SUMMARY|hazard|error" compute-sanitizer --tool "$tool" \
+          python3 devtools/sanitize_cases.py
+      done ;;
+    *) echo "unknown step: $step (steps: tests memory fuzz fuzz-cuda fuzz-sdpa mutants bench bench-cuda doctor sanitize)"
+       exit 2 ;;
+  esac
+done
