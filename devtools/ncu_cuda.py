@@ -1,5 +1,5 @@
 """One forward and one backward of a bundled kernel (or an SDPA backend) at a bench shape, for Nsight Compute
-to profile (the device's ncu reads hardware counters; METHOD.md: keep --clock-control none):
+to profile (the device's ncu reads hardware counters; keep --clock-control none, so the clocks are the ones a bench sees):
 
     ncu --clock-control none -k regex:'fwd|dq_kernel|dkdv' --set full python3 devtools/ncu_cuda.py 16384 128 0
     ncu --clock-control none -k regex:'_fwd|cudnn|sm90' python3 devtools/ncu_cuda.py 16384 128 0 triton

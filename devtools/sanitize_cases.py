@@ -18,7 +18,7 @@ CASES = [
     Case(1, 65, 129, 2, 2, 256, dtype="bf16", seed=3),
     Case(1, 1, 1, 1, 1, 3, dtype="fp16", seed=4),
     Case(1, 130, 130, 3, 3, 128, dtype="fp16", causal=True, seed=5, layout="packed"),
-    # GQA with several query tiles per head: the dkdv loop steps from head to head of a group (session 5)
+    # GQA with several query tiles per head: the dkdv loop steps from head to head of a group
     Case(2, 150, 140, 4, 2, 128, dtype="bf16", causal=True, seed=6),
 ]
 

@@ -1,5 +1,5 @@
-"""Instructions in the main loops of a CUDA kernel, from its SASS, on a machine without a GPU: what session 5
-used to find the CUDA kernels' overhead (docs/measurements.md, "Session 5") before spending device time.
+"""Instructions in the main loops of a CUDA kernel, from its SASS, on a machine without a GPU: how the CUDA
+kernels' address arithmetic was found (docs/measurements.md, "CUDA kernels") before spending device time.
 
     python3 devtools/sass_loops.py mma_bwd.cu 'dkdv_kernelI13__nv_bfloat16Li128' [--arch sm_90] [--all-paths]
 

@@ -1,7 +1,7 @@
 """Speed of subjects next to torch's SDPA backends, each configuration validated against FP64 first.
 
-Shapes follow anchors/h200.md: batch * seqlen = 16384 tokens and nheads * head_dim = 2048, so every
-configuration moves the same amount of data. TFLOP/s: forward 4 * b * h * sq * sk * d (halved for
+Shapes follow FlashAttention's own benchmarks: batch * seqlen = 16384 tokens and nheads * head_dim =
+2048, so every configuration moves the same amount of data. TFLOP/s: forward 4 * b * h * sq * sk * d (halved for
 causal), backward 2.5x the forward. Times are medians of triton.testing.do_bench. A configuration is
 timed only if a smaller instance of it (batch 1, two heads, same seqlen, head dim, causal, dtype) passes
 the verdict against FP64; a configuration a subject cannot run is reported with the reason.

@@ -18,7 +18,6 @@ from faverify import env as environment
 from faverify import golden, golden_files
 
 
-
 @dataclass(frozen=True)
 class Defect:
     """A backend's documented defect: a failing golden row that matches it is a Warn, not a Fail."""
@@ -27,12 +26,12 @@ class Defect:
     matches: object  # (golden verify row) -> bool
 
 
-MASKED_ROWS = Defect("garbage on rows that see no key", "anchors/sdpa-numerics.md",
+MASKED_ROWS = Defect("garbage on rows that see no key", "docs/torch-backends.md",
                      lambda row: row["case"].has_masked_rows)
 # All-133120 bf16 inputs (the regime named after a production kernel's NaN bug): torch 2.11's flash and
 # memory-efficient backwards return NaN/Inf gradients while out and lse are right. Found by `faverify fuzz`
-# on the H200 (docs/measurements.md); it is the backend's, on every GPU, not the machine's.
-BF16_SCALE_GRADIENTS = Defect("NaN/Inf gradients at bf16-scale values", "docs/measurements.md",
+# on the H200 (docs/torch-backends.md); it is the backend's, on every GPU, not the machine's.
+BF16_SCALE_GRADIENTS = Defect("NaN/Inf gradients at bf16-scale values", "docs/torch-backends.md",
                               lambda row: row["case"].regime == "bf16-scale" and row["case"].dtype == "bf16"
                               and ("NaN" in row["reason"] or "Inf" in row["reason"])
                               and not any(t in row["reason"] for t in ("out:", "lse:")))

@@ -1,4 +1,4 @@
-"""Errors the command line turns into exit codes (DESIGN.md): usage/environment errors exit 2."""
+"""Errors the command line turns into exit codes (docs/design.md): usage/environment errors exit 2."""
 
 
 class UsageError(ValueError):

@@ -6,7 +6,7 @@ One implementation serves two purposes:
   dtype after every operation, as `softmax(q @ k.T * scale) @ v` written in that dtype does it.
 
 Memory is O(chunk * seqlen_k): the chunk of query rows is sized from a byte budget, and dk/dv are
-accumulated across chunks. Conventions (DESIGN.md): layout [b, s, h, d], k/v heads shared by groups of
+accumulated across chunks. Conventions (docs/design.md): layout [b, s, h, d], k/v heads shared by groups of
 h // h_k query heads, causal aligned bottom-right, a row that sees no key gives out 0, lse -inf, dq 0.
 """
 from __future__ import annotations

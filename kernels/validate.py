@@ -1,6 +1,6 @@
 """Input validation for every bundled kernel, in one place. Each message names the rule it enforces.
 
-Conventions (DESIGN.md): q [batch, seqlen_q, nheads, head_dim], k and v [batch, seqlen_k, nheads_k,
+Conventions (docs/design.md): q [batch, seqlen_q, nheads, head_dim], k and v [batch, seqlen_k, nheads_k,
 head_dim] with nheads_k dividing nheads; the last dimension contiguous; dtype fp16, bf16 or fp32.
 """
 from __future__ import annotations

@@ -56,7 +56,7 @@ def test_sdpa_refusals_skip_with_torchs_reasons(monkeypatch, message):
 
 
 def test_sdpa_skip_reasons_leave_out_shapes_locations_and_disabled_backends():
-    """The warnings torch 2.11 gave on the H200 when sdpa-efficient refused cases (session 5): two cases of
+    """The warnings torch 2.11 gave on the H200 when sdpa-efficient refused cases (2026-11-30): two cases of
     different shapes give the same reason, so the skip table has one row for them."""
     from faverify.subjects.sdpa import _why
 

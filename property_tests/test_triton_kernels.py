@@ -251,7 +251,7 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
     # the Hopper forward, for sm_90 only, as the launcher takes it there (configs.HOPPER)
     hopper = [line for line in out.splitlines() if line.startswith("fwd-hopper ")]
     # only the d64 causal variants may spill: 24 bytes of stack, saved once per query block before the
-    # key-tile loop (docs/measurements.md, session 10); a spill anywhere else is new
+    # key-tile loop (docs/measurements.md, "Hopper forward"); a spill anywhere else is new
     assert len(hopper) == 8 and all(" sm_90 " in line and (line.rstrip().endswith(" ok") or (
         " D64 causal " in line and line.rstrip().endswith(" ok, spills"))) for line in hopper), hopper
     # fp32's own small tiles (configs._fp32): the 16-bit ones spilled up to 45 KB there

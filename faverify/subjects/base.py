@@ -1,6 +1,6 @@
 """What a subject is: a callable with the faverify signature and a statement of what it supports.
 
-The call signature (DESIGN.md): fn(q, k, v, *, causal, softmax_scale[, init]) on [b, s, h, d] tensors,
+The call signature (docs/design.md): fn(q, k, v, *, causal, softmax_scale[, init]) on [b, s, h, d] tensors,
 returning out or (out, lse); softmax_scale is None when the case uses the default, head_dim ** -0.5. Its backward is whatever torch autograd gives through it.
 """
 from __future__ import annotations

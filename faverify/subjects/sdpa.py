@@ -1,7 +1,7 @@
 """torch's scaled_dot_product_attention backends as subjects.
 
 torch's `is_causal=True` is top-left aligned when seqlen_q != seqlen_k, so causal cases with unequal
-lengths pass `causal_lower_right` to follow the bottom-right convention (anchors/sdpa-numerics.md).
+lengths pass `causal_lower_right` to follow the bottom-right convention (docs/torch-backends.md).
 A backend that cannot run a case skips it with torch's reason: torch raises "No available kernel" (CUDA) or
 "No viable backend" (other devices, newer torch) and says why in warnings, which are kept for the skip.
 """

@@ -1,6 +1,6 @@
 // What every CUDA kernel here shares: the launch parameters, element types, and the attention mask.
 //
-// Conventions (DESIGN.md): q [b, sq, h, d], k and v [b, sk, hk, d] with hk dividing h; the last dimension
+// Conventions (docs/design.md): q [b, sq, h, d], k and v [b, sk, hk, d] with hk dividing h; the last dimension
 // is contiguous and every other stride is given in elements. lse, rowmax and log2l are float32
 // [b, h, sq], contiguous. Causal is bottom-right aligned: query i sees key j iff j <= i + sk - sq.
 //

@@ -122,7 +122,8 @@ __device__ __forceinline__ int opaque(int x) {
 // Each of the NT threads owns one 16-byte column chunk and every (NT / CHUNKS)-th row from its first: its
 // source address is computed once and then stepped, in a loop unrolled at compile time. A loop over a
 // flat index (row = idx / CHUNKS) cost about 30 instructions per chunk in address arithmetic: in the
-// dkdv kernel more instructions than its mma's (SASS of session 5, docs/measurements.md).
+// dkdv kernel more instructions than its mma's (devtools/sass_loops.py at ccb7886; docs/measurements.md,
+// "CUDA kernels").
 template <typename T, int N, int D, int NT>
 __device__ __forceinline__ void load_tile(T (*dst)[D + PAD], const T *base, int64_t stride_s, int row0, int rows,
                                           int d, bool aligned) {

@@ -25,8 +25,8 @@ using namespace mma;  // dq takes the query-row tiles of mma.cuh (m_tiles, block
 // shared-memory reads it saves.
 // FA_DKDV_WARPS, FA_DKDV_BN and FA_DQ_BN128 override the warps per block, the query tile of dkdv and the key
 // tile of dq at head dim 128, when tuning (build.py, devtools/cuda_tune.py). Measured at head dim 128, bf16,
-// in session 4 (before the loads of mma.cuh lost their address arithmetic): 8 warps changed the dkdv kernel's
-// time by -2% to +4%; a query tile of 32, +14%; dq's key tile 48, +50%.
+// on the H200 (2026-11-30, at 822ba7d, before the loads of mma.cuh lost their address arithmetic): 8 warps
+// changed the dkdv kernel's time by -2% to +4%; a query tile of 32, +14%; dq's key tile 48, +50%.
 #ifndef FA_DKDV_WARPS
 #define FA_DKDV_WARPS 4
 #endif

@@ -19,7 +19,7 @@ namespace mma_fwd {
 
 using namespace mma;
 // The key tile at head dim 128: 48 keys, measured on the H200 (docs/measurements.md, devtools/cuda_tune.py):
-// 0.89-0.95x sdpa-flash against 0.79-0.83x with 32 (session 5), as each Q fragment read from shared memory
+// 0.89-0.95x sdpa-flash against 0.79-0.83x with 32 (2026-11-30, at ccb7886), as each Q fragment read from shared memory
 // feeds 3 n-tiles instead of 2; 64 spills. A library built for sm_80 takes 32: there nvcc 13.0 spills with
 // 48 (ptxas -v), and no sm_80 GPU was at hand to time either. FA_FWD_BN128 overrides it when tuning
 // (build.py: FAVERIFY_CUDA_DEFINES). __CUDA_ARCH_LIST__ names the one architecture a library is built for, in

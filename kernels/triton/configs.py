@@ -119,11 +119,12 @@ def tma_forward(elem: int, capability_major: int) -> bool:
 
 
 # The forward's best tiles on an H200 (bf16, seqlens 4096 and 16384), by (head dim, causal).
-# Through tensor descriptors (TMA, sm_90+), devtools/triton_fwd_sweep.py in session 6: the loads cost no
-# registers, so d128 fits M128 N64 over one warpgroup with two blocks per SM (492-522 TF/s; M128 N128 w8,
-# the pointer path's best, gave 422-498).
-# Through pointers (sm_80, or strides TMA cannot take): the anchor's sweep and bench --tune in session 3;
-# at d128 M128 N64 w4 spills there (296 bytes of stack, 308-320 TF/s in session 6's sweep).
+# Through tensor descriptors (TMA, sm_90+; devtools/triton_fwd_sweep.py, 2026-11-30 at 7b1fc13): the loads
+# cost no registers, so d128 fits M128 N64 over one warpgroup with two blocks per SM (492-522 TF/s; M128
+# N128 w8, the pointer path's best, gave 422-498).
+# Through pointers (sm_80, or strides TMA cannot take): `faverify bench --tune` on the H200 (2026-11-30);
+# at d128 M128 N64 w4 spills there (296 bytes of stack, 308-320 TF/s in the same sweep).
+# docs/measurements.md, "Triton forward", has the tables.
 _FWD = {True: {(64, False): Tile(128, 128, 4, 3), (64, True): Tile(128, 128, 4, 3),
                (128, False): Tile(128, 64, 4, 2), (128, True): Tile(128, 64, 4, 2)},
         False: {(64, False): Tile(128, 64, 4, 4), (64, True): Tile(128, 128, 4, 3),
@@ -139,8 +140,9 @@ def hopper_forward(elem: int, capability_major: int, block_d: int) -> bool:
 
 # The Hopper forward's tiles: block_m = 64 query rows per consumer warpgroup, block_n keys per stage of the
 # k/v ring, num_warps of one consumer (the launch's), num_stages of the ring. From devtools/triton_fwd_sweep.py
-# on the H200 (session 7, bf16): d64 takes three consumers (M192: 0.91-1.06x cuDNN at seqlen 4096 and 16384
-# non-causal, against 0.79-0.92x with two), d128 two (M128 N128: 0.92-1.01x; M128 N64 0.80-0.86x).
+# on the H200 (bf16, 2026-11-30 at 7ed83cf; docs/measurements.md, "Hopper forward"): d64 takes three
+# consumers (M192: 0.91-1.06x cuDNN at seqlen 4096 and 16384 non-causal, against 0.79-0.92x with two), d128
+# two (M128 N128: 0.92-1.01x; M128 N64 0.80-0.86x).
 HOPPER = {64: Tile(192, 128, 4, 2, hopper=True), 128: Tile(128, 128, 4, 2, hopper=True)}
 
 
@@ -156,9 +158,9 @@ def default(kind: str, block_d: int, elem: int, causal: bool, tma: bool = False,
     wide = block_d > 128  # 16-bit here: fp32 took its tiles above
     if kind == "fwd":
         preferred = _FWD[tma].get((block_d, causal), Tile(128, 64, 4, 3) if not wide else Tile(64, 64, 4, 2))
-    # the backward: dq takes what bench --tune chose in every session-3 row on the H200 (no spill on sm_90);
-    # dkdv at d128 too: causal M64 N128 w8 s2 (session 6: 1.05-1.06x sdpa-flash, against 0.95-0.96 with s3),
-    # non-causal s3 (session 3); elsewhere M32 N128
+    # the backward (docs/measurements.md, "Triton backward"): dq takes what `faverify bench --tune` chose in
+    # every row on the H200 (2026-11-30; no spill on sm_90); dkdv at d128 too: causal M64 N128 w8 s2 (bench
+    # --tune at 259e8f3: 1.05-1.06x sdpa-flash, against 0.95-0.96 with s3), non-causal s3; elsewhere M32 N128
     elif kind == "dkdv":
         preferred = (Tile(64, 128, 8, 2 if causal else 3) if block_d == 128 else Tile(32, 128, 4, 3) if not wide
                      else Tile(32, 64, 8, 2))

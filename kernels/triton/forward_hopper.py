@@ -32,7 +32,7 @@ Applies to 16-bit inputs on sm_90 with 16-byte aligned strides and padded head d
 takes this path; the GPU tests, the fuzz run and the mutants of kernels/mutants check it there, and CI
 compiles it for sm_90 (aot.py).
 
-Tried on the H200 and not kept (docs/measurements.md, sessions 7 and 8): FlashAttention-3's ping-pong
+Tried on the H200 and not kept (docs/measurements.md, "Hopper forward"): FlashAttention-3's ping-pong
 between consumers (2-8% slower, equal at one shape), a loop without the overlap (5-10% slower), two
 blocks per SM with 104 registers per consumer, the grid with heads first, and the persistent launch of
 one program per SM (equal without a mask, 3-13% slower with the causal one).
@@ -86,8 +86,8 @@ def grid(tile, seqlen_q: int, n_bh: int, programs: int | None) -> tuple:
     """One program per query block (programs None), or at most `programs`, each over every programs-th
     block of the schedule (persistent). On the H200 one per block was as fast without a mask and 3-13%
     faster with the causal one, whose blocks differ in length: the hardware hands out the next block to
-    the SM that is free, a persistent program takes its share in advance (devtools/triton_fwd_sweep.py,
-    docs/measurements.md, session 8)."""
+    the SM that is free, a persistent program takes its share in advance (devtools/triton_fwd_sweep.py at
+    cb1e2b9, 2026-11-30; docs/measurements.md, "Hopper forward")."""
     blocks = -(-seqlen_q // tile.block_m) * n_bh
     return (blocks if programs is None else min(blocks, programs),)
 
@@ -364,7 +364,7 @@ def _fwd_source(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l,  #
 # pattern of integer arguments equal to 1 or divisible by 16: up to 3^5 patterns of these five sizes per
 # variant, which a fuzz run meets case after case, at seconds a compile (it halved the GPU fuzz rate).
 # Leaving all five unspecialized cost 7-9% at d64 causal 4096 on the H200, all of it from the seqlens
-# (devtools/hopper_specialize.py, docs/measurements.md, session 9). So seqlens that are both multiples of
+# (devtools/hopper_specialize.py at 0e6d4fa, 2026-11-30; docs/measurements.md). So seqlens both multiples of
 # 16 take a build specialized on them (one pattern), any other pair the build specialized on nothing.
 _HEADS = ["n_bh", "nheads", "group"]
 ALIGNED = ("seqlen_q", "seqlen_k")  # the sizes _fwd_hopper_aligned is specialized on (aot.py declares them)
