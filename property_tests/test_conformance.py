@@ -146,7 +146,7 @@ def test_odd_shapes_pass_against_fp64(name, case):
 @pytest.mark.parametrize("name", KERNELS)
 @pytest.mark.parametrize("call,message", [
     (lambda f, q, k, v: f(q, *(torch.cat([k, k[:, :, :1]], 2),) * 2), "must divide number of heads"),
-    (lambda f, q, k, v: f(q, k, v.float()), "same dtype"),
+    (lambda f, q, k, v: f(q, k, v.to(torch.bfloat16)), "same dtype"),
     (lambda f, q, k, v: f(q[..., ::2], k[..., ::2], v[..., ::2]), "contiguous in its last dimension"),
     (lambda f, q, k, v: f(q, k, v, init="zero"), "init must be one of"),
     (lambda f, q, k, v: f(q, k, v, softmax_scale=-1.0), "softmax_scale must be a finite number > 0"),

@@ -145,8 +145,9 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     ((9, 0), "nvcc not found"),                  # a GPU, but no CUDA toolkit
     ((7, 5), "7.5 is not supported.*sm_80"),      # a GPU too old for the kernels
 ])
-def test_fuzz_stops_with_exit_2_when_the_kernels_cannot_build(monkeypatch, tmp_path, capability, message):
-    """What a user with a GPU sees: one clear line and exit 2 before any case runs, not a traceback."""
+def test_fuzz_stops_with_exit_2_when_the_kernels_cannot_build(monkeypatch, tmp_path, capability, message, cache):
+    """What a user with a GPU sees: one clear line and exit 2 before any case runs, not a traceback. The
+    cache is empty (the `cache` fixture): on a GPU machine a library built earlier would load without nvcc."""
     import re
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
