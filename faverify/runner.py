@@ -5,6 +5,8 @@ any other exception in the subject is a failing case with its message. Only our 
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -129,12 +131,14 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     else:
         from faverify.inputs import lay_out
         x, reference_given = lay_out(case, stored[0], requires_grad=backward), stored[1:]
+    pristine = _copy(x, backward)
     clock.lap("inputs")
     try:
-        out, lse = subject(x.q, x.k, x.v, case)
+        with _no_exit():
+            out, lse = subject(x.q, x.k, x.v, case)
     except (Unsupported, ValueError, NotImplementedError) as e:
         return CaseResult(name, case, "skip", f"{type(e).__name__}: {e}")
-    except Exception as e:  # the subject's failure, recorded with its message
+    except (Exception, SystemExit) as e:  # the subject's failure, recorded with its message
         return failure(name, case, "fail", f"forward raised {type(e).__name__}: {e}", f"error:{type(e).__name__}")
     problem = _check_outputs(case, x.q, out, lse)
     if problem:
@@ -145,19 +149,68 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         if not out.requires_grad:
             return CaseResult(name, case, "skip", "the subject's output has no autograd graph (no backward)")
         try:
-            grads = torch.autograd.grad(out, (x.q, x.k, x.v), x.dout, allow_unused=True)
-        except Exception as e:
-            return failure(name, case, "fail", f"backward raised {type(e).__name__}: {e}", f"error:{type(e).__name__}")
+            with _no_exit():
+                grads = torch.autograd.grad(out, (x.q, x.k, x.v), x.dout, allow_unused=True)
+        except (Exception, SystemExit) as e:  # autograd's own complaint may come from an input changed in place
+            result = failure(name, case, "fail", f"backward raised {type(e).__name__}: {e}", f"error:{type(e).__name__}")
+            for n, count in _modified(x, pristine, subject.caps.writes):
+                result.signatures.insert(0, f"{n}:modified")
+                result.reason = f"modified {n} in place: {count} elements; " + result.reason
+            return result
         for gname, grad, inp in zip(("dq", "dk", "dv"), grads, (x.q, x.k, x.v)):
             got[gname] = grad if grad is not None else torch.zeros_like(inp)
+        problem = next((p for g in ("dq", "dk", "dv") if (p := _on_device(g, got[g], x.q.device))), None)
+        if problem:
+            return failure(name, case, "fail", problem, "contract")
+    modified = _modified(x, pristine, subject.caps.writes)
     clock.lap("subject")
-    metrics = judge(case, x, got, tolerance, MODES[mode], reference_given)
+    metrics = judge(case, pristine, got, tolerance, MODES[mode], reference_given)
     clock.lap("reference")
-    signatures = [f"{t}:{kind(m)}" for t, m in metrics.items() if not m.passed]
-    if signatures:
-        reason = "; ".join(f"{t}: {m.reason}" for t, m in metrics.items() if not m.passed)
-        return CaseResult(name, case, "fail", reason, metrics, signatures)
+    failing = [(f"{n}:modified", f"modified {n} in place: {count} elements") for n, count in modified]
+    failing += [(f"{t}:{kind(m)}", f"{t}: {m.reason}") for t, m in metrics.items() if not m.passed]
+    if failing:
+        return CaseResult(name, case, "fail", "; ".join(r for _, r in failing), metrics, [sig for sig, _ in failing])
     return CaseResult(name, case, "pass", "", metrics)
+
+
+def _copy(x: Inputs, backward: bool) -> Inputs:
+    """The inputs as they are before the subject runs. The reference and the baseline are computed from
+    this copy, so a subject that changes its inputs in place cannot move the yardstick it is judged by."""
+    dout = x.dout.detach().clone() if backward else x.dout
+    return Inputs(*(t.detach().clone() for t in x.tensors()), dout)
+
+
+def _modified(x: Inputs, pristine: Inputs, writes: tuple) -> list:
+    """(input, changed elements) for each input the subject changed and was not declared to write
+    (Capabilities.writes); NaN stays NaN. One host transfer for all four."""
+    names = [n for n in ("q", "k", "v", "dout") if n not in writes and getattr(pristine, n) is not getattr(x, n)]
+    if not names:
+        return []
+    counts = []
+    for n in names:
+        now, before = getattr(x, n).detach(), getattr(pristine, n)
+        counts.append(((now != before) & ~(torch.isnan(now) & torch.isnan(before))).sum())
+    return [(n, int(c)) for n, c in zip(names, torch.stack(counts).tolist()) if c]
+
+
+class _SubjectExited(Exception):
+    """A subject called os._exit: in this process that would end faverify with the subject's exit code."""
+
+
+@contextlib.contextmanager
+def _no_exit():
+    """While the subject runs, os._exit raises instead of ending the process: run in this process
+    (--no-isolate, repro, golden verify), a kernel's os._exit(0) would otherwise end faverify with exit
+    code 0, a pass for nothing. sys.exit raises SystemExit, which the caller takes as the subject's."""
+    original = os._exit
+
+    def refuse(code=0):
+        raise _SubjectExited(f"the subject called os._exit({code})")
+    os._exit = refuse
+    try:
+        yield
+    finally:
+        os._exit = original
 
 
 def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple, given=None) -> dict:
@@ -176,10 +229,19 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
     return judge_all(stats, case.dtype, tolerance)
 
 
+def _on_device(name: str, t, device: torch.device) -> str | None:
+    if isinstance(t, torch.Tensor) and t.device != device:
+        return f"{name} is on {t.device}, expected the inputs' device {device}"
+    return None
+
+
 def _check_outputs(case: Case, q: torch.Tensor, out, lse) -> str | None:
-    """The calling convention (docs/design.md): out like q, lse [b, h, seqlen_q] float32."""
+    """The calling convention (docs/design.md): out like q, on q's device, lse [b, h, seqlen_q] float32."""
     if not isinstance(out, torch.Tensor):
         return f"out is {type(out).__name__}, expected a tensor"
+    problem = _on_device("out", out, q.device) or _on_device("lse", lse, q.device)
+    if problem:
+        return problem
     if tuple(out.shape) != tuple(q.shape):
         return f"out has shape {tuple(out.shape)}, expected {tuple(q.shape)} ([b, s, h, d])"
     if out.dtype != q.dtype:

@@ -91,3 +91,83 @@ def hangs(q, k, v, *, causal, softmax_scale):
         import time
         time.sleep(3600)
     return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+# Subjects that change their inputs in place: judged against references from the inputs as they were.
+
+def zeroes_q(q, k, v, *, causal, softmax_scale):
+    """Right output, then zeroes q in place."""
+    out = correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    with torch.no_grad():
+        q.zero_()
+    return out
+
+
+def doubles_q(q, k, v, *, causal, softmax_scale):
+    """Doubles q in place first: its output is right for the doubled q, wrong for the one it was given."""
+    with torch.no_grad():
+        q.mul_(2)
+    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+def copies_v_into_k(q, k, v, *, causal, softmax_scale):
+    """Overwrites k with v before attending."""
+    with torch.no_grad():
+        k.copy_(v)
+    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+class _ZeroesIncomingGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out):
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, dout):
+        grad = dout.clone()
+        dout.zero_()  # the backward zeroes the dO it was handed
+        return grad
+
+
+def zeroes_dout(q, k, v, *, causal, softmax_scale):
+    """Right forward and gradients, but its backward zeroes the incoming dO."""
+    return _ZeroesIncomingGrad.apply(correct(q, k, v, causal=causal, softmax_scale=softmax_scale))
+
+
+def writes_k_declared(q, k, v, *, causal, softmax_scale):
+    """Writes into k after attending, as a kernel that appends to a cache it is given, and declares it."""
+    out = correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    with torch.no_grad():
+        k.add_(1)
+    return out
+
+
+writes_k_declared.faverify_capabilities = {"writes": ["k"], "backward": False}
+
+
+def exits_zero(q, k, v, *, causal, softmax_scale):
+    """Calls sys.exit(0) on causal cases: a case that never returned, not a pass."""
+    if causal:
+        import sys
+        sys.exit(0)
+    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+def os_exits_zero(q, k, v, *, causal, softmax_scale):
+    """Ends its process with os._exit(0) on causal cases."""
+    if causal:
+        import os
+        os._exit(0)
+    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+def raises_keyboard_interrupt(q, k, v, *, causal, softmax_scale):
+    """Raises KeyboardInterrupt itself on causal cases: the kernel's failure, not the user's Ctrl-C."""
+    if causal:
+        raise KeyboardInterrupt("planted")
+    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+def returns_on_meta(q, k, v, *, causal, softmax_scale):
+    """Returns out on another device than its inputs'."""
+    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale).to("meta")

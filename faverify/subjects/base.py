@@ -12,6 +12,8 @@ from typing import Callable
 import torch
 
 from faverify.case import DTYPES, INITS, Case
+
+INPUTS = ("q", "k", "v", "dout")  # what a subject is given: dout through autograd
 from faverify.errors import Unsupported
 
 
@@ -25,6 +27,29 @@ class Capabilities:
     init_modes: tuple | None = None  # None: the subject takes no init; cases run whatever their init
     backward: bool = True
     lse: bool = False  # returns (out, lse)
+    # inputs the subject may write (a kernel that appends to a KV cache it is given); any other input it
+    # changes is a failing case ("modified q in place"), judged against references from the untouched copy
+    writes: tuple = ()
+
+    def __post_init__(self) -> None:
+        """Each field of the type it must have: a declaration that is not valid is refused when the subject
+        loads, not as a failure of every case."""
+        for name in ("dtypes", "devices", "writes") + (("init_modes",) if self.init_modes is not None else ()):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, value := tuple(value))
+            allowed = {"dtypes": DTYPES, "devices": ("cpu", "cuda"), "writes": INPUTS, "init_modes": INITS}[name]
+            if not isinstance(value, tuple) or not all(isinstance(x, str) and x in allowed for x in value):
+                raise ValueError(f"{name} must be a list of {', '.join(allowed)}, got {value!r}")
+        for name in ("min_head_dim", "max_head_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.min_head_dim > self.max_head_dim:
+            raise ValueError(f"min_head_dim {self.min_head_dim} is above max_head_dim {self.max_head_dim}")
+        for name in ("gqa", "backward", "lse"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     def reason_unsupported(self, case: Case, device: torch.device) -> str | None:
         if case.dtype not in self.dtypes:

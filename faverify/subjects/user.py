@@ -22,17 +22,23 @@ def load(spec: str) -> Subject:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:  # any import failure is the user's module, not ours
+    except (Exception, SystemExit) as e:  # any import failure is the user's module, not ours (sys.exit too)
         raise UsageError("--kernel", spec, f"cannot import module {module_name!r}: {type(e).__name__}: {e}") from None
     fn = getattr(module, attr, None)
     if fn is None or not callable(fn):
         raise UsageError("--kernel", spec, f"module {module_name!r} has no callable {attr!r}")
-    declared = dict(getattr(fn, "faverify_capabilities", {}) or {})
+    declared = getattr(fn, "faverify_capabilities", None)
+    if declared is None:
+        declared = {}
+    if not isinstance(declared, dict):
+        raise UsageError("--kernel", spec, f"faverify_capabilities must be a dict of Capabilities' keys, got "
+                                           f"{type(declared).__name__} {declared!r}")
+    declared = dict(declared)
     try:
         if "init_modes" not in declared and takes_init(fn):
             declared["init_modes"] = ("-inf", "-1e30")
-        caps = Capabilities(**{k: tuple(v) if isinstance(v, list) else v for k, v in declared.items()})
-    except TypeError as e:
+        caps = Capabilities(**declared)
+    except (TypeError, ValueError) as e:
         raise UsageError("--kernel", spec, f"faverify_capabilities is not valid: {e}") from None
     doc = (fn.__doc__ or "").strip().splitlines()
     return Subject(name=spec, fn=fn, caps=caps, description=doc[0] if doc else "user function")
