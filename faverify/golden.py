@@ -58,9 +58,9 @@ def verify_many(jobs: list, *, directory: Path = DEFAULT_DIR, tolerance, names=N
 
     entries = _entries(directory, names)
     bad = {}
-    for entry in entries:  # integrity once, in this process: a bad file is its row in every job
-        try:
-            read(directory, entry)
+    for entry in entries:  # integrity once, in this process: a bad file is its row in every job, whether its
+        try:               # bytes fail the index's sha256 or do not decode (as verify() in this process)
+            decode(read(directory, entry), entry, "cpu")
         except GoldenFileProblem as e:
             bad[entry.name] = e
     rows = {(k, d): {} for k, d, _ in jobs}

@@ -35,6 +35,10 @@ class Task(NamedTuple):
 def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict) -> None:
     """The worker's loop: (case, gradcheck, golden) in, CaseResult dict out, until None or a poisoned
     context. The spawned process inherits this one's environment (TRITON_INTERPRET among it)."""
+    import signal
+    # Ctrl-C reaches the whole process group; the parent stops the workers itself. So a KeyboardInterrupt
+    # raised in here is the subject's own doing, and runner.evaluate reports it as its failure.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         from faverify.runner import evaluate
         from faverify.subjects import resolve
@@ -65,7 +69,7 @@ def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict) -> None:
                     directory, entry = golden
                     stored = golden_files.load(directory, entry, device)
                 result = evaluate(subject, case, device, mode=mode, tolerance=tol, gradcheck=gradcheck,
-                                  stored=stored)
+                                  stored=stored, in_worker=True)
         except BaseException as e:  # our own bug while judging: reported as a crash of this case
             result = failure(kernel, case, "crash", f"faverify raised {type(e).__name__}: {e}\n"
                              + traceback.format_exc(limit=4), "crash", device)

@@ -61,15 +61,19 @@ def failure(kernel: str, case: Case, status: str, reason: str, signature: str, d
 
 
 def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: str = "both",
-             tolerance: Tolerance | None = None, gradcheck: bool = False, stored=None) -> CaseResult:
+             tolerance: Tolerance | None = None, gradcheck: bool = False, stored=None,
+             in_worker: bool = False) -> CaseResult:
     """stored: (inputs, reference, scales) from a golden file instead of drawing from the seed and
-    computing the reference here (golden.py)."""
+    computing the reference here (golden.py). in_worker: this process is a worker (isolation.py), where
+    Ctrl-C is ignored, so a KeyboardInterrupt is the subject's own and fails its case; in the user's
+    process it stops the run."""
     device = torch.device(device)
     tolerance = tolerance or Tolerance()
     start = time.perf_counter()
     clock = _Clock(device)
     subject.take_paths()  # whatever ran before this case is not its
-    result = _evaluate(subject, case, device, mode, tolerance, clock, stored)
+    raised = (Exception, SystemExit, KeyboardInterrupt) if in_worker else (Exception, SystemExit)
+    result = _evaluate(subject, case, device, mode, tolerance, clock, stored, raised)
     result.paths = subject.take_paths()
     if gradcheck and result.status == "pass":
         from faverify.gradcheck import directional
@@ -117,7 +121,8 @@ class _Clock:
 
 
 def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tolerance: Tolerance,
-              clock: _Clock, stored=None) -> CaseResult:
+              clock: _Clock, stored, raised: tuple) -> CaseResult:
+    """raised: what the subject may raise that fails its case (anything else propagates)."""
     name = subject.name
     reason = subject.unsupported(case, device)
     backward = mode != "fwd"
@@ -138,7 +143,7 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
             out, lse = subject(x.q, x.k, x.v, case)
     except (Unsupported, ValueError, NotImplementedError) as e:
         return CaseResult(name, case, "skip", f"{type(e).__name__}: {e}")
-    except (Exception, SystemExit) as e:  # the subject's failure, recorded with its message
+    except raised as e:  # the subject's failure, recorded with its message
         return failure(name, case, "fail", f"forward raised {type(e).__name__}: {e}", f"error:{type(e).__name__}")
     problem = _check_outputs(case, x.q, out, lse)
     if problem:
@@ -151,7 +156,7 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         try:
             with _no_exit():
                 grads = torch.autograd.grad(out, (x.q, x.k, x.v), x.dout, allow_unused=True)
-        except (Exception, SystemExit) as e:  # autograd's own complaint may come from an input changed in place
+        except raised as e:  # autograd's own complaint may come from an input changed in place
             result = failure(name, case, "fail", f"backward raised {type(e).__name__}: {e}", f"error:{type(e).__name__}")
             for n, count in _modified(x, pristine, subject.caps.writes):
                 result.signatures.insert(0, f"{n}:modified")

@@ -90,3 +90,62 @@ def test_the_output_device_is_checked_for_the_gradients_too():
     assert _on_device("dq", torch.zeros(1, device="meta"), torch.device("cpu")) == \
         "dq is on meta, expected the inputs' device cpu"
     assert _on_device("dq", torch.zeros(1), torch.device("cpu")) is None
+
+
+CAUSAL_JSON = CAUSAL.to_json()
+
+
+@pytest.mark.parametrize("bug,word", [("exits_zero", "SystemExit"), ("os_exits_zero", "called os._exit(0)"),
+                                      ("segfaults", "died (exit code -11)")])
+def test_repro_runs_the_subject_in_a_worker_and_never_exits_0_for_nothing(bug, word):
+    r = cli("repro", "--kernel", f"property_tests.planted:{bug}", "--device", "cpu", "--case", CAUSAL_JSON)
+    assert r.exit_code == 1 and word in r.stderr, r.stderr
+
+
+def test_repro_of_a_hanging_subject_times_out():
+    case = Case(1, 101, 8, 1, 1, 16, dtype="fp32", seed=1).to_json()
+    r = cli("repro", "--kernel", "property_tests.planted:hangs", "--device", "cpu", "--timeout", "3", "--case", case)
+    assert r.exit_code == 1 and "no result within 3 s" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("bug", ["exits_zero", "os_exits_zero"])
+def test_an_exiting_subject_fails_in_process_too(bug, tmp_path):
+    for command in (("fuzz", "--iters", "12", "--no-db", "--gradcheck-every", "0", "--shrink-budget", "3"),
+                    ("golden", "verify", "--only", "seqlen-17-causal,one-key")):
+        r = cli(*command, "--kernel", f"property_tests.planted:{bug}", "--device", "cpu", "--no-isolate")
+        assert r.exit_code == 1, (command, r.exit_code, r.stderr[-1500:])
+
+
+def test_a_keyboard_interrupt_raised_by_the_subject_in_a_worker_is_its_failure(tmp_path):
+    r = cli("fuzz", "--kernel", "property_tests.planted:raises_keyboard_interrupt", "--iters", "10", "--device", "cpu",
+            "--no-db", "--workers", "2", "--shrink-budget", "2", "--json", tmp_path / "run.json")
+    failures = read_json(tmp_path / "run.json")["kernels"][0]["failures"]
+    assert r.exit_code == 1 and failures, r.stderr
+    assert all(f["signature"] == "error:KeyboardInterrupt" and "faverify raised" not in f["minimal"]["reason"]
+               for f in failures), [(f["signature"], f["minimal"]["reason"][:80]) for f in failures]
+
+
+def test_compare_of_a_run_that_checked_nothing_is_exit_2(tmp_path):
+    cli("fuzz", "--kernel", "sdpa-math", "--iters", "5", "--device", "cpu", "--no-db", "--json", tmp_path / "ok.json")
+    cli("fuzz", "--kernel", "property_tests.planted:declines_fp32", "--dtype", "fp32", "--iters", "5", "--device",
+        "cpu", "--no-db", "--json", tmp_path / "none.json")
+    assert read_json(tmp_path / "none.json")["kernels"][0]["summary"]["skipped"] == 5
+    for args in (("ok.json", "none.json"), ("none.json", "ok.json")):
+        r = cli("compare", *(tmp_path / a for a in args))
+        assert r.exit_code == 2 and "checked no case (every case was skipped)" in r.stderr, r.stderr
+    assert cli("compare", tmp_path / "ok.json", tmp_path / "ok.json").exit_code == 0
+
+
+def test_repro_of_a_binary_case_file_is_a_usage_error(tmp_path):
+    (tmp_path / "case.bin").write_bytes(bytes(range(256)))
+    r = cli("repro", "--kernel", "sdpa-math", "--device", "cpu", "--case", f"@{tmp_path / 'case.bin'}")
+    assert r.exit_code == 2 and "the file is not text" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("command", [("fuzz", "--kernel", "sdpa-math"), ("mutants",)])
+@pytest.mark.parametrize("flag,value,message", [("--timeout", "nan", "must be a finite number of seconds > 0"),
+                                                ("--timeout", "-1", "must be a finite number of seconds > 0"),
+                                                ("--shrink-budget", "-1", "must be >= 0")])
+def test_timeouts_and_budgets_are_validated_alike(command, flag, value, message):
+    r = cli(*command, flag, value, "--device", "cpu")
+    assert r.exit_code == 2 and f"{flag}=" in r.stderr and message in r.stderr, r.stderr

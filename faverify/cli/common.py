@@ -1,6 +1,7 @@
 """What the commands share: options, progress display, SIGTERM handling, tolerance flags."""
 from __future__ import annotations
 
+import math
 import time
 from enum import Enum
 from typing import Annotated, Optional
@@ -9,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
+
+from faverify.errors import UsageError
 
 stderr = Console(stderr=True)
 
@@ -22,6 +25,19 @@ class Mode(str, Enum):
     fwd = "fwd"
     bwd = "bwd"
     both = "both"
+
+
+def check_timeout(timeout: float) -> None:
+    if not math.isfinite(timeout) or timeout <= 0:  # NaN compares false with everything: test it first
+        raise UsageError("--timeout", timeout, "must be a finite number of seconds > 0")
+
+
+def check_shrink_budget(budget: int) -> None:
+    if budget < 0:
+        raise UsageError("--shrink-budget", budget, "must be >= 0")
+
+
+TimeoutOpt = Annotated[float, typer.Option(help="Seconds one case may take before its worker is killed")]
 
 
 def tolerance_from(factor: Optional[str], atol: Optional[str]):

@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import (AtolOpt, DeviceOpt, FactorOpt, Mode, progress_bar, progress_factory,
-                                 say, tolerance_from)
+from faverify.cli.common import (AtolOpt, DeviceOpt, FactorOpt, Mode, TimeoutOpt, check_shrink_budget,
+                                 check_timeout, progress_bar, progress_factory, say, tolerance_from)
 from faverify.errors import EnvironmentProblem, UsageError
 from faverify.signals import held, sigterm_interrupts
 
@@ -34,7 +34,7 @@ def fuzz(
     shrink_budget: Annotated[int, typer.Option(help="Evaluations spent shrinking each distinct failure")] = 300,
     workers: Annotated[Optional[int], typer.Option(help="Worker processes per device (default: 1 on the CPU, "
                                                         "6 per GPU: a GPU case is bound by launches)")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds one case may take before its worker is killed")] = 300.0,
+    timeout: TimeoutOpt = 300.0,
     isolate: Annotated[bool, typer.Option(help="Run subjects in worker processes, so a crash or a hang is a "
                                                "failing case, not the end of the run")] = True,
 ) -> int:
@@ -53,12 +53,10 @@ def fuzz(
         raise UsageError("--gradcheck-every", gradcheck_every, "must be >= 0")
     if max_seqlen is not None and max_seqlen < 1:
         raise UsageError("--max-seqlen", max_seqlen, "must be >= 1")
-    if shrink_budget < 0:
-        raise UsageError("--shrink-budget", shrink_budget, "must be >= 0")
+    check_shrink_budget(shrink_budget)
     if workers is not None and workers < 1:
         raise UsageError("--workers", workers, "must be >= 1")
-    if timeout <= 0:
-        raise UsageError("--timeout", timeout, "must be > 0 seconds")
+    check_timeout(timeout)
     dtypes = parse_dtypes(dtype)
     tolerance = tolerance_from(factor, atol)
     subjects = resolve_many(kernel)  # unknown kernels fail here, before any work

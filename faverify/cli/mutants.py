@@ -8,7 +8,8 @@ import typer
 
 from faverify.case import Case
 from faverify.cli.app import app
-from faverify.cli.common import DeviceOpt, progress_bar, progress_factory
+from faverify.cli.common import (DeviceOpt, TimeoutOpt, check_shrink_budget, check_timeout, progress_bar,
+                                 progress_factory)
 from faverify.errors import UsageError
 from faverify.signals import held, sigterm_interrupts
 
@@ -24,7 +25,7 @@ def mutants(
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON")] = None,
     isolate: Annotated[Optional[bool], typer.Option(help="Worker processes (default: on a GPU, where a mutant "
                                                           "can fault the context)")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds one case may take")] = 300.0,
+    timeout: TimeoutOpt = 300.0,
     jobs: Annotated[Optional[int], typer.Option(help="Mutants fuzzed at once, each in its own process (default: "
                                                      "1 on the CPU; on a GPU half the CPU cores, at most 8: "
                                                      "each mutant compiles its own kernels)")] = None,
@@ -47,6 +48,8 @@ def mutants(
 
     if iters < 1:
         raise UsageError("--iters", iters, "must be >= 1")
+    check_timeout(timeout)
+    check_shrink_budget(shrink_budget)
     names = [n.strip() for n in (only or ",".join(BY_NAME)).split(",") if n.strip()]
     for n in names:
         if n not in BY_NAME:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from faverify.cli.app import app
-from faverify.errors import UsageError
+from faverify.errors import EnvironmentProblem, UsageError
 
 
 class Format(str, Enum):
@@ -44,7 +44,12 @@ def compare(
 
     if not factor > 1:
         raise UsageError("--factor", factor, "must be a number > 1")
-    result = compare_runs(Run.read(base, argument="BASE.json"), Run.read(head, argument="HEAD.json"), factor)
+    runs = [Run.read(path, argument=name) for name, path in (("BASE.json", base), ("HEAD.json", head))]
+    for path, run in zip((base, head), runs):  # a CI gate must not pass on a run that proved nothing
+        if run.ran == 0:
+            why = "interrupted before its first case" if run.settings.get("interrupted") else "every case was skipped"
+            raise EnvironmentProblem(f"{path} checked no case ({why}): there is nothing to compare")
+    result = compare_runs(*runs, factor)
     style = format.value
     shown = result["rows"] if all_rows else [r for r in result["rows"] if r["mark"]]
     rows = [[r["kernel"], r["dtype"], r["tensor"], r["statistic"], fmt(r["before"]), fmt(r["after"]),

@@ -8,7 +8,7 @@ import typer
 
 from faverify.case import Case
 from faverify.cli.app import app
-from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, Mode, say, tolerance_from
+from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, Mode, TimeoutOpt, check_timeout, say, tolerance_from
 from faverify.errors import EnvironmentProblem, UsageError
 
 
@@ -20,6 +20,9 @@ def repro(
     mode: Annotated[Mode, typer.Option()] = Mode.both,
     factor: FactorOpt = None,
     atol: AtolOpt = None,
+    timeout: TimeoutOpt = 300.0,
+    isolate: Annotated[bool, typer.Option(help="Run the subject in a worker process, as fuzz does: a crash, a "
+                                               "hang or an exit of the subject is a failing case")] = True,
 ) -> int:
     """Run one case (as printed by fuzz) and print its error table."""
     from faverify import devices
@@ -27,16 +30,28 @@ def repro(
     from faverify.runner import evaluate
     from faverify.subjects import resolve
 
+    check_timeout(timeout)
     text = case
     if case.startswith("@"):
         try:
             text = Path(case[1:]).read_text()
         except OSError as e:
-            raise UsageError("--case", case, f"cannot read the file ({e.strerror})") from None
+            raise UsageError("--case", case, f"cannot read the file ({e.strerror or e})") from None
+        except UnicodeDecodeError:
+            raise UsageError("--case", case, "the file is not text (it must hold the case as JSON)") from None
     the_case = Case.from_json(text)
     subject = resolve(kernel)
     target = devices.resolve(device)[0]
-    result = evaluate(subject, the_case, target, mode=mode.value, tolerance=tolerance_from(factor, atol))
+    tolerance = tolerance_from(factor, atol)
+    if isolate:
+        from faverify.isolation import Worker
+        worker = Worker(kernel, str(target), mode.value, tolerance.to_dict(), timeout)
+        try:
+            result = worker.evaluate(the_case)
+        finally:
+            worker.stop()
+    else:
+        result = evaluate(subject, the_case, target, mode=mode.value, tolerance=tolerance)
     say(f"{kernel} on {target}: {the_case.short()}")
     if result.metrics:
         say(table(metrics_rows(result.metrics), METRIC_HEADERS, "table"))
