@@ -17,6 +17,7 @@ REGIMES = ("normal", "large", "bf16-scale", "outliers", "constant", "peaked", "t
 LAYOUTS = ("contiguous", "transposed", "strided", "packed")
 INITS = ("-inf", "-1e30")
 MAX_HEAD_DIM = 256
+MAX_SEED = 2**63
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class Case:
         for name in ("seqlen_q", "seqlen_k"):
             _require_int(name, getattr(self, name), minimum=0)
         _require_int("seed", self.seed, minimum=0)
+        if self.seed >= MAX_SEED:  # torch.Generator.manual_seed takes 64 bits
+            raise UsageError("seed", self.seed, f"must be < 2^63 ({MAX_SEED})")
         if self.seqlen_q == 0:
             raise UsageError("seqlen_q", 0, "must be >= 1 (a case with no query rows checks nothing)")
         if self.head_dim > MAX_HEAD_DIM:

@@ -7,7 +7,11 @@ from faverify.errors import EnvironmentProblem, UsageError
 
 
 def resolve(text: str) -> list:
-    text = (text or "auto").strip().lower()
+    if text is None:
+        text = "auto"
+    text = text.strip().lower()
+    if not text:
+        raise UsageError("--device", text, "must be auto, cpu, cuda, cuda:INDEX or all (it is empty)")
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if text == "auto":
         return [torch.device("cuda:0")] if n else [torch.device("cpu")]

@@ -21,6 +21,7 @@ import torch
 
 from faverify.case import Case
 from faverify.dtypes import TORCH
+from faverify.errors import UsageError
 from faverify.inputs import Inputs, draw_values
 from faverify.reference import TENSORS, reference
 
@@ -107,7 +108,9 @@ def _unbits(a: np.ndarray, dtype: str, device) -> torch.Tensor:
 
 
 def record(directory: Path = DEFAULT_DIR, names=None) -> list:
-    """Draw each case's inputs on the CPU, compute FP64 outputs and gradients, write files and index."""
+    """Draw each case's inputs on the CPU, compute FP64 outputs and gradients, write files and index.
+    names: record only these; the index keeps the other entries it holds (a readable index), in CASES'
+    order. Returns the entries recorded."""
     directory = Path(directory)
     (directory / "cases").mkdir(parents=True, exist_ok=True)
     entries = []
@@ -127,8 +130,17 @@ def record(directory: Path = DEFAULT_DIR, names=None) -> list:
         (directory / rel).write_bytes(data)
         entries.append({"name": name, "case": case.to_dict(), "file": rel, "sha256": hashlib.sha256(data).hexdigest(),
                         "bytes": len(data)})
+    kept = []
+    if names:
+        try:
+            kept = [e for e in json.loads((directory / "index.json").read_text())["cases"]
+                    if e["name"] not in names]
+        except (OSError, ValueError, KeyError, TypeError):
+            kept = []  # no index, or none readable: the new one holds what was recorded
+    order = {name: i for i, name in enumerate(CASES)}
+    index_entries = sorted(kept + entries, key=lambda e: order.get(e["name"], len(order)))
     (directory / "index.json").write_text(json.dumps({"schema": "faverify.golden", "version": INDEX_VERSION,
-                                                      "cases": entries}, indent=1) + "\n")
+                                                      "cases": index_entries}, indent=1) + "\n")
     return entries
 
 
@@ -138,11 +150,19 @@ def index(directory: Path = DEFAULT_DIR) -> list:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise GoldenFileProblem(f"{path}: missing (run `faverify golden record`)") from None
-    except json.JSONDecodeError as e:
+    except IsADirectoryError:
+        raise GoldenFileProblem(f"{path}: is a directory, not a golden index") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise GoldenFileProblem(f"{path}: not valid JSON ({e})") from None
-    if data.get("schema") != "faverify.golden" or data.get("version") != INDEX_VERSION:
+    except OSError as e:
+        raise GoldenFileProblem(f"{path}: cannot be read ({e.strerror or e})") from None
+    if not isinstance(data, dict) or data.get("schema") != "faverify.golden" or data.get("version") != INDEX_VERSION:
         raise GoldenFileProblem(f"{path}: not a version-{INDEX_VERSION} golden index")
-    return [Entry(e["name"], Case.from_dict(e["case"]), e["file"], e["sha256"]) for e in data["cases"]]
+    try:
+        return [Entry(e["name"], Case.from_dict(e["case"]), e["file"], e["sha256"]) for e in data["cases"]]
+    except (KeyError, TypeError, UsageError) as e:
+        raise GoldenFileProblem(f"{path}: an entry is not valid ({type(e).__name__}: {e}); each needs name, "
+                                "case, file and sha256") from None
 
 
 def read(directory: Path, entry: Entry) -> bytes:
@@ -152,6 +172,8 @@ def read(directory: Path, entry: Entry) -> bytes:
         data = path.read_bytes()
     except FileNotFoundError:
         raise GoldenFileProblem(f"{entry.file}: missing") from None
+    except OSError as e:  # a directory where the file should be, a file that cannot be read
+        raise GoldenFileProblem(f"{entry.file}: cannot be read ({e.strerror or e})") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry.sha256:
         raise GoldenFileProblem(f"{entry.file}: sha256 {digest[:12]}... does not match the index "

@@ -56,8 +56,12 @@ class Run:
             data = json.loads(Path(path).read_text())
         except FileNotFoundError:
             raise UsageError(argument, str(path), "file does not exist") from None
+        except IsADirectoryError:
+            raise UsageError(argument, str(path), "is a directory; give a run file (faverify fuzz --json)") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UsageError(argument, str(path), f"is not valid JSON ({e})") from None
+        except OSError as e:
+            raise UsageError(argument, str(path), f"cannot be read ({e.strerror or e})") from None
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise UsageError(argument, str(path), f"is not a faverify run file (schema must be {SCHEMA!r})")
         if data.get("version") != VERSION:
@@ -65,11 +69,44 @@ class Run:
                                                   f"this faverify reads version {VERSION}")
         try:
             run = cls(data["command"], data["environment"], data["settings"], data["tolerance"], data["kernels"])
-            for k in run.kernels:
-                k["summary"]["kernel"], k["stats"], k["gradcheck"], k["failures"]  # noqa: B018 (shape check)
         except (KeyError, TypeError) as e:
             raise UsageError(argument, str(path), f"is missing a field the schema requires ({e})") from None
+        problem = _shape_problem(run)
+        if problem:
+            raise UsageError(argument, str(path), f"is not a valid run file: {problem} (docs/run-schema.md)")
         return run
+
+
+def _shape_problem(run: "Run") -> str | None:
+    """What report and compare read, of the types they read it as: a run file edited by hand or cut off
+    is refused with the field named, not a traceback in the middle of a table."""
+    for name in ("environment", "settings", "tolerance"):
+        if not isinstance(getattr(run, name), dict):
+            return f"{name} must be an object, got {type(getattr(run, name)).__name__}"
+    if not isinstance(run.kernels, list) or not run.kernels:
+        return "kernels must be a non-empty list"
+    for i, k in enumerate(run.kernels):
+        if not isinstance(k, dict):
+            return f"kernels[{i}] must be an object"
+        for name, kind in (("summary", dict), ("stats", list), ("gradcheck", list), ("failures", list)):
+            if not isinstance(k.get(name), kind):
+                return f"kernels[{i}].{name} must be {'an object' if kind is dict else 'a list'}"
+        summary = k["summary"]
+        for name in ("kernel", "cases", "skipped", "failed", "passed"):
+            if name not in summary:
+                return f"kernels[{i}].summary lacks {name}"
+        if not all(isinstance(summary[n], int) and not isinstance(summary[n], bool)
+                   for n in ("cases", "skipped", "failed", "passed")):
+            return f"kernels[{i}].summary's counts must be integers"
+        for j, row in enumerate(k["stats"]):
+            if not isinstance(row, dict) or not {"dtype", "tensor"} <= set(row):
+                return f"kernels[{i}].stats[{j}] must be an object with dtype and tensor"
+        for j, f in enumerate(k["failures"]):
+            try:
+                Failure.from_dict(f)
+            except (KeyError, TypeError, AttributeError, ValueError) as e:  # UsageError (a bad case) is a ValueError
+                return f"kernels[{i}].failures[{j}] is not a failure record ({type(e).__name__}: {e})"
+    return None
 
 
 def _finite(x):

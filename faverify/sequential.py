@@ -76,6 +76,13 @@ def _fuzz_sequential(kernel, plan, evaluate, stats, progress) -> KernelStats:
             pass
         except Flaky:
             note = "flaky: the shrunk case did not fail again when replayed"
+        except KeyboardInterrupt:  # stopped while shrinking: the failure stays, as far as it was shrunk
+            shrinker = state["shrinker"]
+            if shrinker is not None:
+                stats.failures.append(Failure(kernel=kernel, signature=shrinker.signature, first=shrinker.first,
+                                              minimal=shrinker.best, shrink_steps=shrinker.steps,
+                                              note="not shrunk to the end: the run was interrupted while shrinking"))
+            raise
         rounds += 1
         shrinker = state["shrinker"]
         if shrinker is not None:

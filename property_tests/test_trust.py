@@ -149,3 +149,115 @@ def test_repro_of_a_binary_case_file_is_a_usage_error(tmp_path):
 def test_timeouts_and_budgets_are_validated_alike(command, flag, value, message):
     r = cli(*command, flag, value, "--device", "cpu")
     assert r.exit_code == 2 and f"{flag}=" in r.stderr and message in r.stderr, r.stderr
+
+
+# Nothing the user asked to write is lost; every bad input is one line and exit 2.
+
+@pytest.mark.parametrize("command", [("fuzz", "--kernel", "sdpa-math", "--iters", "3", "--no-db", "--device", "cpu"),
+                                     ("mutants", "--only", "no-final-division", "--iters", "3", "--device", "cpu"),
+                                     ("doctor",)])
+@pytest.mark.parametrize("option", ["--json", "--markdown"])
+def test_an_unwritable_output_is_refused_before_any_case_runs(tmp_path, command, option):
+    if option == "--markdown" and command[0] != "fuzz":
+        pytest.skip(f"{command[0]} writes no Markdown")
+    (tmp_path / "a-file").write_text("x")
+    for target, why in ((tmp_path / "a-file" / "run.json", "cannot be written"), (tmp_path, "is a directory")):
+        r = cli(*command, option, target)
+        assert r.exit_code == 2 and f"{option}=" in r.stderr and why in r.stderr, r.stderr
+        assert "cases/s" not in r.stderr and "Traceback" not in r.stderr  # refused before the run
+
+
+def test_golden_record_into_an_unwritable_directory_is_exit_2(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    r = cli("golden", "record", "--dir", tmp_path / "a-file" / "golden", "--only", "one-key")
+    assert r.exit_code == 2 and "--dir=" in r.stderr and "cannot be written" in r.stderr, r.stderr
+
+
+def test_golden_record_of_one_case_keeps_the_other_entries(tmp_path):
+    import shutil
+
+    from faverify import golden_files
+    copy = tmp_path / "golden"
+    shutil.copytree(golden_files.DEFAULT_DIR, copy)
+    before = [e.name for e in golden_files.index(copy)]
+    r = cli("golden", "record", "--dir", copy, "--only", "one-key")
+    assert r.exit_code == 0 and "recorded 1 cases" in r.stdout, r.stdout + r.stderr
+    assert [e.name for e in golden_files.index(copy)] == before and len(before) == len(golden_files.CASES)
+    r = cli("golden", "verify", "--kernel", "sdpa-math", "--device", "cpu", "--dir", copy, "--no-isolate")
+    assert r.exit_code == 0 and f"{len(before)} of {len(before)} golden cases pass" in r.stderr
+
+
+@pytest.mark.parametrize("index,message", [("[]", "not a version-1 golden index"),
+                                           ('{"schema": "faverify.golden", "version": 1}', "an entry is not valid"),
+                                           ('{"schema": "faverify.golden", "version": 1, "cases": [{"name": 1}]}',
+                                            "an entry is not valid"),
+                                           (None, "is a directory")])
+def test_a_golden_index_that_is_not_one_is_exit_2(tmp_path, index, message):
+    if index is None:
+        (tmp_path / "index.json").mkdir()
+    else:
+        (tmp_path / "index.json").write_text(index)
+    r = cli("golden", "verify", "--kernel", "sdpa-math", "--device", "cpu", "--dir", tmp_path)
+    assert r.exit_code == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def _run_file(tmp_path):
+    cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "4", "--device", "cpu", "--no-db",
+        "--shrink-budget", "1", "--json", tmp_path / "run.json")
+    return read_json(tmp_path / "run.json")
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda d: d["kernels"][0].update(summary=None), "kernels[0].summary must be an object"),
+    (lambda d: d["kernels"][0].update(stats=None), "kernels[0].stats must be a list"),
+    (lambda d: d["kernels"][0]["failures"].__setitem__(0, {"signature": "x"}), "failures[0] is not a failure record"),
+    (lambda d: d["kernels"][0]["failures"][0]["minimal"].update(case={"batch": "x"}),
+     "failures[0] is not a failure record"),
+    (lambda d: d.update(environment=None), "environment must be an object"),
+    (lambda d: d.update(kernels=[]), "kernels must be a non-empty list"),
+])
+def test_report_and_compare_of_a_damaged_run_file_are_one_line_errors(tmp_path, damage, message):
+    import json
+    data = _run_file(tmp_path)
+    assert data["kernels"][0]["failures"]
+    damage(data)
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    for command in (("report", tmp_path / "bad.json"), ("compare", tmp_path / "run.json", tmp_path / "bad.json")):
+        r = cli(*command)
+        assert r.exit_code == 2 and message in r.stderr and "Traceback" not in r.stderr, (command, r.stderr)
+
+
+def test_report_of_a_directory_is_exit_2(tmp_path):
+    r = cli("report", tmp_path)
+    assert r.exit_code == 2 and "is a directory" in r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (("fuzz", "--seed", str(2**70)), "--seed="),
+    (("fuzz", "--device", ""), "--device='': must be auto, cpu"),
+    (("repro", "--kernel", "sdpa-math", "--case", '{"batch":1,"seqlen_q":1,"seqlen_k":1,"nheads":1,"nheads_k":1,'
+      f'"head_dim":8,"seed":{2**70}}}'), "seed="),
+])
+def test_out_of_range_seeds_and_an_empty_device_are_one_line_errors(args, message):
+    r = cli(*args)
+    assert r.exit_code == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_an_interrupt_while_shrinking_keeps_the_failure(tmp_path, monkeypatch):
+    """One worker (the sequential mode): the failure being shrunk when Ctrl-C lands is reported, as far as
+    it was shrunk, with its reproducer, in the table and the JSON."""
+    from faverify import plan as plan_module
+    original = plan_module.Shrinker.still_fails
+
+    def interrupt_after_two_steps(self, case):
+        if self.steps >= 2:
+            raise KeyboardInterrupt
+        return original(self, case)
+    monkeypatch.setattr(plan_module.Shrinker, "still_fails", interrupt_after_two_steps)
+    r = cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "20", "--device", "cpu", "--no-db",
+            "--no-isolate", "--json", tmp_path / "run.json")
+    run = read_json(tmp_path / "run.json")
+    failures = run["kernels"][0]["failures"]
+    assert r.exit_code == 1 and run["settings"]["interrupted"] is True, r.stderr
+    assert len(failures) == 1 and "interrupted while shrinking" in failures[0]["note"]
+    assert failures[0]["reproducer"].startswith("faverify repro") and "== Failures (1)" in r.stderr

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import DeviceOpt, Mode, progress_bar
+from faverify.cli.common import DeviceOpt, Mode, check_writable, progress_bar
 from faverify.errors import EnvironmentProblem, UsageError
 from faverify.signals import held, sigterm_interrupts
 
@@ -42,6 +42,7 @@ def bench(
             raise UsageError(argument, text, "must be integers >= 1")
         return values
 
+    check_writable("--json", json_path)
     choices = {"both": (False, True), "true": (True,), "false": (False,)}
     if causal not in choices:
         raise UsageError("--causal", causal, "must be both, true or false")

@@ -27,6 +27,30 @@ class Mode(str, Enum):
     both = "both"
 
 
+def check_writable(option: str, path, *, directory: bool = False) -> None:
+    """Before any case runs: a file the run was asked to write must be writable when the run ends, so a
+    long run is not lost to a typo (a path under a file, a directory where a file should go). Creates the
+    missing folders, as the write would; writes nothing else."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    if path is None:
+        return
+    path = Path(path)
+    folder = path if directory else path.parent
+    if not directory and path.is_dir():
+        raise UsageError(option, str(path), "is a directory; give the path of a file to write")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".faverify-write-check-"):
+            pass
+    except OSError as e:
+        raise UsageError(option, str(path), f"cannot be written ({e.strerror or e}: {folder})") from None
+    if not directory and path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(option, str(path), "exists and cannot be written")
+
+
 def check_timeout(timeout: float) -> None:
     if not math.isfinite(timeout) or timeout <= 0:  # NaN compares false with everything: test it first
         raise UsageError("--timeout", timeout, "must be a finite number of seconds > 0")

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
+from faverify.cli.common import check_writable
 from faverify.errors import EnvironmentProblem
 
 
@@ -30,6 +31,7 @@ def doctor(
     from faverify.report import table
     from faverify.verdict import Tolerance
 
+    check_writable("--json", json_path)
     report = doctor_checks.run(level.value, tolerance=Tolerance())
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)

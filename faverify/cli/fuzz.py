@@ -8,7 +8,8 @@ import typer
 
 from faverify.cli.app import app
 from faverify.cli.common import (AtolOpt, DeviceOpt, FactorOpt, Mode, TimeoutOpt, check_shrink_budget,
-                                 check_timeout, progress_bar, progress_factory, say, tolerance_from)
+                                 check_timeout, check_writable, progress_bar, progress_factory, say,
+                                 tolerance_from)
 from faverify.errors import EnvironmentProblem, UsageError
 from faverify.signals import held, sigterm_interrupts
 
@@ -49,6 +50,8 @@ def fuzz(
 
     if iters < 1:
         raise UsageError("--iters", iters, "must be >= 1")
+    if not 0 <= seed < 2**63:
+        raise UsageError("--seed", seed, "must be in 0..2^63-1")
     if gradcheck_every < 0:
         raise UsageError("--gradcheck-every", gradcheck_every, "must be >= 0")
     if max_seqlen is not None and max_seqlen < 1:
@@ -57,6 +60,8 @@ def fuzz(
     if workers is not None and workers < 1:
         raise UsageError("--workers", workers, "must be >= 1")
     check_timeout(timeout)
+    check_writable("--json", json_path)
+    check_writable("--markdown", markdown)
     dtypes = parse_dtypes(dtype)
     tolerance = tolerance_from(factor, atol)
     subjects = resolve_many(kernel)  # unknown kernels fail here, before any work

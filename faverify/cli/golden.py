@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, say, tolerance_from
+from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, check_writable, say, tolerance_from
 from faverify.errors import EnvironmentProblem, UsageError
 
 
@@ -38,6 +38,7 @@ def golden(
         if n not in golden_files.CASES:
             raise UsageError("--only", n, f"unknown golden case; cases: {', '.join(golden_files.CASES)}")
     if action == Action.record:
+        check_writable("--dir", directory, directory=True)
         entries = golden_files.record(directory, names)
         typer.echo(f"recorded {len(entries)} cases in {directory} "
                    f"({sum(e['bytes'] for e in entries) / 1e6:.1f} MB)")

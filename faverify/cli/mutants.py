@@ -8,8 +8,8 @@ import typer
 
 from faverify.case import Case
 from faverify.cli.app import app
-from faverify.cli.common import (DeviceOpt, TimeoutOpt, check_shrink_budget, check_timeout, progress_bar,
-                                 progress_factory)
+from faverify.cli.common import (DeviceOpt, TimeoutOpt, check_shrink_budget, check_timeout, check_writable,
+                                 progress_bar, progress_factory)
 from faverify.errors import UsageError
 from faverify.signals import held, sigterm_interrupts
 
@@ -50,6 +50,7 @@ def mutants(
         raise UsageError("--iters", iters, "must be >= 1")
     check_timeout(timeout)
     check_shrink_budget(shrink_budget)
+    check_writable("--json", json_path)
     names = [n.strip() for n in (only or ",".join(BY_NAME)).split(",") if n.strip()]
     for n in names:
         if n not in BY_NAME:
