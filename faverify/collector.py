@@ -62,6 +62,20 @@ class KernelStats:
     warmup_cases: int = 0  # unjudged cases run first so each compiled variant compiles once (parallel.warm_up)
     warmup_seconds: float = 0.0
     seconds: float = 0.0
+    # the example store's cases, replayed before the draw (fuzz.replay): counted here alone
+    replay: dict = field(default_factory=lambda: {"cases": 0, "failed": 0, "signatures": {}})
+    replayed_failures: list = field(default_factory=list)  # Failure per signature a replayed case showed
+    still_failing: list = field(default_factory=list)  # the replayed cases that still fail (kept in the store)
+
+    def merge_replayed(self) -> None:
+        """List each replayed failure whose signature the draw did not find too (the draw's own, shrunk,
+        stands for the others); once."""
+        found = {f.signature for f in self.failures}
+        for f in self.replayed_failures:
+            if f.signature not in found:
+                self.failures.append(f)
+                found.add(f.signature)
+        self.replayed_failures = []
 
     def add(self, r: CaseResult) -> None:
         self.counts[r.status] += 1
@@ -135,6 +149,8 @@ class KernelStats:
                 "paths": dict(self.paths),  # in the order first taken: fwd before bwd
                 "worker_restarts": self.restarts,
                 "warmup": {"cases": self.warmup_cases, "seconds": round(self.warmup_seconds, 2)},
+                "replayed": {"cases": self.replay["cases"], "failed": self.replay["failed"],
+                             "signatures": dict(self.replay["signatures"])},
                 "seconds": self.seconds, "cases_per_second": self.cases / self.seconds if self.seconds else 0.0,
                 "ms_per_case": {k: round(1e3 * v / max(1, self.cases), 3) for k, v in sorted(self.phases.items())}}
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+from faverify import examples
 from faverify.case import Case
-from faverify.collector import KernelStats
+from faverify.collector import Failure, KernelStats
 from faverify.plan import FuzzPlan
 from faverify.runner import CaseResult
 from faverify.signals import held
@@ -47,17 +48,18 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
                 per_device = workers if parallel else 1
                 pool = Pool(case_workers(name, devices, max(per_device, cores() // len(devices)) if warmup
                                          else per_device, mode, tolerance.to_dict(), timeout))
+            if pool is not None:
+                evaluate = pool.workers[0].evaluate
+            else:
+                subject = resolve(name)
+
+                def evaluate(case: Case, gradcheck: bool, subject=subject) -> CaseResult:
+                    return evaluate_case(subject, case, devices[0], mode=mode, tolerance=tolerance,
+                                         gradcheck=gradcheck)
+            replay(name, examples.load(plan.database, name), evaluate, stats)
             if parallel:
                 fuzz_parallel(name, plan, pool, stats, progress_factory(name), warmup, keep=workers)
             else:
-                if pool is not None:
-                    evaluate = pool.workers[0].evaluate
-                else:
-                    subject = resolve(name)
-
-                    def evaluate(case: Case, gradcheck: bool, subject=subject) -> CaseResult:
-                        return evaluate_case(subject, case, devices[0], mode=mode, tolerance=tolerance,
-                                             gradcheck=gradcheck)
                 fuzz_subject(name, plan, evaluate, stats, progress_factory(name))
         except KeyboardInterrupt:
             interrupted = True
@@ -67,12 +69,29 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
                 if pool is not None:
                     stats.restarts = pool.restarts
                     pool.close()
+                stats.merge_replayed()
+                examples.save(plan.database, name, stats.still_failing + [f.minimal.case for f in stats.failures])
             interrupted = interrupted or bool(late)
         if interrupted:
             break
     with held() as late:  # the same while the results are put together
         return _document(kernels, plan, devices, mode, tolerance, command, workers, parallel, isolate,
                          all_stats, interrupted, late)
+
+
+def replay(kernel: str, cases: list, evaluate, stats: KernelStats) -> None:
+    """The example store's cases for this kernel (examples.py), each once, before the seeded draw and
+    apart from it: their results count in stats.replay, not in the run's cases or statistics."""
+    for case in cases:
+        result = evaluate(case, False)
+        stats.replay["cases"] += 1
+        if result.failed:
+            stats.replay["failed"] += 1
+            stats.still_failing.append(case)
+            for signature in result.signatures:
+                stats.replay["signatures"][signature] = stats.replay["signatures"].get(signature, 0) + 1
+                stats.replayed_failures.append(Failure(kernel=kernel, signature=signature, first=result,
+                                                       minimal=result, note="replayed from the example store"))
 
 
 def _document(kernels, plan, devices, mode, tolerance, command, workers, parallel, isolate, all_stats,

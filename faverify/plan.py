@@ -25,7 +25,7 @@ class FuzzPlan:
     seed: int
     dtypes: tuple
     limits: Limits
-    database: Path | None  # Hypothesis example database; failures found once are tried first next time
+    database: Path | None  # the example store (examples.py): failures found are replayed first next time
     gradcheck_every: int = 25  # 0: never
     shrink_budget: int = 300  # evaluations spent shrinking one failure
     shrink_seconds: float = 120.0

@@ -121,6 +121,11 @@ def render(run: Run, style: str = "table") -> str:
     if warmed:
         out.append(("- " if style == "md" else "") + f"warm-up (compiling each variant once, included in "
                    f"seconds): {warmed}")
+    replayed = "; ".join(f"{k['summary']['kernel']}: {r['cases']} cases, {r['failed']} failed"
+                         for k in run.kernels if (r := k["summary"].get("replayed", {})).get("cases"))
+    if replayed:
+        out.append(("- " if style == "md" else "") + "replayed first from the example store (--db; not among the "
+                   f"cases or the statistics): {replayed}")
     timing = "; ".join(f"{k['summary']['kernel']}: " + ", ".join(f"{p} {v:.2f}" for p, v in
                                                                  k["summary"].get("ms_per_case", {}).items())
                        for k in run.kernels)

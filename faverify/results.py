@@ -33,7 +33,8 @@ class Run:
 
     @property
     def failed(self) -> bool:
-        return any(k["summary"]["failed"] for k in self.kernels)
+        """A case of the draw failed, or a replayed one (examples.py) that the draw did not meet."""
+        return any(k["summary"]["failed"] or k["failures"] for k in self.kernels)
 
     @property
     def ran(self) -> int:

@@ -87,3 +87,25 @@ def test_every_command_and_flag_of_the_readme_ci_example_exists():
         for word in words[1:]:
             if word.startswith("--"):
                 assert word.split("=")[0] in known, f"faverify {words[0]} has no flag {word}"
+
+
+def test_the_readme_ci_example_run_twice_in_one_directory_compares_clean(tmp_path, monkeypatch):
+    """The example fuzzes base and head in one directory, so the second run finds the first one's example
+    store. A kernel compared with itself must come out clean (exit 0): the seeded draw does not depend on
+    the store, whose replayed cases are reported apart. The planted kernel fails, so the store is filled."""
+    text = (ROOT / "README.md").read_text()
+    yaml = re.search(r"```yaml\n(.+?)\n```", text, re.S).group(1)
+    fuzzes = [shlex.split(c.strip()) for c in re.findall(r"faverify (fuzz [^&|>\n]+)", yaml)]
+    compare = shlex.split(re.search(r"faverify (compare [^&|>\n]+)", yaml).group(1).split(">")[0])
+    assert len(fuzzes) == 2
+    monkeypatch.chdir(tmp_path)
+    swap = {"--kernel": "property_tests.planted:wrong_scale", "--iters": "24", "--device": "cpu"}
+    results = []
+    for words in fuzzes:
+        words = [swap.get(words[i - 1], w) if i else w for i, w in enumerate(words)]
+        results.append(cli(*words, "--shrink-budget", "5"))
+    assert all(r.exit_code == 1 for r in results), [r.stderr[-500:] for r in results]  # the planted bug
+    assert "replayed first from the example store" in results[1].stderr
+    assert any((tmp_path / ".faverify" / "examples").iterdir())
+    r = cli(*compare)
+    assert r.exit_code == 0 and "no regression" in r.stdout, r.stdout

@@ -29,9 +29,10 @@ def fuzz(
     factor: FactorOpt = None,
     atol: AtolOpt = None,
     gradcheck_every: Annotated[int, typer.Option(help="Finite-difference gradient check every N cases (0: never)")] = 25,
-    db: Annotated[Optional[Path], typer.Option(help="Hypothesis example database (failures found are tried first "
-                                                    "next time)")] = Path(".faverify/examples"),
-    no_db: Annotated[bool, typer.Option("--no-db", help="Use no example database")] = False,
+    db: Annotated[Optional[Path], typer.Option(help="Example store: the failures found are replayed first next "
+                                                    "time, reported apart; the seeded draw never depends on it")]
+    = Path(".faverify/examples"),
+    no_db: Annotated[bool, typer.Option("--no-db", help="Use no example store")] = False,
     shrink_budget: Annotated[int, typer.Option(help="Evaluations spent shrinking each distinct failure")] = 300,
     workers: Annotated[Optional[int], typer.Option(help="Worker processes per device (default: 1 on the CPU, "
                                                         "6 per GPU: a GPU case is bound by launches)")] = None,
