@@ -128,6 +128,8 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     backward = mode != "fwd"
     if reason is None and backward and not subject.caps.backward:
         reason = "subject has no backward"
+    if reason is None:
+        reason = _too_big(case, device, backward)
     if reason:
         return CaseResult(name, case, "skip", reason)
 
@@ -169,13 +171,47 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
             return failure(name, case, "fail", problem, "contract")
     modified = _modified(x, pristine, subject.caps.writes)
     clock.lap("subject")
-    metrics = judge(case, pristine, got, tolerance, MODES[mode], reference_given)
+    try:
+        metrics = judge(case, pristine, got, tolerance, MODES[mode], reference_given)
+    except (MemoryError, torch.OutOfMemoryError) as e:  # faverify's side ran out, not the subject's
+        return CaseResult(name, case, "skip", f"out of memory computing the FP64 reference ({type(e).__name__})")
     clock.lap("reference")
     failing = [(f"{n}:modified", f"modified {n} in place: {count} elements") for n, count in modified]
     failing += [(f"{t}:{kind(m)}", f"{t}: {m.reason}") for t, m in metrics.items() if not m.passed]
     if failing:
         return CaseResult(name, case, "fail", "; ".join(r for _, r in failing), metrics, [sig for sig, _ in failing])
     return CaseResult(name, case, "pass", "", metrics)
+
+
+CHECK_MEMORY_ABOVE = 256 << 20  # bytes: a smaller case is not worth asking the device how much is free
+
+
+def _too_big(case: Case, device: torch.device, backward: bool) -> str | None:
+    """Why the case cannot fit on the device (about what it would take, against what is free), or None.
+    A drawn case that does not fit is skipped with this reason; `repro` of one is exit 2."""
+    from faverify.dtypes import TORCH
+    from faverify.reference import bytes_needed
+    need = bytes_needed(case.batch, case.seqlen_q, case.seqlen_k, case.nheads, case.nheads_k, case.head_dim,
+                        TORCH[case.dtype].itemsize, device.type, backward)
+    if need <= CHECK_MEMORY_ABOVE:
+        return None
+    free = free_memory(device)
+    if free is None or need <= free:
+        return None
+    return (f"too large for this device: the case needs about {need / 2**30:.1f} GiB, "
+            f"{device} has {free / 2**30:.1f} GiB free")
+
+
+def free_memory(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def _copy(x: Inputs, backward: bool) -> Inputs:

@@ -261,3 +261,35 @@ def test_an_interrupt_while_shrinking_keeps_the_failure(tmp_path, monkeypatch):
     assert r.exit_code == 1 and run["settings"]["interrupted"] is True, r.stderr
     assert len(failures) == 1 and "interrupted while shrinking" in failures[0]["note"]
     assert failures[0]["reproducer"].startswith("faverify repro") and "== Failures (1)" in r.stderr
+
+
+def test_a_case_too_large_for_the_device_is_refused_with_the_estimate():
+    huge = '{"batch":1,"seqlen_q":10000000,"seqlen_k":10000000,"nheads":1,"nheads_k":1,"head_dim":64}'
+    r = cli("repro", "--kernel", "sdpa-math", "--device", "cpu", "--case", huge)
+    assert r.exit_code == 2 and "too large for this device: the case needs about" in r.stderr, r.stderr
+
+
+def test_drawn_cases_that_do_not_fit_are_skipped_with_the_reason(monkeypatch):
+    from faverify import runner
+    monkeypatch.setattr(runner, "CHECK_MEMORY_ABOVE", 0)
+    monkeypatch.setattr(runner, "free_memory", lambda device: 1 << 20)  # 1 MiB free
+    r = evaluate(resolve("sdpa-math"), CASE, "cpu")
+    assert r.status == "skip" and "GiB free" in r.reason, r.reason
+    monkeypatch.setattr(runner, "free_memory", lambda device: 1 << 40)
+    assert evaluate(resolve("sdpa-math"), CASE, "cpu").status == "pass"
+
+
+def test_the_memory_estimate_covers_what_the_reference_returns():
+    """The estimate is at least the FP64 tensors the reference hands back plus the inputs, and grows with the
+    sequence; it is what a case is refused by, so it must not undercount."""
+    from faverify.inputs import make_inputs
+    from faverify.reference import bytes_needed, reference
+    case = Case(2, 300, 500, 4, 2, 48, dtype="bf16", seed=1)
+    x = make_inputs(case, "cpu")
+    ref, _ = reference(x.q, x.k, x.v, x.dout, causal=False, scale=case.scale)
+    returned = sum(t.numel() * t.element_size() for t in ref.values() if t is not None)
+    inputs = sum(t.numel() * t.element_size() for t in (x.q, x.k, x.v, x.dout))
+    need = bytes_needed(2, 300, 500, 4, 2, 48, 2, "cpu", True)
+    assert need >= returned + inputs
+    assert bytes_needed(2, 3000, 5000, 4, 2, 48, 2, "cpu", True) - need >= 9 * (returned - 0)  # ~10x the rows
+    assert bytes_needed(2, 300, 500, 4, 2, 48, 2, "cpu", False) < need  # no gradients: less
