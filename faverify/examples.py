@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 from pathlib import Path
 
 from faverify.case import Case
@@ -47,8 +48,12 @@ def save(directory: Path | None, kernel: str, cases: list) -> None:
         return
     path = _file(directory, kernel)
     cases = list(dict.fromkeys(cases))[-MAX_KEPT:]
-    if not cases:
-        path.unlink(missing_ok=True)
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(c.to_dict(), sort_keys=True) + "\n" for c in cases))
+    try:
+        if not cases:
+            path.unlink(missing_ok=True)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(c.to_dict(), sort_keys=True) + "\n" for c in cases))
+    except OSError as e:  # the run's results matter more than the reminder: say so, lose nothing else
+        print(f"faverify: the example store {directory} could not be written ({e.strerror or e})",
+              file=sys.stderr)

@@ -293,3 +293,9 @@ def test_the_memory_estimate_covers_what_the_reference_returns():
     assert need >= returned + inputs
     assert bytes_needed(2, 3000, 5000, 4, 2, 48, 2, "cpu", True) - need >= 9 * (returned - 0)  # ~10x the rows
     assert bytes_needed(2, 300, 500, 4, 2, 48, 2, "cpu", False) < need  # no gradients: less
+
+
+def test_an_unwritable_example_store_is_refused_before_any_case_runs(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    r = cli("fuzz", "--kernel", "sdpa-math", "--iters", "3", "--device", "cpu", "--db", tmp_path / "a-file" / "db")
+    assert r.exit_code == 2 and "--db=" in r.stderr and "cannot be written" in r.stderr, r.stderr

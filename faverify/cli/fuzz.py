@@ -63,6 +63,8 @@ def fuzz(
     check_timeout(timeout)
     check_writable("--json", json_path)
     check_writable("--markdown", markdown)
+    if not no_db:
+        check_writable("--db", db, directory=True)
     dtypes = parse_dtypes(dtype)
     tolerance = tolerance_from(factor, atol)
     subjects = resolve_many(kernel)  # unknown kernels fail here, before any work
