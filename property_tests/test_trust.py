@@ -299,3 +299,29 @@ def test_an_unwritable_example_store_is_refused_before_any_case_runs(tmp_path):
     (tmp_path / "a-file").write_text("x")
     r = cli("fuzz", "--kernel", "sdpa-math", "--iters", "3", "--device", "cpu", "--db", tmp_path / "a-file" / "db")
     assert r.exit_code == 2 and "--db=" in r.stderr and "cannot be written" in r.stderr, r.stderr
+
+
+def test_an_undecodable_golden_file_reads_the_same_with_and_without_isolation(tmp_path):
+    """Bytes that match the index's sha256 but are no .npz: the same 'corrupt' row either way, not a crash
+    of the worker in one and a row in the other."""
+    import hashlib
+    import json
+    import shutil
+
+    from faverify import golden_files
+    copy = tmp_path / "golden"
+    shutil.copytree(golden_files.DEFAULT_DIR, copy)
+    garbage = b"not an npz file at all"
+    (copy / "cases" / "one-key.npz").write_bytes(garbage)
+    index = json.loads((copy / "index.json").read_text())
+    for e in index["cases"]:
+        if e["name"] == "one-key":
+            e["sha256"] = hashlib.sha256(garbage).hexdigest()
+    (copy / "index.json").write_text(json.dumps(index))
+    lines = []
+    for isolate in ("--isolate", "--no-isolate"):
+        r = cli("golden", "verify", "--kernel", "sdpa-math", "--device", "cpu", "--dir", copy, isolate,
+                "--only", "one-key,gqa-113x203")
+        assert r.exit_code == 2, r.stderr
+        lines.append(next(line for line in r.stderr.splitlines() if line.startswith("one-key")).split())
+    assert lines[0] == lines[1] and "corrupt" in lines[0], lines
