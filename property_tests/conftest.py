@@ -6,6 +6,12 @@ from hypothesis import HealthCheck, settings
 
 # CPU runs of the Triton kernels go through the interpreter; set before anything imports triton.
 os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
+# One CPU thread per torch, here and in the worker processes the tests spawn (they inherit the variable):
+# the suite's cases are small, and the background compiles below keep both cores of a CI machine busy,
+# where a second thread per process only contends for them.
+if not torch.cuda.is_available():
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 settings.register_profile("faverify", deadline=None, max_examples=25,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -36,7 +36,7 @@ def test_a_declared_write_is_allowed():
 
 def test_in_place_modification_is_found_shrunk_and_replayed(tmp_path):
     r = cli("fuzz", "--kernel", "property_tests.planted:doubles_q", "--iters", "30", "--device", "cpu", "--no-db",
-            "--json", tmp_path / "run.json")
+            "--no-isolate", "--json", tmp_path / "run.json")
     assert r.exit_code == 1
     failures = read_json(tmp_path / "run.json")["kernels"][0]["failures"]
     modified = next(f for f in failures if f["signature"] == "q:modified")
@@ -126,9 +126,10 @@ def test_a_keyboard_interrupt_raised_by_the_subject_in_a_worker_is_its_failure(t
 
 
 def test_compare_of_a_run_that_checked_nothing_is_exit_2(tmp_path):
-    cli("fuzz", "--kernel", "sdpa-math", "--iters", "5", "--device", "cpu", "--no-db", "--json", tmp_path / "ok.json")
+    cli("fuzz", "--kernel", "sdpa-math", "--iters", "5", "--device", "cpu", "--no-db", "--no-isolate",
+        "--json", tmp_path / "ok.json")
     cli("fuzz", "--kernel", "property_tests.planted:declines_fp32", "--dtype", "fp32", "--iters", "5", "--device",
-        "cpu", "--no-db", "--json", tmp_path / "none.json")
+        "cpu", "--no-db", "--no-isolate", "--json", tmp_path / "none.json")
     assert read_json(tmp_path / "none.json")["kernels"][0]["summary"]["skipped"] == 5
     for args in (("ok.json", "none.json"), ("none.json", "ok.json")):
         r = cli("compare", *(tmp_path / a for a in args))
@@ -201,10 +202,13 @@ def test_a_golden_index_that_is_not_one_is_exit_2(tmp_path, index, message):
     assert r.exit_code == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
-def _run_file(tmp_path):
+@pytest.fixture(scope="module")
+def run_file(tmp_path_factory):
+    """One run file with failures, made once for the damage tests below."""
+    path = tmp_path_factory.mktemp("run") / "run.json"
     cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "4", "--device", "cpu", "--no-db",
-        "--shrink-budget", "1", "--json", tmp_path / "run.json")
-    return read_json(tmp_path / "run.json")
+        "--shrink-budget", "1", "--no-isolate", "--json", path)
+    return path
 
 
 @pytest.mark.parametrize("damage,message", [
@@ -216,13 +220,13 @@ def _run_file(tmp_path):
     (lambda d: d.update(environment=None), "environment must be an object"),
     (lambda d: d.update(kernels=[]), "kernels must be a non-empty list"),
 ])
-def test_report_and_compare_of_a_damaged_run_file_are_one_line_errors(tmp_path, damage, message):
+def test_report_and_compare_of_a_damaged_run_file_are_one_line_errors(tmp_path, run_file, damage, message):
     import json
-    data = _run_file(tmp_path)
+    data = read_json(run_file)
     assert data["kernels"][0]["failures"]
     damage(data)
     (tmp_path / "bad.json").write_text(json.dumps(data))
-    for command in (("report", tmp_path / "bad.json"), ("compare", tmp_path / "run.json", tmp_path / "bad.json")):
+    for command in (("report", tmp_path / "bad.json"), ("compare", run_file, tmp_path / "bad.json")):
         r = cli(*command)
         assert r.exit_code == 2 and message in r.stderr and "Traceback" not in r.stderr, (command, r.stderr)
 
