@@ -18,9 +18,13 @@ NUMERICS_VARIABLES = (
 
 
 def _version(module: str) -> str:
+    """The installed version, read from the package's metadata: importing triton here, before the
+    `triton` subject chooses the interpreter on a machine without a GPU (kernels/triton/subject.py), would
+    fix triton in compiled mode for this process, and the kernels would then fail to run at all."""
+    from importlib import metadata
     try:
-        return __import__(module).__version__
-    except Exception:
+        return metadata.version(module)
+    except metadata.PackageNotFoundError:
         return "not installed"
 
 

@@ -230,7 +230,7 @@ def test_tensor_descriptors_only_where_strides_allow():
 def test_fuzz_60_cases_every_dtype_on_this_machine(tmp_path):
     from faverify.kernels.triton.interface import PATHS
     r = cli("fuzz", "--kernel", "triton", "--iters", "60", "--dtype", "bf16,fp16,fp32", "--device", DEVICE,
-            "--json", tmp_path / "f.json", "--markdown", tmp_path / "f.md")
+            "--workers", "2", "--json", tmp_path / "f.json", "--markdown", tmp_path / "f.md")
     assert r.exit_code == 0, r.stderr
     # every case that ran took one forward path, and the report counts them (fwd hopper among them on sm_90)
     summary = read_json(tmp_path / "f.json")["kernels"][0]["summary"]

@@ -329,3 +329,21 @@ def test_an_undecodable_golden_file_reads_the_same_with_and_without_isolation(tm
         assert r.exit_code == 2, r.stderr
         lines.append(next(line for line in r.stderr.splitlines() if line.startswith("one-key")).split())
     assert lines[0] == lines[1] and "corrupt" in lines[0], lines
+
+
+def test_the_environment_header_leaves_triton_unimported():
+    """The run's header reads package versions from their metadata: importing triton there, before the
+    triton subject chose the interpreter, fixed triton in compiled mode and every CPU case of the kernels
+    failed ("Cannot call @triton.jit'd outside of the scope of a kernel"), as in a mutants job process."""
+    import os
+    import subprocess
+    import sys
+    code = ("import sys; from faverify import env; env.collect(); assert 'triton' not in sys.modules; "
+            "from faverify.case import Case; from faverify.runner import evaluate; from faverify.subjects import resolve; "
+            "r = evaluate(resolve('triton'), Case(1, 20, 20, 1, 1, 16, dtype='bf16', causal=True), 'cpu'); "
+            "print(r.status, r.reason[:200])")
+    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=300)
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the kernels are compiled, not interpreted")
+    assert r.returncode == 0 and r.stdout.startswith("pass"), r.stdout + r.stderr[-2000:]
