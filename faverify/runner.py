@@ -159,24 +159,21 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
             with _no_exit():
                 grads = torch.autograd.grad(out, (x.q, x.k, x.v), x.dout, allow_unused=True)
         except raised as e:  # autograd's own complaint may come from an input changed in place
-            result = failure(name, case, "fail", f"backward raised {type(e).__name__}: {e}", f"error:{type(e).__name__}")
-            for n, count in _modified(x, pristine, subject.caps.writes):
-                result.signatures.insert(0, f"{n}:modified")
-                result.reason = f"modified {n} in place: {count} elements; " + result.reason
-            return result
+            failing = _changed_inputs(x, pristine, subject.caps.writes)
+            failing.append((f"error:{type(e).__name__}", f"backward raised {type(e).__name__}: {e}"))
+            return CaseResult(name, case, "fail", "; ".join(r for _, r in failing), signatures=[s for s, _ in failing])
         for gname, grad, inp in zip(("dq", "dk", "dv"), grads, (x.q, x.k, x.v)):
             got[gname] = grad if grad is not None else torch.zeros_like(inp)
         problem = next((p for g in ("dq", "dk", "dv") if (p := _on_device(g, got[g], x.q.device))), None)
         if problem:
             return failure(name, case, "fail", problem, "contract")
-    modified = _modified(x, pristine, subject.caps.writes)
+    failing = _changed_inputs(x, pristine, subject.caps.writes)
     clock.lap("subject")
     try:
         metrics = judge(case, pristine, got, tolerance, MODES[mode], reference_given)
     except (MemoryError, torch.OutOfMemoryError) as e:  # faverify's side ran out, not the subject's
         return CaseResult(name, case, "skip", f"out of memory computing the FP64 reference ({type(e).__name__})")
     clock.lap("reference")
-    failing = [(f"{n}:modified", f"modified {n} in place: {count} elements") for n, count in modified]
     failing += [(f"{t}:{kind(m)}", f"{t}: {m.reason}") for t, m in metrics.items() if not m.passed]
     if failing:
         return CaseResult(name, case, "fail", "; ".join(r for _, r in failing), metrics, [sig for sig, _ in failing])
@@ -206,9 +203,10 @@ def free_memory(device: torch.device) -> int | None:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
     except OSError:
         pass
     return None
@@ -221,9 +219,10 @@ def _copy(x: Inputs, backward: bool) -> Inputs:
     return Inputs(*(t.detach().clone() for t in x.tensors()), dout)
 
 
-def _modified(x: Inputs, pristine: Inputs, writes: tuple) -> list:
-    """(input, changed elements) for each input the subject changed and was not declared to write
-    (Capabilities.writes); NaN stays NaN. One host transfer for all four."""
+def _changed_inputs(x: Inputs, pristine: Inputs, writes: tuple) -> list:
+    """(signature, reason) for each input the subject changed and was not declared to write
+    (Capabilities.writes): ("q:modified", "modified q in place: 4096 elements"). NaN stays NaN. One host
+    transfer for all four."""
     names = [n for n in ("q", "k", "v", "dout") if n not in writes and getattr(pristine, n) is not getattr(x, n)]
     if not names:
         return []
@@ -231,7 +230,8 @@ def _modified(x: Inputs, pristine: Inputs, writes: tuple) -> list:
     for n in names:
         now, before = getattr(x, n).detach(), getattr(pristine, n)
         counts.append(((now != before) & ~(torch.isnan(now) & torch.isnan(before))).sum())
-    return [(n, int(c)) for n, c in zip(names, torch.stack(counts).tolist()) if c]
+    return [(f"{n}:modified", f"modified {n} in place: {int(c)} elements")
+            for n, c in zip(names, torch.stack(counts).tolist()) if c]
 
 
 class _SubjectExited(Exception):
