@@ -13,6 +13,8 @@
 #   fuzz       [240] faverify fuzz --kernel triton --iters 10000 --dtype bf16,fp16 --mode both
 #   fuzz-cuda  [200] the same for cuda,cuda-simt
 #   fuzz-sdpa  [240] sdpa-flash, sdpa-efficient and sdpa-cudnn at 3000 cases each
+#   floor      [300] devtools/floor_calibration.py: the tolerance floor each GPU subject needs, 400 cases each
+#                    (bf16, fp16), one process per subject
 #   mutants    [300] faverify mutants --iters 60 (every mutant that runs on this GPU, and the control)
 #   bench      [150] faverify bench --kernel triton --headdims 64,128 --seqlens 4096,16384 --dtype bf16,fp16
 #   bench-cuda [150] the same for cuda
@@ -59,6 +61,12 @@ for step in $steps; do
     fuzz) fuzz fuzz 240 triton 10000 ;;
     fuzz-cuda) fuzz fuzz-cuda 200 cuda,cuda-simt 10000 ;;
     fuzz-sdpa) fuzz fuzz-sdpa 240 sdpa-flash,sdpa-efficient,sdpa-cudnn 3000 ;;
+    floor)  # one process per subject, side by side
+      for k in sdpa-flash sdpa-efficient sdpa-cudnn triton cuda; do
+        run "floor-$k" 300 "^sdpa|^triton|^cuda|needed" python3 devtools/floor_calibration.py --device cuda \
+          --kernels "$k" --n 400 --dtypes bf16,fp16 --json "$out/floor-$k.json" &
+      done
+      wait ;;
     mutants) run mutants 300 "^killed|^control|SURVIVED|NOT " python3 -m faverify mutants --iters 60 \
       --json "$out/mutants.json" ;;
     bench) run bench 150 "^triton|^sdpa|passed|failed" python3 -m faverify bench --kernel triton --headdims 64,128 \
@@ -71,7 +79,7 @@ for step in $steps; do
         run "sanitize-$tool" 120 "ERROR SUMMARY|hazard|error" compute-sanitizer --tool "$tool" \
           python3 devtools/sanitize_cases.py
       done ;;
-    *) echo "unknown step: $step (steps: tests gpu memory fuzz fuzz-cuda fuzz-sdpa mutants bench bench-cuda doctor sanitize)"
+    *) echo "unknown step: $step (steps: tests gpu memory floor fuzz fuzz-cuda fuzz-sdpa mutants bench bench-cuda doctor sanitize)"
        exit 2 ;;
   esac
 done

@@ -91,6 +91,7 @@ class KernelStats:
                 for stat in ("max_abs", "mean_abs", "rmse", "max_rel", "max_ulp", "ratio"):
                     s[stat].append(getattr(m, stat))
                 s["usage"].append(m.max_abs / m.allowed if m.allowed > 0 else 0.0)
+                s["floor_share"].append(m.floor / m.allowed if m.allowed > 0 else 1.0)
             s["nan"].append(m.nan)
             s["inf"].append(m.inf)
             s["failed"].append(0 if m.passed else 1)
@@ -117,6 +118,7 @@ class KernelStats:
         for (dtype, tensor), s in sorted(self.series.items(), key=lambda kv: (kv[0][0], _ORDER[kv[0][1]])):
             finite = [x for x in s["ratio"] if x == x]  # drop NaN (baseline non-finite)
             usage = [x for x in s["usage"] if x == x]
+            floor_share = [x for x in s["floor_share"] if x == x]
             judged = len(s["max_abs"])
 
             def top(stat):
@@ -130,6 +132,7 @@ class KernelStats:
                 "ratio_p50": _quantile(finite, 0.5), "ratio_p99": _quantile(finite, 0.99),
                 "ratio_max": max(finite) if finite else float("nan"),
                 "usage_max": max(usage) if usage else float("nan"),
+                "floor_share_p50": _quantile(floor_share, 0.5),
             })
         return rows
 

@@ -30,6 +30,7 @@ class TensorMetrics:
     ratio: float  # max_abs / baseline_max_abs
     scale: float
     allowed: float
+    floor: float  # the part of allowed that is not factor * baseline_max_abs (verdict.Tolerance.terms)
     waived: bool  # ill-conditioned case: the tolerance was not applied (verdict.Tolerance.ill_conditioned)
     worst_index: list  # index of the largest error, in the tensor's own shape
     passed: bool
@@ -40,7 +41,7 @@ class TensorMetrics:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TensorMetrics":
-        return cls(**d)
+        return cls(**{"floor": math.nan, **d})  # a version-1 run file does not split the allowed error
 
 
 @dataclass(frozen=True)

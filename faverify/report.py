@@ -34,6 +34,12 @@ def ratio(x) -> str:
     return fmt(v, ".2f") if math.isnan(v) or math.isinf(v) or v < 1e4 else fmt(v, ".3g")
 
 
+def share(part, whole) -> str:
+    """The part of the allowed error that came from the floor, as a fraction ("-" where not recorded)."""
+    p, w = num(part), num(whole)
+    return fmt(p / w, ".2f") if w > 0 and not math.isnan(p) else "-"
+
+
 def _numeric(cell: str) -> bool:
     if cell in ("-", "inf", "-inf", ""):
         return True
@@ -61,13 +67,14 @@ def metrics_rows(metrics: dict) -> list:
     for t, m in metrics.items():
         m = m if isinstance(m, dict) else m.to_dict()
         rows.append([t, fmt(m["max_abs"]), fmt(m["baseline_max_abs"]), ratio(m["ratio"]), fmt(m["allowed"]),
+                     share(m.get("floor"), m["allowed"]),
                      fmt(m["max_ulp"], ".0f"), str(m["nan"]), str(m["inf"]), str(m["masked_bad"]),
                      str(m["worst_index"]),
                      ("pass" if m["passed"] else "FAIL") + (" (waived: ill-conditioned)" if m["waived"] else "")])
     return rows
 
 
-METRIC_HEADERS = ["tensor", "max err", "baseline err", "ratio", "allowed", "max ulp", "nan", "inf",
+METRIC_HEADERS = ["tensor", "max err", "baseline err", "ratio", "allowed", "floor share", "max ulp", "nan", "inf",
                   "masked bad", "worst index", "verdict"]
 
 
@@ -135,10 +142,14 @@ def render(run: Run, style: str = "table") -> str:
                         "waived cases counted apart)", style))
     rows = [[r["kernel"], r["dtype"], r["tensor"], str(r["cases"]), str(r["failed"]), str(r["waived"]), fmt(r["max_abs"]),
              fmt(r["mean_abs"]), fmt(r["max_rel"]), fmt(r["max_ulp"], ".0f"), str(r["nan"]), str(r["inf"]),
-             ratio(r["ratio_p50"]), ratio(r["ratio_p99"]), ratio(r["ratio_max"]), fmt(r.get("usage_max"), ".2f")]
+             ratio(r["ratio_p50"]), ratio(r["ratio_p99"]), ratio(r["ratio_max"]), fmt(r.get("usage_max"), ".2f"),
+             fmt(r.get("floor_share_p50"), ".2f")]
             for k in run.kernels for r in k["stats"]]
     out.append(table(rows, ["kernel", "dtype", "tensor", "cases", "failed", "waived", "max err", "mean err", "max rel",
-                            "max ulp", "nan", "inf", "ratio p50", "ratio p99", "ratio max", "err/allowed max"], style))
+                            "max ulp", "nan", "inf", "ratio p50", "ratio p99", "ratio max", "err/allowed max",
+                            "floor share p50"], style))
+    out.append(("- " if style == "md" else "") + "floor share: the part of the allowed error that the floor gave "
+               "(the rest is factor x the baseline's error); near 1, the verdict rests on the floor alone")
 
     out.append(_heading("Gradient checks (finite differences of the subject's own forward)", style))
     rows = [[r["kernel"], r["dtype"], str(r["checks"]), str(r["failed"]), fmt(r["rel_err_p50"]),

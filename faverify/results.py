@@ -10,7 +10,8 @@ from faverify.collector import Failure, KernelStats
 from faverify.errors import UsageError
 
 SCHEMA = "faverify.run"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)  # version 1 lacks what 2 added (docs/run-schema.md); its readers fill the gaps with "-"
 
 
 @dataclass
@@ -65,9 +66,9 @@ class Run:
             raise UsageError(argument, str(path), f"cannot be read ({e.strerror or e})") from None
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise UsageError(argument, str(path), f"is not a faverify run file (schema must be {SCHEMA!r})")
-        if data.get("version") != VERSION:
+        if data.get("version") not in READS:
             raise UsageError(argument, str(path), f"has run schema version {data.get('version')!r}; "
-                                                  f"this faverify reads version {VERSION}")
+                                                  f"this faverify reads versions {', '.join(map(str, READS))}")
         try:
             run = cls(data["command"], data["environment"], data["settings"], data["tolerance"], data["kernels"])
         except (KeyError, TypeError) as e:

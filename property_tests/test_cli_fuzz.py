@@ -89,6 +89,8 @@ def test_database_replays_a_failure_first(tmp_path):
     (("fuzz", "--iters", "many"), "many"),
     (("fuzz", "--device", "tpu"), "--device='tpu'"),
     (("fuzz", "--factor", "out=abc"), "--factor"),
+    (("fuzz", "--tight", "out=-1"), "--tight='out=-1': must be a finite number >= 0"),
+    (("golden", "verify", "--tight", "lse=nan"), "--tight='lse=nan'"),
     (("repro", "--kernel", "sdpa-math", "--case", "{bad"), "not valid JSON"),
     (("repro", "--kernel", "sdpa-math", "--case", '{"batch": 1}'), "missing required"),
 ])

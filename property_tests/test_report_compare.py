@@ -31,6 +31,39 @@ def test_report_renders_markdown_and_tables(runs):
     assert table.exit_code == 0 and "faverify repro --kernel property_tests.planted:top_left_mask" in table.stdout
 
 
+def test_the_report_splits_the_allowed_error_into_floor_and_baseline(runs):
+    data = json.loads((runs / "bad.json").read_text())
+    rows = data["kernels"][0]["stats"]
+    assert all(0 <= float(r["floor_share_p50"]) <= 1 for r in rows if r["cases"] > r["waived"])
+    minimal = data["kernels"][0]["failures"][0]["minimal"]["metrics"]["out"]
+    assert 0 < minimal["floor"] <= minimal["allowed"]
+    text = cli("report", runs / "bad.json").stdout
+    assert "floor share p50" in text and "floor share" in text.split("reproduce:")[0]
+
+
+def _as_version_1(data: dict) -> dict:
+    """A run file as version 1 wrote it: no floor split, no tight floor."""
+    data["version"] = 1
+    data["tolerance"].pop("tight")
+    for k in data["kernels"]:
+        for r in k["stats"]:
+            r.pop("floor_share_p50")
+        for f in k["failures"]:
+            for which in ("first", "minimal"):
+                for m in f[which]["metrics"].values():
+                    m.pop("floor")
+    return data
+
+
+def test_version_1_run_files_are_still_read(runs, tmp_path):
+    old = tmp_path / "v1.json"
+    old.write_text(json.dumps(_as_version_1(json.loads((runs / "bad.json").read_text()))))
+    r = cli("report", old)
+    assert r.exit_code == 0 and "top_left_mask" in r.stdout
+    r = cli("compare", old, runs / "bad.json")
+    assert r.exit_code in (0, 1) and "version" not in r.stderr
+
+
 def test_two_runs_of_the_same_kernel_compare_clean(runs):
     r = cli("compare", runs / "good.json", runs / "again.json")
     assert r.exit_code == 0 and r.stdout.startswith("no regression: 0 worse (+), 0 newly failing (!)")

@@ -119,4 +119,56 @@ def test_overrides():
 
 def test_rule_is_printed_with_every_factor():
     text = Tolerance().describe()
-    assert "out: factor 2" in text and "dq: factor 3" in text and "2^-18 fp32" in text
+    assert "out: factor 2" in text and "dq: factor 3" in text and "2^-18 fp32" in text and "tight 0.25" in text
+
+
+def _stats(err: float, baseline: float, tensor: str = "out"):
+    """One tensor's statistics with the floor unit F = u(bf16) * scale = 1: err and baseline in units of F."""
+    from faverify.dtypes import FLOOR_UNIT
+    from faverify.metrics import ErrorStats
+    values = {"max_abs": err, "mean_abs": err, "rmse": err, "ref_max": 1.0, "max_ulp": 0.0, "nan": 0.0,
+              "inf": 0.0, "masked_bad": 0.0, "baseline_max_abs": baseline, "worst": 0.0}
+    return ErrorStats(tensor, values, 1 / FLOOR_UNIT["bf16"], 0.0, [0])
+
+
+def test_the_floor_shrinks_beside_an_informative_baseline():
+    """Three times an informative baseline's error fails even where it is about one floor unit (the full
+    floor added to 2x the baseline allowed it); with the baseline exact, the full floor stands; the
+    allowed error is split into its two parts."""
+    full = Tolerance(tight={t: 1.0 for t in DEFAULT_FACTOR})  # the floor that never shrinks
+    three_times = _stats(1.5, 0.5)
+    assert judge(three_times, "bf16", full).passed
+    m = judge(three_times, "bf16", Tolerance())
+    assert not m.passed and m.allowed == pytest.approx(2 * 0.5 + 0.25) and m.floor == pytest.approx(0.25)
+    assert judge(_stats(0.9, 0.0), "bf16", Tolerance()).passed  # exact baseline: the whole floor
+    m = judge(_stats(0.9, 0.0), "bf16", Tolerance())
+    assert m.floor == pytest.approx(1.0) and m.allowed == pytest.approx(1.0)
+    assert not judge(_stats(1.1, 0.0), "bf16", Tolerance()).passed
+    # a baseline error halfway to the knee leaves half the full floor
+    from faverify.verdict import KNEE
+    assert judge(_stats(0, KNEE / 2), "bf16", Tolerance()).floor == pytest.approx(0.5)
+
+
+def test_a_kernel_several_times_the_baseline_error_is_caught_more_often():
+    """P rounded to bf16 in fp16 cases: 8x the naive fp16 rounding of P. The tight floor catches it on
+    more of the same drawn cases than the floor that never shrinks, and at an earlier case."""
+    from hypothesis import HealthCheck, given, seed, settings
+
+    from faverify.runner import evaluate
+    from faverify.strategies import cases
+    from faverify.subjects import resolve
+    drawn = []
+
+    @seed(1)
+    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(cases(dtypes=("fp16",)))
+    def draw(c):
+        drawn.append(c)
+    draw()
+    subject = resolve("property_tests.planted:bf16_weights")
+    full = Tolerance(tight={t: 1.0 for t in DEFAULT_FACTOR})
+    caught = {name: [i for i, c in enumerate(drawn) if evaluate(subject, c, "cpu", mode="fwd", tolerance=tol).status == "fail"]
+              for name, tol in (("full", full), ("tight", Tolerance()))}
+    assert len(caught["tight"]) > len(caught["full"]) and set(caught["full"]) <= set(caught["tight"])
+    control = resolve("property_tests.planted:correct")
+    assert all(evaluate(control, c, "cpu", mode="fwd").status == "pass" for c in drawn)

@@ -64,16 +64,20 @@ def check_shrink_budget(budget: int) -> None:
 TimeoutOpt = Annotated[float, typer.Option(help="Seconds one case may take before its worker is killed")]
 
 
-def tolerance_from(factor: Optional[str], atol: Optional[str]):
-    from faverify.verdict import DEFAULT_ATOL, DEFAULT_FACTOR, Tolerance, parse_overrides
+def tolerance_from(factor: Optional[str], atol: Optional[str], tight: Optional[str] = None):
+    from faverify.verdict import DEFAULT_ATOL, DEFAULT_FACTOR, DEFAULT_TIGHT, Tolerance, parse_overrides
     return Tolerance(factor=parse_overrides(factor, DEFAULT_FACTOR, "--factor"),
-                     atol=parse_overrides(atol, DEFAULT_ATOL, "--atol"))
+                     atol=parse_overrides(atol, DEFAULT_ATOL, "--atol"),
+                     tight=parse_overrides(tight, DEFAULT_TIGHT, "--tight"))
 
 
 FactorOpt = Annotated[Optional[str], typer.Option(help="Allowed multiple of the baseline error: NUMBER or "
                                                        "TENSOR=NUMBER,... (defaults out=2,lse=2,dq=3,dk=3,dv=3)")]
 AtolOpt = Annotated[Optional[str], typer.Option(help="Floor in units of u(dtype)*scale_T: NUMBER or TENSOR=NUMBER,... "
                                                      "(default 1 for every tensor)")]
+TightOpt = Annotated[Optional[str], typer.Option(help="The floor beside an informative baseline, in the same unit: "
+                                                      "NUMBER or TENSOR=NUMBER,... (default 0.25; set it to the "
+                                                      "--atol value for a floor that never shrinks)")]
 DeviceOpt = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:INDEX | all")]
 
 

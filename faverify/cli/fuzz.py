@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import (AtolOpt, DeviceOpt, FactorOpt, Mode, TimeoutOpt, check_shrink_budget,
+from faverify.cli.common import (AtolOpt, TightOpt, DeviceOpt, FactorOpt, Mode, TimeoutOpt, check_shrink_budget,
                                  check_timeout, check_writable, progress_bar, progress_factory, say,
                                  tolerance_from)
 from faverify.errors import EnvironmentProblem, UsageError
@@ -28,6 +28,7 @@ def fuzz(
     markdown: Annotated[Optional[Path], typer.Option(help="Write the report as Markdown")] = None,
     factor: FactorOpt = None,
     atol: AtolOpt = None,
+    tight: TightOpt = None,
     gradcheck_every: Annotated[int, typer.Option(help="Finite-difference gradient check every N cases (0: never)")] = 25,
     db: Annotated[Optional[Path], typer.Option(help="Example store: the failures found are replayed first next "
                                                     "time, reported apart; the seeded draw never depends on it")]
@@ -66,7 +67,7 @@ def fuzz(
     if not no_db:
         check_writable("--db", db, directory=True)
     dtypes = parse_dtypes(dtype)
-    tolerance = tolerance_from(factor, atol)
+    tolerance = tolerance_from(factor, atol, tight)
     subjects = resolve_many(kernel)  # unknown kernels fail here, before any work
     targets = devices.resolve(device)
     if workers is None:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, check_writable, say, tolerance_from
+from faverify.cli.common import AtolOpt, TightOpt, DeviceOpt, FactorOpt, check_writable, say, tolerance_from
 from faverify.errors import EnvironmentProblem, UsageError
 
 
@@ -26,12 +26,14 @@ def golden(
     only: Annotated[Optional[str], typer.Option(help="Comma separated case names")] = None,
     factor: FactorOpt = None,
     atol: AtolOpt = None,
+    tight: TightOpt = None,
     isolate: Annotated[bool, typer.Option(help="Run the subject in a worker process")] = True,
 ) -> int:
     """Stored cases with FP64 outputs: record them, or verify a kernel against them."""
     from faverify import devices, golden, golden_files
     from faverify.report import table
 
+    tolerance = tolerance_from(factor, atol, tight)  # every flag is checked before any work
     directory = directory or golden_files.DEFAULT_DIR
     names = [n.strip() for n in only.split(",")] if only else None
     for n in names or ():
@@ -49,7 +51,7 @@ def golden(
     resolve(kernel)  # unknown kernels fail here, with exit 2
     target = devices.resolve(device)[0]
     try:
-        rows = golden.verify(kernel, target, directory=directory, tolerance=tolerance_from(factor, atol),
+        rows = golden.verify(kernel, target, directory=directory, tolerance=tolerance,
                                    names=names, isolate=isolate)
     except golden_files.GoldenFileProblem as e:
         raise EnvironmentProblem(f"golden index: {e}") from None

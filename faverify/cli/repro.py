@@ -8,7 +8,7 @@ import typer
 
 from faverify.case import Case
 from faverify.cli.app import app
-from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, Mode, TimeoutOpt, check_timeout, say, tolerance_from
+from faverify.cli.common import AtolOpt, TightOpt, DeviceOpt, FactorOpt, Mode, TimeoutOpt, check_timeout, say, tolerance_from
 from faverify.errors import EnvironmentProblem, UsageError
 
 
@@ -20,6 +20,7 @@ def repro(
     mode: Annotated[Mode, typer.Option()] = Mode.both,
     factor: FactorOpt = None,
     atol: AtolOpt = None,
+    tight: TightOpt = None,
     timeout: TimeoutOpt = 300.0,
     isolate: Annotated[bool, typer.Option(help="Run the subject in a worker process, as fuzz does: a crash, a "
                                                "hang or an exit of the subject is a failing case")] = True,
@@ -31,6 +32,7 @@ def repro(
     from faverify.subjects import resolve
 
     check_timeout(timeout)
+    tolerance = tolerance_from(factor, atol, tight)
     text = case
     if case.startswith("@"):
         try:
@@ -42,7 +44,6 @@ def repro(
     the_case = Case.from_json(text)
     subject = resolve(kernel)
     target = devices.resolve(device)[0]
-    tolerance = tolerance_from(factor, atol)
     if isolate:
         from faverify.isolation import Worker
         worker = Worker(kernel, str(target), mode.value, tolerance.to_dict(), timeout)
