@@ -17,7 +17,17 @@ REGIMES = ("normal", "large", "bf16-scale", "outliers", "constant", "peaked", "t
 LAYOUTS = ("contiguous", "transposed", "strided", "packed")
 INITS = ("-inf", "-1e30")
 MAX_HEAD_DIM = 256
+MAX_HEAD_DIM_V = 512  # MLA's value head dim (576/512 for q/k and v)
 MAX_SEED = 2**63
+# ALiBi slopes: per head, per batch and head, or all zero (must give dense attention); drawn from the seed
+ALIBI = ("off", "head", "batch-head", "zero")
+# Sink logits per head, drawn from the seed: about the size of the rows' own log-sum-exp, far above every
+# logit (all weight on the sink, out near 0) or far below (no weight on it)
+SINKS = ("off", "around", "above", "below")
+FEATURES = ("window", "softcap", "alibi", "sinks", "head_dim_v")
+# The variant fields and their "off" values: a case that leaves them off is dense attention, and its JSON
+# leaves them out, so a dense case prints as it always did.
+VARIANT_DEFAULTS = {"window": (-1, -1), "softcap": 0.0, "alibi": "off", "sinks": "off", "head_dim_v": None}
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,12 @@ class Case:
     layout: str = "contiguous"
     init: str = "-inf"  # start of the running max m_i inside kernels that take it
     seed: int = 0
+    # variants (docs/design.md, "Variants"): each off by default
+    window: tuple = (-1, -1)  # (left, right) keys a row sees around its diagonal, -1: no bound
+    softcap: float = 0.0  # c > 0: logits become c * tanh(s / c)
+    alibi: str = "off"
+    sinks: str = "off"
+    head_dim_v: int | None = None  # None: head_dim
 
     def __post_init__(self) -> None:
         for name in ("batch", "nheads", "nheads_k", "head_dim"):
@@ -60,6 +76,26 @@ class Case:
             s = self.softmax_scale
             if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
                 raise UsageError("softmax_scale", s, "must be a finite number > 0, or null for head_dim ** -0.5")
+        self._check_variants()
+
+    def _check_variants(self) -> None:
+        w = self.window
+        if not isinstance(w, (list, tuple)) or len(w) != 2:
+            raise UsageError("window", w, "must be [left, right]")
+        for side, bound in zip(("left", "right"), w):
+            if isinstance(bound, bool) or not isinstance(bound, int) or bound < -1:
+                raise UsageError("window", list(w), f"the {side} bound must be an integer >= -1 (-1: no bound)")
+        object.__setattr__(self, "window", tuple(w))  # JSON gives a list
+        c = self.softcap
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c < 0:
+            raise UsageError("softcap", c, "must be a finite number >= 0 (0: off)")
+        for name, allowed in (("alibi", ALIBI), ("sinks", SINKS)):
+            if getattr(self, name) not in allowed:
+                raise UsageError(name, getattr(self, name), f"must be one of {', '.join(allowed)}")
+        if self.head_dim_v is not None:
+            _require_int("head_dim_v", self.head_dim_v, minimum=1)
+            if self.head_dim_v > MAX_HEAD_DIM_V:
+                raise UsageError("head_dim_v", self.head_dim_v, f"must be in 1..{MAX_HEAD_DIM_V}, or null for head_dim")
 
     @property
     def scale(self) -> float:
@@ -69,25 +105,72 @@ class Case:
     def group(self) -> int:
         return self.nheads // self.nheads_k
 
-    def visible_keys(self, i: int) -> int:
-        """How many keys query row i sees (causal is bottom-right aligned)."""
-        if not self.causal:
-            return self.seqlen_k
-        return max(0, min(self.seqlen_k, i + self.seqlen_k - self.seqlen_q + 1))
+    @property
+    def dv(self) -> int:
+        """The value (and output) head dim."""
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+
+    @property
+    def bounds(self) -> tuple:
+        """(left, right) of the keys row i sees around its diagonal j = i + sk - sq, None where unbounded:
+        causal sets right to 0 (with a window, the intersection)."""
+        left, right = (None if b < 0 else b for b in self.window)
+        if self.causal:
+            right = 0 if right is None else min(right, 0)
+        return left, right
+
+    def features(self) -> tuple:
+        """The variant features this case uses, in FEATURES order."""
+        on = {"window": self.window != (-1, -1), "softcap": self.softcap > 0, "alibi": self.alibi != "off",
+              "sinks": self.sinks != "off", "head_dim_v": self.head_dim_v is not None}
+        return tuple(f for f in FEATURES if on[f])
+
+    def visible_keys(self, i: int, offset: int | None = None) -> int:
+        """How many keys query row i sees (causal and windows bottom-right aligned, or around i + offset)."""
+        left, right = self.bounds
+        diag = i + (self.seqlen_k - self.seqlen_q if offset is None else offset)
+        lo = 0 if left is None else max(0, diag - left)
+        hi = self.seqlen_k - 1 if right is None else min(self.seqlen_k - 1, diag + right)
+        return max(0, hi - lo + 1)
+
+    def empty_rows(self, offset: int | None = None) -> tuple:
+        """(start, stop) of the query rows that see no key when row i's diagonal key is i + offset
+        (default sk - sq, bottom-right; 0 is top-left): a prefix bottom-right, where a right bound empties
+        the first rows, a suffix top-left, where a left bound empties the last."""
+        sq, sk = self.seqlen_q, self.seqlen_k
+        if sk == 0:
+            return 0, sq
+        off = sk - sq if offset is None else offset
+        left, right = self.bounds
+        if right is not None and -off - right > 0:
+            return 0, min(sq, -off - right)
+        if left is not None and sk + left - off < sq:
+            return max(0, sk + left - off), sq
+        return 0, 0
 
     @property
     def masked_rows(self) -> int:
-        """How many query rows see no key: always the first ones (bottom-right alignment)."""
+        """How many query rows see no key: always the first ones (bottom-right alignment: the last row's
+        diagonal is the last key, so a left bound never empties a row, and a right bound empties the first)."""
         if self.seqlen_k == 0:
             return self.seqlen_q
-        return max(0, self.seqlen_q - self.seqlen_k) if self.causal else 0
+        right = self.bounds[1]
+        if right is None:
+            return 0
+        return min(self.seqlen_q, max(0, self.seqlen_q - self.seqlen_k - right))
 
     @property
     def has_masked_rows(self) -> bool:
         return self.masked_rows > 0
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        for name, off in VARIANT_DEFAULTS.items():
+            if d[name] == off:
+                del d[name]
+            elif name == "window":
+                d[name] = list(d[name])
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"))
@@ -120,6 +203,16 @@ class Case:
         flags = [self.dtype, "causal" if self.causal else "full", self.regime, self.layout, f"init={self.init}"]
         if self.softmax_scale is not None:
             flags.append(f"scale={self.softmax_scale:g}")
+        if self.window != (-1, -1):
+            flags.append(f"window=({self.window[0]},{self.window[1]})")
+        if self.softcap:
+            flags.append(f"softcap={self.softcap:g}")
+        if self.alibi != "off":
+            flags.append(f"alibi={self.alibi}")
+        if self.sinks != "off":
+            flags.append(f"sinks={self.sinks}")
+        if self.head_dim_v is not None:
+            flags.append(f"dv={self.head_dim_v}")
         return (f"b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} h{self.nheads}{gqa} d{self.head_dim} "
                 + " ".join(flags))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from faverify.case import FEATURES
 from faverify.runner import CaseResult
 
 
@@ -58,6 +59,9 @@ class KernelStats:
     phases: Counter = field(default_factory=Counter)  # seconds per phase, summed over cases
     signature_counts: Counter = field(default_factory=Counter)  # failure signature -> cases
     paths: Counter = field(default_factory=Counter)  # the subject's code path -> cases that took it
+    features: Counter = field(default_factory=Counter)  # variant feature -> cases that used it (run or skipped)
+    conventions: str = ""  # what the subject declares and the reference followed (conventions.Conventions)
+    partial: Counter = field(default_factory=Counter)  # reason -> cases that passed on their forward alone
     restarts: int = 0  # worker processes started again after a crash or a timeout
     warmup_cases: int = 0  # unjudged cases run first so each compiled variant compiles once (parallel.warm_up)
     warmup_seconds: float = 0.0
@@ -79,11 +83,14 @@ class KernelStats:
 
     def add(self, r: CaseResult) -> None:
         self.counts[r.status] += 1
+        self.features.update(r.case.features() or ("dense",))
         self.phases.update(r.phases)
         if r.device:
             self.per_device[r.device] += 1
         if r.status == "skip":
             self.skipped[r.reason] += 1
+        elif r.status == "pass" and r.reason:  # passed on less than was asked (runner.FORWARD_ONLY)
+            self.partial[r.reason] += 1
         for t, m in r.metrics.items():
             s = self.series[(r.case.dtype, t)]
             s["cases"].append(1)
@@ -148,8 +155,11 @@ class KernelStats:
     def summary(self) -> dict:
         return {"kernel": self.kernel, "cases": self.cases, "passed": self.counts["pass"], "failed": self.failed,
                 "crashed": self.counts["crash"], "timed_out": self.counts["timeout"], "skipped": self.counts["skip"],
-                "skip_reasons": dict(self.skipped.most_common()), "per_device": dict(self.per_device),
+                "skip_reasons": dict(self.skipped.most_common()),
+                "partial_reasons": dict(self.partial.most_common()), "per_device": dict(self.per_device),
                 "paths": dict(self.paths),  # in the order first taken: fwd before bwd
+                "features": {f: self.features[f] for f in ("dense",) + FEATURES if self.features[f]},
+                "conventions": self.conventions,
                 "worker_restarts": self.restarts,
                 "warmup": {"cases": self.warmup_cases, "seconds": round(self.warmup_seconds, 2)},
                 "replayed": {"cases": self.replay["cases"], "failed": self.replay["failed"],
@@ -158,4 +168,4 @@ class KernelStats:
                 "ms_per_case": {k: round(1e3 * v / max(1, self.cases), 3) for k, v in sorted(self.phases.items())}}
 
 
-_ORDER = {"out": 0, "lse": 1, "dq": 2, "dk": 3, "dv": 4}
+_ORDER = {"out": 0, "lse": 1, "dq": 2, "dk": 3, "dv": 4, "dsinks": 5}

@@ -3,11 +3,13 @@ parallel.py with several), the worker pool, and the Run document they make toget
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from faverify import examples
 from faverify.case import Case
 from faverify.collector import Failure, KernelStats
+from faverify.conventions import DEFAULT as DEFAULT_CONVENTIONS
 from faverify.plan import FuzzPlan
 from faverify.runner import CaseResult
 from faverify.signals import held
@@ -17,8 +19,13 @@ __all__ = ["FuzzPlan", "run"]
 
 def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, command: str,
         workers: int = 1, isolate: bool = True, timeout: float = 300.0,
-        progress_factory: Callable[[str], Callable[[CaseResult], None]] = lambda name: (lambda r: None)):
+        progress_factory: Callable[[str], Callable[[CaseResult], None]] = lambda name: (lambda r: None),
+        features: dict | None = None, conventions: dict | None = None, repeat: int = 1):
     """Fuzz each kernel in turn; returns the Run document.
+
+    features: kernel -> the variant features its cases draw (default: the plan's for every kernel).
+    conventions: kernel -> the conventions its subject declares, in words, for the reports.
+    repeat: run each case that many times; outputs that differ in any bit fail it ("nondeterministic").
 
     workers: processes per device (several: the parallel mode above). isolate=False evaluates in this
     process (one device, sequential), for speed where no subject can crash the process.
@@ -37,8 +44,10 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
     devices = [torch.device(d) for d in devices]
     parallel = isolate and workers * len(devices) > 1
     all_stats, interrupted = [], False
+    base_plan = plan
     for name in kernels:
-        stats = KernelStats(kernel=name)
+        plan = dataclasses.replace(base_plan, features=(features or {}).get(name, base_plan.features))
+        stats = KernelStats(kernel=name, conventions=(conventions or {}).get(name, DEFAULT_CONVENTIONS.describe()))
         all_stats.append(stats)
         pool = None
         try:
@@ -47,7 +56,7 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
                 # the warm-up compiles on every core (one worker each), then the run keeps `workers`
                 per_device = workers if parallel else 1
                 pool = Pool(case_workers(name, devices, max(per_device, cores() // len(devices)) if warmup
-                                         else per_device, mode, tolerance.to_dict(), timeout))
+                                         else per_device, mode, tolerance.to_dict(), timeout, repeat))
             if pool is not None:
                 evaluate = pool.workers[0].evaluate
             else:
@@ -55,7 +64,7 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
 
                 def evaluate(case: Case, gradcheck: bool, subject=subject) -> CaseResult:
                     return evaluate_case(subject, case, devices[0], mode=mode, tolerance=tolerance,
-                                         gradcheck=gradcheck)
+                                         gradcheck=gradcheck, repeat=repeat)
             replay(name, examples.load(plan.database, name), evaluate, stats)
             if parallel:
                 fuzz_parallel(name, plan, pool, stats, progress_factory(name), warmup, keep=workers)
@@ -75,7 +84,7 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
         if interrupted:
             break
     with held() as late:  # the same while the results are put together
-        return _document(kernels, plan, devices, mode, tolerance, command, workers, parallel, isolate,
+        return _document(kernels, base_plan, devices, mode, tolerance, command, workers, parallel, isolate,
                          all_stats, interrupted, late)
 
 

@@ -22,7 +22,7 @@ import torch
 from faverify.case import Case
 from faverify.dtypes import TORCH
 from faverify.errors import UsageError
-from faverify.inputs import Inputs, draw_values
+from faverify.inputs import Inputs, draw_values, variant_of
 from faverify.reference import TENSORS, reference
 
 INDEX_VERSION = 1
@@ -30,9 +30,9 @@ DEFAULT_DIR = Path(__file__).resolve().parent / "golden_data"
 
 
 def _c(b, sq, sk, h, hk, d, dtype="bf16", causal=False, regime="normal", layout="contiguous", init="-inf",
-       scale=None, seed=1):
+       scale=None, seed=1, **variant):
     return Case(batch=b, seqlen_q=sq, seqlen_k=sk, nheads=h, nheads_k=hk, head_dim=d, dtype=dtype, causal=causal,
-                softmax_scale=scale, regime=regime, layout=layout, init=init, seed=seed)
+                softmax_scale=scale, regime=regime, layout=layout, init=init, seed=seed, **variant)
 
 
 # Every regime and edge the strategies reach, small enough to verify in seconds on a CPU.
@@ -77,9 +77,24 @@ CASES = {
     "seed-3-fp16": _c(1, 255, 257, 1, 1, 32, "fp16", seed=3),
     "seqlen-2": _c(1, 2, 2, 1, 1, 16, "bf16", True),
     "seqlen-q1-causal": _c(1, 1, 113, 2, 2, 64, "fp16", True),
+    # variants, at their edges
+    "window-0": _c(1, 40, 40, 2, 2, 32, window=(0, 0)),
+    "window-left-masked-rows": _c(1, 90, 40, 2, 1, 32, "fp16", window=(7, 0)),
+    "window-wider-than-keys": _c(1, 33, 20, 1, 1, 64, window=(50, 50)),
+    "softcap-at-the-cap": _c(1, 64, 64, 2, 2, 64, regime="large", softcap=1.0),
+    "softcap-30-causal": _c(1, 65, 65, 2, 1, 64, "fp16", True, softcap=30.0),
+    "alibi-head-causal": _c(1, 65, 129, 4, 2, 32, "fp16", True, alibi="head"),
+    "alibi-batch-head": _c(2, 40, 60, 2, 2, 32, alibi="batch-head"),
+    "sinks-dominant": _c(1, 64, 64, 2, 2, 32, sinks="above"),
+    "sinks-masked-rows": _c(1, 100, 40, 2, 1, 32, "fp16", True, sinks="around"),
+    "head-dim-v-512-d-64": _c(1, 17, 33, 1, 1, 64, head_dim_v=512),
+    "mla-192-128-causal": _c(1, 40, 40, 2, 2, 192, "bf16", True, head_dim_v=128),
+    "fp32-every-feature": _c(1, 33, 47, 2, 1, 32, "fp32", window=(9, 3), softcap=5.0, alibi="head",
+                             sinks="around", head_dim_v=48),
 }
 QUICK = ("one-key", "masked-rows-203x113", "gqa-113x203", "bf16-scale-bf16", "outliers-fp16", "packed-qkv",
-         "head-dim-256", "fp32-causal-masked")
+         "head-dim-256", "fp32-causal-masked", "fp32-every-feature")
+_EXTRAS = ("alibi_slopes", "sinks")  # fp32 inputs of variant cases, stored as they are
 
 
 class GoldenFileProblem(Exception):
@@ -117,11 +132,14 @@ def record(directory: Path = DEFAULT_DIR, names=None) -> list:
     for name, case in CASES.items():
         if names and name not in names:
             continue
-        values = Inputs(*(t.to(TORCH[case.dtype]) for t in draw_values(case, torch.device("cpu"))))
+        drawn = draw_values(case, torch.device("cpu"))
+        values = Inputs(*(t.to(TORCH[case.dtype]) for t in drawn[:4]), *drawn[4:])
         with torch.no_grad():
-            ref, scales = reference(values.q, values.k, values.v, values.dout, causal=case.causal, scale=case.scale)
+            ref, scales = reference(values.q, values.k, values.v, values.dout, causal=case.causal, scale=case.scale,
+                                    variant=variant_of(case, values))
         arrays = {f"in_{n}": _bits(t) for n, t in zip(("q", "k", "v", "dout"), (values.q, values.k, values.v, values.dout))}
-        arrays.update({f"ref_{n}": ref[n].numpy() for n in TENSORS})
+        arrays.update({f"in_{n}": t.numpy() for n, t in values.extras().items()})
+        arrays.update({f"ref_{n}": t.numpy() for n, t in ref.items()})
         arrays.update({f"scale_{n}": np.asarray(float(v)) for n, v in scales.items()})
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **arrays)
@@ -184,8 +202,10 @@ def read(directory: Path, entry: Entry) -> bytes:
 def decode(data: bytes, entry: Entry, device) -> tuple:
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            values = Inputs(*(_unbits(z[f"in_{n}"], entry.case.dtype, device) for n in ("q", "k", "v", "dout")))
-            ref = {n: torch.from_numpy(z[f"ref_{n}"]).to(device) for n in TENSORS}
+            extras = [torch.from_numpy(z[f"in_{n}"]).to(device) if f"in_{n}" in z.files else None for n in _EXTRAS]
+            values = Inputs(*(_unbits(z[f"in_{n}"], entry.case.dtype, device) for n in ("q", "k", "v", "dout")), *extras)
+            ref = {n: torch.from_numpy(z[f"ref_{n}"]).to(device) for n in TENSORS
+                   if n != "dsinks" or "ref_dsinks" in z.files}  # only a case with sinks has dsinks
             scales = {n[len("scale_"):]: torch.tensor(float(z[n]), dtype=torch.float64, device=device)
                       for n in z.files if n.startswith("scale_")}
     except (ValueError, KeyError, OSError) as e:

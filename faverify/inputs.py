@@ -6,12 +6,15 @@ on one device. Layouts then place those values in memory the way real callers do
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from faverify.case import Case
+from faverify.conventions import DEFAULT as DEFAULT_CONVENTIONS, Conventions
 from faverify.dtypes import TORCH
+from faverify.reference import Variant
 
 # Large-logit regime: q and k scaled by 32 give logits of standard deviation 32*32 = 1024 (at the default
 # scale), so most exp(s - m) underflow to 0 and the max-logit gaps pass 1e3.
@@ -30,9 +33,23 @@ class Inputs:
     k: torch.Tensor
     v: torch.Tensor
     dout: torch.Tensor
+    alibi_slopes: torch.Tensor | None = None  # fp32 [h] or [b, h]
+    sinks: torch.Tensor | None = None  # fp32 [h]; a leaf that requires grad when the case runs backward
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.q, self.k, self.v
+
+    def extras(self) -> dict:
+        """The variant tensors the case uses, by their keyword (flash-attn's names)."""
+        return {name: t for name, t in (("alibi_slopes", self.alibi_slopes), ("sinks", self.sinks)) if t is not None}
+
+
+def variant_of(case: Case, x: Inputs, conventions: Conventions = DEFAULT_CONVENTIONS) -> Variant:
+    """What the reference adds to dense attention for this case and its inputs, under the conventions."""
+    left, right = case.bounds
+    return Variant(left=left, right=right, softcap=case.softcap, alibi_slopes=x.alibi_slopes,
+                   sinks=None if x.sinks is None else x.sinks.detach(),
+                   offset=conventions.offset(case.seqlen_q, case.seqlen_k), alibi_form=conventions.alibi)
 
 
 def generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -44,7 +61,8 @@ def generator(seed: int, device: torch.device | str) -> torch.Generator:
 def make_inputs(case: Case, device: torch.device | str, *, requires_grad: bool = False) -> Inputs:
     device = torch.device(device)
     dtype = TORCH[case.dtype]
-    values = Inputs(*(t.to(dtype) for t in draw_values(case, device)))
+    drawn = draw_values(case, device)
+    values = Inputs(*(t.to(dtype) for t in drawn[:4]), *drawn[4:])
     return lay_out(case, values, requires_grad=requires_grad)
 
 
@@ -55,18 +73,26 @@ def lay_out(case: Case, values: Inputs, *, requires_grad: bool = False) -> Input
     dout = values.dout
     if case.layout == "transposed":
         dout = dout.transpose(1, 2).contiguous().transpose(1, 2)
-    return Inputs(q, k, v, dout)
+    sinks = values.sinks
+    if sinks is not None:
+        sinks = sinks.detach().clone().requires_grad_(requires_grad)
+    return Inputs(q, k, v, dout, values.alibi_slopes, sinks)
 
 
 def draw_values(case: Case, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """q, k, v, dout in float32, logical layout, values per the case's regime."""
+    """q, k, v, dout in float32, logical layout, values per the case's regime; then the ALiBi slopes and
+    the sinks (None when off), drawn after them so a dense case's tensors do not depend on the variants."""
     g = generator(case.seed, device)
     b, sq, sk, h, hk, d = case.batch, case.seqlen_q, case.seqlen_k, case.nheads, case.nheads_k, case.head_dim
+    dv = case.dv
 
     def normal(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g, device=device, dtype=torch.float32)
 
-    q, k, v, dout = normal(b, sq, h, d), normal(b, sk, hk, d), normal(b, sk, hk, d), normal(b, sq, h, d)
+    if dv == d:
+        q, k, v, dout = normal(b, sq, h, d), normal(b, sk, hk, d), normal(b, sk, hk, d), normal(b, sq, h, d)
+    else:
+        q, k, v, dout = normal(b, sq, h, d), normal(b, sk, hk, d), normal(b, sk, hk, dv), normal(b, sq, h, dv)
     regime = case.regime
     if regime == "large":
         q, k = q * LARGE_SIGMA, k * LARGE_SIGMA
@@ -82,7 +108,35 @@ def draw_values(case: Case, device: torch.device) -> tuple[torch.Tensor, ...]:
         q = _peaked_queries(case, q, k, g)
     elif regime == "tiny":
         q, k, v, dout = (t * TINY_SIGMA for t in (q, k, v, dout))
-    return q, k, v, dout
+    return q, k, v, dout, _alibi_slopes(case, g, device), _sinks(case, q, k, g, device)
+
+
+def _alibi_slopes(case: Case, g: torch.Generator, device: torch.device) -> torch.Tensor | None:
+    """The geometric slopes of the ALiBi paper, 2^(-8 (i + 1) / h), each times a factor in [0.5, 2) from
+    the seed; "zero": every slope 0."""
+    if case.alibi == "off":
+        return None
+    h = case.nheads
+    shape = (case.batch, h) if case.alibi == "batch-head" else (h,)
+    base = 2.0 ** (-8.0 * torch.arange(1, h + 1, device=device, dtype=torch.float32) / h)
+    slopes = base * (0.5 + 1.5 * torch.rand(shape, generator=g, device=device))
+    return torch.zeros_like(slopes) if case.alibi == "zero" else slopes
+
+
+def _sinks(case: Case, q, k, g: torch.Generator, device: torch.device) -> torch.Tensor | None:
+    """One raw logit per head. "around": about a row's log-sum-exp (log seqlen_k plus a normal draw), where
+    sink and keys share the weight; "above"/"below": 30 past the largest logit the inputs can give, so
+    the sink takes all the weight or none."""
+    if case.sinks == "off":
+        return None
+    h, sk = case.nheads, case.seqlen_k
+    z = torch.randn(h, generator=g, device=device)
+    if case.sinks == "around":
+        return z + math.log(max(sk, 1))
+    bound = case.scale * float(q.norm(dim=-1).amax()) * float(k.norm(dim=-1).amax()) if q.numel() and k.numel() else 0.0
+    if case.softcap:
+        bound = min(bound, case.softcap)
+    return (bound + 30.0 + z.abs()) * (1 if case.sinks == "above" else -1)
 
 
 def _with_outliers(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
@@ -110,30 +164,47 @@ def _peaked_queries(case: Case, q: torch.Tensor, k: torch.Tensor, g: torch.Gener
 
 
 def _lay_out(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, requires_grad: bool):
-    """Place q, k, v in memory per case.layout; with requires_grad the storage is the autograd leaf."""
+    """Place q, k, v in memory per case.layout, each store inside NaN margins (_margined); with
+    requires_grad the margined buffer is the autograd leaf."""
     h, hk, d = case.nheads, case.nheads_k, case.head_dim
     layout = case.layout
     if layout == "contiguous":
-        leaves = [t.contiguous() for t in (q, k, v)]
-        for t in leaves:
-            t.requires_grad_(requires_grad)
-        return leaves
+        return [_margined(t, requires_grad) for t in (q, k, v)]
     if layout == "transposed":  # stored [b, h, s, d], seen through a transpose
-        stores = [t.transpose(1, 2).contiguous().requires_grad_(requires_grad) for t in (q, k, v)]
-        return [s.transpose(1, 2) for s in stores]
+        return [_margined(t.transpose(1, 2), requires_grad).transpose(1, 2) for t in (q, k, v)]
     if layout == "strided":
         # Row pitch wider than head_dim, the gap poisoned with NaN: a kernel that reads past the
         # head dim gets NaN, which the verdict cannot miss.
         out = []
         for t in (q, k, v):
-            store = torch.full((*t.shape[:-1], d + 8), float("nan"), dtype=t.dtype, device=t.device)
-            store[..., :d] = t
-            store.requires_grad_(requires_grad)
-            out.append(store[..., :d])
+            width = t.shape[-1]
+            store = torch.full((*t.shape[:-1], width + 8), float("nan"), dtype=t.dtype, device=t.device)
+            store[..., :width] = t
+            out.append(_margined(store, requires_grad)[..., :width])
         return out
     # packed: one buffer, as a fused QKV projection produces it
+    if case.dv != d:  # v is narrower or wider: only q and k share a buffer (MLA projects them together)
+        if case.seqlen_q != case.seqlen_k:
+            return [_margined(t, requires_grad) for t in (q, k, v)]
+        store = _margined(torch.cat([q, k], dim=2), requires_grad)
+        return [store[:, :, :h], store[:, :, h:], _margined(v, requires_grad)]
     if case.seqlen_q == case.seqlen_k:
-        store = torch.cat([q, k, v], dim=2).requires_grad_(requires_grad)  # [b, s, h + 2hk, d]
+        store = _margined(torch.cat([q, k, v], dim=2), requires_grad)  # [b, s, h + 2hk, d]
         return [store[:, :, :h], store[:, :, h:h + hk], store[:, :, h + hk:]]
-    kv = torch.cat([k, v], dim=2).requires_grad_(requires_grad)  # q separate, kv packed [b, sk, 2hk, d]
-    return [q.contiguous().requires_grad_(requires_grad), kv[:, :, :hk], kv[:, :, hk:]]
+    kv = _margined(torch.cat([k, v], dim=2), requires_grad)  # q separate, kv packed [b, sk, 2hk, d]
+    return [_margined(q, requires_grad), kv[:, :, :hk], kv[:, :, hk:]]
+
+
+MARGIN_ROWS = 64  # rows of NaN before and after each store: a tile's overrun of a tail block lands in them
+
+
+def _margined(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    """t's values, contiguous, inside one buffer whose margins before and after hold NaN (cuDNN frontend's
+    and xformers' probe): a kernel that reads past either end of its tensor reads NaN, which the verdict
+    cannot miss. The margin is MARGIN_ROWS rows of t (at least 1024 elements), so offsets stay aligned."""
+    row = max(1, t[0, 0].numel() if t.dim() >= 2 and t.shape[0] and t.shape[1] else 1)
+    margin = max(1024, -(-MARGIN_ROWS * row // 64) * 64)
+    flat = torch.full((2 * margin + t.numel(),), float("nan"), dtype=t.dtype, device=t.device)
+    flat[margin:margin + t.numel()] = t.reshape(-1)
+    flat.requires_grad_(requires_grad)
+    return flat[margin:margin + t.numel()].view(t.shape)

@@ -32,7 +32,7 @@ class Task(NamedTuple):
     warm: bool = False
 
 
-def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict) -> None:
+def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1) -> None:
     """The worker's loop: (case, gradcheck, golden) in, CaseResult dict out, until None or a poisoned
     context. The spawned process inherits this one's environment (TRITON_INTERPRET among it)."""
     import signal
@@ -69,7 +69,7 @@ def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict) -> None:
                     directory, entry = golden
                     stored = golden_files.load(directory, entry, device)
                 result = evaluate(subject, case, device, mode=mode, tolerance=tol, gradcheck=gradcheck,
-                                  stored=stored, in_worker=True)
+                                  stored=stored, in_worker=True, repeat=repeat)
         except BaseException as e:  # our own bug while judging: reported as a crash of this case
             result = failure(kernel, case, "crash", f"faverify raised {type(e).__name__}: {e}\n"
                              + traceback.format_exc(limit=4), "crash", device)
@@ -97,9 +97,9 @@ class Worker:
     Starting does not wait: the worker spends seconds importing torch and initializing CUDA, and a pool
     starts all of its workers at once. A case's timeout counts from when its worker is ready."""
 
-    def __init__(self, kernel: str, device: str, mode: str, tolerance: dict, timeout: float):
+    def __init__(self, kernel: str, device: str, mode: str, tolerance: dict, timeout: float, repeat: int = 1):
         self.kernel, self.device, self.mode, self.tolerance = kernel, device, mode, tolerance
-        self.timeout = timeout
+        self.timeout, self.repeat = timeout, repeat
         self.process = None
         self.conn = None
         self.ready = False
@@ -110,8 +110,8 @@ class Worker:
     def start(self) -> None:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, self.kernel, self.device, self.mode, self.tolerance),
-                                   daemon=True)
+        self.process = ctx.Process(target=_serve, args=(child, self.kernel, self.device, self.mode, self.tolerance,
+                                                         self.repeat), daemon=True)
         self.process.start()
         child.close()
         self.conn, self.ready, self.sent_at = parent, False, time.monotonic()
@@ -185,6 +185,7 @@ class Worker:
                 return result
 
 
-def case_workers(kernel: str, devices: list, per_device: int, mode: str, tolerance: dict, timeout: float) -> list:
+def case_workers(kernel: str, devices: list, per_device: int, mode: str, tolerance: dict, timeout: float,
+                 repeat: int = 1) -> list:
     """`per_device` workers of one subject on each device, in device order (scheduler.Pool's lane)."""
-    return [Worker(kernel, str(d), mode, tolerance, timeout) for d in devices for _ in range(per_device)]
+    return [Worker(kernel, str(d), mode, tolerance, timeout, repeat) for d in devices for _ in range(per_device)]

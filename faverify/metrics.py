@@ -56,14 +56,19 @@ class ErrorStats:
 
 
 def error_stats(got: dict, ref: dict, base: dict, scales: dict, *, tensors: tuple[str, ...],
-                masked_rows: int = 0) -> dict:
-    """ErrorStats for each named tensor the subject produced. masked_rows: how many rows see no key
-    (always the first rows, with bottom-right causal alignment; Case.masked_rows)."""
+                masked_rows: int = 0, empty_rows: tuple | None = None, sinks: bool = False,
+                empty_lse: float = -math.inf) -> dict:
+    """ErrorStats for each named tensor the subject produced. empty_rows: (start, stop) of the query rows
+    that see no key (Case.empty_rows), or masked_rows: the first that many (bottom-right alignment). Their
+    out and dq must be 0 and their lse `empty_lse`. With sinks such a row's lse is the sink's logit, judged
+    by the tolerance like any other."""
+    rows_empty = empty_rows if empty_rows is not None else (0, masked_rows)
     rows, names = [], []
     for name in tensors:
         if got.get(name) is None:
             continue
-        rows.append(_raw_stats(name, got[name], ref[name], base[name], masked_rows))
+        rows.append(_raw_stats(name, got[name], ref[name], base[name],
+                               (0, 0) if sinks and name == "lse" else rows_empty, empty_lse))
         names.append(name)
     if not rows:
         return {}
@@ -78,7 +83,7 @@ def error_stats(got: dict, ref: dict, base: dict, scales: dict, *, tensors: tupl
     return result
 
 
-def _raw_stats(name, got, ref, base, masked_rows):
+def _raw_stats(name, got, ref, base, empty, empty_lse):
     """Statistics of one tensor as a single device vector: a few ops per tensor, since a fuzz case on a
     GPU is bound by kernel launches, not arithmetic."""
     g = got.detach().to(torch.float64)
@@ -109,20 +114,20 @@ def _raw_stats(name, got, ref, base, masked_rows):
         _max_ulp(got.detach(), ref, ~gbad if fin is None else fin & ~gbad, ref_abs),
         (gbad & torch.isnan(g)).sum().to(torch.float64),
         (gbad & torch.isinf(g)).sum().to(torch.float64),
-        _masked_bad(name, g, masked_rows),
+        _masked_bad(name, g, empty, empty_lse),
         base_diff.amax(),  # NaN when the baseline itself is NaN where the reference is finite
         ranking.reshape(-1).argmax().to(torch.float64),
     ])
 
 
-def _masked_bad(name, g, masked_rows):
-    """Rows that see no key: out and dq must be 0, lse -inf (docs/design.md). The count comes from the case,
-    on the host: no device sync."""
-    if not masked_rows or name not in ("out", "lse", "dq"):
+def _masked_bad(name, g, empty, empty_lse):
+    """Rows that see no key: out and dq must be 0, lse -inf (or the declared value; docs/design.md). The
+    rows come from the case, on the host: no device sync."""
+    if empty[1] <= empty[0] or name not in ("out", "lse", "dq"):
         return torch.zeros((), dtype=torch.float64, device=g.device)
-    rows = slice(0, masked_rows)
+    rows = slice(*empty)
     if name == "lse":  # [b, h, sq]
-        return (g[:, :, rows] != -math.inf).sum().to(torch.float64)
+        return (g[:, :, rows] != empty_lse).sum().to(torch.float64)
     return (g[:, rows] != 0).sum().to(torch.float64)  # [b, sq, h, d]
 
 

@@ -33,9 +33,11 @@ class FuzzPlan:
     # strategies.cases' arguments that narrow the draw (`faverify mutants`: to the cases that run a mutant's
     # code, catalog.Mutant.cases); its dtypes are intersected with the plan's
     narrow: dict | None = None
+    features: tuple = ()  # the variant features drawn (case.FEATURES); () draws dense cases only
 
     def case_args(self) -> dict:
         args = dict(self.narrow or {}, limits=self.limits)
+        args.setdefault("features", self.features)
         args["dtypes"] = tuple(d for d in self.dtypes if d in args.get("dtypes", self.dtypes))
         return args
 

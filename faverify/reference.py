@@ -11,12 +11,32 @@ h // h_k query heads, causal aligned bottom-right, a row that sees no key gives 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-Tensors = dict  # name -> tensor: out [b,sq,h,d], lse [b,h,sq], dq [b,sq,h,d], dk/dv [b,sk,hk,d]
-TENSORS = ("out", "lse", "dq", "dk", "dv")
+Tensors = dict  # name -> tensor: out [b,sq,h,dv], lse [b,h,sq], dq [b,sq,h,d], dk [b,sk,hk,d], dv [b,sk,hk,dv], dsinks [h]
+TENSORS = ("out", "lse", "dq", "dk", "dv", "dsinks")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What a case adds to dense attention (VARIANTS.md's semantics, in this order): softcap c > 0 turns
+    the scaled logit s into c * tanh(s / c); ALiBi adds -slope_h * |i + sk - sq - j|; the keys row i sees
+    are those with diag - left <= j <= diag + right (diag = i + sk - sq, None: unbounded; causal is
+    right = 0); a sink z_h is one more logit in each row's softmax, with no value."""
+    left: int | None = None
+    right: int | None = None
+    softcap: float = 0.0
+    alibi_slopes: torch.Tensor | None = None  # fp32 [h] or [b, h]
+    sinks: torch.Tensor | None = None  # fp32 [h]
+    offset: int | None = None  # row i's diagonal key is i + offset; None: sk - sq (bottom-right)
+    alibi_form: str = "flash"  # or "relative": + slope * (j - diagonal) (conventions.ALIBI_FORMS)
+
+    @classmethod
+    def dense(cls, causal: bool) -> "Variant":
+        return cls(right=0 if causal else None)
 
 _CHUNK_BUDGET = {"cpu": 64 << 20, "cuda": 1 << 30}  # bytes for one chunk's [rows x seqlen_k] temporaries
 _TEMPORARIES = 6  # s, p, dp, ds and two products alive at once
@@ -34,43 +54,50 @@ def bytes_needed(b: int, sq: int, sk: int, h: int, hk: int, d: int, elem: int, d
     return dtype_side + fp64 + chunk
 
 
-def reference(q, k, v, dout=None, *, causal: bool, scale: float) -> tuple[Tensors, dict]:
+def reference(q, k, v, dout=None, *, causal: bool, scale: float, variant: Variant | None = None) -> tuple[Tensors, dict]:
     """FP64 outputs (and gradients when dout is given), plus the magnitude scale of each tensor.
 
     A scale is the size of the terms summed to produce a tensor (see _ScaleAccumulator), not the size of
     the result: dk is exactly zero when seqlen_k == 1, but the terms that cancelled to give that zero are
     not, and rounding them costs a kernel about u times their size.
     """
-    return _attention(q, k, v, dout, causal=causal, scale=scale, compute=torch.float64, round_to=None,
-                      with_scales=True)
+    return _attention(q, k, v, dout, scale=scale, variant=variant or Variant.dense(causal), compute=torch.float64,
+                      round_to=None, with_scales=True)
 
 
-def naive(q, k, v, dout=None, *, causal: bool, scale: float) -> Tensors:
+def naive(q, k, v, dout=None, *, causal: bool, scale: float, variant: Variant | None = None) -> Tensors:
     """The same formulas in the inputs' dtype: fp32 arithmetic, rounded to q.dtype after every op."""
-    tensors, _ = _attention(q, k, v, dout, causal=causal, scale=scale, compute=torch.float32,
-                            round_to=q.dtype, with_scales=False)
+    tensors, _ = _attention(q, k, v, dout, scale=scale, variant=variant or Variant.dense(causal),
+                            compute=torch.float32, round_to=q.dtype, with_scales=False)
     return tensors
 
 
-def _attention(q, k, v, dout, *, causal, scale, compute, round_to, with_scales):
+def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales):
     b, sq, h, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
+    sk, hk, dv = k.shape[1], k.shape[2], v.shape[3]
     g = h // hk
     dev = q.device
     rnd: Callable = (lambda t: t.to(round_to).to(compute)) if round_to is not None else (lambda t: t)
     backward = dout is not None
 
-    def heads(t, n):  # [b, s, n, d] -> [b, hk, n // hk, s, d], query head i reads kv head i // g
-        return t.to(compute).permute(0, 2, 1, 3).reshape(b, hk, n // hk, t.shape[1], d)
+    def heads(t, n):  # [b, s, n, e] -> [b, hk, n // hk, s, e], query head i reads kv head i // g
+        return t.to(compute).permute(0, 2, 1, 3).reshape(b, hk, n // hk, t.shape[1], t.shape[3])
 
-    Q, K, V = heads(q, h), heads(k, hk), heads(v, hk)  # K, V: [b, hk, 1, sk, d]
+    Q, K, V = heads(q, h), heads(k, hk), heads(v, hk)  # K, V: [b, hk, 1, sk, d|dv]
     dO = heads(dout, h) if backward else None
-    out = torch.zeros(b, hk, g, sq, d, dtype=compute, device=dev)
+    cap = float(variant.softcap)
+    slopes = None
+    if variant.alibi_slopes is not None:  # [h] or [b, h] -> [b | 1, hk, g, 1, 1]
+        a = variant.alibi_slopes.to(compute)
+        slopes = a.reshape(-1, hk, g, 1, 1) if a.dim() == 2 else a.reshape(1, hk, g, 1, 1)
+    sink = variant.sinks.detach().to(compute).reshape(1, hk, g, 1, 1) if variant.sinks is not None else None
+    out = torch.zeros(b, hk, g, sq, dv, dtype=compute, device=dev)
     lse = torch.full((b, hk, g, sq), float("-inf"), dtype=compute, device=dev)
-    dq = torch.zeros_like(out) if backward else None
+    dq = torch.zeros(b, hk, g, sq, d, dtype=compute, device=dev) if backward else None
     dk_heads = torch.zeros(b, hk, g, sk, d, dtype=compute, device=dev) if backward else None
-    dv_heads = torch.zeros_like(dk_heads) if backward else None
-    acc = _ScaleAccumulator(Q, K, V, dO, scale) if with_scales else None
+    dv_heads = torch.zeros(b, hk, g, sk, dv, dtype=compute, device=dev) if backward else None
+    dsinks = torch.zeros(hk, g, dtype=compute, device=dev) if backward and sink is not None else None
+    acc = _ScaleAccumulator(Q, K, V, dO, scale, slopes, sink, sq) if with_scales else None
 
     if sk > 0:
         budget = _CHUNK_BUDGET.get(dev.type, _CHUNK_BUDGET["cuda"])
@@ -80,16 +107,33 @@ def _attention(q, k, v, dout, *, causal, scale, compute, round_to, with_scales):
             i1 = min(sq, i0 + chunk)
             Qc = Q[:, :, :, i0:i1]
             s = rnd(rnd(Qc @ K.transpose(-1, -2)) * scale)  # [b, hk, g, c, sk]
-            if causal:
-                rows = torch.arange(i0, i1, device=dev)
-                s = s.masked_fill(cols[None, :] > rows[:, None] + (sk - sq), float("-inf"))
+            if cap > 0:
+                tanh = torch.tanh(rnd(s / cap))
+                s = rnd(cap * tanh)
+            offset = sk - sq if variant.offset is None else variant.offset
+            diag = torch.arange(i0, i1, device=dev)[:, None] + offset  # each row's diagonal key
+            if slopes is not None:
+                distance = (cols[None, :] - diag) if variant.alibi_form == "relative" else -(diag - cols[None, :]).abs()
+                s = rnd(s + rnd(slopes * distance.to(compute)))
+            hidden = torch.zeros(i1 - i0, sk, dtype=torch.bool, device=dev)
+            if variant.right is not None:
+                hidden |= cols[None, :] > diag + variant.right
+            if variant.left is not None:
+                hidden |= cols[None, :] < diag - variant.left
+            s = s.masked_fill(hidden, float("-inf"))
             m = s.amax(dim=-1, keepdim=True)
+            if sink is not None:
+                m = torch.maximum(m, sink.expand_as(m))
             m = torch.where(m == float("-inf"), torch.zeros_like(m), m)  # guard: never (-inf) - (-inf)
             p = torch.exp(s - m)
             l = p.sum(dim=-1, keepdim=True)
+            if sink is not None:
+                p_sink = torch.exp(sink - m)  # [b, hk, g, c, 1]
+                l = l + p_sink
             seen = l > 0
-            lse[:, :, :, i0:i1] = torch.where(seen, m + torch.log(l), float("-inf")).squeeze(-1)
-            p = rnd(torch.where(seen, p / torch.where(seen, l, torch.ones_like(l)), torch.zeros_like(p)))
+            ones = torch.ones_like(l)
+            lse[:, :, :, i0:i1] = torch.where(seen, m + torch.log(torch.where(seen, l, ones)), float("-inf")).squeeze(-1)
+            p = rnd(torch.where(seen, p / torch.where(seen, l, ones), torch.zeros_like(p)))
             o = rnd(p @ V)
             out[:, :, :, i0:i1] = o
             if acc is not None:
@@ -102,15 +146,22 @@ def _attention(q, k, v, dout, *, causal, scale, compute, round_to, with_scales):
                 D = (dOc * o).sum(dim=-1, keepdim=True)  # rowsum(dO * O) == rowsum(dP * P) exactly
             else:
                 D = (dp * p).sum(dim=-1, keepdim=True)  # what torch's softmax backward computes
-            ds = rnd(rnd(p * (dp - D)) * scale)
+            ds = rnd(p * (dp - D))  # the gradient of the logits after cap, bias and masks
+            if dsinks is not None:  # the sink's own logit: its dP is 0 (no value)
+                dsinks += (-rnd(p_sink / torch.where(seen, l, ones)) * D).sum(dim=(0, 3, 4))
+            if cap > 0:
+                ds = rnd(ds * rnd(1 - tanh * tanh))
+            ds = rnd(ds * scale)
             dq[:, :, :, i0:i1] = rnd(ds @ K)
             dk_heads += ds.transpose(-1, -2) @ Qc
             dv_heads += p.transpose(-1, -2) @ dOc
             if acc is not None:
-                acc.add_backward(i0, i1, p, dp, (dOc * o).abs().sum(dim=-1, keepdim=True))
+                D_terms = (dOc * o).abs().sum(dim=-1, keepdim=True)
+                acc.add_backward(i0, i1, p, dp, D_terms, (1 - tanh * tanh) if cap > 0 else None,
+                                 p_sink / torch.where(seen, l, ones) if sink is not None else None)
 
     tensors = {
-        "out": rnd(out).reshape(b, h, sq, d).permute(0, 2, 1, 3),
+        "out": rnd(out).reshape(b, h, sq, dv).permute(0, 2, 1, 3),
         "lse": rnd(lse).reshape(b, h, sq),
     }
     if backward:
@@ -118,9 +169,11 @@ def _attention(q, k, v, dout, *, causal, scale, compute, round_to, with_scales):
         tensors["dq"] = dq.reshape(b, h, sq, d).permute(0, 2, 1, 3)
         tensors["dk"] = rnd(rnd(dk_heads).sum(dim=2)).permute(0, 2, 1, 3)
         tensors["dv"] = rnd(rnd(dv_heads).sum(dim=2)).permute(0, 2, 1, 3)
+        if dsinks is not None:
+            tensors["dsinks"] = rnd(dsinks).reshape(h)
     scales = acc.result(tensors["lse"], backward) if acc is not None else {}
-    if round_to is not None:  # already rounded: the cast is exact
-        tensors = {name: t.to(round_to) for name, t in tensors.items()}
+    if round_to is not None:  # already rounded: the cast is exact (dsinks stays fp32, as the sinks are)
+        tensors = {name: t.to(round_to if name != "dsinks" else torch.float32) for name, t in tensors.items()}
     return tensors, scales
 
 
@@ -143,7 +196,7 @@ class _ScaleAccumulator:
     A rounding of each term costs about u times this, whatever cancellation makes of the sum.
     """
 
-    def __init__(self, Q, K, V, dO, scale):
+    def __init__(self, Q, K, V, dO, scale, slopes=None, sink=None, sq=0):
         self.scale = scale
         self.v_max, self.k_max, self.q_max = _absmax(V), _absmax(K), _absmax(Q)  # [b, hk, 1|g, s]
         self.dO_max = _absmax(dO) if dO is not None else None
@@ -151,6 +204,11 @@ class _ScaleAccumulator:
         self.out = self.dq = zero
         # Cauchy-Schwarz bounds the sum of |q_d k_d| that a logit adds up (and cancels) in fp32
         self.logit = scale * Q.norm(dim=-1).amax() * K.norm(dim=-1).amax() if K.shape[3] else zero
+        if slopes is not None and K.shape[3]:  # the bias a logit adds: slope times the largest distance
+            self.logit = self.logit + slopes.abs().amax() * (max(sq, K.shape[3]) - 1)
+        self.has_sink = sink is not None
+        self.sink_max = sink.abs().amax() if sink is not None else zero
+        self.dsinks = zero
         b, hk, g = Q.shape[:3]
         self.dv_cols = torch.zeros(b, hk, g, K.shape[3], dtype=Q.dtype, device=Q.device)
         self.dk_cols = torch.zeros_like(self.dv_cols)
@@ -158,17 +216,23 @@ class _ScaleAccumulator:
     def add_forward(self, s, p):
         self.out = torch.maximum(self.out, (p * self.v_max.unsqueeze(-2)).sum(-1).amax())
 
-    def add_backward(self, i0, i1, p, dp, D_terms):
+    def add_backward(self, i0, i1, p, dp, D_terms, cap_slope=None, p_sink=None):
         self.dv_cols += (p * self.dO_max[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
         ds_mag = p * (dp.abs() + D_terms)
+        if cap_slope is not None:  # softcap's derivative, <= 1, scales each dS term
+            ds_mag = ds_mag * cap_slope
+        if p_sink is not None:  # dsinks_h = -sum_i p_sink_i D_i: the sum of |terms| over a head's rows
+            self.dsinks = torch.maximum(self.dsinks, (p_sink * D_terms).sum(dim=(0, 3, 4)).amax())
         self.dq = torch.maximum(self.dq, self.scale * (ds_mag * self.k_max.unsqueeze(-2)).sum(-1).amax())
         self.dk_cols += self.scale * (ds_mag * self.q_max[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
 
     def result(self, lse, backward):
         finite = lse[torch.isfinite(lse)]
         lse_max = finite.abs().amax() if finite.numel() else torch.zeros_like(self.logit)
-        scales = {"out": self.out, "lse": lse_max + self.logit, "logit": self.logit}
+        scales = {"out": self.out, "lse": lse_max + self.logit + self.sink_max, "logit": self.logit}
         if backward:
+            if self.has_sink:
+                scales["dsinks"] = self.dsinks
             scales["dq"] = self.dq
             scales["dk"] = _amax0(self.dk_cols.sum(2))
             scales["dv"] = _amax0(self.dv_cols.sum(2))

@@ -123,6 +123,18 @@ def render(run: Run, style: str = "table") -> str:
                       for k in run.kernels if k["summary"].get("paths"))
     if paths:
         out.append(("- " if style == "md" else "") + f"cases per code path (what the subject launched): {paths}")
+    partial = "; ".join(f"{k['summary']['kernel']}: {n} cases, {reason}" for k in run.kernels
+                        for reason, n in k["summary"].get("partial_reasons", {}).items())
+    if partial:
+        out.append(("- " if style == "md" else "") + f"passed on less than asked: {partial}")
+    judged_by = "; ".join(f"{k['summary']['kernel']}: {k['summary']['conventions']}" for k in run.kernels
+                          if k["summary"].get("conventions"))
+    if judged_by:
+        out.append(("- " if style == "md" else "") + f"conventions judged by: {judged_by}")
+    features = "; ".join(f"{k['summary']['kernel']}: " + ", ".join(f"{f} {n}" for f, n in k["summary"]["features"].items())
+                         for k in run.kernels if set(k["summary"].get("features", {})) - {"dense"})
+    if features:
+        out.append(("- " if style == "md" else "") + f"cases per feature (a case may use several): {features}")
     warmed = "; ".join(f"{k['summary']['kernel']}: {w['cases']} cases in {w['seconds']:.1f} s"
                        for k in run.kernels if (w := k["summary"].get("warmup", {})).get("cases"))
     if warmed:

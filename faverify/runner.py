@@ -6,6 +6,7 @@ any other exception in the subject is a failing case with its message. Only our 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -13,14 +14,16 @@ from dataclasses import dataclass, field
 import torch
 
 from faverify.case import Case
+from faverify.conventions import DEFAULT as DEFAULT_CONVENTIONS, Conventions
 from faverify.errors import Unsupported
-from faverify.inputs import Inputs, make_inputs
+from faverify.inputs import Inputs, make_inputs, variant_of
 from faverify.metrics import TensorMetrics, error_stats
 from faverify.reference import naive, reference
 from faverify.subjects.base import Subject
 from faverify.verdict import Tolerance, judge_all, kind
 
-MODES = {"fwd": ("out", "lse"), "bwd": ("dq", "dk", "dv"), "both": ("out", "lse", "dq", "dk", "dv")}
+MODES = {"fwd": ("out", "lse"), "bwd": ("dq", "dk", "dv", "dsinks"),
+         "both": ("out", "lse", "dq", "dk", "dv", "dsinks")}
 STATUSES = ("pass", "fail", "skip", "crash", "timeout")
 
 
@@ -62,19 +65,24 @@ def failure(kernel: str, case: Case, status: str, reason: str, signature: str, d
 
 def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: str = "both",
              tolerance: Tolerance | None = None, gradcheck: bool = False, stored=None,
-             in_worker: bool = False) -> CaseResult:
+             in_worker: bool = False, repeat: int = 1) -> CaseResult:
     """stored: (inputs, reference, scales) from a golden file instead of drawing from the seed and
     computing the reference here (golden.py). in_worker: this process is a worker (isolation.py), where
     Ctrl-C is ignored, so a KeyboardInterrupt is the subject's own and fails its case; in the user's
-    process it stops the run."""
+    process it stops the run. repeat: run the subject that many times on the same inputs; a case whose
+    outputs differ in any bit fails as "nondeterministic"."""
     device = torch.device(device)
     tolerance = tolerance or Tolerance()
     start = time.perf_counter()
     clock = _Clock(device)
     subject.take_paths()  # whatever ran before this case is not its
     raised = (Exception, SystemExit, KeyboardInterrupt) if in_worker else (Exception, SystemExit)
-    result = _evaluate(subject, case, device, mode, tolerance, clock, stored, raised)
+    result = _evaluate(subject, case, device, mode, tolerance, clock, stored, raised, repeat)
     result.paths = subject.take_paths()
+    compiling = subject.take_compile_seconds()
+    if compiling:  # the compiler's time, not the kernel's: its own phase
+        clock.laps["compile"] = compiling
+        clock.laps["subject"] = max(0.0, clock.laps.get("subject", 0.0) - compiling)
     if gradcheck and result.status == "pass":
         from faverify.gradcheck import directional
         result.gradcheck = directional(subject, case, device).to_dict()
@@ -96,9 +104,9 @@ def exercise(subject: Subject, case: Case, device: torch.device | str, mode: str
     if subject.unsupported(case, device) is not None:
         return
     x = make_inputs(case, device, requires_grad=mode != "fwd")
-    out, _ = subject(x.q, x.k, x.v, case)
+    out, _ = subject(x.q, x.k, x.v, case, x.extras())
     if mode != "fwd" and subject.caps.backward and out.requires_grad:
-        torch.autograd.grad(out, (x.q, x.k, x.v), x.dout, allow_unused=True)
+        torch.autograd.grad(out, _differentiable(x), x.dout, allow_unused=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -121,7 +129,7 @@ class _Clock:
 
 
 def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tolerance: Tolerance,
-              clock: _Clock, stored, raised: tuple) -> CaseResult:
+              clock: _Clock, stored, raised: tuple, repeat: int = 1) -> CaseResult:
     """raised: what the subject may raise that fails its case (anything else propagates)."""
     name = subject.name
     reason = subject.unsupported(case, device)
@@ -142,7 +150,7 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     clock.lap("inputs")
     try:
         with _no_exit():
-            out, lse = subject(x.q, x.k, x.v, case)
+            out, lse = subject(x.q, x.k, x.v, case, x.extras())
     except (Unsupported, ValueError, NotImplementedError) as e:
         return CaseResult(name, case, "skip", f"{type(e).__name__}: {e}")
     except raised as e:  # the subject's failure, recorded with its message
@@ -152,32 +160,46 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         return failure(name, case, "fail", problem, "contract")
 
     got = {"out": out, "lse": lse}
+    forward_only = ""
+    if backward and not out.requires_grad:  # judged on its forward alone, and the case says so
+        forward_only, backward = FORWARD_ONLY, False
+        mode = "fwd"
     if backward:
-        if not out.requires_grad:
-            return CaseResult(name, case, "skip", "the subject's output has no autograd graph (no backward)")
         try:
             with _no_exit():
-                grads = torch.autograd.grad(out, (x.q, x.k, x.v), x.dout, allow_unused=True)
+                grads = torch.autograd.grad(out, _differentiable(x), x.dout, allow_unused=True)
         except raised as e:  # autograd's own complaint may come from an input changed in place
             failing = _changed_inputs(x, pristine, subject.caps.writes)
             failing.append((f"error:{type(e).__name__}", f"backward raised {type(e).__name__}: {e}"))
             return CaseResult(name, case, "fail", "; ".join(r for _, r in failing), signatures=[s for s, _ in failing])
-        for gname, grad, inp in zip(("dq", "dk", "dv"), grads, (x.q, x.k, x.v)):
+        names = ("dq", "dk", "dv", "dsinks")[:len(grads)]
+        for gname, grad, inp in zip(names, grads, _differentiable(x)):
             got[gname] = grad if grad is not None else torch.zeros_like(inp)
-        problem = next((p for g in ("dq", "dk", "dv") if (p := _on_device(g, got[g], x.q.device))), None)
+        problem = next((p for g in names if (p := _on_device(g, got[g], x.q.device))), None)
         if problem:
             return failure(name, case, "fail", problem, "contract")
     failing = _changed_inputs(x, pristine, subject.caps.writes)
     clock.lap("subject")
+    if repeat > 1:
+        try:
+            with _no_exit():
+                failing += _differences(subject, case, pristine, got, backward, repeat)
+        except raised as e:
+            failing.append((f"error:{type(e).__name__}", f"a repeated run raised {type(e).__name__}: {e}"))
+        clock.lap("repeat")
     try:
-        metrics = judge(case, pristine, got, tolerance, MODES[mode], reference_given)
+        metrics = judge(case, pristine, got, tolerance, MODES[mode], reference_given, subject.caps.conventions)
     except (MemoryError, torch.OutOfMemoryError) as e:  # faverify's side ran out, not the subject's
         return CaseResult(name, case, "skip", f"out of memory computing the FP64 reference ({type(e).__name__})")
     clock.lap("reference")
     failing += [(f"{t}:{kind(m)}", f"{t}: {m.reason}") for t, m in metrics.items() if not m.passed]
     if failing:
         return CaseResult(name, case, "fail", "; ".join(r for _, r in failing), metrics, [sig for sig, _ in failing])
-    return CaseResult(name, case, "pass", "", metrics)
+    return CaseResult(name, case, "pass", forward_only, metrics)
+
+
+# the reason a passing case carries when only its forward could be judged
+FORWARD_ONLY = "forward only: the subject's output has no autograd graph, so its backward was not run"
 
 
 CHECK_MEMORY_ABOVE = 256 << 20  # bytes: a smaller case is not worth asking the device how much is free
@@ -212,11 +234,43 @@ def free_memory(device: torch.device) -> int | None:
     return None
 
 
+def _differences(subject: Subject, case: Case, pristine: Inputs, got: dict, backward: bool, repeat: int) -> list:
+    """Run the subject again (repeat - 1 times) on fresh copies of the same inputs and compare every tensor
+    bit for bit with the first run: (signature, reason) for the first run that differs."""
+    from faverify.inputs import lay_out
+    for run in range(2, repeat + 1):
+        x = lay_out(case, pristine, requires_grad=backward)
+        out, lse = subject(x.q, x.k, x.v, case, x.extras())
+        again = {"out": out, "lse": lse}
+        if backward and out.requires_grad:
+            grads = torch.autograd.grad(out, _differentiable(x), x.dout, allow_unused=True)
+            again.update(zip(("dq", "dk", "dv", "dsinks"), grads))
+        differ = [f"{name} in {_bits_differ(got[name], t)} elements" for name, t in again.items()
+                  if got.get(name) is not None and t is not None and _bits_differ(got[name], t)]
+        if differ:
+            return [("nondeterministic", f"run {run} of {repeat} differs from run 1: " + ", ".join(differ))]
+    return []
+
+
+def _bits_differ(a: torch.Tensor, b: torch.Tensor) -> int:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return max(a.numel(), b.numel())
+    a, b = a.detach().contiguous(), b.detach().contiguous()
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return int((a.view(bits) != b.view(bits)).sum())
+
+
+def _differentiable(x: Inputs) -> tuple:
+    """What the gradients are taken with respect to: q, k, v, and the sinks when the case has them."""
+    return x.tensors() + ((x.sinks,) if x.sinks is not None else ())
+
+
 def _copy(x: Inputs, backward: bool) -> Inputs:
     """The inputs as they are before the subject runs. The reference and the baseline are computed from
     this copy, so a subject that changes its inputs in place cannot move the yardstick it is judged by."""
     dout = x.dout.detach().clone() if backward else x.dout
-    return Inputs(*(t.detach().clone() for t in x.tensors()), dout)
+    extras = (t.detach().clone() if t is not None else None for t in (x.alibi_slopes, x.sinks))
+    return Inputs(*(t.detach().clone() for t in x.tensors()), dout, *extras)
 
 
 def _changed_inputs(x: Inputs, pristine: Inputs, writes: tuple) -> list:
@@ -254,20 +308,62 @@ def _no_exit():
         os._exit = original
 
 
-def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple, given=None) -> dict:
-    """Judge a subject's tensors (any of out, lse, dq, dk, dv) for `case` against the FP64 reference
-    (computed here, or `given` as (reference tensors, scales), from a golden file)."""
+def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple, given=None,
+          conventions: Conventions = DEFAULT_CONVENTIONS) -> dict:
+    """Judge a subject's tensors (any of out, lse, dq, dk, dv, dsinks) for `case` against the FP64
+    reference (computed here, or `given` as (reference tensors, scales), from a golden file), under the
+    subject's conventions: the reference's masks align as it declares and its lse is in the declared base,
+    with the declared value where a row sees no key."""
     q, k, v = (t.detach() for t in x.tensors())
     backward = any(got.get(t) is not None for t in ("dq", "dk", "dv"))
     dout = x.dout if backward else None
+    variant = variant_of(case, x, conventions)
+    empty = case.empty_rows(variant.offset)
+    if given is not None and (conventions.causal, conventions.alibi) != (DEFAULT_CONVENTIONS.causal,
+                                                                         DEFAULT_CONVENTIONS.alibi):
+        given = None  # a golden file holds the reference under the default masks: computed here instead
     with torch.no_grad():
         if given is None:
-            ref, scales = reference(q, k, v, dout, causal=case.causal, scale=case.scale)
+            ref, scales = reference(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant)
         else:
             ref, scales = given
-        base = naive(q, k, v, dout, causal=case.causal, scale=case.scale)
-        stats = error_stats(got, ref, base, scales, tensors=tensors, masked_rows=case.masked_rows)
-    return judge_all(stats, case.dtype, tolerance)
+        base = naive(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant)
+        if conventions != DEFAULT_CONVENTIONS:
+            ref, scales, base = _declared(ref, scales, base, conventions)
+        stats = error_stats(got, ref, base, scales, tensors=tensors, empty_rows=empty,
+                            sinks=x.sinks is not None, empty_lse=conventions.empty_lse_value)
+    metrics = judge_all(stats, case.dtype, tolerance)
+    lse = metrics.get("lse")
+    if lse is not None and not lse.passed and not lse.nan:
+        hint = _lse_base_hint(got["lse"], ref["lse"], lse.allowed, conventions)
+        if hint:
+            lse.reason += f"; {hint}"
+    return metrics
+
+
+def _declared(ref: dict, scales: dict, base: dict, conventions: Conventions) -> tuple:
+    """The reference and the baseline's lse in the declared base, with the declared lse where a row sees
+    no key."""
+    def convert(lse):
+        scaled = lse * conventions.lse_scale if lse.dtype == torch.float64 else (lse.float() * conventions.lse_scale).to(lse.dtype)
+        return torch.where(lse == -torch.inf, torch.full_like(scaled, conventions.empty_lse_value), scaled)
+    ref, base, scales = dict(ref), dict(base), dict(scales)
+    ref["lse"], base["lse"] = convert(ref["lse"]), convert(base["lse"])
+    scales["lse"] = scales["lse"] * conventions.lse_scale
+    return ref, scales, base
+
+
+def _lse_base_hint(got, ref, allowed: float, conventions: Conventions) -> str:
+    """Say so when a failing lse is right in the other base: the convention, not the arithmetic, is off."""
+    fin = torch.isfinite(ref)
+    if not fin.any():
+        return ""
+    other = "2" if conventions.lse_base == "e" else "e"
+    into_other = (1 / math.log(2.0) if other == "2" else 1.0) / conventions.lse_scale
+    err = (got.detach().double()[fin] - ref[fin] * into_other).abs().nan_to_num(nan=math.inf).amax().item()
+    if err <= allowed * into_other:
+        return f"lse is right in base {other}: the subject declares base {conventions.lse_base} (conventions)"
+    return ""
 
 
 def _on_device(name: str, t, device: torch.device) -> str | None:
@@ -283,8 +379,9 @@ def _check_outputs(case: Case, q: torch.Tensor, out, lse) -> str | None:
     problem = _on_device("out", out, q.device) or _on_device("lse", lse, q.device)
     if problem:
         return problem
-    if tuple(out.shape) != tuple(q.shape):
-        return f"out has shape {tuple(out.shape)}, expected {tuple(q.shape)} ([b, s, h, d])"
+    want_out = (*q.shape[:3], case.dv)
+    if tuple(out.shape) != want_out:
+        return f"out has shape {tuple(out.shape)}, expected {want_out} ([b, s, h, head_dim_v])"
     if out.dtype != q.dtype:
         return f"out has dtype {out.dtype}, expected the input dtype {q.dtype}"
     if lse is not None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from faverify.case import DTYPES, INITS, LAYOUTS, MAX_HEAD_DIM, REGIMES, Case
+from faverify.case import DTYPES, FEATURES, INITS, LAYOUTS, MAX_HEAD_DIM, MAX_HEAD_DIM_V, REGIMES, Case
 from faverify.errors import UsageError
 
 # Block boundaries of common tile sizes (16..128) and their neighbours, odd lengths, one-row cases.
@@ -21,6 +21,9 @@ SEQLENS = (1, 2, 17, 63, 64, 65, 113, 127, 128, 129, 203, 255, 256, 257, 383, 51
 HEAD_DIMS = (16, 32, 40, 64, 72, 80, 96, 128, 160, 192, 256)
 GROUPS = (1, 2, 4, 8)  # query heads per kv head: 1 is MHA, the rest GQA, nheads_k == 1 is MQA
 SCALES = (None, 1e-3, 2.0)  # default d^-0.5, tiny (near-uniform attention), large (sharp attention)
+# Caps small enough that typical logits reach them, and the ones models use (Gemma 2: 50, 30)
+SOFTCAPS = (0.5, 1.0, 5.0, 30.0, 50.0)
+HEAD_DIMS_V = (64, 128, 512)  # MLA's 192/128 and 576/512 among the q/k head dims drawn
 
 
 @dataclass(frozen=True)
@@ -58,15 +61,19 @@ def seqlens(*, max_seqlen: int) -> st.SearchStrategy[int]:
 @st.composite
 def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes: tuple = REGIMES,
           layouts: tuple = LAYOUTS, inits: tuple = INITS, causal: bool | None = None,
-          head_dims: tuple = HEAD_DIMS, exact_head_dims: bool = False) -> Case:
+          head_dims: tuple = HEAD_DIMS, exact_head_dims: bool = False, features: tuple = ()) -> Case:
     """A Case within `limits`. Arguments narrow the choices; each must be a non-empty subset. Head dims
-    are drawn from head_dims or anywhere between its least and largest, or only from it (exact)."""
+    are drawn from head_dims or anywhere between its least and largest, or only from it (exact).
+    features: the variant features (case.FEATURES) drawn, each on or off per case, after every dense
+    field, so a dense draw is the same whatever the features; each shrinks to off."""
     for name, chosen, allowed in (("dtypes", dtypes, DTYPES), ("regimes", regimes, REGIMES),
                                   ("layouts", layouts, LAYOUTS), ("inits", inits, INITS)):
         if not chosen or not set(chosen) <= set(allowed):
             raise UsageError(name, chosen, f"must be a non-empty subset of {', '.join(allowed)}")
     if not head_dims or not all(1 <= d <= MAX_HEAD_DIM for d in head_dims):
         raise UsageError("head_dims", head_dims, f"must be non-empty, each in 1..{MAX_HEAD_DIM}")
+    if not set(features) <= set(FEATURES):
+        raise UsageError("features", features, f"each must be one of {', '.join(FEATURES)}")
 
     dtype = draw(st.sampled_from(dtypes))
     is_causal = draw(st.booleans()) if causal is None else causal
@@ -84,7 +91,7 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     seqlen_k = draw(seqlens(max_seqlen=cap))
     batch = draw(st.integers(1, max(1, min(limits.max_batch,
                                            limits.max_elements // (max(seqlen_q, seqlen_k) * nheads * head_dim)))))
-    return Case(
+    dense = dict(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, nheads=nheads, nheads_k=nheads_k, head_dim=head_dim,
         dtype=dtype, causal=is_causal,
         softmax_scale=draw(st.sampled_from(SCALES)),
@@ -93,3 +100,32 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
         init=draw(st.sampled_from(inits)),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
+    return Case(**dense, **draw(variants(tuple(f for f in FEATURES if f in features), seqlen_k=seqlen_k)))
+
+
+def _bound(seqlen_k: int) -> st.SearchStrategy[int]:
+    """One side of a window, at its edges most of the time: no bound, 0 (the diagonal alone), one key,
+    one short of seqlen_k, wider than seqlen_k."""
+    edges = st.sampled_from(sorted({-1, 0, 1, max(0, seqlen_k - 1), seqlen_k + 3}))
+    return st.one_of(edges, st.integers(-1, seqlen_k + 8))
+
+
+@st.composite
+def variants(draw, features: tuple, *, seqlen_k: int) -> dict:
+    """The variant fields for the features given, each on or off (off first: shrinking turns it off)."""
+    out = {}
+    for f in features:
+        if not draw(st.booleans()):
+            continue
+        if f == "window":
+            out["window"] = (draw(_bound(seqlen_k)), draw(_bound(seqlen_k)))
+        elif f == "softcap":
+            out["softcap"] = draw(st.one_of(st.sampled_from(SOFTCAPS), st.floats(0.05, 100.0)))
+        elif f == "alibi":
+            out["alibi"] = draw(st.sampled_from(("head", "batch-head", "zero")))
+        elif f == "sinks":
+            out["sinks"] = draw(st.sampled_from(("around", "above", "below")))
+        elif f == "head_dim_v":
+            out["head_dim_v"] = draw(st.one_of(st.sampled_from(HEAD_DIMS_V + HEAD_DIMS),
+                                               st.integers(1, MAX_HEAD_DIM_V)))
+    return out

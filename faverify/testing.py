@@ -10,26 +10,31 @@
         assert_attention_close(out, case)
 
 Gradients are checked too when given in a dict: compute them with grad_output = x.dout, from inputs made
-with make_inputs(case, device, requires_grad=True).
+with make_inputs(case, device, requires_grad=True). Variants: `cases(features=("window", "sinks"))` draws
+them, `x.extras()` holds the case's alibi_slopes and sinks by keyword (pass window_size=case.window,
+softcap=case.softcap when the case uses them), dsinks goes in the dict with the other gradients, and
+`conventions=` names what the kernel follows (a preset such as "flashinfer", or a dict).
 """
 from __future__ import annotations
 
 import torch
 
-from faverify.case import Case
+from faverify.case import FEATURES, Case
+from faverify.conventions import PRESETS, parse as parse_conventions
 from faverify.collector import repro_command
 from faverify.inputs import Inputs, make_inputs
 from faverify.report import METRIC_HEADERS, metrics_rows, table
+from faverify.reference import TENSORS
 from faverify.runner import judge
 from faverify.strategies import CPU_LIMITS, GPU_LIMITS, Limits, cases
 from faverify.verdict import Tolerance
 
 __all__ = ["assert_attention_close", "cases", "make_inputs", "Case", "Inputs", "Limits", "CPU_LIMITS",
-           "GPU_LIMITS", "Tolerance"]
+           "GPU_LIMITS", "Tolerance", "FEATURES", "PRESETS"]
 
 
 def assert_attention_close(subject_output, case: Case, *, kernel: str = "package.module:function",
-                           tolerance: Tolerance | None = None) -> dict:
+                           tolerance: Tolerance | None = None, conventions="flash-attn-3") -> dict:
     """Raise AssertionError (with the error table and a reproducer) unless the output passes the verdict.
 
     subject_output: out, (out, lse), or a dict with any of out, lse, dq, dk, dv. Inputs are rebuilt from
@@ -42,15 +47,15 @@ def assert_attention_close(subject_output, case: Case, *, kernel: str = "package
         got = {"out": subject_output[0], "lse": subject_output[1] if len(subject_output) > 1 else None}
     else:
         got = {"out": subject_output}
-    unknown = set(got) - {"out", "lse", "dq", "dk", "dv"}
+    unknown = set(got) - set(TENSORS)
     if unknown:
-        raise ValueError(f"subject_output has unknown tensor(s) {sorted(unknown)}; use out, lse, dq, dk, dv")
+        raise ValueError(f"subject_output has unknown tensor(s) {sorted(unknown)}; use {', '.join(TENSORS)}")
     first = next((t for t in got.values() if isinstance(t, torch.Tensor)), None)
     if first is None:
         raise ValueError("subject_output holds no tensor")
     x = make_inputs(case, first.device)
-    names = tuple(t for t in ("out", "lse", "dq", "dk", "dv") if got.get(t) is not None)
-    metrics = judge(case, x, got, tolerance or Tolerance(), names)
+    names = tuple(t for t in TENSORS if got.get(t) is not None)
+    metrics = judge(case, x, got, tolerance or Tolerance(), names, conventions=parse_conventions(conventions))
     failed = {t: m for t, m in metrics.items() if not m.passed}
     if failed:
         device = first.device.type

@@ -180,3 +180,159 @@ def raises_keyboard_interrupt(q, k, v, *, causal, softmax_scale):
 def returns_on_meta(q, k, v, *, causal, softmax_scale):
     """Returns out on another device than its inputs'."""
     return correct(q, k, v, causal=causal, softmax_scale=softmax_scale).to("meta")
+
+
+# Variant subjects: flash-attn's keywords, fp32 with autograd; `variant_correct` is the control, each other
+# plants one bug of the kind the trackers show.
+
+def _variant(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
+             bug=None):
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    qt = q.transpose(1, 2).float()
+    kt = k.transpose(1, 2).float().repeat_interleave(h // hk, dim=1)
+    vt = v.transpose(1, 2).float().repeat_interleave(h // hk, dim=1)
+    s = qt @ kt.transpose(-1, -2)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap) * scale if bug == "softcap-before-scale" else \
+            softcap * torch.tanh(s * scale / softcap)
+    else:
+        s = s * scale
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    diag = i + (sk - sq)
+    if alibi_slopes is not None:
+        distance = (i - j).abs() if bug == "alibi-no-offset" else (diag - j).abs()
+        s = s - alibi_slopes.reshape(-1, h, 1, 1) * distance
+    left, right = window_size
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    hidden = torch.zeros(sq, sk, dtype=torch.bool, device=q.device)
+    if right >= 0:
+        hidden |= j > diag + right
+    if left >= 0:
+        hidden |= j < diag - left - (1 if bug == "window-off-by-one" else 0)
+    s = s.masked_fill(hidden, float("-inf"))
+    if sinks is not None:
+        z = (sinks.detach() if bug == "sink-no-grad" else sinks).reshape(1, h, 1, 1).expand(b, h, sq, 1)
+        full = torch.cat([s, z], dim=-1)
+    else:
+        full = s
+    lse_all = torch.logsumexp(full, dim=-1)
+    lse_keys = torch.logsumexp(s, dim=-1)
+    m = torch.where(torch.isfinite(lse_all), lse_all, torch.zeros_like(lse_all))
+    p = torch.exp(s - m[..., None])
+    out = (p @ vt).transpose(1, 2).to(q.dtype)
+    lse = lse_keys if bug == "sink-not-in-lse" else lse_all
+    return out, lse.float()
+
+
+_VARIANTS = {"window": True, "softcap": True, "alibi": True, "sinks": True, "head_dim_v": True, "lse": True}
+
+
+def variant_correct(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                    sinks=None):
+    """Every variant feature, right: the control."""
+    return _variant(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+                    alibi_slopes=alibi_slopes, sinks=sinks)
+
+
+def _planted(bug):
+    def fn(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None):
+        return _variant(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
+                        softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, bug=bug)
+    fn.__doc__ = f"Every variant feature, with one bug: {bug}."
+    fn.faverify_capabilities = _VARIANTS
+    return fn
+
+
+variant_correct.faverify_capabilities = _VARIANTS
+window_off_by_one = _planted("window-off-by-one")  # keeps one key past the left bound
+softcap_before_scale = _planted("softcap-before-scale")  # caps q.k, then scales
+alibi_no_offset = _planted("alibi-no-offset")  # -slope * |i - j|, top-left instead of bottom-right
+sink_not_in_lse = _planted("sink-not-in-lse")  # out right, lse of the keys alone
+sink_no_grad = _planted("sink-no-grad")  # the sink detached: dsinks 0
+
+
+def declares_window_without_keyword(q, k, v, *, causal, softmax_scale):
+    """Declares windows but has no window_size keyword: refused before any case."""
+    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+declares_window_without_keyword.faverify_capabilities = {"window": True}
+
+
+# The same subjects under other libraries' conventions (faverify.conventions.PRESETS): each passes when it
+# declares what it does.
+
+def lse_base2(q, k, v, *, causal, softmax_scale):
+    """with_lse (lse in log2 units), declaring FlashInfer's conventions: lse base 2."""
+    return with_lse(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+lse_base2.faverify_capabilities = {"conventions": "flashinfer"}
+
+
+def causal_top_left(q, k, v, *, causal, softmax_scale):
+    """top_left_mask, declaring torch SDPA's conventions: causal top-left."""
+    return top_left_mask(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+causal_top_left.faverify_capabilities = {"conventions": "torch-sdpa", "backward": False}
+
+
+def empty_rows_lse_plus_inf(q, k, v, *, causal, softmax_scale):
+    """variant_correct's lse with +inf where a row sees no key, as flash-attn 2 gives it."""
+    out, lse = variant_correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return out, torch.where(lse == float("-inf"), torch.full_like(lse, float("inf")), lse)
+
+
+empty_rows_lse_plus_inf.faverify_capabilities = {"conventions": "flash-attn-2"}
+
+
+def alibi_relative(q, k, v, *, causal, softmax_scale, alibi_slopes=None):
+    """ALiBi as a * (j - diagonal), FlashInfer's and cuDNN's form."""
+    b, sq, h, d = q.shape
+    sk = k.shape[1]
+    i = torch.arange(sq, device=q.device)[:, None]
+    j = torch.arange(sk, device=q.device)[None, :]
+    bias = alibi_slopes.reshape(-1, h, 1, 1) * (j - (i + sk - sq)) if alibi_slopes is not None else None
+    qt, kt, vt = (t.transpose(1, 2).float() for t in (q, k, v))
+    kt, vt = (t.repeat_interleave(h // k.shape[2], dim=1) for t in (kt, vt))
+    s = qt @ kt.transpose(-1, -2) * (d ** -0.5 if softmax_scale is None else softmax_scale)
+    if bias is not None:
+        s = s + bias
+    if causal:
+        s = s.masked_fill(j > i + sk - sq, float("-inf"))
+    return (torch.softmax(s, -1).nan_to_num(0.0) @ vt).transpose(1, 2).to(q.dtype)
+
+
+alibi_relative.faverify_capabilities = {"alibi": True, "conventions": "cudnn"}
+
+
+def reads_one_key_past_the_end(q, k, v, *, causal, softmax_scale):
+    """Attends over one key more than it was given, read from past the end of k and v: the NaN margins
+    around every input make that a NaN the verdict cannot miss."""
+    b, sk, hk, d = k.shape
+    wider = tuple(k.shape[:1]) + (sk + 1,) + tuple(k.shape[2:])
+    k1 = torch.as_strided(k, wider, k.stride(), k.storage_offset())
+    v1 = torch.as_strided(v, wider, v.stride(), v.storage_offset())
+    return correct(q.detach(), k1.detach(), v1.detach(), causal=False, softmax_scale=softmax_scale)
+
+
+reads_one_key_past_the_end.faverify_capabilities = {"backward": False}
+
+_RUNS = {"n": 0}
+
+
+def nondeterministic(q, k, v, *, causal, softmax_scale):
+    """Moves out by one ulp on every other call, as an atomic-add reduction in another order does: inside
+    the tolerance, caught only by running the case twice."""
+    _RUNS["n"] += 1
+    out = correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    if _RUNS["n"] % 2:
+        bits = {2: torch.int16, 4: torch.int32}[out.element_size()]
+        nudged = (out.detach().contiguous().view(bits) + 1).view(out.dtype)
+        out = out + torch.where(out != 0, nudged - out.detach(), torch.zeros_like(out))
+    return out

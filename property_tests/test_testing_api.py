@@ -28,3 +28,34 @@ def test_a_wrong_kernel_fails_with_table_and_reproducer():
     assert "faverify repro --kernel property_tests.planted:top_left_mask" in message
     with pytest.raises(AssertionError, match="lse"):
         assert_attention_close(with_lse(x.q, x.k, x.v, causal=True, softmax_scale=case.scale), case)
+
+
+@settings(max_examples=12)
+@given(cases(limits=CPU_LIMITS, dtypes=("fp32",), features=("window", "softcap", "alibi", "sinks", "head_dim_v")))
+def test_variant_cases_in_a_users_suite(case):
+    """The strategies draw the features; the extras and dsinks go through the same assertion."""
+    import torch
+
+    from property_tests.planted import variant_correct
+    x = make_inputs(case, "cpu", requires_grad=True)
+    kwargs = dict(x.extras())
+    if case.window != (-1, -1):
+        kwargs["window_size"] = case.window
+    if case.softcap:
+        kwargs["softcap"] = case.softcap
+    out, lse = variant_correct(x.q, x.k, x.v, causal=case.causal, softmax_scale=case.scale, **kwargs)
+    wrt = (x.q, x.k, x.v) + ((x.sinks,) if x.sinks is not None else ())
+    grads = torch.autograd.grad(out, wrt, x.dout)
+    got = dict(zip(("dq", "dk", "dv", "dsinks"), grads), out=out, lse=lse)
+    assert set(assert_attention_close(got, case)) == set(got)
+
+
+def test_conventions_in_a_users_suite():
+    from faverify.case import Case
+    from property_tests.planted import lse_base2
+    case = Case(1, 8, 8, 2, 2, 16, dtype="fp32")
+    x = make_inputs(case, "cpu")
+    out = lse_base2(x.q, x.k, x.v, causal=False, softmax_scale=None)
+    assert_attention_close(out, case, conventions="flashinfer")
+    with pytest.raises(AssertionError, match="lse is right in base 2"):
+        assert_attention_close(out, case)

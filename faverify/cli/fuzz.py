@@ -26,6 +26,11 @@ def fuzz(
     max_seqlen: Annotated[Optional[int], typer.Option(help="Longest seqlen drawn (default 256 on CPU, 2048 on GPU)")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the full results as JSON")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="Write the report as Markdown")] = None,
+    features: Annotated[Optional[str], typer.Option(help="Variant features drawn, comma separated: window, softcap, "
+                                                         "alibi, sinks, head_dim_v, or none (dense only); "
+                                                         "default: every feature the kernel declares")] = None,
+    repeat: Annotated[int, typer.Option(help="Run each case N times; outputs that differ in any bit fail it "
+                                             "(\"nondeterministic\")")] = 1,
     factor: FactorOpt = None,
     atol: AtolOpt = None,
     tight: TightOpt = None,
@@ -62,12 +67,15 @@ def fuzz(
     if workers is not None and workers < 1:
         raise UsageError("--workers", workers, "must be >= 1")
     check_timeout(timeout)
+    if repeat < 1:
+        raise UsageError("--repeat", repeat, "must be >= 1")
     check_writable("--json", json_path)
     check_writable("--markdown", markdown)
     if not no_db:
         check_writable("--db", db, directory=True)
     dtypes = parse_dtypes(dtype)
     tolerance = tolerance_from(factor, atol, tight)
+    wanted = parse_features(features)
     subjects = resolve_many(kernel)  # unknown kernels fail here, before any work
     targets = devices.resolve(device)
     if workers is None:
@@ -77,15 +85,34 @@ def fuzz(
     plan = FuzzPlan(iters=iters, seed=seed, dtypes=dtypes, limits=limits_for(targets[0].type, max_seqlen),
                     database=None if no_db else db, gradcheck_every=gradcheck_every, shrink_budget=shrink_budget)
     command = (f"fuzz --kernel {kernel} --iters {iters} --seed {seed} --dtype {','.join(dtypes)} "
-               f"--mode {mode.value} --device {device}" + (f" --max-seqlen {max_seqlen}" if max_seqlen else ""))
+               f"--mode {mode.value} --device {device}" + (f" --max-seqlen {max_seqlen}" if max_seqlen else "")
+               + (f" --features {features}" if features else "") + (f" --repeat {repeat}" if repeat > 1 else ""))
     with progress_bar() as progress, sigterm_interrupts():
         result = run([s.name for s in subjects], plan, targets, mode=mode.value, tolerance=tolerance,
                      command=command, workers=workers, isolate=isolate, timeout=timeout,
-                     progress_factory=progress_factory(progress, iters))
+                     progress_factory=progress_factory(progress, iters),
+                     features={s.name: s.caps.features() if wanted is None else wanted for s in subjects},
+                     conventions={s.name: s.caps.conventions.describe() for s in subjects}, repeat=repeat)
     with held():  # a signal now waits until everything asked for is written
         _write_outputs(result, json_path, markdown)
         say(render(result, "table"))
     return _exit_code(result)
+
+
+def parse_features(text: Optional[str]) -> tuple | None:
+    """--features: None (the kernel's own), () for "none", or the named features in FEATURES order."""
+    from faverify.case import FEATURES
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if names == ["none"]:
+        return ()
+    if not names:
+        raise UsageError("--features", text, f"give none, or some of {', '.join(FEATURES)}")
+    for n in names:
+        if n not in FEATURES:
+            raise UsageError("--features", n, f"each feature must be one of {', '.join(FEATURES)} (or none alone)")
+    return tuple(f for f in FEATURES if f in names)
 
 
 def _write_outputs(result, json_path: Optional[Path], markdown: Optional[Path]) -> None:

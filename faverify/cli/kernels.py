@@ -17,10 +17,12 @@ def kernels() -> int:
         try:
             s = resolve(name)
         except Exception as e:  # a subject that cannot load is listed with the reason
-            rows.append([name, "unavailable", "", "", "", "", f"{type(e).__name__}: {e}"])
+            rows.append([name, "unavailable", "", "", "", "", "", f"{type(e).__name__}: {e}"])
             continue
         c = s.caps
         rows.append([name, ",".join(c.dtypes), ",".join(c.devices), f"{c.min_head_dim}..{c.max_head_dim}",
-                     "yes" if c.gqa else "no", ",".join(c.init_modes) if c.init_modes else "n/a", s.description])
-    typer.echo(table(rows, ["kernel", "dtypes", "devices", "head dims", "GQA", "init", "description"], "table"))
+                     "yes" if c.gqa else "no", ",".join(c.init_modes) if c.init_modes else "n/a",
+                     ",".join(c.features()) or "dense", s.description])
+    typer.echo(table(rows, ["kernel", "dtypes", "devices", "head dims", "GQA", "init", "variants", "description"],
+                     "table"))
     return 0

@@ -1,7 +1,10 @@
 """What a subject is: a callable with the faverify signature and a statement of what it supports.
 
-The call signature (docs/design.md): fn(q, k, v, *, causal, softmax_scale[, init]) on [b, s, h, d] tensors,
-returning out or (out, lse); softmax_scale is None when the case uses the default, head_dim ** -0.5. Its backward is whatever torch autograd gives through it.
+The call signature (docs/design.md): fn(q, k, v, *, causal, softmax_scale[, init][, window_size][, softcap]
+[, alibi_slopes][, sinks]) on [b, s, h, d] tensors, returning out or (out, lse); softmax_scale is None when
+the case uses the default, head_dim ** -0.5; a variant's keyword (flash-attn's name) is passed only when
+the case uses it, and only to a subject that declares the feature. Its backward is whatever torch
+autograd gives through it (dsinks too, when sinks require grad).
 """
 from __future__ import annotations
 
@@ -11,9 +14,12 @@ from typing import Callable
 
 import torch
 
-from faverify.case import DTYPES, INITS, Case
+from faverify import conventions as _conventions
+from faverify.case import DTYPES, FEATURES, INITS, Case
 
 INPUTS = ("q", "k", "v", "dout")  # what a subject is given: dout through autograd
+# The keyword each variant feature is passed by (flash-attn's names); head_dim_v has none: v's shape says it.
+KEYWORDS = {"window": "window_size", "softcap": "softcap", "alibi": "alibi_slopes", "sinks": "sinks"}
 from faverify.errors import Unsupported
 
 
@@ -30,10 +36,20 @@ class Capabilities:
     # inputs the subject may write (a kernel that appends to a KV cache it is given); any other input it
     # changes is a failing case ("modified q in place"), judged against references from the untouched copy
     writes: tuple = ()
+    # variant features (case.FEATURES): a case using one the subject does not declare is skipped
+    window: bool = False
+    softcap: bool = False
+    alibi: bool = False
+    sinks: bool = False
+    head_dim_v: bool = False
+    # where causal aligns, lse's base, the lse of a row that sees no key, ALiBi's form: a preset's name
+    # (conventions.PRESETS: "flash-attn-2", "flashinfer", ...) or a dict of conventions.Conventions' fields
+    conventions: object = _conventions.DEFAULT
 
     def __post_init__(self) -> None:
         """Each field of the type it must have: a declaration that is not valid is refused when the subject
         loads, not as a failure of every case."""
+        object.__setattr__(self, "conventions", _conventions.parse(self.conventions))
         for name in ("dtypes", "devices", "writes") + (("init_modes",) if self.init_modes is not None else ()):
             value = getattr(self, name)
             if isinstance(value, list):
@@ -47,7 +63,7 @@ class Capabilities:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.min_head_dim > self.max_head_dim:
             raise ValueError(f"min_head_dim {self.min_head_dim} is above max_head_dim {self.max_head_dim}")
-        for name in ("gqa", "backward", "lse"):
+        for name in ("gqa", "backward", "lse") + FEATURES:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
@@ -62,10 +78,20 @@ class Capabilities:
             return "GQA/MQA (nheads_k != nheads) not supported"
         if self.init_modes is not None and case.init not in self.init_modes:
             return f"init {case.init} not supported"
+        missing = [f for f in case.features() if not getattr(self, f)]
+        if missing:
+            return f"{', '.join(missing)} not declared by the subject (faverify_capabilities)"
+        if case.dv != case.head_dim and not self.min_head_dim <= case.dv <= self.max_head_dim:
+            return f"head_dim_v {case.dv} outside {self.min_head_dim}..{self.max_head_dim}"
         return None
 
+    def features(self) -> tuple:
+        return tuple(f for f in FEATURES if getattr(self, f))
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["conventions"] = self.conventions.to_dict()
+        return d
 
 
 @dataclass
@@ -82,27 +108,61 @@ class Subject:
     # The code paths its kernels took since the last call, which starts a new list (e.g. ["fwd hopper",
     # "bwd triton"]): each case reports them, a fuzz counts the cases per path. None: not told.
     paths: Callable[[], list] | None = None
+    # Seconds its calls since the last one spent compiling (a JIT that compiles on first use): each case
+    # reports them as its "compile" phase, apart from the kernel's. None: not told.
+    compile_seconds: Callable[[], float] | None = None
 
     def take_paths(self) -> list:
         return self.paths() if self.paths is not None else []
 
+    def take_compile_seconds(self) -> float:
+        return self.compile_seconds() if self.compile_seconds is not None else 0.0
+
     def unsupported(self, case: Case, device: torch.device) -> str | None:
         return self.caps.reason_unsupported(case, device)
 
-    def __call__(self, q, k, v, case: Case):
+    def __call__(self, q, k, v, case: Case, extras: dict | None = None):
         """Run the subject on one case: (out, lse or None). Unsupported -> faverify.errors.Unsupported.
+        extras: the case's variant tensors by keyword (Inputs.extras: alibi_slopes, sinks).
 
         A case with the default scale passes softmax_scale=None: the subject's own default (which must be
         head_dim ** -0.5) is under test too, and is where a 1/d-instead-of-1/sqrt(d) bug lives."""
         kwargs = {"causal": case.causal, "softmax_scale": case.softmax_scale}
         if self.caps.init_modes is not None:
             kwargs["init"] = case.init
+        kwargs.update(variant_keywords(case, extras or {}))
         result = self.fn(q, k, v, **kwargs)
         if isinstance(result, (tuple, list)):
             if len(result) != 2:
                 raise TypeError(f"{self.name} returned {len(result)} values; expected out or (out, lse)")
             return result[0], result[1]
         return result, None
+
+
+def variant_keywords(case: Case, extras: dict) -> dict:
+    """The keywords of the variant features the case uses, and only those (a dense case calls a subject
+    exactly as before)."""
+    used = case.features()
+    kwargs = {}
+    if "window" in used:
+        kwargs["window_size"] = case.window
+    if "softcap" in used:
+        kwargs["softcap"] = case.softcap
+    for name in ("alibi_slopes", "sinks"):
+        if name in extras:
+            kwargs[name] = extras[name]
+    return kwargs
+
+
+def missing_keywords(fn: Callable, caps: Capabilities) -> list:
+    """The keywords of declared features that fn cannot take (none when it takes **kwargs)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return []
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    return [KEYWORDS[f] for f in caps.features() if f in KEYWORDS and KEYWORDS[f] not in params]
 
 
 def takes_init(fn: Callable) -> bool:
@@ -112,4 +172,5 @@ def takes_init(fn: Callable) -> bool:
         return False
 
 
-__all__ = ["Capabilities", "Subject", "Unsupported", "INITS", "takes_init"]
+__all__ = ["Capabilities", "Subject", "Unsupported", "INITS", "KEYWORDS", "missing_keywords", "takes_init",
+           "variant_keywords"]

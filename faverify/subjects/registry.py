@@ -13,6 +13,11 @@ def _triton() -> Subject:
     return make()
 
 
+def _flex() -> Subject:
+    from faverify.subjects.flex import make
+    return make()
+
+
 def _cuda(name: str) -> Subject:
     from faverify.kernels.cuda.subject import make
     return make(name)
@@ -20,6 +25,7 @@ def _cuda(name: str) -> Subject:
 
 _BUILTIN: dict[str, Callable[[], Subject]] = {name: (lambda n=name: sdpa.make(n)) for name in sdpa.names()}
 _BUILTIN["triton"] = _triton
+_BUILTIN["flex"] = lambda: _flex()
 for _name in ("cuda", "cuda-simt"):
     _BUILTIN[_name] = lambda n=_name: _cuda(n)
 

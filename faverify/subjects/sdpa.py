@@ -16,8 +16,11 @@ from faverify.errors import Unsupported
 from faverify.subjects.base import Capabilities, Subject
 
 _BACKENDS = {
-    "sdpa-math": ("MATH", "torch SDPA math backend (reference-style, materializes the score matrix)",
-                  Capabilities()),
+    # the math backend is differentiable in a float mask: windows, ALiBi, softcap and sinks go through one
+    "sdpa-math": ("MATH", "torch SDPA math backend (reference-style, materializes the score matrix; variants "
+                          "through an fp32 float mask)",
+                  Capabilities(max_head_dim=512, window=True, softcap=True, alibi=True, sinks=True,
+                               head_dim_v=True)),
     "sdpa-flash": ("FLASH_ATTENTION", "torch SDPA FlashAttention-2 backend",
                    Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",))),
     "sdpa-efficient": ("EFFICIENT_ATTENTION", "torch SDPA memory-efficient (xformers) backend",
@@ -53,17 +56,24 @@ def names() -> tuple:
 def make(name: str) -> Subject:
     backend_name, description, caps = _BACKENDS[name]
 
-    def fn(q, k, v, *, causal: bool, softmax_scale: float):
+    def fn(q, k, v, *, causal: bool, softmax_scale: float, window_size=None, softcap=None, alibi_slopes=None,
+           sinks=None):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         from torch.nn.attention.bias import causal_lower_right
 
         sq, sk = q.shape[1], k.shape[1]
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        variant = window_size is not None or softcap or alibi_slopes is not None or sinks is not None
         try:
             with sdpa_kernel(getattr(SDPBackend, backend_name)), warnings.catch_warnings(record=True) as seen:
                 warnings.simplefilter("always")  # recorded, not shown: torch's reasons when it refuses a case
-                is_causal = causal and sq == sk  # top-left and bottom-right agree when sq == sk
-                mask = causal_lower_right(sq, sk) if causal and sq != sk else None
+                if variant:  # in fp32: a sink of 1e9 or a softcap's correction does not fit a 16-bit mask
+                    qt, kt, vt, mask = _variant_mask(qt.float(), kt.float(), vt.float(), causal, softmax_scale,
+                                                     window_size, softcap, alibi_slopes, sinks)
+                    is_causal = False
+                else:
+                    is_causal = causal and sq == sk  # top-left and bottom-right agree when sq == sk
+                    mask = causal_lower_right(sq, sk) if causal and sq != sk else None
                 out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=is_causal,
                                                      scale=softmax_scale, enable_gqa=kt.shape[1] != qt.shape[1])
         except RuntimeError as e:
@@ -71,6 +81,47 @@ def make(name: str) -> Subject:
                 why = _why(seen)
                 raise Unsupported(f"{name}: no available kernel for this case" + (f": {why}" if why else "")) from None
             raise
-        return out.transpose(1, 2)
+        return out.transpose(1, 2).to(q.dtype)
 
     return Subject(name=name, fn=fn, caps=caps, description=description)
+
+
+def _variant_mask(qt, kt, vt, causal, softmax_scale, window_size, softcap, alibi_slopes, sinks):
+    """The variants as one additive float mask on [b, h, sq, sk] heads-first tensors: softcap as the capped
+    logits themselves (computed from q and k with autograd, so the gradient flows through them),
+    ALiBi's bias, -inf outside the window (bottom-right aligned), and a sink as one more key of value 0
+    whose logit the mask sets to z_h. Returns q, k, v (k and v extended for the sink) and the mask. The
+    math backend runs it in fp32, as it runs 16-bit inputs on the CPU anyway (a reference-style subject:
+    the variants of a 16-bit kernel are the other subjects' to show)."""
+    import torch
+
+    b, h, sq, d = qt.shape
+    sk = kt.shape[2]
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    rows = torch.arange(sq, device=qt.device)[:, None] + (sk - sq)  # each row's diagonal key
+    cols = torch.arange(sk, device=qt.device)[None, :]
+    bias = torch.zeros(1, 1, sq, sk, dtype=torch.float32, device=qt.device)
+    if softcap:  # the capped logits are the whole mask, and q is 0 for SDPA's own: a correction c*tanh(s/c) - s
+        # added to SDPA's logits would leave, where tanh saturates, a gradient that cancels only to rounding
+        keys = kt.repeat_interleave(h // kt.shape[1], dim=1)
+        s = qt @ keys.transpose(-1, -2) * scale
+        bias = bias + softcap * torch.tanh(s / softcap)
+        qt = qt * 0
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.reshape(-1, h, 1, 1)  # [1 | b, h, 1, 1]
+        bias = bias - slopes * (rows - cols).abs().float()
+    left, right = window_size if window_size is not None else (-1, -1)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    hidden = torch.zeros(sq, sk, dtype=torch.bool, device=qt.device)
+    if right >= 0:
+        hidden |= cols > rows + right
+    if left >= 0:
+        hidden |= cols < rows - left
+    bias = bias.masked_fill(hidden, float("-inf"))
+    if sinks is not None:
+        bias = torch.cat([bias.expand(bias.shape[0], h, sq, sk),
+                          sinks.float().reshape(1, h, 1, 1).expand(bias.shape[0], h, sq, 1)], dim=-1)
+        kt = torch.cat([kt, kt.new_zeros(b, kt.shape[1], 1, d)], dim=2)
+        vt = torch.cat([vt, vt.new_zeros(b, vt.shape[1], 1, vt.shape[3])], dim=2)
+    return qt, kt, vt, bias.to(qt.dtype)

@@ -1,7 +1,7 @@
 """A subject the user names as package.module:function.
 
-function(q, k, v, *, causal, softmax_scale[, init]) takes [b, s, h, d] tensors and returns out or
-(out, lse). It may carry a `faverify_capabilities` dict (keys of subjects.base.Capabilities) to declare
+function(q, k, v, *, causal, softmax_scale[, init][, window_size, softcap, alibi_slopes, sinks]) takes
+[b, s, h, d] tensors and returns out or (out, lse). It may carry a `faverify_capabilities` dict (keys of subjects.base.Capabilities) to declare
 what it supports; cases outside it are skipped with the reason.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import sys
 
 from faverify.errors import UsageError
-from faverify.subjects.base import Capabilities, Subject, takes_init
+from faverify.subjects.base import Capabilities, Subject, missing_keywords, takes_init
 
 
 def load(spec: str) -> Subject:
@@ -40,5 +40,9 @@ def load(spec: str) -> Subject:
         caps = Capabilities(**declared)
     except (TypeError, ValueError) as e:
         raise UsageError("--kernel", spec, f"faverify_capabilities is not valid: {e}") from None
+    missing = missing_keywords(fn, caps)
+    if missing:
+        raise UsageError("--kernel", spec, f"declares features whose keyword the function does not take: "
+                                           f"{', '.join(missing)} (a declared feature is passed by that keyword)")
     doc = (fn.__doc__ or "").strip().splitlines()
     return Subject(name=spec, fn=fn, caps=caps, description=doc[0] if doc else "user function")

@@ -1,0 +1,85 @@
+"""torch's FlexAttention as a subject: a production kernel generator, compiled, and the first real client
+of the variant contract.
+
+Softcap and ALiBi are a score_mod, causal masks and windows a mask_mod and its block mask, bottom-right
+aligned like the rest of faverify. Their parameters live in tensors the mods read, so a new softcap, slope
+or window does not recompile; shapes are dynamic, so a new head dim or dtype is what compiles. On the CPU
+torch compiles FlexAttention for inference only and without lse: the subject runs the forward there under
+no_grad and says so per case; on a GPU it runs forward and backward and returns lse. The first call for
+each (device, dtype, head dims, grad) is counted as compile time, reported apart from the kernel's.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from faverify.subjects.base import Capabilities, Subject
+
+_UNBOUNDED = 1 << 30  # a window side with no bound
+_PARAMS: dict = {}  # what the mods read: set before each call (tensors, so new values do not recompile)
+_COMPILED: dict = {}
+_SEEN: set = set()
+_COMPILE_SECONDS = [0.0]
+
+
+def _score_mod(score, b, h, i, j):
+    cap = _PARAMS["softcap"]
+    capped = torch.where(cap > 0, cap * torch.tanh(score / torch.where(cap > 0, cap, 1.0)), score)
+    return capped - _PARAMS["slopes"][b, h] * (i + _PARAMS["offset"] - j).abs()
+
+
+def _mask_mod(b, h, i, j):
+    diag = i + _PARAMS["offset"]
+    return (j <= diag + _PARAMS["right"]) & (j >= diag - _PARAMS["left"])
+
+
+def _flex():
+    if "fn" not in _COMPILED:
+        from torch.nn.attention.flex_attention import flex_attention
+        _COMPILED["fn"] = torch.compile(flex_attention, dynamic=True)
+    return _COMPILED["fn"]
+
+
+def flex(q, k, v, *, causal: bool, softmax_scale, window_size=None, softcap=None, alibi_slopes=None):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    b, sq, h, d = q.shape
+    sk = k.shape[1]
+    dev = q.device
+    left, right = window_size if window_size is not None else (-1, -1)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    slopes = torch.zeros(b, h, device=dev) if alibi_slopes is None else alibi_slopes.float().expand(b, h)
+    _PARAMS.update(softcap=torch.tensor(float(softcap or 0.0), device=dev), slopes=slopes.contiguous(),
+                   offset=torch.tensor(sk - sq, device=dev),
+                   left=torch.tensor(_UNBOUNDED if left < 0 else left, device=dev),
+                   right=torch.tensor(_UNBOUNDED if right < 0 else right, device=dev))
+    block_mask = create_block_mask(_mask_mod, None, None, sq, sk, device=dev)
+    cpu = dev.type == "cpu"
+    qt, kt, vt = (t.transpose(1, 2).detach() if cpu else t.transpose(1, 2) for t in (q, k, v))
+    key = (dev.type, q.dtype, d, v.shape[-1], not cpu and q.requires_grad)
+    start = time.perf_counter()
+    with torch.no_grad() if cpu else torch.enable_grad():
+        result = _flex()(qt, kt, vt, score_mod=_score_mod, block_mask=block_mask, scale=softmax_scale,
+                         enable_gqa=kt.shape[1] != qt.shape[1], return_lse=not cpu)
+    if key not in _SEEN:  # this call compiled: its time is the compiler's, not the kernel's
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        _SEEN.add(key)
+        _COMPILE_SECONDS[0] += time.perf_counter() - start
+    if cpu:
+        return result.transpose(1, 2)
+    out, lse = result
+    return out.transpose(1, 2), lse.float()
+
+
+def _take_compile_seconds() -> float:
+    seconds, _COMPILE_SECONDS[0] = _COMPILE_SECONDS[0], 0.0
+    return seconds
+
+
+def make() -> Subject:
+    caps = Capabilities(lse=True, window=True, softcap=True, alibi=True, head_dim_v=True)
+    return Subject(name="flex", fn=flex, caps=caps, description="torch FlexAttention, compiled (forward only on "
+                   "the CPU)", compile_seconds=_take_compile_seconds)

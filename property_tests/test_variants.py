@@ -1,0 +1,241 @@
+"""Variant features: the Case fields, the FP64 reference against a brute-force formula, the contract, the
+draw, and the planted bugs the fuzz must catch and shrink to a case that names the feature."""
+import json
+import math
+
+import pytest
+import torch
+
+from faverify.case import FEATURES, Case
+from faverify.errors import UsageError
+from faverify.inputs import make_inputs, variant_of
+from faverify.reference import Variant, reference
+from faverify.runner import evaluate
+from faverify.subjects import resolve
+from property_tests.cli_helpers import cli
+
+DENSE_KEYS = {"batch", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "dtype", "causal",
+              "softmax_scale", "regime", "layout", "init", "seed"}
+
+
+def test_a_dense_case_prints_as_before_and_a_variant_case_round_trips():
+    dense = Case(1, 4, 5, 2, 1, 16, causal=True, seed=3)
+    assert set(json.loads(dense.to_json())) == DENSE_KEYS and dense.features() == ()
+    c = Case(1, 4, 5, 2, 1, 16, window=(3, 0), softcap=5.0, alibi="batch-head", sinks="above", head_dim_v=32)
+    assert Case.from_json(c.to_json()) == c and c.features() == FEATURES
+    assert "window=(3,0)" in c.short() and "dv=32" in c.short()
+
+
+@pytest.mark.parametrize("field,value,rule", [
+    ("window", (-2, 0), "the left bound must be an integer >= -1"),
+    ("window", (0,), "must be [left, right]"),
+    ("softcap", -1.0, "must be a finite number >= 0"),
+    ("alibi", "yes", "must be one of off, head, batch-head, zero"),
+    ("sinks", "big", "must be one of off, around, above, below"),
+    ("head_dim_v", 513, "must be in 1..512"),
+    ("head_dim_v", 0, "must be >= 1"),
+])
+def test_variant_fields_are_validated_with_the_rule(field, value, rule):
+    with pytest.raises(UsageError) as e:
+        Case(1, 4, 5, 1, 1, 16, **{field: value})
+    assert e.value.argument == field and rule in str(e.value)
+
+
+@pytest.mark.parametrize("sq,sk,causal,window", [(9, 4, False, (2, 0)), (9, 4, True, (-1, -1)), (5, 9, False, (1, 2)),
+                                                 (9, 4, False, (-1, 1)), (9, 4, True, (0, 3)), (3, 3, False, (0, 0))])
+def test_rows_that_see_no_key_are_the_first_ones(sq, sk, causal, window):
+    c = Case(1, sq, sk, 1, 1, 8, causal=causal, window=window)
+    empty = [i for i in range(sq) if c.visible_keys(i) == 0]
+    assert empty == list(range(c.masked_rows))
+    left, right = c.bounds
+    for i in range(sq):  # against the mask written out
+        d = i + sk - sq
+        seen = [j for j in range(sk) if (left is None or j >= d - left) and (right is None or j <= d + right)]
+        assert c.visible_keys(i) == len(seen)
+
+
+def _brute_force(q, k, v, dout, case: Case, x):
+    """The whole score matrix in float64 with every feature written out, the sink as one more column, and
+    autograd for the gradients: an independent check of the chunked reference."""
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    sinks = x.sinks.detach().double().requires_grad_() if x.sinks is not None else None
+    b, sq, h, d = q.shape
+    sk, g = k.shape[1], h // k.shape[2]
+    s = torch.einsum("bihd,bjhd->bhij", q, k.repeat_interleave(g, dim=2)) * case.scale
+    if case.softcap:
+        s = case.softcap * torch.tanh(s / case.softcap)
+    i = torch.arange(sq)[:, None]
+    j = torch.arange(sk)[None, :]
+    if x.alibi_slopes is not None:
+        s = s - x.alibi_slopes.double().reshape(-1, h, 1, 1) * (i + sk - sq - j).abs()
+    keep = torch.tensor([[case.visible_keys(r) > 0 and _sees(case, r, c) for c in range(sk)] for r in range(sq)])
+    s = s.masked_fill(~keep, -math.inf)
+    if sinks is not None:
+        s = torch.cat([s, sinks.reshape(1, h, 1, 1).expand(b, h, sq, 1)], dim=-1)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])
+    vv = v.repeat_interleave(g, dim=2)
+    out = torch.einsum("bhij,bjhd->bihd", p[..., :sk], vv)
+    wrt = (q, k, v) + ((sinks,) if sinks is not None else ())
+    grads = torch.autograd.grad(out, wrt, dout.double())
+    result = {"out": out, "lse": lse, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+    if sinks is not None:
+        result["dsinks"] = grads[3]
+    return result
+
+
+def _sees(case, r, c):
+    left, right = case.bounds
+    d = r + case.seqlen_k - case.seqlen_q
+    return (left is None or c >= d - left) and (right is None or c <= d + right)
+
+
+@pytest.mark.parametrize("case", [
+    Case(2, 7, 9, 4, 2, 8, dtype="fp32", window=(2, 1), seed=1),
+    Case(1, 9, 4, 2, 2, 8, dtype="fp32", causal=True, window=(1, -1), sinks="around", seed=2),  # empty rows
+    Case(2, 6, 6, 2, 1, 8, dtype="fp32", softcap=0.7, alibi="batch-head", seed=3),
+    Case(1, 5, 8, 2, 2, 8, dtype="fp32", alibi="head", sinks="above", head_dim_v=12, seed=4),
+    Case(1, 5, 3, 2, 2, 8, dtype="fp32", softcap=2.0, sinks="below", causal=True, head_dim_v=4, seed=5),
+])
+def test_the_reference_matches_the_brute_force_formula(case):
+    x = make_inputs(case, "cpu")
+    ref, scales = reference(*(t.double() for t in x.tensors()), x.dout.double(), causal=case.causal,
+                            scale=case.scale, variant=variant_of(case, x))
+    want = _brute_force(*x.tensors(), x.dout, case, x)
+    assert set(ref) == set(want) and ("dsinks" in ref) == (case.sinks != "off")
+    for name, t in want.items():
+        torch.testing.assert_close(ref[name], t, rtol=1e-10, atol=1e-12, msg=name)
+    if case.masked_rows:
+        assert (ref["out"][:, :case.masked_rows] == 0).all()
+        assert torch.allclose(ref["lse"][:, :, 0], x.sinks.double().expand_as(ref["lse"][:, :, 0]))
+
+
+def test_a_dense_case_gives_the_same_reference_bits_with_and_without_the_variant_path():
+    c = Case(2, 17, 23, 4, 2, 16, dtype="bf16", causal=True, seed=7)
+    x = make_inputs(c, "cpu")
+    args = (*(t.double() for t in x.tensors()), x.dout.double())
+    plain, _ = reference(*args, causal=True, scale=c.scale)
+    through, _ = reference(*args, causal=True, scale=c.scale, variant=Variant(right=0))
+    for name in plain:
+        assert torch.equal(plain[name], through[name]), name
+
+
+def test_keywords_are_passed_only_for_the_features_a_case_uses():
+    seen = []
+
+    def fn(q, k, v, *, causal, softmax_scale, **kwargs):
+        seen.append(sorted(kwargs))
+        return resolve("sdpa-math").fn(q, k, v, causal=causal, softmax_scale=softmax_scale, **kwargs)
+    from faverify.subjects.base import Capabilities, Subject
+    s = Subject("recorder", fn, Capabilities(window=True, softcap=True, alibi=True, sinks=True, head_dim_v=True))
+    for c in (Case(1, 4, 4, 1, 1, 8), Case(1, 4, 4, 1, 1, 8, window=(1, 0)),
+              Case(1, 4, 4, 1, 1, 8, softcap=3.0, alibi="head", sinks="around")):
+        assert evaluate(s, c, "cpu").status == "pass"
+    assert seen == [[], ["window_size"], ["alibi_slopes", "sinks", "softcap"]]
+    dense_only = Subject("dense", fn, Capabilities())
+    r = evaluate(dense_only, Case(1, 4, 4, 1, 1, 8, sinks="above", head_dim_v=4), "cpu")
+    assert r.status == "skip" and "sinks, head_dim_v not declared by the subject" in r.reason
+
+
+def test_a_declared_feature_without_its_keyword_is_exit_2_before_any_case():
+    r = cli("fuzz", "--kernel", "property_tests.planted:declares_window_without_keyword", "--iters", "3",
+            "--device", "cpu", "--no-db")
+    assert r.exit_code == 2 and "window_size" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("text,needle", [("window,bogus", "--features='bogus'"), (",", "--features=','"),
+                                         ("none,window", "--features='none'")])
+def test_bad_features_are_exit_2(text, needle):
+    r = cli("fuzz", "--kernel", "sdpa-math", "--features", text, "--iters", "2", "--device", "cpu", "--no-db")
+    assert r.exit_code == 2 and needle in r.stderr
+
+
+def test_the_fuzz_draws_every_declared_feature_and_counts_them(tmp_path):
+    r = cli("fuzz", "--kernel", "sdpa-math", "--iters", "60", "--device", "cpu", "--no-db", "--no-isolate",
+            "--dtype", "fp32,bf16", "--json", tmp_path / "run.json")
+    assert r.exit_code == 0, r.stdout[-2000:]
+    counted = json.loads((tmp_path / "run.json").read_text())["kernels"][0]["summary"]["features"]
+    assert set(FEATURES) <= set(counted) and "cases per feature" in r.stdout + r.stderr
+    r = cli("fuzz", "--kernel", "sdpa-math", "--iters", "20", "--device", "cpu", "--no-db", "--no-isolate",
+            "--features", "none", "--json", tmp_path / "dense.json")
+    assert r.exit_code == 0
+    assert json.loads((tmp_path / "dense.json").read_text())["kernels"][0]["summary"]["features"] == {"dense": 20}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug,feature,signature", [
+    ("window_off_by_one", "window", "out:tolerance"),
+    ("softcap_before_scale", "softcap", "out:tolerance"),
+    ("alibi_no_offset", "alibi", "out:tolerance"),
+    ("sink_not_in_lse", "sinks", "lse:"),
+    ("sink_no_grad", "sinks", "dsinks:tolerance"),
+])
+def test_a_planted_bug_per_feature_is_caught_and_shrunk_to_a_case_that_names_it(bug, feature, signature, tmp_path):
+    """The control (variant_correct) passes the same draw: without the feature in the reference it would
+    fail too, so each planted bug is caught by its feature's check."""
+    args = ("--iters", "80", "--device", "cpu", "--no-db", "--no-isolate", "--dtype", "fp32", "--features", feature,
+            "--shrink-budget", "60")
+    r = cli("fuzz", "--kernel", f"property_tests.planted:{bug}", *args, "--json", tmp_path / "run.json")
+    assert r.exit_code == 1
+    failures = json.loads((tmp_path / "run.json").read_text())["kernels"][0]["failures"]
+    mine = [f for f in failures if f["signature"].startswith(signature)]
+    assert mine, [f["signature"] for f in failures]
+    minimal = Case.from_dict(mine[0]["minimal"]["case"])
+    assert feature in minimal.features() and minimal.seqlen_q * minimal.seqlen_k <= 16
+    control = cli("fuzz", "--kernel", "property_tests.planted:variant_correct", *args)
+    assert control.exit_code == 0, control.stdout[-2000:]
+
+
+@pytest.mark.parametrize("kernel,features,case", [
+    ("lse_base2", "none", Case(1, 9, 5, 2, 2, 16, dtype="fp32", causal=True, seed=1)),
+    ("causal_top_left", "none", Case(1, 5, 9, 2, 2, 16, dtype="fp32", causal=True, seed=1)),
+    ("empty_rows_lse_plus_inf", "none", Case(1, 9, 5, 2, 2, 16, dtype="fp32", causal=True, seed=1)),
+    ("alibi_relative", "alibi", Case(1, 6, 11, 2, 2, 16, dtype="fp32", alibi="head", seed=2)),
+])
+def test_a_subject_passes_under_the_conventions_it_declares(kernel, features, case):
+    """Each of these fails under the default conventions (flash-attn's): the reference follows the
+    declaration, and the report says what it judged by."""
+    from faverify.subjects.base import Capabilities, Subject
+    declared = resolve(f"property_tests.planted:{kernel}")
+    default = Subject("default", declared.fn, Capabilities(**{**declared.caps.to_dict(), "conventions": "flash-attn-3"}))
+    assert evaluate(declared, case, "cpu", mode="fwd").status == "pass"
+    assert evaluate(default, case, "cpu", mode="fwd").status == "fail"
+    r = cli("fuzz", "--kernel", f"property_tests.planted:{kernel}", "--iters", "25", "--device", "cpu", "--no-db",
+            "--no-isolate", "--dtype", "fp32", "--mode", "fwd", "--features", features)
+    assert r.exit_code == 0 and f"{kernel}: {declared.caps.conventions.describe()}" in r.stdout + r.stderr
+
+
+def test_an_lse_in_the_other_base_is_named_as_such():
+    r = evaluate(resolve("property_tests.planted:with_lse"), Case(1, 8, 8, 2, 2, 16, dtype="fp32"), "cpu", mode="fwd")
+    assert r.status == "fail" and "lse is right in base 2: the subject declares base e" in r.reason
+
+
+@pytest.mark.parametrize("declared,message", [
+    ("flash-attn-9", "conventions preset 'flash-attn-9' is unknown"),
+    ({"lse_base": "10"}, "conventions.lse_base must be one of e, 2"),
+    ({"align": "top"}, "conventions has unknown keys ['align']"),
+])
+def test_conventions_that_are_not_valid_are_refused_when_the_subject_loads(declared, message):
+    from faverify.subjects.base import Capabilities
+    with pytest.raises(ValueError) as e:
+        Capabilities(conventions=declared)
+    assert message in str(e.value)
+
+
+@pytest.mark.slow
+def test_flex_runs_the_variants_it_declares_forward_only_on_the_cpu():
+    """torch's FlexAttention: compiled once for the head dims and dtype, the compile reported as its own
+    phase; on the CPU the forward alone is judged, and each case says so."""
+    if torch.cuda.is_available():
+        pytest.skip("the CPU's forward-only path; the GPU runs belong to the GPU tests")
+    flex = resolve("flex")
+    assert set(flex.caps.features()) == {"window", "softcap", "alibi", "head_dim_v"}
+    results = [evaluate(flex, c, "cpu") for c in (
+        Case(1, 40, 24, 2, 1, 32, dtype="bf16", causal=True, window=(5, -1), seed=1),  # rows that see no key
+        Case(2, 33, 47, 2, 2, 32, dtype="bf16", softcap=2.0, alibi="batch-head", seed=2),
+        Case(1, 9, 70, 2, 2, 32, dtype="bf16", window=(3, 4), seed=3))]
+    assert [r.status for r in results] == ["pass"] * 3, [r.reason for r in results]
+    assert all(r.reason.startswith("forward only") and set(r.metrics) == {"out"} for r in results)
+    assert results[0].phases.get("compile", 0) > 0 and "compile" not in results[2].phases
+    skipped = evaluate(flex, Case(1, 4, 4, 1, 1, 32, sinks="around"), "cpu")
+    assert skipped.status == "skip" and "sinks not declared" in skipped.reason
