@@ -62,6 +62,8 @@ class KernelStats:
     features: Counter = field(default_factory=Counter)  # variant feature -> cases that used it (run or skipped)
     conventions: str = ""  # what the subject declares and the reference followed (conventions.Conventions)
     partial: Counter = field(default_factory=Counter)  # reason -> cases that passed on their forward alone
+    # feature (or "dense") -> cases run, failed, and the largest error over allowed of any tensor
+    by_feature: dict = field(default_factory=dict)
     restarts: int = 0  # worker processes started again after a crash or a timeout
     warmup_cases: int = 0  # unjudged cases run first so each compiled variant compiles once (parallel.warm_up)
     warmup_seconds: float = 0.0
@@ -83,7 +85,17 @@ class KernelStats:
 
     def add(self, r: CaseResult) -> None:
         self.counts[r.status] += 1
-        self.features.update(r.case.features() or ("dense",))
+        used = r.case.features() or ("dense",)
+        self.features.update(used)
+        if r.status != "skip":
+            usage = max((m.max_abs / m.allowed for m in r.metrics.values() if not m.waived and m.allowed > 0),
+                        default=float("nan"))
+            for f in used:
+                row = self.by_feature.setdefault(f, {"cases": 0, "failed": 0, "usage_max": float("nan")})
+                row["cases"] += 1
+                row["failed"] += int(r.failed)
+                if usage == usage and not usage <= row["usage_max"]:
+                    row["usage_max"] = usage
         self.phases.update(r.phases)
         if r.device:
             self.per_device[r.device] += 1
@@ -160,6 +172,7 @@ class KernelStats:
                 "paths": dict(self.paths),  # in the order first taken: fwd before bwd
                 "features": {f: self.features[f] for f in ("dense",) + FEATURES if self.features[f]},
                 "conventions": self.conventions,
+                "by_feature": {f: self.by_feature[f] for f in ("dense",) + FEATURES if f in self.by_feature},
                 "worker_restarts": self.restarts,
                 "warmup": {"cases": self.warmup_cases, "seconds": round(self.warmup_seconds, 2)},
                 "replayed": {"cases": self.replay["cases"], "failed": self.replay["failed"],

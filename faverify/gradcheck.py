@@ -65,15 +65,18 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
     base = [_quantize(t, h, clamp).to(tdtype) for t in x.tensors()]
     direction = [(torch.randint(0, 2, t.shape, generator=g, device=device) * 2 - 1).to(tdtype) for t in base]
     w = x.dout.to(torch.float64)
+    extras = {name: t.detach() for name, t in x.extras().items()}  # the case's slopes and sinks, held fixed
 
     def loss(tensors, grad=False):
         ins = [t.clone().requires_grad_(grad) for t in tensors]
-        out, _ = subject(*ins, c)
+        out, _ = subject(*ins, c, extras)
         value = (out.to(torch.float64) * w).sum()
         return value, ins, out
 
     try:
         _, ins, out = loss(base, grad=True)
+        if not out.requires_grad:  # as the case itself was: judged on its forward alone
+            return _skip(dtype, "the subject's output has no autograd graph")
         grads = torch.autograd.grad(out, ins, x.dout.to(tdtype), allow_unused=True)
         with torch.no_grad():
             plus, _, _ = loss([t + h * e for t, e in zip(base, direction)])

@@ -163,6 +163,12 @@ def render(run: Run, style: str = "table") -> str:
     out.append(("- " if style == "md" else "") + "floor share: the part of the allowed error that the floor gave "
                "(the rest is factor x the baseline's error); near 1, the verdict rests on the floor alone")
 
+    rows = [[k["summary"]["kernel"], f, str(v["cases"]), str(v["failed"]), fmt(v["usage_max"], ".2f")]
+            for k in run.kernels for f, v in k["summary"].get("by_feature", {}).items()]
+    if any(r[1] != "dense" for r in rows):
+        out.append(_heading("By variant feature (a case counts under each feature it uses)", style))
+        out.append(table(rows, ["kernel", "feature", "cases run", "failed", "err/allowed max"], style))
+
     out.append(_heading("Gradient checks (finite differences of the subject's own forward)", style))
     rows = [[r["kernel"], r["dtype"], str(r["checks"]), str(r["failed"]), fmt(r["rel_err_p50"]),
              fmt(r["rel_err_max"]), fmt(r["allowed"])] for k in run.kernels for r in k["gradcheck"]]

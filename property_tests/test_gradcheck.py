@@ -48,3 +48,18 @@ def test_low_precision_subjects_are_checked_in_their_widest_dtype():
     b = directional(Subject("bf16-only", correct, Capabilities(dtypes=("bf16",))), Case(1, 16, 24, 2, 2, 32, seed=2),
                     torch.device("cpu"))
     assert b.dtype == "bf16" and b.passed, b.reason
+
+
+def test_variant_cases_are_checked_with_their_slopes_and_sinks():
+    """The check calls the subject with the case's ALiBi slopes and sinks, as the case itself does; the
+    sinks' own gradient is judged with the others (dsinks), not here."""
+    g = directional(resolve("sdpa-math"), Case(1, 20, 30, 2, 2, 16, window=(4, 2), softcap=3.0, alibi="head",
+                                               sinks="around", seed=5), torch.device("cpu"))
+    assert g.passed and not g.skipped, g.reason
+
+
+def test_a_forward_without_an_autograd_graph_is_skipped_not_a_crash():
+    def detached(q, k, v, *, causal, softmax_scale):
+        return correct(q, k, v, causal=causal, softmax_scale=softmax_scale).detach()
+    g = directional(Subject("detached", detached, Capabilities()), Case(1, 8, 8, 1, 1, 16), torch.device("cpu"))
+    assert g.skipped and "no autograd graph" in g.reason

@@ -154,8 +154,12 @@ def test_the_fuzz_draws_every_declared_feature_and_counts_them(tmp_path):
     r = cli("fuzz", "--kernel", "sdpa-math", "--iters", "60", "--device", "cpu", "--no-db", "--no-isolate",
             "--dtype", "fp32,bf16", "--json", tmp_path / "run.json")
     assert r.exit_code == 0, r.stdout[-2000:]
-    counted = json.loads((tmp_path / "run.json").read_text())["kernels"][0]["summary"]["features"]
+    summary = json.loads((tmp_path / "run.json").read_text())["kernels"][0]["summary"]
+    counted = summary["features"]
     assert set(FEATURES) <= set(counted) and "cases per feature" in r.stdout + r.stderr
+    assert {f: v["cases"] for f, v in summary["by_feature"].items()} == counted  # none skipped here
+    assert all(v["failed"] == 0 and 0 <= v["usage_max"] <= 1 for v in summary["by_feature"].values())
+    assert "By variant feature" in r.stdout + r.stderr
     r = cli("fuzz", "--kernel", "sdpa-math", "--iters", "20", "--device", "cpu", "--no-db", "--no-isolate",
             "--features", "none", "--json", tmp_path / "dense.json")
     assert r.exit_code == 0
@@ -180,6 +184,8 @@ def test_a_planted_bug_per_feature_is_caught_and_shrunk_to_a_case_that_names_it(
     failures = json.loads((tmp_path / "run.json").read_text())["kernels"][0]["failures"]
     mine = [f for f in failures if f["signature"].startswith(signature)]
     assert mine, [f["signature"] for f in failures]
+    by_feature = json.loads((tmp_path / "run.json").read_text())["kernels"][0]["summary"]["by_feature"]
+    assert by_feature[feature]["failed"] > 0 and by_feature.get("dense", {"failed": 0})["failed"] == 0
     minimal = Case.from_dict(mine[0]["minimal"]["case"])
     assert feature in minimal.features() and minimal.seqlen_q * minimal.seqlen_k <= 16
     control = cli("fuzz", "--kernel", "property_tests.planted:variant_correct", *args)
@@ -224,8 +230,9 @@ def test_conventions_that_are_not_valid_are_refused_when_the_subject_loads(decla
 
 @pytest.mark.slow
 def test_flex_runs_the_variants_it_declares_forward_only_on_the_cpu():
-    """torch's FlexAttention: compiled once for the head dims and dtype, the compile reported as its own
-    phase; on the CPU the forward alone is judged, and each case says so."""
+    """torch's FlexAttention: compiled once per shape on the CPU (and not again for new softcap, slopes or
+    window values), the compile reported as its own phase; the forward alone is judged, and each case
+    says so."""
     if torch.cuda.is_available():
         pytest.skip("the CPU's forward-only path; the GPU runs belong to the GPU tests")
     flex = resolve("flex")
@@ -233,7 +240,7 @@ def test_flex_runs_the_variants_it_declares_forward_only_on_the_cpu():
     results = [evaluate(flex, c, "cpu") for c in (
         Case(1, 40, 24, 2, 1, 32, dtype="bf16", causal=True, window=(5, -1), seed=1),  # rows that see no key
         Case(2, 33, 47, 2, 2, 32, dtype="bf16", softcap=2.0, alibi="batch-head", seed=2),
-        Case(1, 9, 70, 2, 2, 32, dtype="bf16", window=(3, 4), seed=3))]
+        Case(2, 33, 47, 2, 2, 32, dtype="bf16", softcap=7.0, alibi="batch-head", window=(3, 4), seed=3))]
     assert [r.status for r in results] == ["pass"] * 3, [r.reason for r in results]
     assert all(r.reason.startswith("forward only") and set(r.metrics) == {"out"} for r in results)
     assert results[0].phases.get("compile", 0) > 0 and "compile" not in results[2].phases

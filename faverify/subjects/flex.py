@@ -3,7 +3,8 @@ of the variant contract.
 
 Softcap and ALiBi are a score_mod, causal masks and windows a mask_mod and its block mask, bottom-right
 aligned like the rest of faverify. Their parameters live in tensors the mods read, so a new softcap, slope
-or window does not recompile; shapes are dynamic, so a new head dim or dtype is what compiles. On the CPU
+or window does not recompile; on a GPU sizes are dynamic, so a new head dim or dtype is what compiles;
+on the CPU each shape compiles (see _flex's caller for why). On the CPU
 torch compiles FlexAttention for inference only and without lse: the subject runs the forward there under
 no_grad and says so per case; on a GPU it runs forward and backward and returns lse. The first call for
 each (device, dtype, head dims, grad) is counted as compile time, reported apart from the kernel's.
@@ -34,11 +35,16 @@ def _mask_mod(b, h, i, j):
     return (j <= diag + _PARAMS["right"]) & (j >= diag - _PARAMS["left"])
 
 
-def _flex():
-    if "fn" not in _COMPILED:
+def _flex(dynamic: bool):
+    if dynamic not in _COMPILED:
         from torch.nn.attention.flex_attention import flex_attention
-        _COMPILED["fn"] = torch.compile(flex_attention, dynamic=True)
-    return _COMPILED["fn"]
+        # every case may compile anew (static shapes on the CPU): past dynamo's limit of 8 it would fall
+        # back to running FlexAttention eagerly, which is not the kernel under test
+        for limit in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, limit):
+                setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 1 << 16))
+        _COMPILED[dynamic] = torch.compile(flex_attention, dynamic=dynamic)
+    return _COMPILED[dynamic]
 
 
 def flex(q, k, v, *, causal: bool, softmax_scale, window_size=None, softcap=None, alibi_slopes=None):
@@ -58,10 +64,12 @@ def flex(q, k, v, *, causal: bool, softmax_scale, window_size=None, softcap=None
     block_mask = create_block_mask(_mask_mod, None, None, sq, sk, device=dev)
     cpu = dev.type == "cpu"
     qt, kt, vt = (t.transpose(1, 2).detach() if cpu else t.transpose(1, 2) for t in (q, k, v))
-    key = (dev.type, q.dtype, d, v.shape[-1], not cpu and q.requires_grad)
+    # Dynamic sizes on the GPU; static on the CPU, where inductor's C++ template for fp16 with symbolic
+    # sizes fails to compile ("cur_kvSplitSize9 was not declared", torch 2.13; docs/torch-backends.md)
+    key = (dev.type, q.dtype, d, v.shape[-1], not cpu and q.requires_grad) + ((b, h, sq, sk) if cpu else ())
     start = time.perf_counter()
     with torch.no_grad() if cpu else torch.enable_grad():
-        result = _flex()(qt, kt, vt, score_mod=_score_mod, block_mask=block_mask, scale=softmax_scale,
+        result = _flex(not cpu)(qt, kt, vt, score_mod=_score_mod, block_mask=block_mask, scale=softmax_scale,
                          enable_gqa=kt.shape[1] != qt.shape[1], return_lse=not cpu)
     if key not in _SEEN:  # this call compiled: its time is the compiler's, not the kernel's
         if dev.type == "cuda":
