@@ -148,8 +148,10 @@ def variant_keywords(case: Case, extras: dict) -> dict:
         kwargs["window_size"] = case.window
     if "softcap" in used:
         kwargs["softcap"] = case.softcap
-    for name in ("alibi_slopes", "sinks"):
-        if name in extras:
+    for feature, name in (("alibi", "alibi_slopes"), ("sinks", "sinks")):
+        if feature in used:
+            if name not in extras:  # faverify's own mistake: the case would run without its slopes or sinks
+                raise KeyError(f"the case uses {feature} but its {name} were not passed (Inputs.extras())")
             kwargs[name] = extras[name]
     return kwargs
 
