@@ -96,8 +96,31 @@ def failure_block(f: Failure, style: str) -> str:
     return "\n\n".join(parts) if style == "md" else "\n".join(parts)
 
 
+def verdict_lines(run: Run, style: str) -> list:
+    """What a reviewer reads first: PASS or FAIL in one line, and for a failure the first one's minimal
+    case in words and its reproducer."""
+    kernels = ", ".join(k["summary"]["kernel"] for k in run.kernels)
+    interrupted = " (interrupted)" if run.settings.get("interrupted") else ""
+    failures = run.failures()
+    bold = (lambda t: f"**{t}**") if style == "md" else (lambda t: t)
+    if not failures and not run.failed:
+        if run.ran == 0:
+            return [f"{bold('NOTHING RAN')}: every case of {kernels} was skipped{interrupted}"]
+        return [f"{bold('PASS')}: {run.ran} cases of {kernels} within tolerance of the FP64 reference{interrupted}"]
+    if not failures:
+        return [f"{bold('FAIL')}: {kernels}{interrupted}; no failure was recorded with its case"]
+    first = failures[0]
+    distinct = f"{len(failures)} distinct failure" + ("s" if len(failures) > 1 else "")
+    code = (lambda t: f"`{t}`") if style == "md" else (lambda t: t)
+    return [f"{bold('FAIL')}: {distinct} ({', '.join(f.signature for f in failures[:4])}"
+            f"{', ...' if len(failures) > 4 else ''}){interrupted}; the first, {first.kernel} {first.signature}, "
+            f"on {first.minimal.case.short()}",
+            f"reproduce: {code(first.reproducer)}"]
+
+
 def render(run: Run, style: str = "table") -> str:
-    out = [_heading("faverify " + run.command, style, 1)]
+    out = ["\n".join(verdict_lines(run, style)) if style == "table" else "  \n".join(verdict_lines(run, style)),
+           _heading("faverify " + run.command, style, 1)]
     env = header_lines(run.environment)
     out.append("\n".join(("- " + line) if style == "md" else line for line in env))
     settings = ", ".join(f"{k}={v}" for k, v in run.settings.items())

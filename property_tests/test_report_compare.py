@@ -31,6 +31,18 @@ def test_report_renders_markdown_and_tables(runs):
     assert table.exit_code == 0 and "faverify repro --kernel property_tests.planted:top_left_mask" in table.stdout
 
 
+def test_the_report_starts_with_the_verdict_and_the_first_failures_reproducer(runs, tmp_path):
+    bad = cli("report", runs / "bad.json", "--format", "md").stdout.splitlines()
+    assert bad[0].startswith("**FAIL**: ") and "distinct failure" in bad[0] and "top_left_mask" in bad[0]
+    assert " sq" in bad[0] and " sk" in bad[0]  # the minimal case in words
+    assert bad[1].startswith("reproduce: `faverify repro --kernel property_tests.planted:top_left_mask")
+    good = cli("report", runs / "good.json").stdout.splitlines()
+    assert good[0] == "PASS: 40 cases of sdpa-math within tolerance of the FP64 reference"
+    cli("fuzz", "--kernel", "property_tests.planted:declines_fp32", "--dtype", "fp32", "--iters", "3", "--device",
+        "cpu", "--no-db", "--no-isolate", "--json", tmp_path / "none.json")
+    assert cli("report", tmp_path / "none.json").stdout.startswith("NOTHING RAN: every case of")
+
+
 def test_the_report_splits_the_allowed_error_into_floor_and_baseline(runs):
     data = json.loads((runs / "bad.json").read_text())
     rows = data["kernels"][0]["stats"]
@@ -38,7 +50,7 @@ def test_the_report_splits_the_allowed_error_into_floor_and_baseline(runs):
     minimal = data["kernels"][0]["failures"][0]["minimal"]["metrics"]["out"]
     assert 0 < minimal["floor"] <= minimal["allowed"]
     text = cli("report", runs / "bad.json").stdout
-    assert "floor share p50" in text and "floor share" in text.split("reproduce:")[0]
+    assert "floor share p50" in text and "floor share" in text.split("== Failures")[1]  # the failure's table
 
 
 def _as_version_1(data: dict) -> dict:
