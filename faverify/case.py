@@ -13,8 +13,12 @@ from dataclasses import dataclass
 from faverify.errors import UsageError
 
 DTYPES = ("bf16", "fp16", "fp32")
-REGIMES = ("normal", "large", "bf16-scale", "outliers", "constant", "peaked", "tiny")
-LAYOUTS = ("contiguous", "transposed", "strided", "packed")
+# inputs.py draws each; "negative" and "lone-key" make rows whose every logit is far below zero (the bugs of
+# kernels with a finite -inf sentinel, or that take exp of an lse in fp32)
+REGIMES = ("normal", "large", "bf16-scale", "outliers", "constant", "peaked", "tiny", "negative", "lone-key")
+# "broadcast": k and v expanded over batch and kv heads (stride 0); "spread": every stride of q, k, v
+# twice or more the contiguous one
+LAYOUTS = ("contiguous", "transposed", "strided", "packed", "broadcast", "spread")
 INITS = ("-inf", "-1e30")
 MAX_HEAD_DIM = 256
 MAX_HEAD_DIM_V = 512  # MLA's value head dim (576/512 for q/k and v)

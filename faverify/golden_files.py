@@ -77,6 +77,15 @@ CASES = {
     "seed-3-fp16": _c(1, 255, 257, 1, 1, 32, "fp16", seed=3),
     "seqlen-2": _c(1, 2, 2, 1, 1, 16, "bf16", True),
     "seqlen-q1-causal": _c(1, 1, 113, 2, 2, 64, "fp16", True),
+    # the trackers' dense triggers: rows far below zero, lone keys, stride-0 and spread layouts, tail tiles
+    "negative-rows-1e6-bf16": _c(1, 64, 80, 2, 1, 64, "bf16", regime="negative", seed=9),
+    "negative-rows-100-fp16-causal": _c(1, 80, 64, 2, 2, 32, "fp16", True, regime="negative", seed=2),
+    "lone-key-causal": _c(1, 40, 17, 2, 1, 32, "fp16", True, regime="lone-key"),
+    "lone-key-window-0": _c(1, 33, 33, 1, 1, 64, regime="lone-key", window=(0, 0)),
+    "broadcast-kv-33": _c(2, 65, 33, 4, 2, 32, "bf16", True, layout="broadcast"),
+    "spread": _c(1, 64, 96, 2, 2, 64, "fp16", layout="spread"),
+    "one-key-129-rows": _c(1, 129, 1, 2, 1, 64, "bf16"),
+    "tail-192-causal": _c(1, 192, 192, 1, 1, 64, "fp16", True),
     # variants, at their edges
     "window-0": _c(1, 40, 40, 2, 2, 32, window=(0, 0)),
     "window-left-masked-rows": _c(1, 90, 40, 2, 1, 32, "fp16", window=(7, 0)),

@@ -25,6 +25,12 @@ FP16_SCALE_VALUE = 32768.0  # 133120 overflows fp16; 2^15 is the same idea withi
 OUTLIER_SIGMA, OUTLIER_RATE = 10.0, 0.001  # N(0,1) + N(0,100)*Bernoulli(0.001), as in the FA3 paper
 TINY_SIGMA = 2.0**-10
 PEAK_GAIN = 4.0  # dominant logit about PEAK_GAIN*sqrt(d) above the rest, about PEAK_GAIN*20 at d=32..256
+# "negative": the row maxima drawn, past exp's fp32 range (-88.7, where exp(lse) underflows), FlashInfer's
+# finite -inf sentinel (-5e4) and beyond
+NEGATIVE_MAXIMA = (-1e2, -1e3, -6e4, -1e6)
+KEY_SHIFT = 8.0  # every key gets this many units along one direction u, so q = -c u scores all of them < 0
+LONE_KEY_SCORE = -5e5  # "lone-key": the one key a row sees scores this
+FP16_LIMIT = 6e4  # the extreme regimes clamp fp16 values below its largest finite value (65504)
 
 
 @dataclass
@@ -71,7 +77,7 @@ def lay_out(case: Case, values: Inputs, *, requires_grad: bool = False) -> Input
     stored inputs of golden files)."""
     q, k, v = _lay_out(case, values.q, values.k, values.v, requires_grad)
     dout = values.dout
-    if case.layout == "transposed":
+    if case.layout == "transposed":  # dO from a transpose as well, as callers' gradients often are
         dout = dout.transpose(1, 2).contiguous().transpose(1, 2)
     sinks = values.sinks
     if sinks is not None:
@@ -93,6 +99,8 @@ def draw_values(case: Case, device: torch.device) -> tuple[torch.Tensor, ...]:
         q, k, v, dout = normal(b, sq, h, d), normal(b, sk, hk, d), normal(b, sk, hk, d), normal(b, sq, h, d)
     else:
         q, k, v, dout = normal(b, sq, h, d), normal(b, sk, hk, d), normal(b, sk, hk, dv), normal(b, sq, h, dv)
+    if case.layout == "broadcast":  # before the regimes, so those that relate q to k see the keys laid out
+        k, v = _broadcast(k), _broadcast(v)
     regime = case.regime
     if regime == "large":
         q, k = q * LARGE_SIGMA, k * LARGE_SIGMA
@@ -108,7 +116,61 @@ def draw_values(case: Case, device: torch.device) -> tuple[torch.Tensor, ...]:
         q = _peaked_queries(case, q, k, g)
     elif regime == "tiny":
         q, k, v, dout = (t * TINY_SIGMA for t in (q, k, v, dout))
+    elif regime == "negative":
+        q, k = _negative_rows(case, q, k, g)
+    elif regime == "lone-key":
+        q, k = _lone_keys(case, q, k)
+    if case.layout == "broadcast":  # again: "outliers" draws per element
+        k, v = _broadcast(k), _broadcast(v)
     return q, k, v, dout, _alibi_slopes(case, g, device), _sinks(case, q, k, g, device)
+
+
+def _broadcast(t: torch.Tensor) -> torch.Tensor:
+    """The first batch element's first kv head, everywhere: what a stride-0 expand over both shows."""
+    return t[:1, :, :1].expand_as(t)
+
+
+def _in_range(case: Case, *tensors: torch.Tensor) -> tuple:
+    if case.dtype != "fp16":
+        return tensors
+    return tuple(t.clamp(-FP16_LIMIT, FP16_LIMIT) for t in tensors)
+
+
+def _negative_rows(case: Case, q: torch.Tensor, k: torch.Tensor, g: torch.Generator):
+    """Half the query rows (drawn per batch, row and head) score every key far below zero: every key is
+    shifted along one unit direction u (k + KEY_SHIFT u, so each projects on u by KEY_SHIFT +- 4) and those
+    rows' queries are -c u, a row maximum about NEGATIVE_MAXIMA[seed's pick]; the other rows keep their
+    draw. The magnitude is split between q and k so fp16 holds both."""
+    b, sq, h, d = q.shape
+    target = NEGATIVE_MAXIMA[int(torch.randint(len(NEGATIVE_MAXIMA), (1,), generator=g, device=q.device))]
+    u = torch.randn(d, generator=g, device=q.device)
+    u = u / u.norm().clamp(min=1e-6)
+    product = abs(target) / (KEY_SHIFT * 0.625 * case.scale)  # c * gain: the row max is about -scale*c*gain*5
+    gain = max(1.0, math.sqrt(product / (KEY_SHIFT + 4)))  # |k| elements reach about gain * 12, q's c
+    k = gain * (k + KEY_SHIFT * u)
+    rows = torch.rand(b, sq, h, 1, generator=g, device=q.device) < 0.5
+    q = torch.where(rows, (-product / gain) * u, q)
+    return _in_range(case, q, k)
+
+
+def _lone_keys(case: Case, q: torch.Tensor, k: torch.Tensor):
+    """Each row that sees exactly one key (causal with seqlen_q >= seqlen_k, windows of width 0, under the
+    default bottom-right alignment) gets the query that scores it LONE_KEY_SCORE: the row's out must be
+    that key's value and its lse that score. Keys are scaled so q and k share the magnitude."""
+    sq, d = case.seqlen_q, case.head_dim
+    k = k * math.sqrt(abs(LONE_KEY_SCORE) / (case.scale * d))
+    left, right = case.bounds
+    rows = [i for i in range(sq) if case.visible_keys(i) == 1]
+    if not rows or case.seqlen_k == 0:
+        return _in_range(case, q, k)
+    diag = [i + case.seqlen_k - sq for i in rows]
+    first = torch.tensor([max(0, j - left) if left is not None else 0 for j in diag], device=q.device)
+    kv_head = torch.arange(case.nheads, device=q.device) // case.group
+    key = k[:, first][:, :, kv_head]  # [b, rows, h, d]
+    alpha = abs(LONE_KEY_SCORE) / (case.scale * (key * key).sum(-1, keepdim=True).clamp(min=1e-12))
+    q = q.clone()
+    q[:, torch.tensor(rows, device=q.device)] = -alpha * key
+    return _in_range(case, q, k)
 
 
 def _alibi_slopes(case: Case, g: torch.Generator, device: torch.device) -> torch.Tensor | None:
@@ -181,6 +243,18 @@ def _lay_out(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, requ
             store = torch.full((*t.shape[:-1], width + 8), float("nan"), dtype=t.dtype, device=t.device)
             store[..., :width] = t
             out.append(_margined(store, requires_grad)[..., :width])
+        return out
+    if layout == "broadcast":  # k and v: one [1, sk, 1, d] store expanded, strides 0 over batch and kv heads
+        return [_margined(q, requires_grad)] + [_margined(t[:1, :, :1].contiguous(), requires_grad).expand(t.shape)
+                                                for t in (k, v)]
+    if layout == "spread":
+        # each stride at least twice the contiguous one (the cuDNN frontend's probe), the gaps NaN
+        out = []
+        for t in (q, k, v):
+            b, s, n, width = t.shape
+            store = torch.full((b, 2 * s, 2 * n, 2 * (-(-width // 8) * 8)), float("nan"), dtype=t.dtype, device=t.device)
+            store[:, ::2, ::2, :width] = t
+            out.append(_margined(store, requires_grad)[:, ::2, ::2, :width])
         return out
     # packed: one buffer, as a fused QKV projection produces it
     if case.dv != d:  # v is narrower or wider: only q and k share a buffer (MLA projects them together)

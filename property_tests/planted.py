@@ -7,7 +7,9 @@ import math
 import torch
 
 
-def _attention(q, k, v, *, causal, scale, mask_top_left=False, accumulate=None, weights=None):
+def _scores(q, k, v, *, causal, scale, mask_top_left=False):
+    """q, k, v as fp32 [b, h, s, d] (k and v repeated over the query heads of their group) and the scaled,
+    masked logits [b, h, sq, sk]."""
     b, sq, h, d = q.shape
     scale = d ** -0.5 if scale is None else scale
     sk, hk = k.shape[1], k.shape[2]
@@ -19,6 +21,12 @@ def _attention(q, k, v, *, causal, scale, mask_top_left=False, accumulate=None, 
         i = torch.arange(sq, device=q.device)[:, None]
         j = torch.arange(sk, device=q.device)[None, :]
         s = s.masked_fill(j > i if mask_top_left else j > i + sk - sq, float("-inf"))
+    return qt, kt, vt, s
+
+
+def _attention(q, k, v, *, causal, scale, mask_top_left=False, accumulate=None, weights=None):
+    b, sq, h, d = q.shape
+    qt, kt, vt, s = _scores(q, k, v, causal=causal, scale=scale, mask_top_left=mask_top_left)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)
     if weights is not None:  # the attention weights rounded to another dtype before P @ V
         p = p.to(weights).float()
@@ -336,3 +344,94 @@ def nondeterministic(q, k, v, *, causal, softmax_scale):
         nudged = (out.detach().contiguous().view(bits) + 1).view(out.dtype)
         out = out + torch.where(out != 0, nudged - out.detach(), torch.zeros_like(out))
     return out
+
+
+# Dense bugs from the trackers, each caught only by the regime or layout made for it (case.REGIMES, LAYOUTS).
+
+FINITE_SENTINEL = -5e4  # FlashInfer's math::inf stands for -inf
+
+
+def finite_sentinel(q, k, v, *, causal, softmax_scale):
+    """Starts the running max at a finite -inf (-5e4) and never lets it fall below: a row whose every logit
+    is below that gets exp(s - m) = 0 for every key, and out 0."""
+    qt, kt, vt, s = _scores(q, k, v, causal=causal, scale=softmax_scale)
+    m = s.amax(dim=-1, keepdim=True).clamp(min=FINITE_SENTINEL)
+    p = torch.exp(s - m)
+    denom = p.sum(dim=-1, keepdim=True)
+    o = torch.where(denom > 0, (p @ vt) / denom.clamp(min=1e-30), torch.zeros_like(p @ vt))
+    return o.transpose(1, 2).to(q.dtype)
+
+
+class _ExpOfLse(torch.autograd.Function):
+    """Right forward; the backward recomputes P as exp(s - c) / exp(lse - c) with c = max(lse, 0): guarded
+    against overflow, not against underflow, so a row with lse < -88.7 (exp underflows in fp32) gets 0 / 0."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        qt, kt, vt, s = _scores(q, k, v, causal=causal, scale=scale)
+        lse = torch.logsumexp(s, dim=-1)
+        out = torch.exp(s - lse[..., None]).nan_to_num(0.0) @ vt
+        ctx.save_for_backward(q, k, v, lse)
+        ctx.causal, ctx.scale = causal, scale
+        return out.transpose(1, 2).to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, lse = ctx.saved_tensors
+        b, sq, h, d = q.shape
+        hk = k.shape[2]
+        scale = d ** -0.5 if ctx.scale is None else ctx.scale
+        qt, kt, vt, s = _scores(q, k, v, causal=ctx.causal, scale=ctx.scale)
+        c = lse.clamp(min=0)[..., None]
+        p = torch.exp(s - c) / torch.exp(lse[..., None] - c)
+        p = torch.where(torch.isneginf(lse)[..., None], torch.zeros_like(p), p)  # rows that see no key
+        do = dout.transpose(1, 2).float()
+        dp = do @ vt.transpose(-1, -2)
+        ds = p * (dp - (p * dp).sum(dim=-1, keepdim=True))
+        dq = ds @ kt * scale
+        dk, dv = (ds.transpose(-1, -2) @ qt * scale), p.transpose(-1, -2) @ do
+
+        def per_kv_head(t):
+            return t.reshape(b, hk, h // hk, *t.shape[2:]).sum(2).transpose(1, 2).to(k.dtype)
+        return dq.transpose(1, 2).to(q.dtype), per_kv_head(dk), per_kv_head(dv), None, None
+
+
+def exp_of_lse(q, k, v, *, causal, softmax_scale):
+    """Its backward takes exp of a row's lse in fp32 (cudnn-frontend#1072): NaN gradients where lse < -88.7."""
+    return _ExpOfLse.apply(q, k, v, causal, softmax_scale)
+
+
+def _contiguous_strides(shape) -> list:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return strides[::-1]
+
+
+def zero_stride_as_unset(q, k, v, *, causal, softmax_scale):
+    """Takes a stride of 0 for "not given" and reads that axis of k and v as if they were contiguous: an
+    expand over batch or heads is read from memory past the one copy there is."""
+    def restrided(t):
+        strides = [s or c for s, c in zip(t.stride(), _contiguous_strides(t.shape))]
+        return torch.as_strided(t.detach(), t.shape, strides, t.storage_offset())
+    return correct(q.detach(), restrided(k), restrided(v), causal=causal, softmax_scale=softmax_scale)
+
+
+zero_stride_as_unset.faverify_capabilities = {"backward": False}
+
+
+class _ReadsIncomingGradContiguous(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out):
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, dout):
+        return torch.as_strided(dout, dout.shape, _contiguous_strides(dout.shape), dout.storage_offset()).clone()
+
+
+def reads_dout_contiguous(q, k, v, *, causal, softmax_scale):
+    """Right forward; the backward reads dO's memory as if it were contiguous (diffusers#9768: dO from a
+    transpose)."""
+    return _ReadsIncomingGradContiguous.apply(correct(q, k, v, causal=causal, softmax_scale=softmax_scale))

@@ -10,6 +10,7 @@ from faverify.cli.app import app
 from faverify.cli.common import (AtolOpt, TightOpt, DeviceOpt, FactorOpt, Mode, TimeoutOpt, check_shrink_budget,
                                  check_timeout, check_writable, progress_bar, progress_factory, say,
                                  tolerance_from)
+from faverify.case import LAYOUTS, REGIMES
 from faverify.errors import EnvironmentProblem, UsageError
 from faverify.signals import held, sigterm_interrupts
 
@@ -29,6 +30,10 @@ def fuzz(
     features: Annotated[Optional[str], typer.Option(help="Variant features drawn, comma separated: window, softcap, "
                                                          "alibi, sinks, head_dim_v, or none (dense only); "
                                                          "default: every feature the kernel declares")] = None,
+    regimes: Annotated[Optional[str], typer.Option(help="Value regimes drawn, comma separated (faverify.case.REGIMES), "
+                                                        "or each with a leading - to draw all but those")] = None,
+    layouts: Annotated[Optional[str], typer.Option(help="Memory layouts drawn, comma separated "
+                                                        "(faverify.case.LAYOUTS), or all but those given with -")] = None,
     repeat: Annotated[int, typer.Option(help="Run each case N times; outputs that differ in any bit fail it "
                                              "(\"nondeterministic\")")] = 1,
     factor: FactorOpt = None,
@@ -76,6 +81,8 @@ def fuzz(
     dtypes = parse_dtypes(dtype)
     tolerance = tolerance_from(factor, atol, tight)
     wanted = parse_features(features)
+    narrow = {name: parse_choice(text, allowed, f"--{name}") for name, text, allowed
+              in (("regimes", regimes, REGIMES), ("layouts", layouts, LAYOUTS)) if text is not None}
     subjects = resolve_many(kernel)  # unknown kernels fail here, before any work
     targets = devices.resolve(device)
     if workers is None:
@@ -83,10 +90,12 @@ def fuzz(
     if not isolate and (workers > 1 or len(targets) > 1):
         raise UsageError("--no-isolate", True, "runs in this process: one device and one worker only")
     plan = FuzzPlan(iters=iters, seed=seed, dtypes=dtypes, limits=limits_for(targets[0].type, max_seqlen),
-                    database=None if no_db else db, gradcheck_every=gradcheck_every, shrink_budget=shrink_budget)
+                    database=None if no_db else db, gradcheck_every=gradcheck_every, shrink_budget=shrink_budget,
+                    narrow=narrow or None)
     command = (f"fuzz --kernel {kernel} --iters {iters} --seed {seed} --dtype {','.join(dtypes)} "
                f"--mode {mode.value} --device {device}" + (f" --max-seqlen {max_seqlen}" if max_seqlen else "")
-               + (f" --features {features}" if features else "") + (f" --repeat {repeat}" if repeat > 1 else ""))
+               + (f" --features {features}" if features else "")
+               + (f" --regimes {regimes}" if regimes else "") + (f" --layouts {layouts}" if layouts else "") + (f" --repeat {repeat}" if repeat > 1 else ""))
     with progress_bar() as progress, sigterm_interrupts():
         result = run([s.name for s in subjects], plan, targets, mode=mode.value, tolerance=tolerance,
                      command=command, workers=workers, isolate=isolate, timeout=timeout,
@@ -113,6 +122,24 @@ def parse_features(text: Optional[str]) -> tuple | None:
         if n not in FEATURES:
             raise UsageError("--features", n, f"each feature must be one of {', '.join(FEATURES)} (or none alone)")
     return tuple(f for f in FEATURES if f in names)
+
+
+def parse_choice(text: str, allowed: tuple, argument: str) -> tuple:
+    """A comma-separated subset of `allowed`, or with every name prefixed by -, all of allowed but those."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UsageError(argument, text, f"give some of {', '.join(allowed)}, or -NAME to leave one out")
+    excluded = [n.startswith("-") for n in names]
+    if any(excluded) and not all(excluded):
+        raise UsageError(argument, text, "either list what to draw or, each with a leading -, what to leave out")
+    bare = [n.lstrip("-") for n in names]
+    for n in bare:
+        if n not in allowed:
+            raise UsageError(argument, n, f"each must be one of {', '.join(allowed)}")
+    chosen = tuple(a for a in allowed if (a not in bare) == all(excluded))
+    if not chosen:
+        raise UsageError(argument, text, "leaves nothing to draw")
+    return chosen
 
 
 def _write_outputs(result, json_path: Optional[Path], markdown: Optional[Path]) -> None:
