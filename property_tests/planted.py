@@ -26,6 +26,7 @@ def _scores(q, k, v, *, causal, scale, mask_top_left=False):
 
 def _attention(q, k, v, *, causal, scale, mask_top_left=False, accumulate=None, weights=None):
     b, sq, h, d = q.shape
+    sk = k.shape[1]
     qt, kt, vt, s = _scores(q, k, v, causal=causal, scale=scale, mask_top_left=mask_top_left)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)
     if weights is not None:  # the attention weights rounded to another dtype before P @ V
