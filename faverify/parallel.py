@@ -48,7 +48,8 @@ def draw_cases(plan: FuzzPlan) -> list:
 def stream_cases(plan: FuzzPlan):
     """draw_cases as they come: Hypothesis draws in a thread of its own (about 1.5 ms a case, 15 s for
     10000) while the workers already evaluate the first ones, or compile during a warm-up. The same
-    cases in the same order. If the consumer stops early the thread finishes its draw unheard."""
+    cases in the same order. If the consumer stops early (an interrupt) the draw stops at its next case:
+    left drawing, it would hold the interpreter's lock while the run stops its workers and writes."""
     import queue
     import threading
 
@@ -56,13 +57,16 @@ def stream_cases(plan: FuzzPlan):
     done, stopped = object(), threading.Event()
 
     def keep(case: Case) -> None:
-        if not stopped.is_set():
-            q.put(case)
+        if stopped.is_set():
+            raise _Abandoned  # a BaseException: Hypothesis lets it through at once, without shrinking
+        q.put(case)
 
     def draw() -> None:
         try:
             _draw(plan, keep)
             q.put(done)
+        except _Abandoned:
+            pass
         except BaseException as e:  # handed to the consumer
             q.put(e)
 
@@ -77,6 +81,10 @@ def stream_cases(plan: FuzzPlan):
             yield item
     finally:
         stopped.set()
+
+
+class _Abandoned(BaseException):
+    """Ends a draw nobody reads any more."""
 
 
 def shrink_by_replay(plan: FuzzPlan, index: int, first: CaseResult, signature: str, evaluate: Evaluate):

@@ -183,6 +183,34 @@ def test_a_signal_while_the_workers_stop_loses_nothing(tmp_path, monkeypatch):
     assert r.exit_code == 1 and "== Failures" in r.stderr  # the failures found, reported as usual
 
 
+def test_sigterm_to_the_process_group_stops_a_long_parallel_fuzz_within_seconds(tmp_path):
+    """As `timeout` sends it: to the CLI and its workers at once, while the seed's draw has far to go. The
+    draw stops with the consumer (left drawing, it holds the interpreter's lock) and the CLI leaves
+    without the interpreter's teardown once its results are written."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run.json"
+    p = subprocess.Popen([sys.executable, "-m", "faverify", "fuzz", "--kernel", "sdpa-math", "--iters", "100000",
+                          "--device", "cpu", "--workers", "2", "--no-db", "--json", str(out)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, text=True)
+    time.sleep(15)  # the workers start and run cases
+    os.killpg(p.pid, signal.SIGTERM)
+    start = time.monotonic()
+    try:
+        _, err = p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert time.monotonic() - start < 10, "the fuzz took more than 10 s to stop"
+    assert p.returncode == 2 and "the results so far were written" in err, err[-2000:]
+    run = read_json(out)
+    assert run["settings"]["interrupted"] is True and 0 < run["kernels"][0]["summary"]["cases"] < 100000
+
+
 def test_held_signals_are_recorded_not_raised():
     import os
     import signal

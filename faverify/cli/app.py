@@ -42,6 +42,11 @@ class _Group(TyperGroup):
         return code
 
 
+# Set by a command that was interrupted and has written its results: the console entry point
+# (cli.main) then leaves without the interpreter's teardown.
+INTERRUPTED_RUN = {"set": False}
+
+
 _NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2 only
 _ABORT = getattr(click.exceptions, "Abort", ())  # typer's vendored click turns Ctrl-C into Exit(130)
 

@@ -152,6 +152,8 @@ def _write_outputs(result, json_path: Optional[Path], markdown: Optional[Path]) 
 
 
 def _exit_code(result) -> int:
+    from faverify.cli.app import INTERRUPTED_RUN
+    INTERRUPTED_RUN["set"] = bool(result.settings.get("interrupted"))
     if result.settings.get("interrupted") and not result.failed:
         raise EnvironmentProblem(f"interrupted after {result.ran} cases with no failure; the results so far "
                                  "were written")
