@@ -130,3 +130,28 @@ def ratios(rows: list) -> list:
                 mine, theirs = r.get(f"{mode}_tflops"), b.get(f"{mode}_tflops") if b else None
                 r[f"{mode}_vs_{base}"] = mine / theirs if mine and theirs else math.nan
     return rows
+
+
+HEADERS = ["kernel", "dtype", "d", "causal", "seqlen", "fwd TF/s", "vs flash", "vs cudnn", "bwd TF/s", "vs flash",
+           "vs cudnn", "FP64 check", "tiles / note"]
+
+
+def table_rows(rows: list) -> list:
+    from faverify.report import fmt
+    return [[r["kernel"], r["dtype"], str(r["head_dim"]), "yes" if r["causal"] else "no", str(r["seqlen"]),
+             fmt(r.get("fwd_tflops"), ".1f"), fmt(r.get("fwd_vs_sdpa-flash"), ".2f"), fmt(r.get("fwd_vs_sdpa-cudnn"), ".2f"),
+             fmt(r.get("bwd_tflops"), ".1f"), fmt(r.get("bwd_vs_sdpa-flash"), ".2f"), fmt(r.get("bwd_vs_sdpa-cudnn"), ".2f"),
+             r["validated"], " ".join(f"{k}:{v}" for k, v in r.get("tiles", {}).items()) or r.get("note", "")]
+            for r in rows]
+
+
+def markdown(rows: list, command: str, environment: list, interrupted: bool = False) -> str:
+    """The bench as a pull-request comment: what ran where, the table, and TF/s against seqlen per shape."""
+    from faverify.charts import tflops_charts
+    from faverify.report import table
+    failed = [r for r in rows if r["validated"] == "fail"]
+    verdict = ("**FAIL**: " + f"{len(failed)} configuration(s) failed the FP64 check first") if failed else \
+        f"**{len(rows)} measurements**, each configuration checked against FP64 first"
+    parts = [verdict + (" (interrupted)" if interrupted else ""), f"# faverify {command}",
+             "\n".join("- " + line for line in environment), table(table_rows(rows), HEADERS, "md")]
+    return "\n\n".join(parts + tflops_charts(rows)) + "\n"

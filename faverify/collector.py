@@ -52,7 +52,7 @@ class KernelStats:
     kernel: str
     counts: Counter = field(default_factory=Counter)  # status -> cases
     skipped: Counter = field(default_factory=Counter)  # reason -> cases
-    series: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(list)))  # (dtype, tensor) -> stat -> values
+    series: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(list)))  # (dtype, tensor, outcome) -> stat -> values
     gradchecks: dict = field(default_factory=lambda: defaultdict(list))  # dtype used -> GradCheck dicts
     failures: list = field(default_factory=list)
     per_device: Counter = field(default_factory=Counter)
@@ -103,11 +103,12 @@ class KernelStats:
             self.skipped[r.reason] += 1
         elif r.status == "pass" and r.reason:  # passed on less than was asked (runner.FORWARD_ONLY)
             self.partial[r.reason] += 1
+        outcome = "failing" if r.failed else "passing"  # apart: the good cases' margin is not hidden by the bad
         for t, m in r.metrics.items():
-            s = self.series[(r.case.dtype, t)]
+            s = self.series[(r.case.dtype, t, outcome)]
             s["cases"].append(1)
             if not m.waived:  # an ill-conditioned case's errors mean nothing: counted as waived only
-                for stat in ("max_abs", "mean_abs", "rmse", "max_rel", "max_ulp", "ratio"):
+                for stat in ("max_abs", "mean_abs", "rmse", "max_rel", "max_ulp", "ratio", "ref_max"):
                     s[stat].append(getattr(m, stat))
                 s["usage"].append(m.max_abs / m.allowed if m.allowed > 0 else 0.0)
                 s["floor_share"].append(m.floor / m.allowed if m.allowed > 0 else 1.0)
@@ -134,7 +135,8 @@ class KernelStats:
 
     def stat_rows(self) -> list:
         rows = []
-        for (dtype, tensor), s in sorted(self.series.items(), key=lambda kv: (kv[0][0], _ORDER[kv[0][1]])):
+        for (dtype, tensor, outcome), s in sorted(self.series.items(),
+                                                  key=lambda kv: (kv[0][2] == "failing", kv[0][0], _ORDER[kv[0][1]])):
             finite = [x for x in s["ratio"] if x == x]  # drop NaN (baseline non-finite)
             usage = [x for x in s["usage"] if x == x]
             floor_share = [x for x in s["floor_share"] if x == x]
@@ -143,14 +145,15 @@ class KernelStats:
             def top(stat):
                 return max(s[stat]) if judged else float("nan")
             rows.append({
-                "kernel": self.kernel, "dtype": dtype, "tensor": tensor, "cases": len(s["cases"]),
+                "kernel": self.kernel, "dtype": dtype, "tensor": tensor, "outcome": outcome, "cases": len(s["cases"]),
                 "failed": sum(s["failed"]), "waived": sum(s["waived"]), "max_abs": top("max_abs"),
                 "mean_abs": sum(s["mean_abs"]) / judged if judged else float("nan"), "rmse_max": top("rmse"),
                 "max_rel": top("max_rel"), "max_ulp": top("max_ulp"),
                 "nan": sum(s["nan"]), "inf": sum(s["inf"]),
                 "ratio_p50": _quantile(finite, 0.5), "ratio_p99": _quantile(finite, 0.99),
                 "ratio_max": max(finite) if finite else float("nan"),
-                "usage_max": max(usage) if usage else float("nan"),
+                "usage_p50": _quantile(usage, 0.5), "usage_p99": _quantile(usage, 0.99),
+                "usage_max": max(usage) if usage else float("nan"), "ref_max": top("ref_max"),
                 "floor_share_p50": _quantile(floor_share, 0.5),
             })
         return rows

@@ -98,9 +98,13 @@ def header_lines(env: dict) -> list:
     flags = ", ".join(f"{k}={v}" for k, v in env.get("torch_flags", {}).items())
     return [
         f"platform: {env.get('os')}, python {env.get('python')}",
-        f"torch {env.get('torch')} (CUDA {env.get('torch_cuda')}), triton {env.get('triton')}, "
+        f"torch {env.get('torch')} ({_cuda_build(env.get('torch_cuda'))}), triton {env.get('triton')}, "
         f"hypothesis {env.get('hypothesis')}, driver {env.get('driver', '?')}, nvcc {env.get('nvcc', '?')}",
         f"GPUs: {gpu}",
         f"numerics variables: {variables}",
         f"torch flags: {flags}",
     ]
+
+
+def _cuda_build(version) -> str:
+    return "a CPU build, no CUDA" if version in (None, "cpu build") else f"built for CUDA {version}"

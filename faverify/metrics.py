@@ -21,13 +21,14 @@ class TensorMetrics:
     max_abs: float
     mean_abs: float
     rmse: float
-    max_rel: float  # max_abs / max|ref|
-    max_ulp: float  # in the tensor's own dtype, against the reference rounded to it (see _max_ulp)
+    max_rel: float  # max_abs / max(max|ref|, scale)
+    ref_max: float  # max|ref|: what the absolute errors compare with (an lse of logits near 1e9 is near 1e9)
+    max_ulp: float  # the error in ulps of the tensor's dtype at max(|ref|, scale) (see _max_ulp)
     nan: int  # NaN where the reference is finite
     inf: int
     masked_bad: int  # entries of rows that see no key that are not (out 0, lse -inf, dq 0)
     baseline_max_abs: float
-    ratio: float  # max_abs / baseline_max_abs
+    ratio: float  # max_abs / max(baseline_max_abs, one rounding of scale): verdict.judge
     scale: float
     allowed: float
     floor: float  # the part of allowed that is not factor * baseline_max_abs (verdict.Tolerance.terms)
@@ -41,7 +42,8 @@ class TensorMetrics:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TensorMetrics":
-        return cls(**{"floor": math.nan, **d})  # a version-1 run file does not split the allowed error
+        # a version-1 run file does not split the allowed error; before version 3 max|ref| was not kept
+        return cls(**{"floor": math.nan, "ref_max": math.nan, **d})
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ def error_stats(got: dict, ref: dict, base: dict, scales: dict, *, tensors: tupl
         if got.get(name) is None:
             continue
         rows.append(_raw_stats(name, got[name], ref[name], base[name],
-                               (0, 0) if sinks and name == "lse" else rows_empty, empty_lse))
+                               (0, 0) if sinks and name == "lse" else rows_empty, empty_lse, scales[name]))
         names.append(name)
     if not rows:
         return {}
@@ -83,7 +85,7 @@ def error_stats(got: dict, ref: dict, base: dict, scales: dict, *, tensors: tupl
     return result
 
 
-def _raw_stats(name, got, ref, base, empty, empty_lse):
+def _raw_stats(name, got, ref, base, empty, empty_lse, scale):
     """Statistics of one tensor as a single device vector: a few ops per tensor, since a fuzz case on a
     GPU is bound by kernel launches, not arithmetic."""
     g = got.detach().to(torch.float64)
@@ -111,7 +113,7 @@ def _raw_stats(name, got, ref, base, empty, empty_lse):
         err.sum() / n,
         (err.square().sum() / n).sqrt(),
         ref_abs.amax(),
-        _max_ulp(got.detach(), ref, ~gbad if fin is None else fin & ~gbad, ref_abs),
+        _max_ulp(got.dtype, err, ~gbad if fin is None else fin & ~gbad, ref_abs, scale),
         (gbad & torch.isnan(g)).sum().to(torch.float64),
         (gbad & torch.isinf(g)).sum().to(torch.float64),
         _masked_bad(name, g, empty, empty_lse),
@@ -131,26 +133,20 @@ def _masked_bad(name, g, empty, empty_lse):
     return (g[:, rows] != 0).sum().to(torch.float64)  # [b, sq, h, d]
 
 
-def _ordered(t: torch.Tensor) -> torch.Tensor:
-    """Map float bits to integers that count representable values in order (ULP distances)."""
-    bits = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
-            torch.float64: torch.int64}[t.dtype]
-    i = t.contiguous().view(bits).to(torch.int64)
-    low = torch.iinfo(bits).min
-    return torch.where(i < 0, low - i, i)
+_SIGNIFICAND_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
 
 
-_ULP_FLOOR = 2.0**-10  # relative to max|ref|
-
-
-def _max_ulp(got, ref, ok, ref_abs):
-    """ULP distance over the entries whose reference is at least 2^-10 of the tensor's largest: near zero
-    the representable values crowd together and a harmless 1e-9 error counts thousands of ULPs."""
-    if got.numel() == 0:
-        return ref.new_zeros(())
-    d = (_ordered(got) - _ordered(ref.to(got.dtype))).abs()
-    significant = ok & (ref_abs >= _ULP_FLOOR * ref_abs.amax())
-    return torch.where(significant, d, torch.zeros_like(d)).amax().to(torch.float64)
+def _max_ulp(dtype, err, ok, ref_abs, scale):
+    """The largest error in ulps of the tensor's dtype, each entry's ulp taken at the larger of its
+    reference value and the tensor's typical magnitude (scale_T): near zero the representable values
+    crowd together, and a distance in representable values there (a harmless 1e-16 counting 1e9 of them)
+    says nothing about the error."""
+    if err.numel() == 0:
+        return err.new_zeros(())
+    magnitude = torch.maximum(ref_abs, scale.to(torch.float64)).clamp(min=torch.finfo(dtype).tiny)
+    _, exponent = torch.frexp(magnitude)  # magnitude = m * 2^exponent, m in [0.5, 1)
+    ulp = torch.ldexp(torch.ones_like(magnitude), exponent - 1 - _SIGNIFICAND_BITS[dtype])
+    return torch.where(ok, err / ulp, torch.zeros_like(err)).amax()
 
 
 def _unravel(flat: int, shape: tuple) -> list:

@@ -62,13 +62,22 @@ def _heading(text: str, style: str, level: int = 2) -> str:
     return f"{'#' * level} {text}" if style == "md" else f"== {text} =="
 
 
-def metrics_rows(metrics: dict) -> list:
+def _below_one_rounding(m: dict, dtype: str | None) -> bool:
+    """The baseline was more exact than one rounding of the tensor's terms: the ratio is against that."""
+    from faverify.dtypes import UNIT_ROUNDOFF
+    return dtype in UNIT_ROUNDOFF and num(m["baseline_max_abs"]) < UNIT_ROUNDOFF[dtype] * num(m.get("scale"))
+
+
+def metrics_rows(metrics: dict, dtype: str | None = None) -> list:
+    """One row per tensor. With the case's dtype, a ratio against one rounding rather than the baseline's
+    error is marked * (RATIO_NOTE)."""
     rows = []
     for t, m in metrics.items():
         m = m if isinstance(m, dict) else m.to_dict()
-        rows.append([t, fmt(m["max_abs"]), fmt(m["baseline_max_abs"]), ratio(m["ratio"]), fmt(m["allowed"]),
+        mark = "*" if _below_one_rounding(m, dtype) else ""
+        rows.append([t, fmt(m["max_abs"]), fmt(m["baseline_max_abs"]), ratio(m["ratio"]) + mark, fmt(m["allowed"]),
                      share(m.get("floor"), m["allowed"]),
-                     fmt(m["max_ulp"], ".0f"), str(m["nan"]), str(m["inf"]), str(m["masked_bad"]),
+                     fmt(m["max_ulp"], ".3g"), str(m["nan"]), str(m["inf"]), str(m["masked_bad"]),
                      str(m["worst_index"]),
                      ("pass" if m["passed"] else "FAIL") + (" (waived: ill-conditioned)" if m["waived"] else "")])
     return rows
@@ -76,6 +85,9 @@ def metrics_rows(metrics: dict) -> list:
 
 METRIC_HEADERS = ["tensor", "max err", "baseline err", "ratio", "allowed", "floor share", "max ulp", "nan", "inf",
                   "masked bad", "worst index", "verdict"]
+RATIO_NOTE = ("ratio: max err over the naive same-dtype attention's, or over one rounding of the tensor's terms "
+              "(u(dtype) x scale_T) where the baseline is more exact than that (marked *); ulps are counted at the "
+              "larger of each value and the tensor's typical magnitude scale_T, so values near 0 do not inflate them")
 
 
 def failure_block(f: Failure, style: str) -> str:
@@ -91,7 +103,7 @@ def failure_block(f: Failure, style: str) -> str:
     else:
         parts.append(m.case.to_json())
     if m.metrics:
-        parts.append(table(metrics_rows(m.metrics), METRIC_HEADERS, style))
+        parts.append(table(metrics_rows(m.metrics, m.case.dtype), METRIC_HEADERS, style))
     parts.append(("reproduce: `" + f.reproducer + "`") if style == "md" else "reproduce: " + f.reproducer)
     return "\n\n".join(parts) if style == "md" else "\n".join(parts)
 
@@ -173,18 +185,10 @@ def render(run: Run, style: str = "table") -> str:
                        for k in run.kernels)
     out.append(("- " if style == "md" else "") + f"ms per case by phase: {timing}")
 
-    out.append(_heading("Error statistics (against FP64; ratio = max err / naive same-dtype max err; "
-                        "waived cases counted apart)", style))
-    rows = [[r["kernel"], r["dtype"], r["tensor"], str(r["cases"]), str(r["failed"]), str(r["waived"]), fmt(r["max_abs"]),
-             fmt(r["mean_abs"]), fmt(r["max_rel"]), fmt(r["max_ulp"], ".0f"), str(r["nan"]), str(r["inf"]),
-             ratio(r["ratio_p50"]), ratio(r["ratio_p99"]), ratio(r["ratio_max"]), fmt(r.get("usage_max"), ".2f"),
-             fmt(r.get("floor_share_p50"), ".2f")]
-            for k in run.kernels for r in k["stats"]]
-    out.append(table(rows, ["kernel", "dtype", "tensor", "cases", "failed", "waived", "max err", "mean err", "max rel",
-                            "max ulp", "nan", "inf", "ratio p50", "ratio p99", "ratio max", "err/allowed max",
-                            "floor share p50"], style))
+    out.extend(statistics_blocks(run, style))
     out.append(("- " if style == "md" else "") + "floor share: the part of the allowed error that the floor gave "
                "(the rest is factor x the baseline's error); near 1, the verdict rests on the floor alone")
+    out.append(("- " if style == "md" else "") + RATIO_NOTE)
 
     rows = [[k["summary"]["kernel"], f, str(v["cases"]), str(v["failed"]), fmt(v["usage_max"], ".2f")]
             for k in run.kernels for f, v in k["summary"].get("by_feature", {}).items()]
@@ -207,3 +211,47 @@ def render(run: Run, style: str = "table") -> str:
     out.append(_heading(f"Failures ({len(failures)})", style))
     out.extend(failure_block(f, style) for f in failures) if failures else out.append("none")
     return "\n\n".join(out) + "\n"
+
+
+STAT_HEADERS = ["kernel", "dtype", "tensor", "cases", "failed", "waived", "max err", "mean err", "max rel", "max abs ref",
+                "max ulp", "nan", "inf", "ratio p50", "ratio p99", "ratio max", "err/allowed p50", "err/allowed max",
+                "floor share p50"]
+_OUTCOMES = (("passing", "the passing cases"), ("failing", "the failing cases"), (None, "every case"))
+
+
+def _stat_row(r: dict, style: str) -> list:
+    row = [r["kernel"], r["dtype"], r["tensor"], str(r["cases"]), str(r["failed"]), str(r["waived"]), fmt(r["max_abs"]),
+           fmt(r["mean_abs"]), fmt(r["max_rel"]), fmt(r.get("ref_max")), fmt(r["max_ulp"], ".3g"), str(r["nan"]),
+           str(r["inf"]), ratio(r["ratio_p50"]), ratio(r["ratio_p99"]), ratio(r["ratio_max"]),
+           fmt(r.get("usage_p50"), ".2f"), fmt(r.get("usage_max"), ".2f"), fmt(r.get("floor_share_p50"), ".2f")]
+    if style == "table":
+        row.append(margin_bar(r.get("usage_max")))
+    return row
+
+
+def margin_bar(usage, width: int = 10) -> str:
+    """err/allowed as a bar of `width` cells, the limit at the end; past it, the bar ends in !."""
+    u = num(usage)
+    if u != u:
+        return ""
+    cells = min(width, max(0, round(u * width)))
+    return "#" * cells + "." * (width - cells) + ("!" if u > 1 else "|")
+
+
+def statistics_blocks(run: Run, style: str) -> list:
+    """The error statistics of the passing cases and of the failing ones, apart (a file before schema 3
+    has one table of every case), and in Markdown a chart of the passing cases' err/allowed."""
+    out = []
+    for outcome, title in _OUTCOMES:
+        rows = [r for k in run.kernels for r in k["stats"] if r.get("outcome") == outcome]
+        if not rows:
+            continue
+        out.append(_heading(f"Error statistics of {title} (against FP64; waived cases counted apart)", style))
+        headers = STAT_HEADERS + (["err/allowed max, limit |"] if style == "table" else [])
+        out.append(table([_stat_row(r, style) for r in rows], headers, style))
+        if style == "md" and outcome != "failing":
+            from faverify.charts import margin_chart
+            chart = margin_chart(rows)
+            if chart:
+                out.append(chart)
+    return out

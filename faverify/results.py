@@ -10,8 +10,10 @@ from faverify.collector import Failure, KernelStats
 from faverify.errors import UsageError
 
 SCHEMA = "faverify.run"
-VERSION = 2
-READS = (1, 2)  # version 1 lacks what 2 added (docs/run-schema.md); its readers fill the gaps with "-"
+VERSION = 3
+# older versions lack what later ones added (docs/run-schema.md); their readers fill the gaps with "-", and
+# compare does not compare a statistic whose definition changed between the two runs' versions
+READS = (1, 2, 3)
 
 
 @dataclass
@@ -21,6 +23,7 @@ class Run:
     settings: dict
     tolerance: dict
     kernels: list = field(default_factory=list)  # per kernel: summary, stats, gradcheck, failures
+    version: int = VERSION  # of the file it was read from
 
     @classmethod
     def from_stats(cls, command: str, environment: dict, settings: dict, tolerance: dict,
@@ -70,7 +73,8 @@ class Run:
             raise UsageError(argument, str(path), f"has run schema version {data.get('version')!r}; "
                                                   f"this faverify reads versions {', '.join(map(str, READS))}")
         try:
-            run = cls(data["command"], data["environment"], data["settings"], data["tolerance"], data["kernels"])
+            run = cls(data["command"], data["environment"], data["settings"], data["tolerance"], data["kernels"],
+                      data["version"])
         except (KeyError, TypeError) as e:
             raise UsageError(argument, str(path), f"is missing a field the schema requires ({e})") from None
         problem = _shape_problem(run)

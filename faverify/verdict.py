@@ -136,10 +136,18 @@ def judge(stats: ErrorStats, dtype: str, tolerance: Tolerance) -> TensorMetrics:
     waived = name != "lse" and tolerance.ill_conditioned(logit)
     if s["max_abs"] > allowed and not waived:
         reasons.append(f"max error {s['max_abs']:.3g} > allowed {allowed:.3g}")
-    ratio = s["max_abs"] / base if base > 0 else (0.0 if s["max_abs"] == 0 else math.inf)
+    # against the baseline's error, or one rounding of the tensor's terms where the baseline is more exact
+    # than that (an exact baseline would make any error "infinitely" worse)
+    unit = UNIT_ROUNDOFF[dtype] * scale
+    denominator = max(base, unit)
+    ratio = s["max_abs"] / denominator if denominator > 0 else (0.0 if s["max_abs"] == 0 else math.inf)
     return TensorMetrics(
         tensor=name, max_abs=s["max_abs"], mean_abs=s["mean_abs"], rmse=s["rmse"],
-        max_rel=s["max_abs"] / s["ref_max"] if s["ref_max"] > 0 else (0.0 if s["max_abs"] == 0 else math.inf),
+        # relative to the larger of max|ref| and the terms' magnitude: a reference ~0 (dk at seqlen_k 1)
+        # would make any rounding error relatively huge
+        max_rel=s["max_abs"] / max(s["ref_max"], scale) if max(s["ref_max"], scale) > 0
+        else (0.0 if s["max_abs"] == 0 else math.inf),
+        ref_max=s["ref_max"],
         max_ulp=s["max_ulp"], nan=int(s["nan"]), inf=int(s["inf"]), masked_bad=int(s["masked_bad"]),
         baseline_max_abs=base, ratio=ratio, scale=scale, allowed=allowed, floor=floor, waived=waived,
         worst_index=stats.worst_index, passed=not reasons, reason="; ".join(reasons),

@@ -78,17 +78,20 @@ def test_version_1_run_files_are_still_read(runs, tmp_path):
 
 def test_two_runs_of_the_same_kernel_compare_clean(runs):
     r = cli("compare", runs / "good.json", runs / "again.json")
-    assert r.exit_code == 0 and r.stdout.startswith("no regression: 0 worse (+), 0 newly failing (!)")
+    assert r.exit_code == 0 and r.stdout.startswith("no regression: the head is not worse (0 newly failing (!), "
+                                                    "0 worse (+);")
 
 
-def test_a_worse_kernel_is_marked_worse_and_newly_failing(runs):
+def test_a_worse_kernel_is_marked_worse_and_newly_failing_and_those_lead(runs):
     r = cli("compare", runs / "good.json", runs / "bad.json", "--format", "md")
     assert r.exit_code == 1
-    assert r.stdout.startswith("### faverify: numerics comparison")
-    assert "REGRESSION" in r.stdout
-    rows = [line for line in r.stdout.splitlines() if line.startswith("| sdpa-math -> ")]
-    assert any(line.rstrip("| ").endswith("+") for line in rows)
-    assert any(line.rstrip("| ").endswith("!") for line in rows)
+    lines = r.stdout.splitlines()
+    assert lines[0] == "### faverify: numerics comparison"
+    assert lines[2].startswith("REGRESSION: the head is worse (")
+    rows = [line for line in lines if line.startswith("| sdpa-math -> ")]
+    marks = [line.rstrip("| ").split("|")[-1].strip() for line in rows]
+    assert marks[0] == "!" and "+" in marks
+    assert marks == sorted(marks, key=["!", "+", "-", "x", ""].index)  # newly failing, then worse, then better
 
 
 def test_a_different_gpu_is_not_comparable(runs, tmp_path):

@@ -6,20 +6,34 @@ import torch
 from faverify.case import Case
 from faverify.errors import UsageError
 from faverify.inputs import make_inputs
-from faverify.metrics import _ordered, error_stats
+from faverify.metrics import error_stats
 from faverify.reference import naive, reference
 from faverify.verdict import DEFAULT_FACTOR, Tolerance, judge, parse_overrides
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_ordered_bits_count_representable_values(dtype):
-    x = torch.tensor([-2.0, -1.0, -0.0, 0.0, 1e-3, 1.0], dtype=dtype)
-    o = _ordered(x)
-    assert (o[1:] >= o[:-1]).all()  # monotonic
-    one = torch.tensor([1.0], dtype=dtype)
-    nxt = torch.nextafter(one.float(), torch.tensor([2.0])).to(dtype) if dtype == torch.float32 else \
-        (one.view(torch.int16) + 1).view(dtype)
-    assert (_ordered(nxt) - _ordered(one)).item() == 1
+def _tensor_stats(got, ref, base, scale, tensor="dv"):
+    scales = {tensor: torch.tensor(scale, dtype=torch.float64), "logit": torch.tensor(1.0, dtype=torch.float64)}
+    return error_stats({tensor: got}, {tensor: ref}, {tensor: base}, scales, tensors=(tensor,))[tensor]
+
+
+@pytest.mark.parametrize("dtype,bits", [(torch.bfloat16, 7), (torch.float16, 10), (torch.float32, 23)])
+def test_ulps_are_counted_at_the_larger_of_the_value_and_the_tensors_magnitude(dtype, bits):
+    ref = torch.tensor([1.0, 3.0, 1e-30], dtype=torch.float64)
+    got = ref.to(dtype).clone()
+    got[1] = torch.tensor(3.0 + 2 * 2.0 ** (1 - bits), dtype=torch.float64).to(dtype)  # 2 ulps of [2, 4)
+    assert _tensor_stats(got, ref, got, scale=1.0).values["max_ulp"] == 2
+    got[2] = 4e-16 if dtype != torch.float16 else 0.0  # next to a value ~0, on a tensor whose terms are ~1
+    s = _tensor_stats(got, ref, got, scale=1.0)
+    assert s.values["max_ulp"] == 2, s.values  # not a distance in representable values near 0
+    got[0] = 1.5  # an error of 0.5 at 1.0: 2^(bits - 1) ulps
+    assert _tensor_stats(got, ref, got, scale=1.0).values["max_ulp"] == 2 ** (bits - 1)
+
+
+def test_the_ratio_to_an_exact_baseline_is_counted_against_one_rounding():
+    ref = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    got = torch.tensor([2.0**-9, 1.0], dtype=torch.bfloat16)
+    m = judge(_tensor_stats(got, ref, ref.to(torch.bfloat16), scale=1.0), "bf16", Tolerance())
+    assert m.baseline_max_abs == 0 and m.ratio == 0.5  # 2^-9 against one rounding of 1 (2^-8), not inf
 
 
 def _judge(got_out, case, x, tolerance=Tolerance()):
@@ -151,7 +165,8 @@ def test_the_floor_shrinks_beside_an_informative_baseline():
 
 def test_a_kernel_several_times_the_baseline_error_is_caught_more_often():
     """P rounded to bf16 in fp16 cases: 8x the naive fp16 rounding of P. The tight floor catches it on
-    more of the same drawn cases than the floor that never shrinks, and at an earlier case."""
+    more of the same drawn cases than the floor that never shrinks, and at an earlier case (drawn from the
+    regimes of ordinary logits, where the error is P's rounding and not the logits' extremes)."""
     from hypothesis import HealthCheck, given, seed, settings
 
     from faverify.runner import evaluate
@@ -161,7 +176,7 @@ def test_a_kernel_several_times_the_baseline_error_is_caught_more_often():
 
     @seed(1)
     @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(cases(dtypes=("fp16",)))
+    @given(cases(dtypes=("fp16",), regimes=("normal", "outliers", "peaked"), layouts=("contiguous",)))
     def draw(c):
         drawn.append(c)
     draw()

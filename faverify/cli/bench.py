@@ -22,15 +22,17 @@ def bench(
     mode: Annotated[Mode, typer.Option(help="Time the forward, the backward, or both")] = Mode.both,
     tune: Annotated[bool, typer.Option(help="Try the candidate tiles of the bundled Triton kernels per shape")] = True,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the rows as JSON")] = None,
+    markdown: Annotated[Optional[Path], typer.Option(help="Write the table and TF/s charts as Markdown")] = None,
     device: DeviceOpt = "cuda",
 ) -> int:
     """TFLOP/s of kernels next to torch SDPA (flash, cuDNN, efficient), each validated against FP64 first."""
     import json
 
     from faverify import devices
-    from faverify.bench import YARDSTICKS, configs, ratios, time_row
+    from faverify.bench import HEADERS, YARDSTICKS, configs, ratios, table_rows, time_row
+    from faverify.bench import markdown as bench_markdown
     from faverify.dtypes import parse_dtypes
-    from faverify.report import fmt, table
+    from faverify.report import table
     from faverify.subjects import resolve_many
 
     def ints(text: str, argument: str) -> list:
@@ -43,6 +45,7 @@ def bench(
         return values
 
     check_writable("--json", json_path)
+    check_writable("--markdown", markdown)
     choices = {"both": (False, True), "true": (True,), "false": (False,)}
     if causal not in choices:
         raise UsageError("--causal", causal, "must be both, true or false")
@@ -75,13 +78,14 @@ def bench(
             json_path.parent.mkdir(parents=True, exist_ok=True)
             json_path.write_text(json.dumps({"schema": "faverify.bench", "version": 1, "interrupted": interrupted,
                                              "rows": rows}, indent=1, default=str))
-    shown = [[r["kernel"], r["dtype"], str(r["head_dim"]), "yes" if r["causal"] else "no", str(r["seqlen"]),
-              fmt(r.get("fwd_tflops"), ".1f"), fmt(r.get("fwd_vs_sdpa-flash"), ".2f"), fmt(r.get("fwd_vs_sdpa-cudnn"), ".2f"),
-              fmt(r.get("bwd_tflops"), ".1f"), fmt(r.get("bwd_vs_sdpa-flash"), ".2f"), fmt(r.get("bwd_vs_sdpa-cudnn"), ".2f"),
-              r["validated"], " ".join(f"{k}:{v}" for k, v in r.get("tiles", {}).items()) or r.get("note", "")]
-             for r in rows]
-    typer.echo(table(shown, ["kernel", "dtype", "d", "causal", "seqlen", "fwd TF/s", "vs flash", "vs cudnn",
-                             "bwd TF/s", "vs flash", "vs cudnn", "FP64 check", "tiles / note"], "table"))
+        if markdown:
+            from faverify import env as environment
+            command = (f"bench --kernel {kernel} --seqlens {seqlens} --headdims {headdims} --dtype {dtype} "
+                       f"--causal {causal} --mode {mode.value}")
+            markdown.parent.mkdir(parents=True, exist_ok=True)
+            markdown.write_text(bench_markdown(rows, command, environment.header_lines(environment.collect()),
+                                               interrupted))
+    typer.echo(table(table_rows(rows), HEADERS, "table"))
     failed = [r for r in rows if r["validated"] == "fail"]
     if interrupted and not failed:
         raise EnvironmentProblem(f"interrupted after {len(rows)} measurements; those were written")

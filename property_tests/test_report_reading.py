@@ -1,0 +1,157 @@
+"""The report as a reviewer reads it: numbers that explain themselves, the passing and failing cases'
+statistics apart, Mermaid charts GitHub renders (parsed here), and compare across schema versions."""
+import json
+import math
+import re
+
+import pytest
+
+from faverify.bench import markdown as bench_markdown
+from faverify.env import header_lines
+from property_tests.cli_helpers import cli
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("runs")
+    # seqlen_k = 1 and exact baselines are frequent in 60 cases: the ratios that were inf there
+    for name, kernel in (("good", "sdpa-math"), ("bad", "property_tests.planted:top_left_mask")):
+        r = cli("fuzz", "--kernel", kernel, "--iters", "60", "--device", "cpu", "--no-db", "--seed", "7",
+                "--no-isolate", "--dtype", "bf16,fp32", "--json", d / f"{name}.json")
+        assert r.exit_code in (0, 1), r.stderr[-2000:]
+    return d
+
+
+def parse_xychart(block: str) -> dict:
+    """What GitHub's Mermaid needs of an xychart: the header, a quoted x-axis of categories, a y-axis
+    range, and each bar and line series a list of numbers, one per category."""
+    lines = [line.strip() for line in block.strip().splitlines()]
+    assert lines[0] == "```mermaid" and lines[1] == "xychart-beta" and lines[-1] == "```", lines
+    chart = {"bars": [], "lines": []}
+    for line in lines[2:-1]:
+        if line.startswith("title "):
+            chart["title"] = re.fullmatch(r'title "([^"]*)"', line).group(1)
+        elif line.startswith("x-axis "):
+            inside = re.fullmatch(r"x-axis \[(.*)\]", line).group(1)
+            chart["x"] = re.findall(r'"([^"]*)"', inside)
+            assert inside.count('"') == 2 * len(chart["x"])
+        elif line.startswith("y-axis "):
+            m = re.fullmatch(r'y-axis "([^"]*)" (\S+) --> (\S+)', line)
+            chart["y"] = (float(m.group(2)), float(m.group(3)))
+        else:
+            kind, values = re.fullmatch(r"(bar|line) \[(.*)\]", line).groups()
+            chart[kind + "s"].append([float(v) for v in values.split(",")])
+    for series in chart["bars"] + chart["lines"]:
+        assert len(series) == len(chart["x"]) and all(math.isfinite(v) for v in series)
+        assert max(series) <= chart["y"][1]
+    return chart
+
+
+def _charts(text: str) -> list:
+    return [parse_xychart(b) for b in re.findall(r"```mermaid\n.*?\n```", text, re.S)]
+
+
+def _stats(path):
+    return json.loads(path.read_text())["kernels"][0]["stats"]
+
+
+def test_no_ratio_is_inf_and_ulps_of_a_correct_subject_are_a_few(runs):
+    rows = _stats(runs / "good.json")
+    assert rows and all(r["outcome"] == "passing" for r in rows)
+    for r in rows:
+        assert math.isfinite(float(r["ratio_max"])), r
+        # counted at the tensor's magnitude, not next to 0: a few ulps of a 16-bit output (sdpa-math computes
+        # in fp32); lse and dsinks are fp32 whatever the case's dtype, and fp32 sums drift by hundreds
+        if r["dtype"] != "fp32" and r["tensor"] not in ("lse", "dsinks"):
+            assert float(r["max_ulp"]) <= 4, r
+        assert float(r["max_rel"]) < 0.1, r
+    md = cli("report", runs / "good.json", "--format", "md").stdout
+    stats = md.split("## Error statistics")[1].split("##")[0]
+    cells = [c.strip() for line in stats.splitlines() if line.startswith("| sdpa-math") for c in line.split("|")]
+    assert cells and "inf" not in cells and "-inf" not in cells
+    assert "max abs ref" in stats and "one rounding of the tensor's terms" in md
+
+
+def test_passing_and_failing_cases_have_statistics_apart(runs):
+    rows = _stats(runs / "bad.json")
+    passing = [r for r in rows if r["outcome"] == "passing"]
+    failing = [r for r in rows if r["outcome"] == "failing"]
+    assert passing and failing
+    assert all(r["failed"] == 0 and float(r["usage_max"]) <= 1 for r in passing)
+    assert all(float(r["usage_max"]) > 1 for r in failing if r["tensor"] == "out")
+    md = cli("report", runs / "bad.json", "--format", "md").stdout
+    assert md.index("## Error statistics of the passing cases") < md.index("## Error statistics of the failing cases")
+
+
+def test_the_margin_chart_parses_and_plots_the_passing_rows(runs):
+    md = cli("report", runs / "good.json", "--format", "md").stdout
+    [chart] = _charts(md)
+    rows = _stats(runs / "good.json")
+    assert chart["x"] == [f"{r['dtype']} {r['tensor']}" for r in rows]
+    assert chart["bars"][0] == pytest.approx([float(r["usage_max"]) for r in rows], rel=1e-3)
+    assert chart["lines"][0] == pytest.approx([float(r["usage_p50"]) for r in rows], rel=1e-3, abs=1e-12)
+    assert chart["lines"][1] == [1.0] * len(rows) and chart["y"][1] >= 1.2
+    assert "```mermaid" not in cli("report", runs / "good.json").stdout  # the terminal keeps tables, with bars
+    assert re.search(r"#*\.*\|", cli("report", runs / "good.json").stdout)
+
+
+def _bench_row(kernel, seqlen, fwd, bwd, causal=False):
+    return {"kernel": kernel, "dtype": "bf16", "head_dim": 128, "causal": causal, "seqlen": seqlen,
+            "fwd_tflops": fwd, "bwd_tflops": bwd, "validated": "pass", "fwd_vs_sdpa-flash": math.nan}
+
+
+def test_bench_markdown_charts_tflops_against_seqlen_a_line_per_kernel():
+    rows = [_bench_row(k, s, f * s / 1024, b * s / 1024) for k, f, b in (("triton", 300, 200), ("sdpa-flash", 400, 250))
+            for s in (1024, 4096, 16384)]
+    rows.append(_bench_row("triton", 4096, 150.0, math.nan, causal=True))  # no backward measured there
+    md = bench_markdown(rows, "bench --kernel triton", ["GPUs: test"])
+    assert md.startswith("**7 measurements**") and "| triton" in md
+    charts = _charts(md)
+    assert [c["title"].split(",")[0] for c in charts] == ["fwd TF/s", "bwd TF/s", "fwd TF/s"]
+    full_fwd = charts[0]
+    assert full_fwd["x"] == ["1024", "4096", "16384"] and "lines: triton, sdpa-flash" in full_fwd["title"]
+    assert full_fwd["lines"] == [[300.0, 1200.0, 4800.0], [400.0, 1600.0, 6400.0]]
+    assert charts[2]["x"] == ["4096"] and charts[2]["lines"] == [[150.0]]
+
+
+def test_the_header_says_a_cpu_build_of_torch_in_words():
+    lines = header_lines({"torch": "2.13.0+cpu", "torch_cuda": "cpu build", "gpus": []})
+    assert "torch 2.13.0+cpu (a CPU build, no CUDA)" in lines[1]
+    assert "(built for CUDA 13.0)" in header_lines({"torch": "2.11.0", "torch_cuda": "13.0"})[1]
+
+
+def _as_version_2(data: dict) -> dict:
+    """A run file as version 2 wrote it: one stats row of every case, the older ratio and ulps."""
+    data["version"] = 2
+    for k in data["kernels"]:
+        k["stats"] = [{key: v for key, v in r.items() if key not in ("outcome", "usage_p50", "usage_p99", "ref_max")}
+                      for r in k["stats"] if r["outcome"] == "passing"]
+    return data
+
+
+def test_compare_reads_version_2_and_leaves_the_redefined_statistics_uncompared(runs, tmp_path):
+    old = tmp_path / "v2.json"
+    old.write_text(json.dumps(_as_version_2(json.loads((runs / "good.json").read_text()))))
+    assert cli("report", old).exit_code == 0
+    r = cli("compare", old, runs / "good.json", "--all")
+    assert r.exit_code == 0, r.stdout
+    assert "run schema version 2 -> 3: max_rel, max_ulp, ratio_p99 defined anew, not compared" in r.stdout
+    marks = {line.split()[3]: line.split()[-1] for line in r.stdout.splitlines() if line.startswith("sdpa-math ")
+             and line.split()[2] == "out"}
+    assert marks["max_ulp"] == "x" and marks["ratio_p99"] == "x" and marks["max_abs"] != "x"
+
+
+def test_compare_puts_the_tensors_whose_margin_shrank_first_among_the_worse(runs, tmp_path):
+    head = json.loads((runs / "good.json").read_text())
+    for r in head["kernels"][0]["stats"]:
+        r["usage_max"] = float(r["usage_max"]) * 1.8  # closer to the limit
+        r["max_abs"] = float(r["max_abs"]) * 4
+    (tmp_path / "head.json").write_text(json.dumps(head))
+    r = cli("compare", runs / "good.json", tmp_path / "head.json")
+    assert r.exit_code == 1
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("REGRESSION: the head is worse (0 newly failing (!)")
+    assert "the margin shrank on sdpa-math bf16 " in first
+    marked = [line.split() for line in r.stdout.splitlines() if line.startswith("sdpa-math ") and line.endswith("+")]
+    n = len(head["kernels"][0]["stats"])
+    assert [row[3] for row in marked[:n]] == ["usage_max"] * n and {row[3] for row in marked[n:]} == {"max_abs"}
