@@ -135,21 +135,28 @@ def copies_v_into_k(q, k, v, *, causal, softmax_scale):
     return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
 
 
-class _ZeroesIncomingGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, out):
-        return out.view_as(out)
+def _on_incoming_grad(out, treat):
+    """out as it is; its backward hands treat(dO) on instead of dO."""
+    class _Hook(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
 
-    @staticmethod
-    def backward(ctx, dout):
-        grad = dout.clone()
-        dout.zero_()  # the backward zeroes the dO it was handed
-        return grad
+        @staticmethod
+        def backward(ctx, dout):
+            return treat(dout)
+    return _Hook.apply(out)
+
+
+def _zeroed_after_copy(dout):
+    grad = dout.clone()
+    dout.zero_()  # the backward zeroes the dO it was handed
+    return grad
 
 
 def zeroes_dout(q, k, v, *, causal, softmax_scale):
     """Right forward and gradients, but its backward zeroes the incoming dO."""
-    return _ZeroesIncomingGrad.apply(correct(q, k, v, causal=causal, softmax_scale=softmax_scale))
+    return _on_incoming_grad(correct(q, k, v, causal=causal, softmax_scale=softmax_scale), _zeroed_after_copy)
 
 
 def writes_k_declared(q, k, v, *, causal, softmax_scale):
@@ -422,17 +429,9 @@ def zero_stride_as_unset(q, k, v, *, causal, softmax_scale):
 zero_stride_as_unset.faverify_capabilities = {"backward": False}
 
 
-class _ReadsIncomingGradContiguous(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, out):
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx, dout):
-        return torch.as_strided(dout, dout.shape, _contiguous_strides(dout.shape), dout.storage_offset()).clone()
-
-
 def reads_dout_contiguous(q, k, v, *, causal, softmax_scale):
     """Right forward; the backward reads dO's memory as if it were contiguous (diffusers#9768: dO from a
     transpose)."""
-    return _ReadsIncomingGradContiguous.apply(correct(q, k, v, causal=causal, softmax_scale=softmax_scale))
+    def as_contiguous(dout):
+        return torch.as_strided(dout, dout.shape, _contiguous_strides(dout.shape), dout.storage_offset()).clone()
+    return _on_incoming_grad(correct(q, k, v, causal=causal, softmax_scale=softmax_scale), as_contiguous)
