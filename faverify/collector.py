@@ -72,6 +72,7 @@ class KernelStats:
     replay: dict = field(default_factory=lambda: {"cases": 0, "failed": 0, "signatures": {}})
     replayed_failures: list = field(default_factory=list)  # Failure per signature a replayed case showed
     still_failing: list = field(default_factory=list)  # the replayed cases that still fail (kept in the store)
+    keep_series: bool = False  # the run file keeps the per-case values too (a shard's, for merge.py)
 
     def merge_replayed(self) -> None:
         """List each replayed failure whose signature the draw did not find too (the draw's own, shrunk,
@@ -156,6 +157,8 @@ class KernelStats:
                 "usage_max": max(usage) if usage else float("nan"), "ref_max": top("ref_max"),
                 "floor_share_p50": _quantile(floor_share, 0.5),
             })
+            if self.keep_series:
+                rows[-1]["series"] = {k: list(v) for k, v in s.items()}
         return rows
 
     def gradcheck_rows(self) -> list:
@@ -165,6 +168,8 @@ class KernelStats:
             rows.append({"kernel": self.kernel, "dtype": dtype, "checks": len(checks),
                          "failed": sum(not c["passed"] for c in checks), "rel_err_p50": _quantile(rel, 0.5),
                          "rel_err_max": max(rel), "allowed": checks[0]["allowed"]})
+            if self.keep_series:
+                rows[-1]["series"] = [{k: c[k] for k in ("rel_err", "allowed", "passed")} for c in checks]
         return rows
 
     def summary(self) -> dict:

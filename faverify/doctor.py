@@ -9,6 +9,7 @@ the same backend is still a Fail, and the fuzzer still reports them all as failu
 from __future__ import annotations
 
 import hashlib
+import platform
 import sys
 from dataclasses import asdict, dataclass
 
@@ -204,7 +205,8 @@ def run(level: str = "quick", *, tolerance, include_cpu: bool = True) -> dict:
         detail = (f"differs from the other {model} GPUs: {', '.join(odd)}" if odd
                   else f"{len(prints)} GPUs give identical bits")
         checks.append(Check(f"cross-GPU: {model}, {kernel}", "all", status, detail))
-    return {"schema": "faverify.doctor", "version": 1, "level": level, "environment": environment.collect(),
+    return {"schema": "faverify.doctor", "version": 1, "level": level, "node": platform.node(),
+            "environment": environment.collect(),
             "checks": [asdict(c) for c in checks],
             "failed": any(c.status == "Fail" for c in checks),
             "passed_any": any(c.status == "Pass" for c in checks)}

@@ -42,12 +42,14 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
     from faverify.subjects import resolve
 
     devices = [torch.device(d) for d in devices]
-    parallel = isolate and workers * len(devices) > 1
+    # a shard runs its part of the seed's up-front draw: the parallel mode's, even on one worker
+    parallel = isolate and (workers * len(devices) > 1 or plan.shard is not None)
     all_stats, interrupted = [], False
     base_plan = plan
     for name in kernels:
         plan = dataclasses.replace(base_plan, features=(features or {}).get(name, base_plan.features))
-        stats = KernelStats(kernel=name, conventions=(conventions or {}).get(name, DEFAULT_CONVENTIONS.describe()))
+        stats = KernelStats(kernel=name, conventions=(conventions or {}).get(name, DEFAULT_CONVENTIONS.describe()),
+                            keep_series=plan.shard is not None)  # merge.py recomputes statistics from them
         all_stats.append(stats)
         pool = None
         try:
@@ -113,4 +115,6 @@ def _document(kernels, plan, devices, mode, tolerance, command, workers, paralle
                     "workers_per_device": workers if parallel else 1, "isolated": isolate,
                     "max_seqlen": plan.limits.max_seqlen, "gradcheck_every": plan.gradcheck_every,
                     "interrupted": interrupted or bool(late)}
+    if plan.shard is not None:
+        settings_doc["shard"] = f"{plan.shard[0]}/{plan.shard[1]}"
     return Run.from_stats(command, environment.collect(), settings_doc, tolerance.to_dict(), all_stats)

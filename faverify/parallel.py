@@ -159,7 +159,9 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
     shrinking = False
     shrunk: dict = {}  # signature -> (minimal, steps, note)
     try:
-        pool.map(((i, Task(c, every > 0 and i % every == 0)) for i, c in enumerate(drawn)), record)
+        index, count = plan.shard or (0, 1)
+        pool.map(((i, Task(c, every > 0 and i % every == 0)) for i, c in enumerate(drawn) if i % count == index),
+                 record)
         shrinking = True
         pending = [(sig, index, found) for sig, (index, found) in sorted(first.items(), key=found_order)]
         if pending:

@@ -34,6 +34,9 @@ class FuzzPlan:
     # code, catalog.Mutant.cases); its dtypes are intersected with the plan's
     narrow: dict | None = None
     features: tuple = ()  # the variant features drawn (case.FEATURES); () draws dense cases only
+    # (index, count): run only the cases i of the seed's draw with i % count == index (`--shard I/N`);
+    # the shards of one seed and iters run every case once between them, whatever their workers
+    shard: tuple | None = None
 
     def case_args(self) -> dict:
         args = dict(self.narrow or {}, limits=self.limits)

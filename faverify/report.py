@@ -108,6 +108,15 @@ def failure_block(f: Failure, style: str) -> str:
     return "\n\n".join(parts) if style == "md" else "\n".join(parts)
 
 
+def shards_line(environments: list) -> str:
+    """A merged run: how many shards, and what differed between their environments."""
+    keys = [k for k in ("torch", "triton", "driver", "gpus") if len({str(e.get(k)) for e in environments}) > 1]
+    if not keys:
+        return f"merged from {len(environments)} shards, all in the same environment"
+    differing = "; ".join(f"{e['shard']}: " + ", ".join(f"{k} {e.get(k)}" for k in keys) for e in environments)
+    return f"merged from {len(environments)} shards; their environments differ: {differing}"
+
+
 def verdict_lines(run: Run, style: str) -> list:
     """What a reviewer reads first: PASS or FAIL in one line, and for a failure the first one's minimal
     case in words and its reproducer."""
@@ -138,6 +147,8 @@ def render(run: Run, style: str = "table") -> str:
     settings = ", ".join(f"{k}={v}" for k, v in run.settings.items())
     out.append(("- " if style == "md" else "") + f"settings: {settings}")
     out.append(("- " if style == "md" else "") + f"tolerance: {run.tolerance.get('rule', '')}")
+    if run.settings.get("shard_environments"):
+        out.append(("- " if style == "md" else "") + shards_line(run.settings["shard_environments"]))
 
     out.append(_heading("Summary", style))
     rows = []

@@ -34,6 +34,8 @@ def fuzz(
                                                         "or each with a leading - to draw all but those")] = None,
     layouts: Annotated[Optional[str], typer.Option(help="Memory layouts drawn, comma separated "
                                                         "(faverify.case.LAYOUTS), or all but those given with -")] = None,
+    shard: Annotated[Optional[str], typer.Option(help="I/N: run shard I (0-based) of N of the seed's cases; "
+                                                     "`faverify merge` makes one run of the N run files")] = None,
     repeat: Annotated[int, typer.Option(help="Run each case N times; outputs that differ in any bit fail it "
                                              "(\"nondeterministic\")")] = 1,
     factor: FactorOpt = None,
@@ -81,6 +83,11 @@ def fuzz(
     dtypes = parse_dtypes(dtype)
     tolerance = tolerance_from(factor, atol, tight)
     wanted = parse_features(features)
+    from faverify.merge import parse_shard
+    shard_of = parse_shard(shard) if shard is not None else None
+    if shard_of is not None and not isolate:
+        raise UsageError("--no-isolate", True, "a shard runs its part of the seed's up-front draw in worker "
+                                               "processes: leave --no-isolate out")
     narrow = {name: parse_choice(text, allowed, f"--{name}") for name, text, allowed
               in (("regimes", regimes, REGIMES), ("layouts", layouts, LAYOUTS)) if text is not None}
     subjects = resolve_many(kernel)  # unknown kernels fail here, before any work
@@ -91,11 +98,12 @@ def fuzz(
         raise UsageError("--no-isolate", True, "runs in this process: one device and one worker only")
     plan = FuzzPlan(iters=iters, seed=seed, dtypes=dtypes, limits=limits_for(targets[0].type, max_seqlen),
                     database=None if no_db else db, gradcheck_every=gradcheck_every, shrink_budget=shrink_budget,
-                    narrow=narrow or None)
+                    narrow=narrow or None, shard=shard_of)
     command = (f"fuzz --kernel {kernel} --iters {iters} --seed {seed} --dtype {','.join(dtypes)} "
                f"--mode {mode.value} --device {device}" + (f" --max-seqlen {max_seqlen}" if max_seqlen else "")
                + (f" --features {features}" if features else "")
-               + (f" --regimes {regimes}" if regimes else "") + (f" --layouts {layouts}" if layouts else "") + (f" --repeat {repeat}" if repeat > 1 else ""))
+               + (f" --regimes {regimes}" if regimes else "") + (f" --layouts {layouts}" if layouts else "")
+               + (f" --shard {shard_of[0]}/{shard_of[1]}" if shard_of else "") + (f" --repeat {repeat}" if repeat > 1 else ""))
     with progress_bar() as progress, sigterm_interrupts():
         result = run([s.name for s in subjects], plan, targets, mode=mode.value, tolerance=tolerance,
                      command=command, workers=workers, isolate=isolate, timeout=timeout,
