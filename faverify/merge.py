@@ -91,6 +91,11 @@ def _merged_kernel(name: str, shards: list) -> KernelStats:
         stats.per_device.update({f"{label} {d}": n for d, n in s.get("per_device", {}).items()})
         stats.paths.update(s.get("paths", {}))
         stats.features.update(s.get("features", {}))
+        for counts, field in ((stats.regimes, "regimes"), (stats.layouts, "layouts")):
+            for key, v in s.get(field, {}).items():
+                row = counts.setdefault(key, [0, 0])
+                row[0] += v["cases"]
+                row[1] += v["failed"]
         stats.conventions = s.get("conventions", stats.conventions)
         for f, v in s.get("by_feature", {}).items():
             row = stats.by_feature.setdefault(f, {"cases": 0, "failed": 0, "usage_max": float("nan")})

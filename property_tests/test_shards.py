@@ -43,7 +43,7 @@ def test_four_merged_shards_give_the_unsharded_runs_tables_and_failures(kernel, 
     merged = cli("merge", *[tmp_path / f"shard{i}.json" for i in (2, 0, 3, 1)], "--json", tmp_path / "all.json")
     assert merged.exit_code == whole.exit_code
     a, b = read_json(tmp_path / "all.json")["kernels"][0], read_json(tmp_path / "whole.json")["kernels"][0]
-    for key in ("cases", "passed", "failed", "skipped", "features", "skip_reasons"):
+    for key in ("cases", "passed", "failed", "skipped", "features", "skip_reasons", "regimes", "layouts"):
         assert a["summary"][key] == b["summary"][key], key
     rows = lambda k: {(r["dtype"], r["tensor"], r["outcome"]): r for r in k["stats"]}  # noqa: E731
     assert rows(a).keys() == rows(b).keys()
