@@ -20,3 +20,20 @@ def cli(*args: str):
 def read_json(path):
     with open(path) as f:
         return json.load(f)
+
+
+def assert_commands_exist(calls: list) -> None:
+    """Each `faverify COMMAND --flag ...` call (the text after "faverify ") names a command and flags
+    the CLI has: the README's examples stay runnable."""
+    import shlex
+
+    import typer
+    group = typer.main.get_command(app)
+    for call in calls:
+        words = shlex.split(call.strip())
+        command = group.commands.get(words[0])
+        assert command is not None, f"no command {words[0]!r}"
+        known = {opt for p in command.params for opt in p.opts + p.secondary_opts}
+        for word in words[1:]:
+            if word.startswith("--"):
+                assert word.split("=")[0] in known, f"faverify {words[0]} has no flag {word}"

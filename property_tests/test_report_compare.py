@@ -5,10 +5,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-import typer
 
-from faverify.cli import app
-from property_tests.cli_helpers import cli
+from property_tests.cli_helpers import assert_commands_exist, cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,17 +122,9 @@ def test_malformed_or_wrong_version_files_exit_2(runs, tmp_path, mutate, message
 def test_every_command_and_flag_of_the_readme_ci_example_exists():
     text = (ROOT / "README.md").read_text()
     yaml = re.search(r"```yaml\n(.+?)\n```", text, re.S).group(1)
-    group = typer.main.get_command(app)
     calls = re.findall(r"faverify ([^&|>\n]+)", yaml)
     assert len(calls) >= 3
-    for call in calls:
-        words = shlex.split(call.strip())
-        command = group.commands.get(words[0])
-        assert command is not None, f"no command {words[0]!r}"
-        known = {opt for p in command.params for opt in p.opts + p.secondary_opts}
-        for word in words[1:]:
-            if word.startswith("--"):
-                assert word.split("=")[0] in known, f"faverify {words[0]} has no flag {word}"
+    assert_commands_exist(calls)
 
 
 def test_the_readme_ci_example_run_twice_in_one_directory_compares_clean(tmp_path, monkeypatch):

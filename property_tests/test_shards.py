@@ -3,18 +3,15 @@ Kubernetes examples."""
 import copy
 import json
 import re
-import shlex
 from pathlib import Path
 
 import pytest
-import typer
 
-from faverify.cli import app
 from faverify.merge import parse_shard
 from faverify.parallel import draw_cases
 from faverify.plan import FuzzPlan
 from faverify.strategies import CPU_LIMITS
-from property_tests.cli_helpers import cli, read_json
+from property_tests.cli_helpers import assert_commands_exist, cli, read_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,14 +120,6 @@ def test_the_fleet_table_marks_the_node_whose_bits_differ(tmp_path):
 def test_every_command_and_flag_of_the_readmes_scheduler_examples_exists(fence):
     text = (ROOT / "README.md").read_text()
     block = re.search(rf"```{fence}\n(.+?)\n```", text, re.S).group(1)
-    group = typer.main.get_command(app)
     calls = re.findall(r"faverify ([a-z]+ [^&|>\n\"]+)", block)
     assert {c.split()[0] for c in calls} >= {"fuzz", "merge"}
-    for call in calls:
-        words = shlex.split(call.strip())
-        command = group.commands.get(words[0])
-        assert command is not None, f"no command {words[0]!r}"
-        known = {opt for p in command.params for opt in p.opts + p.secondary_opts}
-        for word in words[1:]:
-            if word.startswith("--"):
-                assert word.split("=")[0] in known, f"faverify {words[0]} has no flag {word}"
+    assert_commands_exist(calls)
