@@ -5,12 +5,7 @@ from __future__ import annotations
 
 import math
 
-
-def _num(x) -> float:
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return math.nan
+from faverify.results import num as _num
 
 
 def _quoted(text: str) -> str:

@@ -60,7 +60,7 @@ class KernelStats:
     signature_counts: Counter = field(default_factory=Counter)  # failure signature -> cases
     paths: Counter = field(default_factory=Counter)  # the subject's code path -> cases that took it
     features: Counter = field(default_factory=Counter)  # variant feature -> cases that used it (run or skipped)
-    # regime / layout -> [cases run, cases failed]: which triggers the subject met, and which it failed on
+    # regime / layout -> {cases run, failed}: which triggers the subject met, and which it failed on
     regimes: dict = field(default_factory=dict)
     layouts: dict = field(default_factory=dict)
     conventions: str = ""  # what the subject declares and the reference followed (conventions.Conventions)
@@ -102,9 +102,9 @@ class KernelStats:
                     row["usage_max"] = usage
         if r.status != "skip":
             for counts, key in ((self.regimes, r.case.regime), (self.layouts, r.case.layout)):
-                row = counts.setdefault(key, [0, 0])
-                row[0] += 1
-                row[1] += int(r.failed)
+                row = counts.setdefault(key, {"cases": 0, "failed": 0})
+                row["cases"] += 1
+                row["failed"] += int(r.failed)
         self.phases.update(r.phases)
         if r.device:
             self.per_device[r.device] += 1
@@ -187,8 +187,7 @@ class KernelStats:
                 "partial_reasons": dict(self.partial.most_common()), "per_device": dict(self.per_device),
                 "paths": dict(self.paths),  # in the order first taken: fwd before bwd
                 "features": {f: self.features[f] for f in ("dense",) + FEATURES if self.features[f]},
-                "regimes": {k: {"cases": n, "failed": bad} for k, (n, bad) in self.regimes.items()},
-                "layouts": {k: {"cases": n, "failed": bad} for k, (n, bad) in self.layouts.items()},
+                "regimes": self.regimes, "layouts": self.layouts,
                 "conventions": self.conventions,
                 "by_feature": {f: self.by_feature[f] for f in ("dense",) + FEATURES if f in self.by_feature},
                 "worker_restarts": self.restarts,

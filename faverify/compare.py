@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import math
 
-from faverify.report import num
-from faverify.results import Run
+from faverify.results import Run, num
 
 STATISTICS = ("failed", "usage_max", "max_abs", "mean_abs", "max_ulp", "ratio_p99", "nan", "inf")
 _COUNTS = ("failed", "nan", "inf")  # summed over the passing and the failing cases' rows
@@ -36,12 +35,13 @@ def _rows(run: Run, label: str | None = None) -> dict:
             if r.get("outcome", "passing") == "passing":
                 merged.update({stat: num(r.get(stat)) for stat in STATISTICS if stat not in _COUNTS})
             for c in _COUNTS:
-                merged[c] += num(r.get(c)) if num(r.get(c)) == num(r.get(c)) else 0.0
+                n = num(r.get(c))
+                merged[c] += n if n == n else 0.0
     return rows
 
 
 def _redefined(base: Run, head: Run) -> set:
-    low, high = sorted((getattr(base, "version", 3), getattr(head, "version", 3)))
+    low, high = sorted((base.version, head.version))
     return {stat for version, stats in REDEFINED.items() if low < version <= high for stat in stats}
 
 
@@ -72,7 +72,7 @@ def environment_differences(base: Run, head: Run) -> list:
             out.append(f"setting {key}: {a} -> {b}")
     if base.tolerance.get("rule") != head.tolerance.get("rule"):
         out.append("tolerance rules differ")
-    if getattr(base, "version", 3) != getattr(head, "version", 3):
+    if base.version != head.version:
         redefined = ", ".join(sorted(_redefined(base, head)))
         out.append(f"run schema version {base.version} -> {head.version}"
                    + (f": {redefined} defined anew, not compared" if redefined else ""))

@@ -12,8 +12,7 @@ import re
 
 from faverify.collector import Failure, KernelStats
 from faverify.errors import UsageError
-from faverify.report import num
-from faverify.results import Run
+from faverify.results import Run, num
 
 # what the shards of one fuzz must share
 SAME = ("kernels", "iters", "seed", "dtypes", "mode", "max_seqlen", "gradcheck_every")
@@ -93,9 +92,9 @@ def _merged_kernel(name: str, shards: list) -> KernelStats:
         stats.features.update(s.get("features", {}))
         for counts, field in ((stats.regimes, "regimes"), (stats.layouts, "layouts")):
             for key, v in s.get(field, {}).items():
-                row = counts.setdefault(key, [0, 0])
-                row[0] += v["cases"]
-                row[1] += v["failed"]
+                row = counts.setdefault(key, {"cases": 0, "failed": 0})
+                row["cases"] += v["cases"]
+                row["failed"] += v["failed"]
         stats.conventions = s.get("conventions", stats.conventions)
         for f, v in s.get("by_feature", {}).items():
             row = stats.by_feature.setdefault(f, {"cases": 0, "failed": 0, "usage_max": float("nan")})

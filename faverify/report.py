@@ -7,17 +7,9 @@ from tabulate import tabulate
 
 from faverify.collector import Failure
 from faverify.env import header_lines
-from faverify.results import Run
+from faverify.results import Run, num
 
 TABLE_FORMAT = {"table": "simple", "md": "pipe"}  # pipe: alignment colons GitHub renders
-
-
-def num(x) -> float:
-    """Numbers as stored in run files, where NaN and Inf are strings."""
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def fmt(x, spec: str = ".3g") -> str:

@@ -115,6 +115,14 @@ def _shape_problem(run: "Run") -> str | None:
     return None
 
 
+def num(x) -> float:
+    """Numbers as stored in run files, where NaN and Inf are strings."""
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def _finite(x):
     """JSON has no NaN/Infinity: write them as strings, read back by float()."""
     if isinstance(x, float) and not math.isfinite(x):
