@@ -81,18 +81,21 @@ def test_transposed_layout_transposes_dout_too():
 
 
 def test_seqlen_k_one_and_tail_tiles_are_drawn_often():
-    from hypothesis import given, settings
+    """A seeded draw: 71 of 400 cases have seqlen_k = 1 (49 without the extra one-key draw) and 50 a half
+    tile past 128 (n % 128 == 64, which no boundary length gave before)."""
+    from hypothesis import given, seed, settings
     from faverify.strategies import GPU_LIMITS, cases
     seen = []
 
+    @seed(0)
     @settings(max_examples=400, database=None)
     @given(cases(limits=GPU_LIMITS))
     def draw(case):
         seen.append(case)
     draw()
-    assert sum(c.seqlen_k == 1 for c in seen) >= 400 / 16
-    tails = [c for c in seen if any(n > 128 and n % 128 == 64 or n > 32 and n % 32 == 1 for n in (c.seqlen_q, c.seqlen_k))]
-    assert len(tails) >= 400 / 20
+    assert sum(c.seqlen_k == 1 for c in seen) >= 0.15 * 400
+    half_tiles = [c for c in seen if any(n > 128 and n % 128 == 64 for n in (c.seqlen_q, c.seqlen_k))]
+    assert len(half_tiles) >= 400 / 20
     assert {c.regime for c in seen} == set(REGIMES) and {c.layout for c in seen} == set(LAYOUTS)
 
 
