@@ -28,10 +28,22 @@ ALIBI = ("off", "head", "batch-head", "zero")
 # Sink logits per head, drawn from the seed: about the size of the rows' own log-sum-exp, far above every
 # logit (all weight on the sink, out near 0) or far below (no weight on it)
 SINKS = ("off", "around", "above", "below")
-FEATURES = ("window", "softcap", "alibi", "sinks", "head_dim_v")
+# "varlen", "paged" and "splits" change the batch's shape rather than the logits (docs/design.md, "Ragged
+# and paged"): sequences of their own lengths packed along the token axis, keys in a paged cache, and the
+# keys cut into split-KV partial results
+VARIANT_FEATURES = ("window", "softcap", "alibi", "sinks", "head_dim_v")  # what the logits of a row are
+BATCH_FEATURES = ("varlen", "paged", "splits")  # how the batch and its keys are laid out and cut
+FEATURES = VARIANT_FEATURES + BATCH_FEATURES
+# Where a paged sequence's pages lie in the pool: one after the other; the pool reversed; a random
+# permutation with unused pages between them; the first sequence's full pages shared by the others (a
+# cached prefix)
+PAGE_ORDERS = ("in-order", "reverse", "random", "shared")
+MAX_SPLITS = 64
 # The variant fields and their "off" values: a case that leaves them off is dense attention, and its JSON
 # leaves them out, so a dense case prints as it always did.
-VARIANT_DEFAULTS = {"window": (-1, -1), "softcap": 0.0, "alibi": "off", "sinks": "off", "head_dim_v": None}
+VARIANT_DEFAULTS = {"window": (-1, -1), "softcap": 0.0, "alibi": "off", "sinks": "off", "head_dim_v": None,
+                    "seqlens": None, "tail": 0, "cache_seqlens": None, "page_size": 0, "pages": "in-order",
+                    "pool": 0, "splits": 1}
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,17 @@ class Case:
     alibi: str = "off"
     sinks: str = "off"
     head_dim_v: int | None = None  # None: head_dim
+    # varlen: (seqlen_q, seqlen_k) per sequence, packed along the token axis; batch, seqlen_q and seqlen_k
+    # are then their count and their maxima (flash-attn's max_seqlen_q, max_seqlen_k)
+    seqlens: tuple | None = None
+    tail: int = 0  # varlen: unused tokens of q and k past the last offset (NaN; never read nor written)
+    # paged: the keys of each sequence's cache (seqlen_k is their maximum), in pages of page_size tokens
+    # laid out in the pool per `pages`; the pool has `pool` pages (0: those used, and one unused)
+    cache_seqlens: tuple | None = None
+    page_size: int = 0
+    pages: str = "in-order"
+    pool: int = 0
+    splits: int = 1  # split-KV: each sequence's keys cut into this many ranges (Case.split_ranges)
 
     def __post_init__(self) -> None:
         for name in ("batch", "nheads", "nheads_k", "head_dim"):
@@ -100,6 +123,59 @@ class Case:
             _require_int("head_dim_v", self.head_dim_v, minimum=1)
             if self.head_dim_v > MAX_HEAD_DIM_V:
                 raise UsageError("head_dim_v", self.head_dim_v, f"must be in 1..{MAX_HEAD_DIM_V}, or null for head_dim")
+        self._check_ragged()
+
+    def _check_ragged(self) -> None:
+        if self.seqlens is not None and self.cache_seqlens is not None:
+            raise UsageError("seqlens", list(self.seqlens), "a case is varlen or paged, not both (cache_seqlens is set)")
+        _require_int("tail", self.tail, minimum=0)
+        _require_int("splits", self.splits, minimum=1)
+        if self.splits > MAX_SPLITS:
+            raise UsageError("splits", self.splits, f"must be in 1..{MAX_SPLITS}")
+        if self.splits > 1 and self.sinks != "off":
+            raise UsageError("splits", self.splits, "split-KV partials do not take sinks (a sink belongs to no key range)")
+        if self.seqlens is not None:
+            pairs = self.seqlens
+            if not isinstance(pairs, (list, tuple)) or not pairs or not all(
+                    isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+                raise UsageError("seqlens", pairs, "must be a non-empty list of [seqlen_q, seqlen_k] pairs")
+            for pair in pairs:
+                for n in pair:
+                    _require_int("seqlens", n, minimum=0)
+            pairs = tuple(tuple(p) for p in pairs)
+            object.__setattr__(self, "seqlens", pairs)
+            self._require_shape("seqlens", list(map(list, pairs)), len(pairs), max(p[0] for p in pairs),
+                                max(p[1] for p in pairs))
+        elif self.tail:
+            raise UsageError("tail", self.tail, "is for varlen cases only (seqlens is not set)")
+        if self.cache_seqlens is None:
+            for name in ("page_size", "pages", "pool"):
+                if getattr(self, name) != VARIANT_DEFAULTS[name]:
+                    raise UsageError(name, getattr(self, name), "is for paged cases only (cache_seqlens is not set)")
+            return
+        lengths = self.cache_seqlens
+        if not isinstance(lengths, (list, tuple)) or not lengths:
+            raise UsageError("cache_seqlens", lengths, "must be a non-empty list of key counts, one per sequence")
+        for n in lengths:
+            _require_int("cache_seqlens", n, minimum=0)
+        object.__setattr__(self, "cache_seqlens", tuple(lengths))
+        self._require_shape("cache_seqlens", list(lengths), len(lengths), self.seqlen_q, max(lengths))
+        _require_int("page_size", self.page_size, minimum=1)
+        if self.pages not in PAGE_ORDERS:
+            raise UsageError("pages", self.pages, f"must be one of {', '.join(PAGE_ORDERS)}")
+        _require_int("pool", self.pool, minimum=0)
+        need = self.pages_used + 1
+        if self.pool and self.pool < need:
+            raise UsageError("pool", self.pool, f"must be 0 or at least {need} (the pages used, and one unused)")
+
+    def _require_shape(self, name: str, value: list, batch: int, seqlen_q: int, seqlen_k: int) -> None:
+        """batch, seqlen_q and seqlen_k of a varlen or paged case are what its sequences give."""
+        if self.layout != "contiguous":
+            raise UsageError("layout", self.layout, f"must be contiguous for a case with {name}")
+        want = {"batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k}
+        for field, n in want.items():
+            if getattr(self, field) != n:
+                raise UsageError(field, getattr(self, field), f"must be {n}, as {name} {value} gives")
 
     @property
     def scale(self) -> float:
@@ -126,8 +202,50 @@ class Case:
     def features(self) -> tuple:
         """The variant features this case uses, in FEATURES order."""
         on = {"window": self.window != (-1, -1), "softcap": self.softcap > 0, "alibi": self.alibi != "off",
-              "sinks": self.sinks != "off", "head_dim_v": self.head_dim_v is not None}
+              "sinks": self.sinks != "off", "head_dim_v": self.head_dim_v is not None,
+              "varlen": self.seqlens is not None, "paged": self.cache_seqlens is not None, "splits": self.splits > 1}
         return tuple(f for f in FEATURES if on[f])
+
+    @property
+    def kind(self) -> str:
+        return "varlen" if self.seqlens is not None else "paged" if self.cache_seqlens is not None else "dense"
+
+    @property
+    def sequences(self) -> tuple:
+        """(seqlen_q, seqlen_k) of each sequence: a dense batch's are all the same."""
+        if self.seqlens is not None:
+            return self.seqlens
+        if self.cache_seqlens is not None:
+            return tuple((self.seqlen_q, n) for n in self.cache_seqlens)
+        return ((self.seqlen_q, self.seqlen_k),) * self.batch
+
+    def sequence(self, i: int) -> "Case":
+        """Sequence i as a dense case of batch 1 (its masks, empty rows and visible keys)."""
+        sq, sk = self.sequences[i]
+        return dataclasses.replace(self, batch=1, seqlen_q=max(1, sq), seqlen_k=sk, seqlens=None, tail=0,
+                                   cache_seqlens=None, page_size=0, pages="in-order", pool=0)
+
+    @property
+    def pages_used(self) -> int:
+        """Pages a paged case's sequences occupy in the pool (shared pages once)."""
+        if self.cache_seqlens is None:
+            return 0
+        own = [-(-n // self.page_size) for n in self.cache_seqlens]
+        return sum(own) - sum(self.shared_pages(b) for b in range(len(own)))
+
+    def shared_pages(self, b: int) -> int:
+        """Under pages="shared", sequence b > 0 reads its first this many pages from sequence 0's (the
+        full pages both have)."""
+        if self.pages != "shared" or b == 0 or self.cache_seqlens is None:
+            return 0
+        return min(self.cache_seqlens[0], self.cache_seqlens[b]) // self.page_size
+
+    def split_ranges(self, seqlen_k: int, block: int = 1) -> list:
+        """The key ranges [lo, hi) of the splits of one sequence of seqlen_k keys: whole blocks of `block`
+        keys, ceil(blocks / splits) per split, as flash-attn cuts them; the last splits may be empty."""
+        blocks = -(-seqlen_k // block)
+        per = max(1, -(-blocks // self.splits)) * block
+        return [(min(seqlen_k, s * per), min(seqlen_k, (s + 1) * per)) for s in range(self.splits)]
 
     def visible_keys(self, i: int, offset: int | None = None) -> int:
         """How many keys query row i sees (causal and windows bottom-right aligned, or around i + offset)."""
@@ -172,8 +290,10 @@ class Case:
         for name, off in VARIANT_DEFAULTS.items():
             if d[name] == off:
                 del d[name]
-            elif name == "window":
+            elif name == "window" or name == "cache_seqlens":
                 d[name] = list(d[name])
+            elif name == "seqlens":
+                d[name] = [list(p) for p in d[name]]
         return d
 
     def to_json(self) -> str:
@@ -217,6 +337,13 @@ class Case:
             flags.append(f"sinks={self.sinks}")
         if self.head_dim_v is not None:
             flags.append(f"dv={self.head_dim_v}")
+        if self.seqlens is not None:
+            flags.append("varlen " + ",".join(f"{a}/{b}" for a, b in self.seqlens) + (f" tail={self.tail}" if self.tail else ""))
+        if self.cache_seqlens is not None:
+            flags.append(f"paged cache={','.join(map(str, self.cache_seqlens))} page={self.page_size} pages={self.pages}"
+                         + (f" pool={self.pool}" if self.pool else ""))
+        if self.splits > 1:
+            flags.append(f"splits={self.splits}")
         return (f"b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} h{self.nheads}{gqa} d{self.head_dim} "
                 + " ".join(flags))
 

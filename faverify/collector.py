@@ -5,6 +5,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from faverify.case import FEATURES
+from faverify.reference import SPLIT_TENSORS, TENSORS
 from faverify.runner import CaseResult
 
 
@@ -198,4 +199,4 @@ class KernelStats:
                 "ms_per_case": {k: round(1e3 * v / max(1, self.cases), 3) for k, v in sorted(self.phases.items())}}
 
 
-_ORDER = {"out": 0, "lse": 1, "dq": 2, "dk": 3, "dv": 4, "dsinks": 5}
+_ORDER = {name: i for i, name in enumerate(TENSORS + SPLIT_TENSORS)}

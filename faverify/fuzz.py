@@ -20,12 +20,14 @@ __all__ = ["FuzzPlan", "run"]
 def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, command: str,
         workers: int = 1, isolate: bool = True, timeout: float = 300.0,
         progress_factory: Callable[[str], Callable[[CaseResult], None]] = lambda name: (lambda r: None),
-        features: dict | None = None, conventions: dict | None = None, repeat: int = 1):
+        features: dict | None = None, conventions: dict | None = None, repeat: int = 1,
+        narrow_for: dict | None = None):
     """Fuzz each kernel in turn; returns the Run document.
 
     features: kernel -> the variant features its cases draw (default: the plan's for every kernel).
     conventions: kernel -> the conventions its subject declares, in words, for the reports.
     repeat: run each case that many times; outputs that differ in any bit fail it ("nondeterministic").
+    narrow_for: kernel -> what every case of it needs (Capabilities.draw: splits for a combine).
 
     workers: processes per device (several: the parallel mode above). isolate=False evaluates in this
     process (one device, sequential), for speed where no subject can crash the process.
@@ -48,6 +50,8 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
     base_plan = plan
     for name in kernels:
         plan = dataclasses.replace(base_plan, features=(features or {}).get(name, base_plan.features))
+        if (narrow_for or {}).get(name):
+            plan = dataclasses.replace(plan, narrow={**(plan.narrow or {}), **narrow_for[name]})
         stats = KernelStats(kernel=name, conventions=(conventions or {}).get(name, DEFAULT_CONVENTIONS.describe()),
                             keep_series=plan.shard is not None)  # merge.py recomputes statistics from them
         all_stats.append(stats)

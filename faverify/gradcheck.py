@@ -54,6 +54,11 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
     dtype = dtype_for(subject)
     if dtype is None or not subject.caps.backward:
         return _skip(dtype or "-", "subject has no backward or no supported dtype")
+    if case.kind != "dense" or case.splits > 1:  # checked on the dense case of its longest sequences
+        if not subject.caps.dense:
+            return _skip(dtype, "the finite-difference check runs on dense cases; the subject takes none")
+        case = dataclasses.replace(case, batch=1, seqlens=None, tail=0, cache_seqlens=None, page_size=0,
+                                   pages="in-order", pool=0, splits=1)
     h, clamp, allowed = _SETTINGS[dtype]
     c = dataclasses.replace(case, dtype=dtype, regime="normal", layout="contiguous")
     why = subject.unsupported(c, device)

@@ -14,6 +14,7 @@ import torch
 from faverify.case import Case
 from faverify.conventions import DEFAULT as DEFAULT_CONVENTIONS, Conventions
 from faverify.dtypes import TORCH
+from faverify.margins import margined
 from faverify.reference import Variant
 
 # Large-logit regime: q and k scaled by 32 give logits of standard deviation 32*32 = 1024 (at the default
@@ -41,13 +42,39 @@ class Inputs:
     dout: torch.Tensor
     alibi_slopes: torch.Tensor | None = None  # fp32 [h] or [b, h]
     sinks: torch.Tensor | None = None  # fp32 [h]; a leaf that requires grad when the case runs backward
+    # ragged cases (ragged.py): varlen offsets int32 [batch + 1]; paged block table and cache lengths, and
+    # the keys and values each sequence must read ([batch, max cache, hk, d]: the reference's, never passed)
+    cu_seqlens_q: torch.Tensor | None = None
+    cu_seqlens_k: torch.Tensor | None = None
+    block_table: torch.Tensor | None = None
+    cache_seqlens: torch.Tensor | None = None
+    k_logical: torch.Tensor | None = None
+    v_logical: torch.Tensor | None = None
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.q, self.k, self.v
 
     def extras(self) -> dict:
-        """The variant tensors the case uses, by their keyword (flash-attn's names)."""
-        return {name: t for name, t in (("alibi_slopes", self.alibi_slopes), ("sinks", self.sinks)) if t is not None}
+        """The variant and ragged tensors the case uses, by their keyword (flash-attn's names)."""
+        return {name: getattr(self, name) for name in EXTRAS if getattr(self, name) is not None}
+
+    def copy(self, *, requires_grad: bool = False, dout: bool = True) -> "Inputs":
+        """Fresh copies of every tensor, q, k, v inside new NaN margins (the leaves with requires_grad),
+        the sinks a leaf too: the same inputs again, for a rerun or a pristine yardstick."""
+        def leaf(t):
+            return margined(t.detach(), requires_grad, token_dims=t.dim() - 2) if requires_grad else t.detach().clone()
+        fields = {name: (t.detach().clone() if isinstance(t, torch.Tensor) else t)
+                  for name, t in vars(self).items()}
+        fields.update(q=leaf(self.q), k=leaf(self.k), v=leaf(self.v))
+        if not dout:
+            fields["dout"] = self.dout
+        if self.sinks is not None:
+            fields["sinks"] = self.sinks.detach().clone().requires_grad_(requires_grad)
+        return Inputs(**fields)
+
+
+# the keywords of Inputs.extras, flash-attn's names
+EXTRAS = ("alibi_slopes", "sinks", "cu_seqlens_q", "cu_seqlens_k", "block_table", "cache_seqlens")
 
 
 def variant_of(case: Case, x: Inputs, conventions: Conventions = DEFAULT_CONVENTIONS) -> Variant:
@@ -75,6 +102,8 @@ def make_inputs(case: Case, device: torch.device | str, *, requires_grad: bool =
 def lay_out(case: Case, values: Inputs, *, requires_grad: bool = False) -> Inputs:
     """Logical-layout tensors of the case's dtype placed in memory per case.layout (also used for the
     stored inputs of golden files)."""
+    if case.kind != "dense":
+        return _lay_out_ragged(case, values, requires_grad)
     q, k, v = _lay_out(case, values.q, values.k, values.v, requires_grad)
     dout = values.dout
     if case.layout == "transposed":  # dO from a transpose as well, as callers' gradients often are
@@ -83,6 +112,21 @@ def lay_out(case: Case, values: Inputs, *, requires_grad: bool = False) -> Input
     if sinks is not None:
         sinks = sinks.detach().clone().requires_grad_(requires_grad)
     return Inputs(q, k, v, dout, values.alibi_slopes, sinks)
+
+
+def _lay_out_ragged(case: Case, values: Inputs, requires_grad: bool) -> Inputs:
+    """Pack or page a padded draw; inputs already packed or paged (a rerun's) are copied afresh."""
+    from faverify import ragged
+    if values.cu_seqlens_q is not None or values.block_table is not None:
+        return values.copy(requires_grad=requires_grad)
+    sinks = values.sinks
+    if sinks is not None:
+        sinks = sinks.detach().clone().requires_grad_(requires_grad)
+    if case.kind == "varlen":
+        parts = ragged.pack(case, values.q, values.k, values.v, values.dout, requires_grad)
+    else:  # paged: q as a dense batch; no gradients are asked of it (decode kernels are forward-only)
+        parts = dict(q=margined(values.q, requires_grad), dout=values.dout, **ragged.page(case, values.k, values.v))
+    return Inputs(alibi_slopes=values.alibi_slopes, sinks=sinks, **parts)
 
 
 def draw_values(case: Case, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -231,9 +275,9 @@ def _lay_out(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, requ
     h, hk, d = case.nheads, case.nheads_k, case.head_dim
     layout = case.layout
     if layout == "contiguous":
-        return [_margined(t, requires_grad) for t in (q, k, v)]
+        return [margined(t, requires_grad) for t in (q, k, v)]
     if layout == "transposed":  # stored [b, h, s, d], seen through a transpose
-        return [_margined(t.transpose(1, 2), requires_grad).transpose(1, 2) for t in (q, k, v)]
+        return [margined(t.transpose(1, 2), requires_grad).transpose(1, 2) for t in (q, k, v)]
     if layout == "strided":
         # Row pitch wider than head_dim, the gap poisoned with NaN: a kernel that reads past the
         # head dim gets NaN, which the verdict cannot miss.
@@ -242,10 +286,10 @@ def _lay_out(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, requ
             width = t.shape[-1]
             store = torch.full((*t.shape[:-1], width + 8), float("nan"), dtype=t.dtype, device=t.device)
             store[..., :width] = t
-            out.append(_margined(store, requires_grad)[..., :width])
+            out.append(margined(store, requires_grad)[..., :width])
         return out
     if layout == "broadcast":  # k and v: one [1, sk, 1, d] store expanded, strides 0 over batch and kv heads
-        return [_margined(q, requires_grad)] + [_margined(t[:1, :, :1].contiguous(), requires_grad).expand(t.shape)
+        return [margined(q, requires_grad)] + [margined(t[:1, :, :1].contiguous(), requires_grad).expand(t.shape)
                                                 for t in (k, v)]
     if layout == "spread":
         # each stride at least twice the contiguous one (the cuDNN frontend's probe), the gaps NaN
@@ -254,31 +298,16 @@ def _lay_out(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, requ
             b, s, n, width = t.shape
             store = torch.full((b, 2 * s, 2 * n, 2 * (-(-width // 8) * 8)), float("nan"), dtype=t.dtype, device=t.device)
             store[:, ::2, ::2, :width] = t
-            out.append(_margined(store, requires_grad)[:, ::2, ::2, :width])
+            out.append(margined(store, requires_grad)[:, ::2, ::2, :width])
         return out
     # packed: one buffer, as a fused QKV projection produces it
     if case.dv != d:  # v is narrower or wider: only q and k share a buffer (MLA projects them together)
         if case.seqlen_q != case.seqlen_k:
-            return [_margined(t, requires_grad) for t in (q, k, v)]
-        store = _margined(torch.cat([q, k], dim=2), requires_grad)
-        return [store[:, :, :h], store[:, :, h:], _margined(v, requires_grad)]
+            return [margined(t, requires_grad) for t in (q, k, v)]
+        store = margined(torch.cat([q, k], dim=2), requires_grad)
+        return [store[:, :, :h], store[:, :, h:], margined(v, requires_grad)]
     if case.seqlen_q == case.seqlen_k:
-        store = _margined(torch.cat([q, k, v], dim=2), requires_grad)  # [b, s, h + 2hk, d]
+        store = margined(torch.cat([q, k, v], dim=2), requires_grad)  # [b, s, h + 2hk, d]
         return [store[:, :, :h], store[:, :, h:h + hk], store[:, :, h + hk:]]
-    kv = _margined(torch.cat([k, v], dim=2), requires_grad)  # q separate, kv packed [b, sk, 2hk, d]
-    return [_margined(q, requires_grad), kv[:, :, :hk], kv[:, :, hk:]]
-
-
-MARGIN_ROWS = 64  # rows of NaN before and after each store: a tile's overrun of a tail block lands in them
-
-
-def _margined(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
-    """t's values, contiguous, inside one buffer whose margins before and after hold NaN (cuDNN frontend's
-    and xformers' probe): a kernel that reads past either end of its tensor reads NaN, which the verdict
-    cannot miss. The margin is MARGIN_ROWS rows of t (at least 1024 elements), so offsets stay aligned."""
-    row = max(1, t[0, 0].numel() if t.dim() >= 2 and t.shape[0] and t.shape[1] else 1)
-    margin = max(1024, -(-MARGIN_ROWS * row // 64) * 64)
-    flat = torch.full((2 * margin + t.numel(),), float("nan"), dtype=t.dtype, device=t.device)
-    flat[margin:margin + t.numel()] = t.reshape(-1)
-    flat.requires_grad_(requires_grad)
-    return flat[margin:margin + t.numel()].view(t.shape)
+    kv = margined(torch.cat([k, v], dim=2), requires_grad)  # q separate, kv packed [b, sk, 2hk, d]
+    return [margined(q, requires_grad), kv[:, :, :hk], kv[:, :, hk:]]

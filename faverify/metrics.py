@@ -59,12 +59,13 @@ class ErrorStats:
 
 def error_stats(got: dict, ref: dict, base: dict, scales: dict, *, tensors: tuple[str, ...],
                 masked_rows: int = 0, empty_rows: tuple | None = None, sinks: bool = False,
-                empty_lse: float = -math.inf) -> dict:
+                empty_lse: float = -math.inf, empty_mask: torch.Tensor | None = None) -> dict:
     """ErrorStats for each named tensor the subject produced. empty_rows: (start, stop) of the query rows
-    that see no key (Case.empty_rows), or masked_rows: the first that many (bottom-right alignment). Their
-    out and dq must be 0 and their lse `empty_lse`. With sinks such a row's lse is the sink's logit, judged
-    by the tolerance like any other."""
-    rows_empty = empty_rows if empty_rows is not None else (0, masked_rows)
+    that see no key (Case.empty_rows), or masked_rows: the first that many (bottom-right alignment), or
+    empty_mask: a bool [B, h, S] of them (a ragged case's, whose sequences differ). Their out and dq must
+    be 0 and their lse `empty_lse`. With sinks such a row's lse is the sink's logit, judged by the
+    tolerance like any other."""
+    rows_empty = empty_mask if empty_mask is not None else empty_rows if empty_rows is not None else (0, masked_rows)
     rows, names = [], []
     for name in tensors:
         if got.get(name) is None:
@@ -125,6 +126,12 @@ def _raw_stats(name, got, ref, base, empty, empty_lse, scale):
 def _masked_bad(name, g, empty, empty_lse):
     """Rows that see no key: out and dq must be 0, lse -inf (or the declared value; docs/design.md). The
     rows come from the case, on the host: no device sync."""
+    if isinstance(empty, torch.Tensor):
+        if name not in ("out", "lse", "dq"):
+            return torch.zeros((), dtype=torch.float64, device=g.device)
+        if name == "lse":
+            return ((g != empty_lse) & empty).sum().to(torch.float64)
+        return ((g != 0) & empty.transpose(1, 2).unsqueeze(-1)).sum().to(torch.float64)
     if empty[1] <= empty[0] or name not in ("out", "lse", "dq"):
         return torch.zeros((), dtype=torch.float64, device=g.device)
     rows = slice(*empty)

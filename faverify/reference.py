@@ -18,6 +18,8 @@ import torch
 
 Tensors = dict  # name -> tensor: out [b,sq,h,dv], lse [b,h,sq], dq [b,sq,h,d], dk [b,sk,hk,d], dv [b,sk,hk,dv], dsinks [h]
 TENSORS = ("out", "lse", "dq", "dk", "dv", "dsinks")
+# a split-KV subject's partial results (sequences.split_yardsticks), judged as out and lse are
+SPLIT_TENSORS = ("out_splits", "lse_splits")
 
 
 @dataclass(frozen=True)

@@ -133,13 +133,22 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     """raised: what the subject may raise that fails its case (anything else propagates)."""
     name = subject.name
     reason = subject.unsupported(case, device)
-    backward = mode != "fwd"
+    backward = mode != "fwd" and not subject.caps.combine  # a combine has no gradients to ask
+    if reason is None and mode == "bwd" and subject.caps.combine:
+        reason = "a split-KV combine has no backward"
+    paged_forward = ""
+    if reason is None and case.kind == "paged" and backward:
+        if mode == "bwd":
+            reason = PAGED_FORWARD
+        mode, backward, paged_forward = "fwd", False, PAGED_FORWARD_ONLY
     if reason is None and backward and not subject.caps.backward:
         reason = "subject has no backward"
     if reason is None:
         reason = _too_big(case, device, backward)
     if reason:
         return CaseResult(name, case, "skip", reason)
+    if subject.caps.combine:
+        return _evaluate_combine(subject, case, device, tolerance, clock, raised)
 
     if stored is None:
         x, reference_given = make_inputs(case, device, requires_grad=backward), None
@@ -147,20 +156,21 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         from faverify.inputs import lay_out
         x, reference_given = lay_out(case, stored[0], requires_grad=backward), stored[1:]
     pristine = _copy(x, backward)
+    buffer = _out_buffer(case, x.q) if subject.caps.out_buffer else None
     clock.lap("inputs")
     try:
         with _no_exit():
-            out, lse = subject(x.q, x.k, x.v, case, x.extras())
+            out, lse, splits = subject.call(x.q, x.k, x.v, case, x.extras(), out=buffer)
     except (Unsupported, ValueError, NotImplementedError) as e:
         return CaseResult(name, case, "skip", f"{type(e).__name__}: {e}")
     except raised as e:  # the subject's failure, recorded with its message
         return failure(name, case, "fail", f"forward raised {type(e).__name__}: {e}", f"error:{type(e).__name__}")
-    problem = _check_outputs(case, x.q, out, lse)
+    problem = _check_outputs(case, x.q, out, lse) or (_check_splits(case, splits) if splits is not None else None)
     if problem:
         return failure(name, case, "fail", problem, "contract")
 
     got = {"out": out, "lse": lse}
-    forward_only = ""
+    forward_only = paged_forward
     if backward and not out.requires_grad:  # judged on its forward alone, and the case says so
         forward_only, backward = FORWARD_ONLY, False
         mode = "fwd"
@@ -179,6 +189,13 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         if problem:
             return failure(name, case, "fail", problem, "contract")
     failing = _changed_inputs(x, pristine, subject.caps.writes)
+    if buffer is not None:
+        from faverify.margins import written_outside
+        rows = sum(sq for sq, _ in case.seqlens) if case.kind == "varlen" else buffer.shape[0]
+        written = written_outside(buffer, rows)
+        if written:
+            failing.append(("out:written-outside", f"wrote {written} elements of the out buffer outside the "
+                                                  "sequences' tokens (its tail or its margins)"))
     clock.lap("subject")
     if repeat > 1:
         try:
@@ -189,6 +206,8 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         clock.lap("repeat")
     try:
         metrics = judge(case, pristine, got, tolerance, MODES[mode], reference_given, subject.caps.conventions)
+        if splits is not None:
+            metrics.update(judge_splits(case, pristine, splits, tolerance, subject.caps))
     except (MemoryError, torch.OutOfMemoryError) as e:  # faverify's side ran out, not the subject's
         return CaseResult(name, case, "skip", f"out of memory computing the FP64 reference ({type(e).__name__})")
     clock.lap("reference")
@@ -200,6 +219,87 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
 
 # the reason a passing case carries when only its forward could be judged
 FORWARD_ONLY = "forward only: the subject's output has no autograd graph, so its backward was not run"
+PAGED_FORWARD = "paged cases are judged on the forward (decode kernels are forward-only)"
+PAGED_FORWARD_ONLY = "forward only: " + PAGED_FORWARD
+
+
+def _out_buffer(case: Case, q: torch.Tensor) -> torch.Tensor:
+    """A NaN buffer in NaN margins, of out's shape, for a subject that declares out_buffer."""
+    from faverify.margins import poisoned
+    return poisoned(expected_out_shape(case), q.dtype, q.device)
+
+
+def _evaluate_combine(subject: Subject, case: Case, device: torch.device, tolerance: Tolerance, clock: "_Clock",
+                      raised: tuple) -> CaseResult:
+    """A split-KV combine alone: its partials are the FP64 attention over each split's keys (in fp32, as
+    kernels keep them), and what it combines them into is judged against the whole attention. The baseline
+    is the combine formula on the partials rounded to the case's dtype."""
+    from faverify.sequences import combine, split_yardsticks
+    name, conventions = subject.name, subject.caps.conventions
+    x = make_inputs(case, device)
+    clock.lap("inputs")
+    with torch.no_grad():
+        parts, _, _, _ = split_yardsticks(case, x, conventions, subject.caps.split_block)
+    shape = _split_shape(case)
+    outs = parts["out"].reshape(shape[0]).float()
+    lses = parts["lse"].reshape(shape[1]).float()
+    given = (outs.clone(), lses.clone())
+    try:
+        with _no_exit():
+            result = subject.fn(outs, lses)
+    except (Unsupported, ValueError, NotImplementedError) as e:
+        return CaseResult(name, case, "skip", f"{type(e).__name__}: {e}")
+    except raised as e:
+        return failure(name, case, "fail", f"combine raised {type(e).__name__}: {e}", f"error:{type(e).__name__}")
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        return failure(name, case, "fail", "a combine must return (out, lse)", "contract")
+    out, lse = result
+    problem = _check_outputs(case, x.q, out if not isinstance(out, torch.Tensor) else out.to(x.q.dtype), lse)
+    if problem:
+        return failure(name, case, "fail", problem, "contract")
+    failing = [(f"{n}:modified", f"modified {n} in place") for n, a, b in
+               (("out_splits", outs, given[0]), ("lse_splits", lses, given[1]))
+               if not torch.equal(a.nan_to_num(), b.nan_to_num())]
+    clock.lap("subject")
+    base = combine(given[0].to(x.q.dtype), given[1], x.q.dtype)
+    metrics = judge(case, x, {"out": out, "lse": lse}, tolerance, ("out", "lse"), None, conventions,
+                    baseline={"out": base[0], "lse": base[1]})
+    clock.lap("reference")
+    failing += [(f"{t}:{kind(m)}", f"{t}: {m.reason}") for t, m in metrics.items() if not m.passed]
+    if failing:
+        return CaseResult(name, case, "fail", "; ".join(r for _, r in failing), metrics, [s for s, _ in failing])
+    return CaseResult(name, case, "pass", "", metrics)
+
+
+def _split_shape(case: Case) -> tuple:
+    b, sq, h, dv = expected_out_shape(case)
+    return (case.splits, b, sq, h, dv), (case.splits, b, h, sq)
+
+
+def _check_splits(case: Case, splits) -> str | None:
+    want = _split_shape(case)
+    for name, t, shape in zip(("out_splits", "lse_splits"), splits, want):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+            return f"{name} has shape {tuple(getattr(t, 'shape', ()))}, expected {shape}"
+    return None
+
+
+def judge_splits(case: Case, x: Inputs, splits, tolerance: Tolerance, caps) -> dict:
+    """The split-KV partials, each against the FP64 attention over its split's keys (empty ones must be
+    out 0, lse -inf): metrics "out_splits" and "lse_splits", judged as out and lse are."""
+    from faverify.sequences import split_yardsticks
+    with torch.no_grad():
+        ref, scales, base, empty = split_yardsticks(case, x, caps.conventions, caps.split_block)
+        if caps.conventions != DEFAULT_CONVENTIONS:
+            ref, scales, base = _declared(ref, scales, base, caps.conventions)
+        out, lse = splits
+        got = {"out": out.reshape(ref["out"].shape), "lse": lse.reshape(ref["lse"].shape)}
+        stats = error_stats(got, ref, base, scales, tensors=("out", "lse"), empty_mask=empty,
+                            empty_lse=caps.conventions.empty_lse_value)
+    metrics = judge_all(stats, case.dtype, tolerance)
+    for m in metrics.values():
+        m.tensor += "_splits"
+    return {m.tensor: m for m in metrics.values()}
 
 
 CHECK_MEMORY_ABOVE = 256 << 20  # bytes: a smaller case is not worth asking the device how much is free
@@ -269,9 +369,7 @@ def _differentiable(x: Inputs) -> tuple:
 def _copy(x: Inputs, backward: bool) -> Inputs:
     """The inputs as they are before the subject runs. The reference and the baseline are computed from
     this copy, so a subject that changes its inputs in place cannot move the yardstick it is judged by."""
-    dout = x.dout.detach().clone() if backward else x.dout
-    extras = (t.detach().clone() if t is not None else None for t in (x.alibi_slopes, x.sinks))
-    return Inputs(*(t.detach().clone() for t in x.tensors()), dout, *extras)
+    return x.copy(dout=backward)
 
 
 def _changed_inputs(x: Inputs, pristine: Inputs, writes: tuple) -> list:
@@ -310,14 +408,17 @@ def _no_exit():
 
 
 def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple, given=None,
-          conventions: Conventions = DEFAULT_CONVENTIONS) -> dict:
+          conventions: Conventions = DEFAULT_CONVENTIONS, baseline: dict | None = None) -> dict:
     """Judge a subject's tensors (any of out, lse, dq, dk, dv, dsinks) for `case` against the FP64
     reference (computed here, or `given` as (reference tensors, scales), from a golden file), under the
     subject's conventions: the reference's masks align as it declares and its lse is in the declared base,
-    with the declared value where a row sees no key."""
+    with the declared value where a row sees no key. baseline: tensors that stand for the naive
+    baseline's (a combine's)."""
     q, k, v = (t.detach() for t in x.tensors())
     backward = any(got.get(t) is not None for t in ("dq", "dk", "dv"))
     dout = x.dout if backward else None
+    if case.kind != "dense":
+        return _judge_ragged(case, x, got, tolerance, tensors, backward, conventions, baseline)
     variant = variant_of(case, x, conventions)
     empty = case.empty_rows(variant.offset)
     if given is not None and (conventions.causal, conventions.alibi) != (DEFAULT_CONVENTIONS.causal,
@@ -329,6 +430,8 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
         else:
             ref, scales = given
         base = naive(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant)
+        if baseline is not None:
+            base = {**base, **baseline}
         if conventions != DEFAULT_CONVENTIONS:
             ref, scales, base = _declared(ref, scales, base, conventions)
         stats = error_stats(got, ref, base, scales, tensors=tensors, empty_rows=empty,
@@ -340,6 +443,38 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
         if hint:
             lse.reason += f"; {hint}"
     return metrics
+
+
+def _judge_ragged(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple, backward: bool,
+                  conventions: Conventions, baseline: dict | None) -> dict:
+    """judge() of a varlen or paged case: its references sequence by sequence (sequences.py), the
+    subject's varlen tensors without their tail, as one packed batch."""
+    from faverify.sequences import yardsticks
+    with torch.no_grad():
+        ref, scales, base, empty = yardsticks(case, x, backward, conventions)
+        if baseline is not None:
+            base = {**base, **baseline}
+        if conventions != DEFAULT_CONVENTIONS:
+            ref, scales, base = _declared(ref, scales, base, conventions)
+        if case.kind == "varlen":
+            got = _unpadded(case, got)
+        stats = error_stats(got, ref, base, scales, tensors=tensors, empty_mask=empty,
+                            empty_lse=conventions.empty_lse_value)
+    return judge_all(stats, case.dtype, tolerance)
+
+
+def _unpadded(case: Case, got: dict) -> dict:
+    """A varlen subject's tensors without the tail, as a batch of one: [1, total, ...], lse [1, h, total]."""
+    total_q, total_k = (sum(p[i] for p in case.seqlens) for i in (0, 1))
+    out = {}
+    for name, t in got.items():
+        if t is None or name == "dsinks":
+            out[name] = t
+        elif name == "lse":
+            out[name] = t[:, :total_q].unsqueeze(0)
+        else:
+            out[name] = t[:total_k if name in ("dk", "dv") else total_q].unsqueeze(0)
+    return out
 
 
 def _declared(ref: dict, scales: dict, base: dict, conventions: Conventions) -> tuple:
@@ -373,22 +508,39 @@ def _on_device(name: str, t, device: torch.device) -> str | None:
     return None
 
 
+def expected_out_shape(case: Case) -> tuple:
+    """out's shape: [b, s, h, head_dim_v]; a varlen case's packed [total_q + tail, h, head_dim_v]."""
+    if case.kind == "varlen":
+        return sum(p[0] for p in case.seqlens) + case.tail, case.nheads, case.dv
+    return case.batch, case.seqlen_q, case.nheads, case.dv
+
+
+def expected_lse_shape(case: Case) -> tuple:
+    """lse's shape: [b, h, seqlen_q]; a varlen case's [h, total_q + tail] (flash-attn's)."""
+    if case.kind == "varlen":
+        return case.nheads, sum(p[0] for p in case.seqlens) + case.tail
+    return case.batch, case.nheads, case.seqlen_q
+
+
 def _check_outputs(case: Case, q: torch.Tensor, out, lse) -> str | None:
-    """The calling convention (docs/design.md): out like q, on q's device, lse [b, h, seqlen_q] float32."""
+    """The calling convention (docs/design.md): out like q, on q's device, lse [b, h, seqlen_q] float32
+    (varlen: packed, expected_out_shape)."""
     if not isinstance(out, torch.Tensor):
         return f"out is {type(out).__name__}, expected a tensor"
     problem = _on_device("out", out, q.device) or _on_device("lse", lse, q.device)
     if problem:
         return problem
-    want_out = (*q.shape[:3], case.dv)
+    want_out = expected_out_shape(case)
     if tuple(out.shape) != want_out:
-        return f"out has shape {tuple(out.shape)}, expected {want_out} ([b, s, h, head_dim_v])"
+        layout = "[total_q + tail, h, head_dim_v]" if case.kind == "varlen" else "[b, s, h, head_dim_v]"
+        return f"out has shape {tuple(out.shape)}, expected {want_out} ({layout})"
     if out.dtype != q.dtype:
         return f"out has dtype {out.dtype}, expected the input dtype {q.dtype}"
     if lse is not None:
-        want = (case.batch, case.nheads, case.seqlen_q)
+        want = expected_lse_shape(case)
         if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != want:
-            return f"lse has shape {tuple(getattr(lse, 'shape', ()))}, expected {want} ([b, h, seqlen_q])"
+            layout = "[h, total_q + tail]" if case.kind == "varlen" else "[b, h, seqlen_q]"
+            return f"lse has shape {tuple(getattr(lse, 'shape', ()))}, expected {want} ({layout})"
         if lse.dtype != torch.float32:
             return f"lse has dtype {lse.dtype}, expected torch.float32"
     return None

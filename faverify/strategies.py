@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from faverify.case import DTYPES, FEATURES, INITS, LAYOUTS, MAX_HEAD_DIM, REGIMES, Case
+from faverify.case import DTYPES, FEATURES, INITS, LAYOUTS, MAX_HEAD_DIM, PAGE_ORDERS, REGIMES, VARIANT_FEATURES, Case
 from faverify.errors import UsageError
 
 # Block boundaries of common tile sizes (16..128) and their neighbours, odd lengths, one-row cases, and the
@@ -26,6 +26,15 @@ SCALES = (None, 1e-3, 2.0)  # default d^-0.5, tiny (near-uniform attention), lar
 # Caps small enough that typical logits reach them, and the ones models use (Gemma 2: 50, 30)
 SOFTCAPS = (0.5, 1.0, 5.0, 30.0, 50.0)
 HEAD_DIMS_V = (64, 128, 512)  # MLA's 192/128 and 576/512 among the q/k head dims drawn
+# A sequence of a varlen batch: one token (what shrinking goes to), none, and the tile edges
+SEQUENCE_LENGTHS = (1, 0, 2, 17, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 1023, 1024, 1025)
+TAILS = (0, 1, 7, 64)  # unused tokens past a varlen batch's last offset
+# Page sizes: 1 first (shrinking goes there), the common 16 and 64, and non-powers of two
+PAGE_SIZES = (1, 16, 64, 3, 7, 13, 256)
+SPLITS = (2, 3, 4, 7, 16)
+LONG_CACHE_ODDS = 16  # one paged case in this many has a cache past max_seqlen (up to Limits.max_cache)
+HUGE_POOL_ODDS = 32  # one paged case in this many has a pool past 2^32 elements, where Limits allow it
+INT32_ELEMENTS = 1 << 31  # offsets into a pool this large overflow a signed 32-bit product
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,10 @@ class Limits:
     max_batch: int
     max_heads: int
     max_elements: int  # cap on batch * seqlen * nheads * head_dim of the largest of q, k
+    max_cache: int = 0  # longest paged cache drawn (0: max_seqlen)
+    # largest page pool, in elements of k_cache: a pool past 2^31 elements overflows 32-bit offset products
+    # (vLLM tests 32768 pages for it); 0: no pool larger than its pages need
+    max_pool_elements: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_seqlen", "max_batch", "max_heads", "max_elements"):
@@ -44,14 +57,16 @@ class Limits:
 
 
 CPU_LIMITS = Limits(max_seqlen=256, max_batch=2, max_heads=4, max_elements=1 << 17)
-GPU_LIMITS = Limits(max_seqlen=2048, max_batch=4, max_heads=16, max_elements=1 << 22)
+GPU_LIMITS = Limits(max_seqlen=2048, max_batch=4, max_heads=16, max_elements=1 << 22, max_cache=1 << 17,
+                    max_pool_elements=1 << 33)
 
 
 def limits_for(device_type: str, max_seqlen: int | None = None) -> Limits:
     base = GPU_LIMITS if device_type == "cuda" else CPU_LIMITS
     if max_seqlen is None:
         return base
-    return Limits(max_seqlen, base.max_batch, base.max_heads, max(base.max_elements, max_seqlen * 16))
+    return Limits(max_seqlen, base.max_batch, base.max_heads, max(base.max_elements, max_seqlen * 16),
+                  max(base.max_cache, max_seqlen), base.max_pool_elements)
 
 
 def seqlens(*, max_seqlen: int) -> st.SearchStrategy[int]:
@@ -63,11 +78,14 @@ def seqlens(*, max_seqlen: int) -> st.SearchStrategy[int]:
 @st.composite
 def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes: tuple = REGIMES,
           layouts: tuple = LAYOUTS, inits: tuple = INITS, causal: bool | None = None,
-          head_dims: tuple = HEAD_DIMS, exact_head_dims: bool = False, features: tuple = ()) -> Case:
+          head_dims: tuple = HEAD_DIMS, exact_head_dims: bool = False, features: tuple = (),
+          always_split: bool = False, ragged_only: bool = False) -> Case:
     """A Case within `limits`. Arguments narrow the choices; each must be a non-empty subset. Head dims
     are drawn from head_dims or anywhere between its least and largest, or only from it (exact).
     features: the variant features (case.FEATURES) drawn, each on or off per case, after every dense
-    field, so a dense draw is the same whatever the features; each shrinks to off."""
+    field, so a dense draw is the same whatever the features; each shrinks to off. "varlen" and "paged"
+    replace the batch by sequences of their own lengths (ragged); always_split: every case has splits
+    (a split-KV combine's cases); ragged_only: every case varlen or paged (of those in features)."""
     for name, chosen, allowed in (("dtypes", dtypes, DTYPES), ("regimes", regimes, REGIMES),
                                   ("layouts", layouts, LAYOUTS), ("inits", inits, INITS)):
         if not chosen or not set(chosen) <= set(allowed):
@@ -104,7 +122,62 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
         init=draw(st.sampled_from(inits)),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
-    return Case(**dense, **draw(variants(tuple(f for f in FEATURES if f in features), seqlen_k=seqlen_k)))
+    variant = draw(variants(tuple(f for f in VARIANT_FEATURES if f in features), seqlen_k=seqlen_k))
+    if variant.get("sinks") and (always_split or "splits" in features):
+        del variant["sinks"]  # split-KV partials take no sinks (a sink belongs to no key range)
+    kinds = tuple(k for k in ("varlen", "paged") if k in features)
+    # drawn only when asked for, so a draw without them is the same as it always was
+    shape = draw(ragged(kinds, dense, limits, cap, ragged_only=ragged_only)) if kinds else {}
+    if always_split or "splits" in features:
+        choices = SPLITS if always_split else (1,) + SPLITS
+        shape["splits"] = draw(st.sampled_from(choices))
+    return Case(**{**dense, **variant, **shape})
+
+
+def _lengths(cap: int) -> st.SearchStrategy[int]:
+    """One sequence's length: tile edges most of the time (0, a zero-length sequence, among them), any
+    length up to cap otherwise; shrinks to 1."""
+    edges = [n for n in SEQUENCE_LENGTHS if n <= cap] or [1]
+    return st.one_of(st.sampled_from(edges), st.integers(0, cap))
+
+
+@st.composite
+def ragged(draw, kinds: tuple, dense: dict, limits: Limits, cap: int, ragged_only: bool = False) -> dict:
+    """The fields of a varlen or a paged batch (or none: dense, what it shrinks to). Varlen: 1 to
+    2 * max_batch sequences, each (seqlen_q, seqlen_k) from _lengths, one of them maybe as long as a dense
+    case may be, and a tail. Paged: a decode step (1..16 queries) or the dense draw's seqlen_q against
+    caches of _lengths, now and then one past max_seqlen, in pages of PAGE_SIZES laid out per PAGE_ORDERS."""
+    kind = draw(st.sampled_from(kinds if ragged_only else ("dense",) + kinds))
+    if kind == "dense":
+        return {}
+    n = draw(st.integers(1, max(2, 2 * limits.max_batch)))
+    each = max(1, cap // n)
+    heads, d = dense["nheads_k"], dense["head_dim"]
+    if kind == "varlen":
+        pairs = [[draw(_lengths(each)), draw(_lengths(each))] for _ in range(n)]
+        if draw(st.booleans()):  # one long sequence among short ones
+            pairs[draw(st.integers(0, n - 1))] = [draw(st.integers(each, cap)), draw(st.integers(each, cap))]
+        if max(p[0] for p in pairs) == 0:
+            pairs[0][0] = 1  # at least one query row
+        return dict(batch=n, seqlen_q=max(p[0] for p in pairs), seqlen_k=max(p[1] for p in pairs),
+                    seqlens=tuple(map(tuple, pairs)), tail=draw(st.sampled_from(TAILS)), layout="contiguous")
+    seqlen_q = draw(st.one_of(st.integers(1, 16), st.just(dense["seqlen_q"])))
+    # the values are drawn as a padded [n, longest, hk, d] batch: 32 dense cases' worth at most
+    longest = max(min(limits.max_cache, 32 * limits.max_elements // (n * heads * d)), limits.max_seqlen)
+    caches = [draw(_lengths(each)) for _ in range(n)]
+    if longest > each and draw(st.sampled_from(range(LONG_CACHE_ODDS))) == LONG_CACHE_ODDS - 1:
+        caches[draw(st.integers(0, n - 1))] = draw(st.integers(each, longest))
+    page_size = draw(st.sampled_from(PAGE_SIZES))
+    pages = draw(st.sampled_from(PAGE_ORDERS))
+    shape = dict(batch=n, seqlen_q=seqlen_q, seqlen_k=max(caches), cache_seqlens=tuple(caches), page_size=page_size,
+                 pages=pages, layout="contiguous")
+    page_elements = page_size * heads * d
+    huge = -(-2 * INT32_ELEMENTS // page_elements)  # half the pool past the 32-bit offsets
+    if (huge * page_elements <= limits.max_pool_elements
+            and draw(st.sampled_from(range(HUGE_POOL_ODDS))) == HUGE_POOL_ODDS - 1):
+        used = Case(**{**dense, **shape}).pages_used
+        shape.update(pool=max(huge, used + 1), pages="random")
+    return shape
 
 
 def _bound(seqlen_k: int) -> st.SearchStrategy[int]:

@@ -109,7 +109,8 @@ def fuzz(
                      command=command, workers=workers, isolate=isolate, timeout=timeout,
                      progress_factory=progress_factory(progress, iters),
                      features={s.name: s.caps.features() if wanted is None else wanted for s in subjects},
-                     conventions={s.name: s.caps.conventions.describe() for s in subjects}, repeat=repeat)
+                     conventions={s.name: s.caps.conventions.describe() for s in subjects}, repeat=repeat,
+                     narrow_for={s.name: s.caps.draw() for s in subjects})
     with held():  # a signal now waits until everything asked for is written
         _write_outputs(result, json_path, markdown)
         say(render(result, "table"))

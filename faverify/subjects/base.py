@@ -18,8 +18,10 @@ from faverify import conventions as _conventions
 from faverify.case import DTYPES, FEATURES, INITS, Case
 
 INPUTS = ("q", "k", "v", "dout")  # what a subject is given: dout through autograd
-# The keyword each variant feature is passed by (flash-attn's names); head_dim_v has none: v's shape says it.
-KEYWORDS = {"window": "window_size", "softcap": "softcap", "alibi": "alibi_slopes", "sinks": "sinks"}
+# The keywords each variant feature is passed by (flash-attn's names); head_dim_v has none: v's shape says it.
+KEYWORDS = {"window": ("window_size",), "softcap": ("softcap",), "alibi": ("alibi_slopes",), "sinks": ("sinks",),
+            "varlen": ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
+            "paged": ("block_table", "cache_seqlens"), "splits": ("num_splits",)}
 from faverify.errors import Unsupported
 
 
@@ -42,6 +44,20 @@ class Capabilities:
     alibi: bool = False
     sinks: bool = False
     head_dim_v: bool = False
+    # ragged and split (docs/design.md, "Ragged and paged"): packed varlen batches; a paged KV cache, of
+    # the page sizes listed (None: any); split-KV partial results returned beside out and lse, the keys cut
+    # into whole blocks of split_block keys
+    varlen: bool = False
+    paged: bool = False
+    dense: bool = True  # False: varlen or paged cases only (flash_attn_varlen_func takes nothing else)
+    page_sizes: tuple | None = None
+    splits: bool = False
+    split_block: int = 1
+    # a split-KV combine alone: fn(out_splits, lse_splits) -> (out, lse), judged on split cases' partials
+    combine: bool = False
+    # takes out=, a buffer to write into (varlen: [total_q + tail, h, dv]); it must not write past the
+    # last sequence's tokens
+    out_buffer: bool = False
     # where causal aligns, lse's base, the lse of a row that sees no key, ALiBi's form: a preset's name
     # (conventions.PRESETS: "flash-attn-2", "flashinfer", ...) or a dict of conventions.Conventions' fields
     conventions: object = _conventions.DEFAULT
@@ -57,13 +73,19 @@ class Capabilities:
             allowed = {"dtypes": DTYPES, "devices": ("cpu", "cuda"), "writes": INPUTS, "init_modes": INITS}[name]
             if not isinstance(value, tuple) or not all(isinstance(x, str) and x in allowed for x in value):
                 raise ValueError(f"{name} must be a list of {', '.join(allowed)}, got {value!r}")
-        for name in ("min_head_dim", "max_head_dim"):
+        if self.page_sizes is not None:
+            if isinstance(self.page_sizes, list):
+                object.__setattr__(self, "page_sizes", tuple(self.page_sizes))
+            if not isinstance(self.page_sizes, tuple) or not all(
+                    isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in self.page_sizes):
+                raise ValueError(f"page_sizes must be a list of integers >= 1, got {self.page_sizes!r}")
+        for name in ("min_head_dim", "max_head_dim", "split_block"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.min_head_dim > self.max_head_dim:
             raise ValueError(f"min_head_dim {self.min_head_dim} is above max_head_dim {self.max_head_dim}")
-        for name in ("gqa", "backward", "lse") + FEATURES:
+        for name in ("gqa", "backward", "lse", "combine", "out_buffer", "dense") + FEATURES:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
@@ -83,10 +105,22 @@ class Capabilities:
             return f"{', '.join(missing)} not declared by the subject (faverify_capabilities)"
         if case.dv != case.head_dim and not self.min_head_dim <= case.dv <= self.max_head_dim:
             return f"head_dim_v {case.dv} outside {self.min_head_dim}..{self.max_head_dim}"
+        if self.page_sizes is not None and case.kind == "paged" and case.page_size not in self.page_sizes:
+            return f"page size {case.page_size} not supported (supports {', '.join(map(str, self.page_sizes))})"
+        if not self.dense and case.kind == "dense":
+            return "dense cases not supported (the subject declares dense: false, varlen or paged only)"
+        if self.combine and case.splits < 2:
+            return "a split-KV combine is judged on split cases only (splits >= 2)"
         return None
 
     def features(self) -> tuple:
         return tuple(f for f in FEATURES if getattr(self, f))
+
+    def draw(self) -> dict:
+        """strategies.cases' arguments that every case of this subject needs: split cases for a combine,
+        ragged ones for a subject that takes no dense batch."""
+        return {**({"always_split": True} if self.combine else {}),
+                **({"ragged_only": True} if not self.dense and (self.varlen or self.paged) else {})}
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -122,8 +156,13 @@ class Subject:
         return self.caps.reason_unsupported(case, device)
 
     def __call__(self, q, k, v, case: Case, extras: dict | None = None):
-        """Run the subject on one case: (out, lse or None). Unsupported -> faverify.errors.Unsupported.
-        extras: the case's variant tensors by keyword (Inputs.extras: alibi_slopes, sinks).
+        """(out, lse or None) of call()."""
+        return self.call(q, k, v, case, extras)[:2]
+
+    def call(self, q, k, v, case: Case, extras: dict | None = None, out=None):
+        """Run the subject on one case: (out, lse or None, (out_splits, lse_splits) or None).
+        Unsupported -> faverify.errors.Unsupported. extras: the case's variant and ragged tensors by
+        keyword (Inputs.extras); out: the buffer a subject that declares out_buffer writes into.
 
         A case with the default scale passes softmax_scale=None: the subject's own default (which must be
         head_dim ** -0.5) is under test too, and is where a 1/d-instead-of-1/sqrt(d) bug lives."""
@@ -131,12 +170,20 @@ class Subject:
         if self.caps.init_modes is not None:
             kwargs["init"] = case.init
         kwargs.update(variant_keywords(case, extras or {}))
+        if out is not None:
+            kwargs["out"] = out
+        if self.caps.splits:  # even 1: a split subject's own default might cut the keys otherwise
+            kwargs["num_splits"] = case.splits
         result = self.fn(q, k, v, **kwargs)
+        if self.caps.splits:
+            if not isinstance(result, (tuple, list)) or len(result) != 4:
+                raise TypeError(f"{self.name} declares splits: it must return (out, lse, out_splits, lse_splits)")
+            return result[0], result[1], (result[2], result[3])
         if isinstance(result, (tuple, list)):
             if len(result) != 2:
                 raise TypeError(f"{self.name} returned {len(result)} values; expected out or (out, lse)")
-            return result[0], result[1]
-        return result, None
+            return result[0], result[1], None
+        return result, None, None
 
 
 def variant_keywords(case: Case, extras: dict) -> dict:
@@ -153,6 +200,13 @@ def variant_keywords(case: Case, extras: dict) -> dict:
             if name not in extras:  # faverify's own mistake: the case would run without its slopes or sinks
                 raise KeyError(f"the case uses {feature} but its {name} were not passed (Inputs.extras())")
             kwargs[name] = extras[name]
+    if "varlen" in used:
+        kwargs.update(cu_seqlens_q=extras["cu_seqlens_q"], cu_seqlens_k=extras["cu_seqlens_k"],
+                      max_seqlen_q=case.seqlen_q, max_seqlen_k=case.seqlen_k)
+    if "paged" in used:
+        kwargs.update(block_table=extras["block_table"], cache_seqlens=extras["cache_seqlens"])
+    if "splits" in used:
+        kwargs["num_splits"] = case.splits
     return kwargs
 
 
@@ -164,7 +218,12 @@ def missing_keywords(fn: Callable, caps: Capabilities) -> list:
         return []
     if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return []
-    return [KEYWORDS[f] for f in caps.features() if f in KEYWORDS and KEYWORDS[f] not in params]
+    if caps.combine:  # called as fn(out_splits, lse_splits)
+        return []
+    wanted = [w for f in caps.features() for w in KEYWORDS.get(f, ())]
+    if caps.out_buffer:
+        wanted.append("out")
+    return [w for w in wanted if w not in params]
 
 
 def takes_init(fn: Callable) -> bool:

@@ -2,7 +2,7 @@
 of the variant contract.
 
 Softcap and ALiBi are a score_mod, causal masks and windows a mask_mod and its block mask, bottom-right
-aligned like the rest of faverify. Their parameters live in tensors the mods read, so a new softcap, slope
+aligned like the rest of faverify. Varlen and paged cases run one sequence at a time (per_sequence.py). Their parameters live in tensors the mods read, so a new softcap, slope
 or window does not recompile; on a GPU sizes are dynamic, so a new head dim or dtype is what compiles;
 on the CPU each shape compiles (see _flex's caller for why). On the CPU
 torch compiles FlexAttention for inference only and without lse: the subject runs the forward there under
@@ -88,6 +88,7 @@ def _take_compile_seconds() -> float:
 
 
 def make() -> Subject:
-    caps = Capabilities(lse=True, window=True, softcap=True, alibi=True, head_dim_v=True)
-    return Subject(name="flex", fn=flex, caps=caps, description="torch FlexAttention, compiled (forward only on "
+    from faverify.subjects.per_sequence import ragged
+    caps = Capabilities(lse=True, window=True, softcap=True, alibi=True, head_dim_v=True, varlen=True, paged=True)
+    return Subject(name="flex", fn=ragged(flex), caps=caps, description="torch FlexAttention, compiled (forward only on "
                    "the CPU)", compile_seconds=_take_compile_seconds)

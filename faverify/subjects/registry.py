@@ -18,6 +18,11 @@ def _flex() -> Subject:
     return make()
 
 
+def _combine() -> Subject:
+    from faverify.subjects.combine import make
+    return make()
+
+
 def _cuda(name: str) -> Subject:
     from faverify.kernels.cuda.subject import make
     return make(name)
@@ -26,6 +31,7 @@ def _cuda(name: str) -> Subject:
 _BUILTIN: dict[str, Callable[[], Subject]] = {name: (lambda n=name: sdpa.make(n)) for name in sdpa.names()}
 _BUILTIN["triton"] = _triton
 _BUILTIN["flex"] = lambda: _flex()
+_BUILTIN["combine"] = lambda: _combine()
 for _name in ("cuda", "cuda-simt"):
     _BUILTIN[_name] = lambda n=_name: _cuda(n)
 

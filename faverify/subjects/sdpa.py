@@ -20,7 +20,7 @@ _BACKENDS = {
     "sdpa-math": ("MATH", "torch SDPA math backend (reference-style, materializes the score matrix; variants "
                           "through an fp32 float mask)",
                   Capabilities(max_head_dim=512, window=True, softcap=True, alibi=True, sinks=True,
-                               head_dim_v=True)),
+                               head_dim_v=True, varlen=True, paged=True)),
     "sdpa-flash": ("FLASH_ATTENTION", "torch SDPA FlashAttention-2 backend",
                    Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",))),
     "sdpa-efficient": ("EFFICIENT_ATTENTION", "torch SDPA memory-efficient (xformers) backend",
@@ -83,6 +83,9 @@ def make(name: str) -> Subject:
             raise
         return out.transpose(1, 2).to(q.dtype)
 
+    if caps.varlen or caps.paged:  # one sequence at a time (a reference path: per_sequence.py)
+        from faverify.subjects.per_sequence import ragged
+        fn = ragged(fn)
     return Subject(name=name, fn=fn, caps=caps, description=description)
 
 

@@ -1,0 +1,97 @@
+"""Ragged batches in memory: a varlen batch packed along the token axis, a paged KV cache and its block
+table (docs/design.md, "Ragged and paged"). inputs.py draws a ragged case's values as a padded dense batch
+(sequence i's first lengths of row i), so every value regime works unchanged; this module places them.
+
+- varlen: q [total_q + tail, h, d], k and v [total_k + tail, hk, d] in NaN margins, the tail NaN too, and
+  cu_seqlens_q/k int32 [batch + 1].
+- paged: k_cache, v_cache [pool, page_size, hk, d], NaN wherever no sequence's token lies (unused pages,
+  the slots past each cache's length), block_table int32 [batch, max_pages] in the case's page order
+  (entries past a sequence's pages point at an unused page), cache_seqlens int32 [batch]. Under "shared"
+  the later sequences' first pages are the first sequence's, and so are their keys.
+"""
+from __future__ import annotations
+
+import torch
+
+from faverify.case import Case
+from faverify.margins import margined, poisoned
+
+PAGE_SEED_SALT = 0x5DEECE66D  # the page order's generator is the case seed's, apart from the values'
+
+
+def pack(case: Case, q, k, v, dout, requires_grad: bool) -> dict:
+    """The varlen tensors from a padded [batch, s, heads, d] draw: q, k, v, dout and cu_seqlens_q/k."""
+    seqs = case.seqlens
+
+    def packed(t, side: int, leaf: bool):
+        parts = [t[i, :n[side]] for i, n in enumerate(seqs)]
+        parts.append(torch.full((case.tail, *t.shape[2:]), float("nan"), dtype=t.dtype, device=t.device))
+        whole = torch.cat(parts)
+        return margined(whole, requires_grad, token_dims=1) if leaf else whole
+
+    device = q.device
+    offsets = [torch.tensor([0] + [n[side] for n in seqs], device=device).cumsum(0).to(torch.int32)
+               for side in (0, 1)]
+    return dict(q=packed(q, 0, True), k=packed(k, 1, True), v=packed(v, 1, True), dout=packed(dout, 0, False),
+                cu_seqlens_q=offsets[0], cu_seqlens_k=offsets[1])
+
+
+def page_table(case: Case) -> tuple:
+    """(block table as lists, pages in the pool, the unused page that entries past a sequence point at)."""
+    ps = case.page_size
+    own = [(b, p) for b, n in enumerate(case.cache_seqlens) for p in range(case.shared_pages(b), -(-n // ps))]
+    need = len(own)
+    pool = case.pool or (2 * need + 1 if case.pages == "random" else need + 1)
+    if case.pages == "reverse":
+        physical = [pool - 1 - i for i in range(need + 1)]
+    elif case.pages == "random":
+        g = torch.Generator().manual_seed((case.seed ^ PAGE_SEED_SALT) % (1 << 63))
+        physical = torch.randperm(pool, generator=g)[:need + 1].tolist()
+    else:
+        physical = list(range(need + 1))
+    spare = physical[need]
+    width = max(1, max(-(-n // ps) for n in case.cache_seqlens))
+    table = [[spare] * width for _ in case.cache_seqlens]
+    for (b, p), page in zip(own, physical):
+        table[b][p] = page
+    for b in range(1, len(table)):
+        for p in range(case.shared_pages(b)):
+            table[b][p] = table[0][p]
+    return table, pool, spare
+
+
+def page(case: Case, k, v) -> dict:
+    """The paged tensors from a padded [batch, max cache, hk, d] draw of k and v: k_cache, v_cache,
+    block_table, cache_seqlens, and the keys each sequence must read (k_logical, v_logical: the draw,
+    with the shared pages' keys the first sequence's), which the reference uses."""
+    table, pool, _ = page_table(case)
+    ps, device = case.page_size, k.device
+    block_table = torch.tensor(table, dtype=torch.int32, device=device)
+    k_log, v_log = k.clone(), v.clone()
+    caches = []
+    for t, logical in ((k, k_log), (v, v_log)):
+        cache = poisoned((pool, ps, *t.shape[2:]), t.dtype, device, token_dims=2)
+        for b, n in enumerate(case.cache_seqlens):
+            first = case.shared_pages(b) * ps  # the shared pages hold the first sequence's keys
+            logical[b, :first] = logical[0, :first]
+            tokens = torch.arange(first, n, device=device)
+            if tokens.numel():
+                cache[block_table[b, tokens // ps].long(), tokens % ps] = t[b, first:n]
+        caches.append(cache)
+    lengths = torch.tensor(case.cache_seqlens, dtype=torch.int32, device=device)
+    return dict(k=caches[0], v=caches[1], block_table=block_table, cache_seqlens=lengths,
+                k_logical=k_log, v_logical=v_log)
+
+
+def gather_pages(cache: torch.Tensor, block_table: torch.Tensor, length: int, b: int) -> torch.Tensor:
+    """Sequence b's first `length` tokens of a paged cache, [1, length, hk, d], through its block table:
+    what a paged kernel reads (the built-in subjects' paged path)."""
+    ps = cache.shape[1]
+    tokens = torch.arange(length, device=cache.device)
+    return cache[block_table[b, tokens // ps].long(), tokens % ps].unsqueeze(0)
+
+
+def unpack(t: torch.Tensor, cu_seqlens: torch.Tensor, i: int) -> torch.Tensor:
+    """Sequence i of a packed [total, ...] tensor, as [1, s_i, ...]."""
+    lo, hi = int(cu_seqlens[i]), int(cu_seqlens[i + 1])
+    return t[lo:hi].unsqueeze(0)

@@ -1,0 +1,24 @@
+"""`combine`: the split-KV combine formula (sequences.combine) as a subject, in fp32 as kernels run it.
+
+A combine is called as fn(out_splits, lse_splits) -> (out, lse) on the partial results of a split case
+(out_splits [splits, b, sq, h, dv], lse_splits [splits, b, h, sq], float32, natural log; an empty
+partial is (0, -inf)); what it returns is judged against the whole attention. A user's combine kernel is
+checked the same way when it declares {"combine": True} in faverify_capabilities.
+"""
+from __future__ import annotations
+
+from faverify.subjects.base import Capabilities, Subject
+
+# the features whose partials a combine sees: any case but a varlen one or with sinks
+CAPS = Capabilities(combine=True, splits=True, backward=False, lse=True, window=True, softcap=True, alibi=True,
+                    head_dim_v=True, paged=True, max_head_dim=512)
+
+
+def combine(out_splits, lse_splits):
+    from faverify.sequences import combine as formula
+    return formula(out_splits.float(), lse_splits.float())
+
+
+def make() -> Subject:
+    return Subject(name="combine", fn=combine, caps=CAPS,
+                   description="the split-KV combine formula in fp32 (judged on split cases' partials)")
