@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from faverify.case import FEATURES, Case
+from faverify.case import VARIANT_FEATURES, Case
 from faverify.errors import UsageError
 from faverify.inputs import make_inputs, variant_of
 from faverify.reference import Variant, reference
@@ -22,7 +22,7 @@ def test_a_dense_case_prints_as_before_and_a_variant_case_round_trips():
     dense = Case(1, 4, 5, 2, 1, 16, causal=True, seed=3)
     assert set(json.loads(dense.to_json())) == DENSE_KEYS and dense.features() == ()
     c = Case(1, 4, 5, 2, 1, 16, window=(3, 0), softcap=5.0, alibi="batch-head", sinks="above", head_dim_v=32)
-    assert Case.from_json(c.to_json()) == c and c.features() == FEATURES
+    assert Case.from_json(c.to_json()) == c and c.features() == VARIANT_FEATURES
     assert "window=(3,0)" in c.short() and "dv=32" in c.short()
 
 
@@ -156,7 +156,7 @@ def test_the_fuzz_draws_every_declared_feature_and_counts_them(tmp_path):
     assert r.exit_code == 0, r.stdout[-2000:]
     summary = json.loads((tmp_path / "run.json").read_text())["kernels"][0]["summary"]
     counted = summary["features"]
-    assert set(FEATURES) <= set(counted) and "cases per feature" in r.stdout + r.stderr
+    assert set(resolve("sdpa-math").caps.features()) <= set(counted) and "cases per feature" in r.stdout + r.stderr
     assert {f: v["cases"] for f, v in summary["by_feature"].items()} == counted  # none skipped here
     assert all(v["failed"] == 0 and 0 <= v["usage_max"] <= 1 for v in summary["by_feature"].values())
     assert "By variant feature" in r.stdout + r.stderr
@@ -177,8 +177,7 @@ def test_the_fuzz_draws_every_declared_feature_and_counts_them(tmp_path):
 def test_a_planted_bug_per_feature_is_caught_and_shrunk_to_a_case_that_names_it(bug, feature, signature, tmp_path):
     """The control (variant_correct) passes the same draw: without the feature in the reference it would
     fail too, so each planted bug is caught by its feature's check."""
-    args = ("--iters", "80", "--device", "cpu", "--no-db", "--no-isolate", "--dtype", "fp32", "--features", feature,
-            "--shrink-budget", "60")
+    args = ("--iters", "80", "--device", "cpu", "--no-db", "--no-isolate", "--dtype", "fp32", "--features", feature)
     r = cli("fuzz", "--kernel", f"property_tests.planted:{bug}", *args, "--json", tmp_path / "run.json")
     assert r.exit_code == 1
     failures = json.loads((tmp_path / "run.json").read_text())["kernels"][0]["failures"]
@@ -236,7 +235,7 @@ def test_flex_runs_the_variants_it_declares_forward_only_on_the_cpu():
     if torch.cuda.is_available():
         pytest.skip("the CPU's forward-only path; the GPU runs belong to the GPU tests")
     flex = resolve("flex")
-    assert set(flex.caps.features()) == {"window", "softcap", "alibi", "head_dim_v"}
+    assert set(flex.caps.features()) == {"window", "softcap", "alibi", "head_dim_v", "varlen", "paged"}
     results = [evaluate(flex, c, "cpu") for c in (
         Case(1, 40, 24, 2, 1, 32, dtype="bf16", causal=True, window=(5, -1), seed=1),  # rows that see no key
         Case(2, 33, 47, 2, 2, 32, dtype="bf16", softcap=2.0, alibi="batch-head", seed=2),
