@@ -14,10 +14,13 @@ from property_tests.cli_helpers import cli
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("runs")
-    # seqlen_k = 1 and exact baselines are frequent in 60 cases: the ratios that were inf there
+    # seqlen_k = 1 and exact baselines are frequent in 60 cases: the ratios that were inf there. No sinks:
+    # a sink far above every logit leaves out about 1e-48, which rounds to 0, a relative error of 1 that
+    # means nothing
     for name, kernel in (("good", "sdpa-math"), ("bad", "property_tests.planted:top_left_mask")):
         r = cli("fuzz", "--kernel", kernel, "--iters", "60", "--device", "cpu", "--no-db", "--seed", "7",
-                "--no-isolate", "--dtype", "bf16,fp32", "--json", d / f"{name}.json")
+                "--no-isolate", "--dtype", "bf16,fp32", "--json", d / f"{name}.json",
+                *(("--features", "window,softcap,alibi,head_dim_v,varlen,paged") if name == "good" else ()))
         assert r.exit_code in (0, 1), r.stderr[-2000:]
     return d
 
