@@ -290,13 +290,9 @@ def judge_splits(case: Case, x: Inputs, splits, tolerance: Tolerance, caps) -> d
     from faverify.sequences import split_yardsticks
     with torch.no_grad():
         ref, scales, base, empty = split_yardsticks(case, x, caps.conventions, caps.split_block)
-        if caps.conventions != DEFAULT_CONVENTIONS:
-            ref, scales, base = _declared(ref, scales, base, caps.conventions)
         out, lse = splits
         got = {"out": out.reshape(ref["out"].shape), "lse": lse.reshape(ref["lse"].shape)}
-        stats = error_stats(got, ref, base, scales, tensors=("out", "lse"), empty_mask=empty,
-                            empty_lse=caps.conventions.empty_lse_value)
-    metrics = judge_all(stats, case.dtype, tolerance)
+        metrics = _judged(case, got, (ref, scales, base, empty), tolerance, ("out", "lse"), caps.conventions)
     for m in metrics.values():
         m.tensor += "_splits"
     return {m.tensor: m for m in metrics.values()}
@@ -454,12 +450,19 @@ def _judge_ragged(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensor
         ref, scales, base, empty = yardsticks(case, x, backward, conventions)
         if baseline is not None:
             base = {**base, **baseline}
-        if conventions != DEFAULT_CONVENTIONS:
-            ref, scales, base = _declared(ref, scales, base, conventions)
         if case.kind == "varlen":
             got = _unpadded(case, got)
-        stats = error_stats(got, ref, base, scales, tensors=tensors, empty_mask=empty,
-                            empty_lse=conventions.empty_lse_value)
+        return _judged(case, got, (ref, scales, base, empty), tolerance, tensors, conventions)
+
+
+def _judged(case: Case, got: dict, yardsticks: tuple, tolerance: Tolerance, tensors: tuple,
+            conventions: Conventions) -> dict:
+    """The verdict on tensors against (reference, scales, baseline, rows without a key) computed per
+    sequence or per split, in the declared conventions."""
+    ref, scales, base, empty = yardsticks
+    if conventions != DEFAULT_CONVENTIONS:
+        ref, scales, base = _declared(ref, scales, base, conventions)
+    stats = error_stats(got, ref, base, scales, tensors=tensors, empty_mask=empty, empty_lse=conventions.empty_lse_value)
     return judge_all(stats, case.dtype, tolerance)
 
 
