@@ -226,6 +226,15 @@ class Case:
                                    cache_seqlens=None, page_size=0, pages="in-order", pool=0)
 
     @property
+    def total_q(self) -> int:
+        """Query tokens of all sequences (a varlen case's packed rows, before the tail)."""
+        return sum(sq for sq, _ in self.sequences)
+
+    @property
+    def total_k(self) -> int:
+        return sum(sk for _, sk in self.sequences)
+
+    @property
     def pages_used(self) -> int:
         """Pages a paged case's sequences occupy in the pool (shared pages once)."""
         if self.cache_seqlens is None:

@@ -191,7 +191,7 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     failing = _changed_inputs(x, pristine, subject.caps.writes)
     if buffer is not None:
         from faverify.margins import written_outside
-        rows = sum(sq for sq, _ in case.seqlens) if case.kind == "varlen" else buffer.shape[0]
+        rows = case.total_q if case.kind == "varlen" else buffer.shape[0]
         written = written_outside(buffer, rows)
         if written:
             failing.append(("out:written-outside", f"wrote {written} elements of the out buffer outside the "
@@ -468,7 +468,7 @@ def _judged(case: Case, got: dict, yardsticks: tuple, tolerance: Tolerance, tens
 
 def _unpadded(case: Case, got: dict) -> dict:
     """A varlen subject's tensors without the tail, as a batch of one: [1, total, ...], lse [1, h, total]."""
-    total_q, total_k = (sum(p[i] for p in case.seqlens) for i in (0, 1))
+    total_q, total_k = case.total_q, case.total_k
     out = {}
     for name, t in got.items():
         if t is None or name == "dsinks":
@@ -514,14 +514,14 @@ def _on_device(name: str, t, device: torch.device) -> str | None:
 def expected_out_shape(case: Case) -> tuple:
     """out's shape: [b, s, h, head_dim_v]; a varlen case's packed [total_q + tail, h, head_dim_v]."""
     if case.kind == "varlen":
-        return sum(p[0] for p in case.seqlens) + case.tail, case.nheads, case.dv
+        return case.total_q + case.tail, case.nheads, case.dv
     return case.batch, case.seqlen_q, case.nheads, case.dv
 
 
 def expected_lse_shape(case: Case) -> tuple:
     """lse's shape: [b, h, seqlen_q]; a varlen case's [h, total_q + tail] (flash-attn's)."""
     if case.kind == "varlen":
-        return case.nheads, sum(p[0] for p in case.seqlens) + case.tail
+        return case.nheads, case.total_q + case.tail
     return case.batch, case.nheads, case.seqlen_q
 
 
