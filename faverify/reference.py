@@ -101,6 +101,8 @@ def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales)
     dsinks = torch.zeros(hk, g, dtype=compute, device=dev) if backward and sink is not None else None
     acc = _ScaleAccumulator(Q, K, V, dO, scale, slopes, sink, sq) if with_scales else None
 
+    if sk == 0 and sink is not None:  # no key: the sink alone is the softmax, lse its logit, out 0
+        lse[:] = sink.reshape(1, hk, g, 1)
     if sk > 0:
         budget = _CHUNK_BUDGET.get(dev.type, _CHUNK_BUDGET["cuda"])
         chunk = max(1, budget // (_TEMPORARIES * b * h * sk * torch.finfo(compute).bits // 8))

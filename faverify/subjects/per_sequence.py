@@ -20,6 +20,7 @@ def ragged(dense):
             return dense(q, k, v, alibi_slopes=alibi_slopes, **kwargs) if alibi_slopes is not None else \
                 dense(q, k, v, **kwargs)
         outs, lses = [], []
+        no_keys = {}  # the lse of a sequence without keys, where sinks make it other than -inf
         sequences = (len(cu_seqlens_q) if cu_seqlens_q is not None else len(cache_seqlens) + 1) - 1
         for b in range(sequences):
             if cu_seqlens_q is not None:
@@ -32,16 +33,20 @@ def ragged(dense):
                 continue
             extra = {} if alibi_slopes is None else {
                 "alibi_slopes": alibi_slopes[b:b + 1] if alibi_slopes.dim() == 2 else alibi_slopes}
-            if kb.shape[1] == 0:  # no key: out 0 (and lse -inf, if the subject returns lse)
+            if kb.shape[1] == 0:  # no key: out 0, lse -inf (if the subject returns lse), or the sink's logit
                 out, lse = qb.new_zeros(*qb.shape[:3], vb.shape[3]), None
+                if kwargs.get("sinks") is not None:
+                    no_keys[len(outs)] = kwargs["sinks"].detach().float()[None, :, None].expand(
+                        1, qb.shape[2], qb.shape[1])
             else:
                 result = dense(qb, kb, vb, **kwargs, **extra)
                 out, lse = result if isinstance(result, tuple) else (result, None)
             outs.append(out)
             lses.append(lse)
         with_lse = any(lse is not None for lse in lses)
-        lses = [lse if lse is not None else torch.full((1, o.shape[2], o.shape[1]), float("-inf"), device=q.device)
-                for lse, o in zip(lses, outs)]
+        lses = [lse if lse is not None else no_keys[i] if i in no_keys else
+                torch.full((1, o.shape[2], o.shape[1]), float("-inf"), device=q.device)
+                for i, (lse, o) in enumerate(zip(lses, outs))]
         if block_table is not None:
             out = torch.cat(outs)
             return (out, torch.cat(lses)) if with_lse else out
