@@ -21,10 +21,10 @@ from faverify.fuzz import run
 from faverify.plan import FuzzPlan
 
 
-def _check_in_process(device):
+def _check_in_process(device, subject: str = "triton"):
     from faverify.runner import evaluate
     from faverify.subjects import resolve
-    unmutated = resolve("triton")
+    unmutated = resolve(subject)
     return lambda case, tolerance: evaluate(unmutated, case, device, tolerance=tolerance)
 
 
@@ -62,7 +62,7 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, 
     kernel = result.kernels[0]
     failures = kernel["failures"]
     minimal = failures[0]["minimal"] if failures else None
-    check = check or _check_in_process(devices[0])
+    check = check or _check_in_process(devices[0], mutant.subject)
     control_there = check(Case.from_dict(minimal["case"]), tolerance) if minimal else None
     attributable = control_there is not None and not control_there.failed
     killed = bool(failures) and attributable
@@ -172,18 +172,27 @@ def run_mutants(names: list, plan: FuzzPlan, devices: list, *, tolerance, isolat
                                            timeout=timeout, jobs=jobs)
     else:
         rows, interrupted = [], False
-        control_worker = Worker("triton", str(devices[0]), "both", tolerance.to_dict(), timeout) if isolate else None
-        check = (lambda case, tol: control_worker.evaluate(case)) if isolate else None
+        from faverify.kernels.mutants.catalog import BY_NAME
+        control_workers_by_subject: dict = {}  # the unmutated subject behind each mutant, one worker each
+
+        def check_with(subject: str):
+            if not isolate:
+                return None
+            if subject not in control_workers_by_subject:
+                control_workers_by_subject[subject] = Worker(subject, str(devices[0]), "both", tolerance.to_dict(),
+                                                             timeout)
+            worker = control_workers_by_subject[subject]
+            return lambda case, tol: worker.evaluate(case)
         try:
             for name in names:
                 rows.append(kill(name, plan, devices, tolerance=tolerance, isolate=isolate, timeout=timeout,
-                                 progress_factory=progress_factory, check=check))
+                                 progress_factory=progress_factory, check=check_with(BY_NAME[name].subject)))
                 if rows[-1]["interrupted"]:
                     interrupted = True
                     break
         finally:
-            if control_worker is not None:
-                control_worker.stop()
+            for worker in control_workers_by_subject.values():
+                worker.stop()
     kills = [r["cases_to_kill"] for r in rows if r["killed"]]
     report = {"schema": "faverify.mutants", "version": 1, "interrupted": interrupted,
               "settings": {"iters": plan.iters, "seed": plan.seed, "dtypes": ",".join(plan.dtypes),
@@ -196,7 +205,11 @@ def run_mutants(names: list, plan: FuzzPlan, devices: list, *, tolerance, isolat
         return dict(report, control={"kernel": "triton", "cases": 0, "failed": 0,
                                      "failures": ["not run: the run was interrupted"]},
                     environment=environment.collect())
-    control = run(["triton"], plan, devices, mode="both", tolerance=tolerance, command="mutants (control)",
+    # the control draws every variant the `triton` subject runs: a false alarm there would make the
+    # variant mutants' kills mean nothing
+    from faverify.case import VARIANT_FEATURES
+    control = run(["triton"], dataclasses.replace(plan, features=VARIANT_FEATURES), devices, mode="both",
+                  tolerance=tolerance, command="mutants (control)",
                   workers=control_workers, isolate=isolate or control_workers > 1, timeout=timeout,
                   progress_factory=progress_factory)
     return dict(report, control={"kernel": "triton", **control.kernels[0]["summary"],

@@ -8,9 +8,9 @@ from faverify.subjects import sdpa, user
 from faverify.subjects.base import Subject
 
 
-def _triton() -> Subject:
+def _triton(kind: str) -> Subject:
     from faverify.kernels.triton.subject import make
-    return make()
+    return make(kind)
 
 
 def _flex() -> Subject:
@@ -29,7 +29,8 @@ def _cuda(name: str) -> Subject:
 
 
 _BUILTIN: dict[str, Callable[[], Subject]] = {name: (lambda n=name: sdpa.make(n)) for name in sdpa.names()}
-_BUILTIN["triton"] = _triton
+for _name in ("triton", "triton-varlen", "triton-paged"):
+    _BUILTIN[_name] = lambda n=_name: _triton(n)
 _BUILTIN["flex"] = lambda: _flex()
 _BUILTIN["combine"] = lambda: _combine()
 for _name in ("cuda", "cuda-simt"):

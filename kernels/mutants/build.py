@@ -14,7 +14,8 @@ from pathlib import Path
 from faverify.kernels.mutants.catalog import BY_NAME, Mutant
 
 KERNELS = Path(__file__).resolve().parent.parent / "triton"
-_FILES = ("forward.py", "forward_hopper.py", "backward.py", "interface.py")
+_FILES = ("forward.py", "forward_hopper.py", "backward.py", "interface.py", "variant_forward.py",
+          "variant_backward.py", "variant_interface.py")
 
 
 def _cache_root() -> Path:
@@ -53,8 +54,10 @@ def source(mutant: Mutant) -> dict:
     out = {}
     for name in _FILES:
         text = (KERNELS / name).read_text()
-        for module in ("backward as _bwd", "forward as _fwd", "forward_hopper as _fwd_hopper"):
+        for module in ("backward as _bwd", "forward as _fwd", "forward_hopper as _fwd_hopper",
+                       "variant_forward as _vfwd", "variant_backward as _vbwd", "variant_interface as _var"):
             text = text.replace(f"from faverify.kernels.triton import {module}", f"from {package} import {module}")
+        text = text.replace("from faverify.kernels.triton.variant_forward import", f"from {package}.variant_forward import")
         if name == mutant.file:
             text = mutate(text, mutant)
             try:
@@ -71,13 +74,13 @@ def _package(mutant: Mutant) -> str:
 
 
 def load(name: str):
-    """The mutant's flash_attn_func."""
+    """The mutant's interface module (its flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache)."""
     if name not in BY_NAME:
         raise KeyError(name)
     mutant = BY_NAME[name]
     package = _package(mutant)
     if package in sys.modules:
-        return sys.modules[package + ".interface"].flash_attn_func
+        return sys.modules[package + ".interface"]
     files = source(mutant)
     digest = hashlib.sha256("".join(files[f] for f in _FILES).encode()).hexdigest()[:16]
     root = _cache_root() / digest
@@ -95,4 +98,4 @@ def load(name: str):
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     importlib.invalidate_caches()
-    return importlib.import_module(package + ".interface").flash_attn_func
+    return importlib.import_module(package + ".interface")

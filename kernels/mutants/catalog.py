@@ -15,6 +15,7 @@ class Mutant:
     new: str  # the statement(s) that replace the marked one; "" deletes it
     bug: str
     why: str
+    subject: str = "triton"  # the subject whose entry point runs the mutated code (kernels/triton/subject.py)
     runs_on: str = "any"  # "sm_90": the mutated code runs only there (the Hopper forward), a GPU of that kind
     # the draw narrowed to cases that run the mutated code (strategies.cases' arguments, FuzzPlan.narrow);
     # None: every case runs it. A default fuzz on an H200 sends about 1 case in 8 to the Hopper forward:
@@ -23,12 +24,13 @@ class Mutant:
 
     def reaches(self, path: str) -> bool:
         """Whether a case that took this code path (interface.PATHS) ran the mutated file's code."""
-        return path.startswith(_PATH_OF[self.file])
+        return path.startswith(_PATH_OF[self.file])  # a prefix or a tuple of them
 
 
 # the prefix of interface.PATHS each kernel file's code runs under ("" : the launcher, every path)
 _PATH_OF = {"forward.py": "fwd triton", "forward_hopper.py": "fwd hopper", "backward.py": "bwd triton",
-            "interface.py": ""}
+            "interface.py": "", "variant_forward.py": "fwd variant", "variant_backward.py": "bwd variant",
+            "variant_interface.py": ("fwd variant", "bwd variant")}
 
 
 def left_out(mutant: Mutant, device, dtypes: tuple) -> str | None:
@@ -147,6 +149,65 @@ HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, ru
      "every consumer warpgroup of the Hopper forward takes the first 64 rows of the block",
      "the per-warpgroup offset is easy to lose when a kernel is split into partitions; blocks of 64 rows hide it"),
 ))
-MUTANTS = MUTANTS + HOPPER_MUTANTS
+
+# The variant kernels (variant_forward.py, variant_backward.py, variant_interface.py): a bug of each class the
+# trackers of flash-attn, FlashInfer and vLLM show for the features, each fuzzed on cases that draw its feature.
+def _variant(name, file, site, new, bug, why, features, subject="triton"):
+    ragged = subject != "triton"
+    return Mutant(name, file, site, new, bug, why, subject=subject,
+                  cases=dict(features=features, **({"ragged_only": True} if ragged else {})))
+
+
+VARIANT_MUTANTS = (
+    _variant("window-left-off-by-one", "variant_forward.py", "window-bound",
+             "keep = (j < seqlen_k) & (j > i + diag - left) & (j <= i + diag + right)",
+             "the window's left bound is exclusive: each row loses the first key of its window",
+             "flash-attn's bounds are inclusive, cuDNN's left_bound is left + 1: one of the two gets "
+             "translated into the other's form", ("window",)),
+    _variant("window-tiles-rounded-up", "variant_forward.py", "window-tiles",
+             "lo = (tl.maximum(start + lo_off, 0) + TILE - 1) // TILE * TILE",
+             "the first key tile a window reaches is skipped when the window starts inside it",
+             "tile counts rounded up where they must round down; windows aligned to the tile hide it",
+             ("window",)),
+    _variant("window-dkdv-bounds-swapped", "variant_backward.py", "dkdv-rows",
+             "lo, full_lo, full_hi, hi = visible_tiles(start_n, BLOCK_N, -diag - left, -diag + right, "
+             "seqlen_q, BLOCK_M)",
+             "dk and dv invert the window with its bounds swapped: the query rows [j - d - left, j - d + right] "
+             "instead of [j - d - right, j - d + left]",
+             "the backward inverts the forward's key range into a query range, a second place for the bounds; "
+             "symmetric windows hide it", ("window",)),
+    _variant("softcap-no-derivative", "variant_backward.py", "softcap-derivative", "dsT = dsT",
+             "dk and dv treat the capped logits as uncapped: dS lacks the factor 1 - tanh^2",
+             "the forward is right, and small logits (tanh ~ identity) hide it", ("softcap",)),
+    _variant("alibi-top-left", "variant_forward.py", "alibi-offset",
+             "qk = qk - slope * tl.abs(i - j).to(tl.float32)",
+             "the ALiBi bias drops the seqlen_k - seqlen_q offset: distances measured top-left",
+             "the two agree when seqlen_q == seqlen_k", ("alibi",)),
+    _variant("sink-not-in-sum", "variant_forward.py", "sink-in-sum", "total = keys",
+             "the sink is left out of the softmax's denominator (and of lse)",
+             "the sink has no value, so it is easy to forget it still normalizes", ("sinks",)),
+    _variant("dsinks-wrong-sign", "variant_interface.py", "dsinks-sign",
+             "dsinks = (torch.exp(z - rows_lse) * rows_d).sum(1)",
+             "dsinks with the wrong sign",
+             "d lse / d z is +p_sink, and the minus of the softmax's Jacobian gets dropped", ("sinks",)),
+    _variant("varlen-reads-next-key", "variant_forward.py", "varlen-keys",
+             "seqlen_k = (tl.load(CuK + off_b + 1) - bos_k + 1).to(tl.int32)",
+             "each varlen sequence also attends to the first key of the next sequence (or of the tail)",
+             "an exclusive end offset read as inclusive", ("varlen",), "triton-varlen"),
+    _variant("paged-ignores-block-table", "variant_forward.py", "page-gather",
+             "page = (cols // page_size).to(tl.int64)",
+             "the paged gather reads pages in pool order, ignoring the block table",
+             "caches filled in order make the block table the identity", ("paged",), "triton-paged"),
+    _variant("combine-nan-on-empty", "variant_forward.py", "combine-empty",
+             "out = acc / weight[:, None]",
+             "the split combine divides 0 by 0 for a row that no split saw",
+             "empty partials need more splits than key blocks, or a window, to appear", ("paged", "splits"),
+             "triton-paged"),
+    _variant("split-count-floor", "variant_forward.py", "split-cut",
+             "per = tl.maximum(1, tl.cdiv(seqlen_k, SPLIT_BLOCK) // num_splits) * SPLIT_BLOCK",
+             "keys per split rounded down: the last split stops before the cache's end",
+             "cache lengths that are multiples of splits x block hide it", ("paged", "splits"), "triton-paged"),
+)
+MUTANTS = MUTANTS + HOPPER_MUTANTS + VARIANT_MUTANTS
 
 BY_NAME = {m.name: m for m in MUTANTS}

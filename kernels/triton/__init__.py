@@ -4,7 +4,7 @@ Imported lazily: whether the kernels are compiled or interpreted (TRITON_INTERPR
 are defined, and the `triton` subject chooses the interpreter on machines without a GPU first.
 """
 
-__all__ = ["Launch", "flash_attn_func"]
+__all__ = ["Launch", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
 
 def __getattr__(name):

@@ -31,6 +31,9 @@ KERNELS = ("fwd", "dkdv", "dq", "preprocess")
 HOPPER_KERNEL = "fwd-hopper"  # the Hopper forward (forward_hopper.py): sm_90 only, 16-bit, head dims 64 and 128
 
 
+VARIANT_KERNELS = ("vfwd", "vdkdv", "vdq", "vcombine")  # variant_forward.py, variant_backward.py
+
+
 @dataclass(frozen=True)
 class Variant:
     kernel: str
@@ -38,10 +41,36 @@ class Variant:
     block_d: int
     causal: bool
     even_d: bool
+    # the variant kernels: v's padded head dim (0: block_d) and the compile-time switches on, "+"-joined
+    block_dv: int = 0
+    switches: str = ""
 
     def __str__(self) -> str:
+        if self.kernel in VARIANT_KERNELS:
+            dv = f" DV{self.block_dv}" if self.block_dv and self.block_dv != self.block_d else ""
+            return (f"{self.kernel} {self.dtype} D{self.block_d}{dv}{'' if self.even_d else ' odd-d'}"
+                    f" {self.switches or 'plain'}")
         return (f"{self.kernel} {self.dtype} D{self.block_d} {'causal' if self.causal else 'full'}"
                 f"{'' if self.even_d else ' odd-d'}")
+
+
+# The variant kernels' compile-time switches as the subjects launch them: none (a window only: windows and
+# causal are runtime values), every logit variant, varlen with them, paged split-KV decode (no sinks there).
+# One kernel is compiled per set of switches whatever the shapes or windows, so these sets, at the head
+# dims and dtypes below, are the variants whose code differs; not every combination of values.
+SWITCH_SETS = {"vfwd": ("", "softcap+alibi+sinks", "varlen+softcap+alibi+sinks", "paged+split+softcap+alibi"),
+               "vdkdv": ("", "varlen+softcap+alibi"), "vdq": ("", "varlen+softcap+alibi")}
+
+
+def variant_kernel_variants() -> list:
+    out = []
+    for dtype, bd in (("bf16", 64), ("bf16", 128), ("fp32", 64)):
+        out += [Variant(k, dtype, bd, False, True, bd, sw) for k, sets in SWITCH_SETS.items() for sw in sets]
+    out += [Variant("vfwd", "fp16", 128, False, True, 128, sw) for sw in SWITCH_SETS["vfwd"][:2]]
+    out += [Variant(k, "bf16", 256, False, True, 256, "") for k in SWITCH_SETS]
+    out += [Variant(k, "bf16", 128, False, False, 64, "") for k in SWITCH_SETS]  # MLA-like: v narrower, odd d
+    out += [Variant("vcombine", "bf16", 0, False, True, bdv, "") for bdv in (64, 128)]
+    return out
 
 
 def variants(capability: int = 80) -> list:
@@ -57,7 +86,7 @@ def variants(capability: int = 80) -> list:
                 for causal in ((False,) if kernel == "preprocess" else (False, True)):
                     for even_d in ((True, False) if dtype == "bf16" else (True,)):
                         out.append(Variant(kernel, dtype, block_d, causal, even_d))
-    return out
+    return out + variant_kernel_variants()
 
 
 def _signature(fn, dtype: str, constants: dict) -> dict:
@@ -153,13 +182,60 @@ def _triton_source(v: Variant, capability: int):
     return source, options, str(tile) if tile else "M64"
 
 
+def _variant_source(v: Variant, capability: int):
+    """(source, options, tile) of a variant kernel as variant_interface launches it: the generic build (no
+    divisibility declared: every runtime argument is unspecialized), its configs.variant tile."""
+    from triton.compiler import ASTSource
+
+    from faverify.kernels.triton import configs
+    from faverify.kernels.triton.variant_backward import _dkdv_kernel, _dq_kernel
+    from faverify.kernels.triton.variant_forward import _combine_kernel, _fwd_kernel
+    from faverify.kernels.triton.variant_interface import SPLIT_BLOCK
+
+    on = set(v.switches.split("+")) - {""}
+    if v.kernel == "vcombine":
+        fn, constants, tile = _combine_kernel, {"BLOCK_M": 16, "BLOCK_DV": v.block_dv, "INTERPRETED": False}, None
+        options = {"num_warps": 4, "num_stages": 1}
+        pointers = {name: "*fp32" for name in ("OutSplits", "LseSplits", "Lse")} | {"Out": f"*{v.dtype}"}
+    else:
+        kind = v.kernel[1:]
+        tile = configs.variant(kind, max(v.block_d, v.block_dv), ELEM[v.dtype])
+        constants = dict(SOFTCAP="softcap" in on, ALIBI="alibi" in on, VARLEN="varlen" in on, BLOCK_M=tile.block_m,
+                         BLOCK_N=tile.block_n, BLOCK_D=v.block_d, BLOCK_DV=v.block_dv, EVEN_D=v.even_d,
+                         EVEN_DV=True, INTERPRETED=False, IEEE=v.dtype == "fp32")
+        fn = {"fwd": _fwd_kernel, "dkdv": _dkdv_kernel, "dq": _dq_kernel}[kind]
+        if kind == "fwd":
+            constants.update(SINKS="sinks" in on, PAGED="paged" in on, STATS="split" not in on,
+                             SPLIT_BLOCK=SPLIT_BLOCK if "split" in on else 0)
+        options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
+        pointers = {name: "*fp32" for name in ("Lse", "Rowmax", "Log2l", "Delta", "Alibi", "Sinks")}
+        pointers.update({name: "*i32" for name in ("CuQ", "CuK", "BlockTable", "CacheSeqlens")})
+        if "split" in on:
+            pointers["Out"] = "*fp32"  # the split partials
+    signature = {}
+    for name in fn.arg_names:
+        if name in constants:
+            signature[name] = "constexpr"
+        elif name in pointers:
+            signature[name] = pointers[name]
+        elif name[0].isupper():
+            signature[name] = f"*{v.dtype}"
+        elif name in ("qk_scale", "softmax_scale", "init", "cap_scale", "inv_cap_scale", "bias_unit"):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+    return ASTSource(fn, signature, constants, {}), options, str(tile) if tile else "M16"
+
+
 def compile_variant(v: Variant, capability: int) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
 
     from faverify.kernels.triton import configs
 
-    source, options, tile = (_hopper_source if v.kernel == HOPPER_KERNEL else _triton_source)(v, capability)
+    build = _hopper_source if v.kernel == HOPPER_KERNEL else _variant_source if v.kernel in VARIANT_KERNELS \
+        else _triton_source
+    source, options, tile = build(v, capability)
     start = time.perf_counter()
     result = {"variant": str(v), **asdict(v), "sm": capability, "tile": tile}
     try:

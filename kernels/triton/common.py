@@ -148,3 +148,23 @@ def cast(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
             bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
             x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
     return x.to(dtype)
+
+
+# A window bound that never binds: "no bound on this side" (flash-attn's -1) as a number of keys no
+# sequence reaches, so one comparison serves windows, causal (right bound 0) and neither.
+NO_BOUND = 1 << 30
+
+
+@triton.jit
+def tanh(x):
+    """tanh in fp32 from exp2 alone (the interpreter has no libdevice, and both builds must agree): an odd
+    Taylor polynomial below |x| = 0.25, where 1 - 2 / (e^2x + 1) would cancel to a few bits, and
+    (1 - e^-2|x|) / (1 + e^-2|x|) above, whose numerator is then >= 0.39 (a relative error near 1e-7)."""
+    a = tl.abs(x)
+    t = tl.math.exp2(a * -2.8853900817779268)  # e^(-2|x|)
+    big = (1.0 - t) / (1.0 + t)
+    x2 = a * a
+    small = a * (1.0 + x2 * (-1.0 / 3 + x2 * (2.0 / 15 + x2 * (-17.0 / 315 + x2 * (62.0 / 2835 + x2 * (
+        -1382.0 / 155925 + x2 * (21844.0 / 6081075)))))))
+    y = tl.where(a < 0.25, small, big)
+    return tl.where(x < 0, -y, y)

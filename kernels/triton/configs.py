@@ -189,3 +189,22 @@ def select(kind: str, block_d: int, elem: int, causal: bool, seqlen: int, tma: b
 
 def record(kind: str, block_d: int, elem: int, causal: bool, seqlen: int, tile: Tile, tma: bool = False) -> None:
     _CHOSEN[(kind, block_d, elem, causal, seqlen_bucket(seqlen), tma)] = tile
+
+
+# The variant kernels' tiles (variant_forward.py, variant_backward.py): one per kind, whatever the shape,
+# chosen by the AOT report's stack column (python -m faverify.kernels.triton.aot, sm_90, bf16): the
+# forward's M64 N64 w4 spilled 360 bytes at head dim 64 with every switch on and 880 at 128, M128 N32 w8
+# none; dq's M64 N32 w4 56 and 208, M32 N32 w8 none. Wider heads and fp32 take smaller tiles. A starting
+# point for correctness, not tuned: the variants' speed is what `faverify bench` measures.
+_VARIANT = {"fwd": Tile(128, 32, 8, 2), "dkdv": Tile(32, 32, 8, 2), "dq": Tile(32, 32, 8, 2)}
+
+
+def variant(kind: str, block_d: int, elem: int) -> Tile:
+    """The tile of a variant kernel; block_d the larger padded head dim of q/k and v."""
+    if INTERPRET:
+        return _INTERPRETED[kind]
+    if elem == 4:
+        return _fp32(kind, block_d)
+    if block_d > 128:
+        return {"fwd": Tile(32, 64, 4, 1), "dkdv": Tile(16, 32, 8, 1), "dq": Tile(32, 32, 8, 1)}[kind]
+    return _VARIANT[kind]

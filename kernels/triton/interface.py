@@ -12,8 +12,9 @@ from faverify.kernels.triton import configs
 from faverify.kernels.triton import backward as _bwd
 from faverify.kernels.triton import forward as _fwd
 from faverify.kernels.triton import forward_hopper as _fwd_hopper
+from faverify.kernels.triton import variant_interface as _var
 from faverify.kernels.triton.common import INTERPRET, LOG2E, block_d, quiet
-from faverify.kernels.validate import check_inputs
+from faverify.kernels.validate import check_inputs, check_kvcache, check_variant, check_varlen
 
 INIT_VALUE = {"-inf": float("-inf"), "-1e30": -1e30}
 
@@ -46,11 +47,13 @@ DEFAULT = Launch()
 # hands them over and starts a new list.
 _LAUNCHED: list = []
 PATHS = ("fwd hopper", "fwd triton-tma", "fwd triton", "fwd triton generic", "fwd none (empty)",
-         "bwd triton", "bwd triton generic", "bwd none (empty)")
+         "bwd triton", "bwd triton generic", "bwd none (empty)",
+         "fwd variant", "fwd variant varlen", "fwd variant paged", "fwd variant paged split",
+         "fwd variant none (empty)", "bwd variant", "bwd variant varlen", "bwd variant none (empty)")
 
 
 def take_paths() -> list:
-    taken = list(dict.fromkeys(_LAUNCHED))  # each path once, in the order first taken
+    taken = list(dict.fromkeys(_LAUNCHED + _var.take_paths()))  # each path once, dense ones first
     _LAUNCHED.clear()
     return taken
 
@@ -210,21 +213,106 @@ class FlashAttnFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
-def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None = None, init: str = "-inf",
-                    return_lse: bool = False, launch: Launch | None = None):
+DEVICE_HINT = "CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before import"
+
+
+def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None = None,
+                    window_size: tuple = (-1, -1), softcap: float = 0.0, alibi_slopes=None, sinks=None,
+                    init: str = "-inf", return_lse: bool = False, launch: Launch | None = None):
     """FlashAttention forward (and backward through autograd) in Triton.
 
     q: [batch, seqlen_q, nheads, head_dim]; k, v: [batch, seqlen_k, nheads_k, head_dim], nheads_k dividing
-    nheads (GQA/MQA); fp16, bf16 or fp32; head_dim 1..256; any strides with a contiguous last dimension.
+    nheads (GQA/MQA), v's head dim may differ (head_dim_v); fp16, bf16 or fp32; head dims 1..256; any
+    strides with a contiguous last dimension.
     causal: bottom-right aligned (query i sees key j iff j <= i + seqlen_k - seqlen_q).
     softmax_scale: defaults to head_dim ** -0.5.
+    window_size: (left, right): query i sees keys i + d - left .. i + d + right (d = seqlen_k - seqlen_q),
+        -1 no bound on that side; with causal, the intersection.
+    softcap: > 0 caps the scaled logits to softcap * tanh(s / softcap) (0: off).
+    alibi_slopes: fp32 [nheads] or [batch, nheads]: -slope * |i + d - j| added to the capped logits.
+    sinks: fp32 [nheads], one logit per head in every row's softmax, with no value; its gradient when it
+        requires grad.
     init: start of the running max, "-inf" (guarded) or "-1e30" (guarded at l == 0); same result either way.
     launch: how the kernels launch (Launch: a load path or kernel forced, for tests and tuning); None
-    decides per launch.
-    Returns out [batch, seqlen_q, nheads, head_dim] in the input dtype, and with return_lse also
-    lse [batch, nheads, seqlen_q] float32 (natural log; -inf for a row that sees no key).
+        decides per launch.
+    Returns out [batch, seqlen_q, nheads, head_dim_v] in the input dtype, and with return_lse also
+    lse [batch, nheads, seqlen_q] float32 (natural log, of the capped logits and the sink; -inf for a row
+    that sees no key, the sink's logit with sinks).
+    The dense case runs forward.py and backward.py; any variant the variant kernels (variant_forward.py).
     """
     scale = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale, init=init, allow_cpu=INTERPRET,
-                         device_hint="CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before import")
-    out, lse = FlashAttnFunction.apply(q, k, v, causal, scale, init, launch or DEFAULT)  # [mutant site: apply]
+                         device_hint=DEVICE_HINT, head_dim_v=True)
+    check_variant(q, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                  batch=q.shape[0])
+    launch = launch or DEFAULT
+    if tuple(window_size) != (-1, -1) or softcap or alibi_slopes is not None or sinks is not None \
+            or v.shape[-1] != q.shape[-1]:
+        var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, sinks, init)
+        out, lse = _var.attention(q, k, v, var, emulate=launch.emulate)
+    else:
+        out, lse = FlashAttnFunction.apply(q, k, v, causal, scale, init, launch)  # [mutant site: apply]
     return (out, lse) if return_lse else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                           causal: bool = False, softmax_scale: float | None = None, window_size: tuple = (-1, -1),
+                           softcap: float = 0.0, alibi_slopes=None, sinks=None, init: str = "-inf",
+                           return_lse: bool = False, launch: Launch | None = None):
+    """flash_attn_func on a packed batch: q [total_q, nheads, head_dim], k and v [total_k, nheads_k, head_dim
+    (head_dim_v for v)]; sequence b is tokens cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q (int32 [batch + 1]),
+    and of k and v by cu_seqlens_k, each its own attention problem (causal and windows aligned per
+    sequence); max_seqlen_q/k at least the longest. Tokens past the last offset are never read; out's stay 0.
+    Returns out [total_q, nheads, head_dim_v], with return_lse also lse [nheads, total_q] (flash-attn's)."""
+    scale = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale, init=init, allow_cpu=INTERPRET,
+                         device_hint=DEVICE_HINT, head_dim_v=True, ndim=3)
+    batch = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dim() == 1 else 0
+    check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    check_variant(q, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, batch=batch)
+    var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, sinks, init)
+    ragged = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                  max_seqlen_k=max_seqlen_k)
+    out, lse = _var.attention(q, k, v, var, ragged, emulate=(launch or DEFAULT).emulate)
+    return (out, lse) if return_lse else out
+
+
+def num_splits_for(batch: int, nheads: int, seqlen_q: int, max_cache: int, sms: int) -> int:
+    """The split count flash_attn_with_kvcache chooses: split the keys only while the (batch, head, query
+    tile) programs fill less than the GPU's SMs, into enough splits to fill them, no more than the cache
+    has blocks of SPLIT_BLOCK keys, and at most 64 (the combine reads every split of a row)."""
+    programs = batch * nheads * -(-max(seqlen_q, 1) // 64)
+    if programs >= sms:
+        return 1
+    blocks = max(1, -(-max_cache // _var.SPLIT_BLOCK))
+    return max(1, min(-(-sms // programs), blocks, 64))
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal: bool = False,
+                            softmax_scale: float | None = None, window_size: tuple = (-1, -1), softcap: float = 0.0,
+                            alibi_slopes=None, num_splits: int = 0, return_lse: bool = False,
+                            return_splits: bool = False, launch: Launch | None = None):
+    """Decode and chunked prefill against a paged KV cache, forward only. q [batch, seqlen_q, nheads,
+    head_dim]; k_cache, v_cache [num_pages, page_size, nheads_k, head_dim (head_dim_v)]; block_table int32
+    [batch, max_pages]: key t of sequence b is k_cache[block_table[b, t // page_size], t % page_size];
+    cache_seqlens int32 [batch]. Causal and windows align the queries with the cache's end.
+    num_splits: split-KV into this many key ranges of whole SPLIT_BLOCK blocks, computed apart and then
+    combined (0: num_splits_for's rule from the cache length and the SMs; 1: no split).
+    Returns out [batch, seqlen_q, nheads, head_dim_v]; with return_lse lse [batch, nheads, seqlen_q]; with
+    return_splits also the partials, out_splits [num_splits, batch, seqlen_q, nheads, head_dim_v] and
+    lse_splits [num_splits, batch, nheads, seqlen_q] (fp32)."""
+    scale = check_inputs(q, k_cache, v_cache, causal=causal, softmax_scale=softmax_scale, init="-inf",
+                         allow_cpu=INTERPRET, device_hint=DEVICE_HINT, head_dim_v=True, same_batch=False)
+    check_kvcache(q, k_cache, cache_seqlens, block_table, num_splits)
+    check_variant(q, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=None,
+                  batch=q.shape[0])
+    if num_splits == 0:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 8
+        num_splits = num_splits_for(q.shape[0], q.shape[2], q.shape[1], int(cache_seqlens.max()) if q.shape[0] else 0, sms)
+    var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, None)
+    with torch.no_grad():
+        out, lse, _, splits = _var.forward(q, k_cache, v_cache, var, block_table=block_table,
+                                           cache_seqlens=cache_seqlens, num_splits=num_splits, stats=False,
+                                           emulate=(launch or DEFAULT).emulate)
+    result = (out, lse) if return_lse or return_splits else (out,)
+    if return_splits:
+        result += splits
+    return result if len(result) > 1 else out

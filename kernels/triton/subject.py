@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import os
-import sys
-
 import torch
 
 from faverify.subjects.base import Capabilities, Subject
@@ -16,17 +14,32 @@ def _choose_interpreter() -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def _wrap(name: str, flash_attn_func, description: str) -> Subject:
+# What each subject runs (docs/design.md, "Ragged and paged"): the variant features every kernel takes,
+# then the ragged kinds. The paged decode takes no sinks (split partials take none) and has no backward.
+VARIANTS = dict(window=True, softcap=True, alibi=True, head_dim_v=True)
+KINDS = {"triton": dict(sinks=True, init_modes=("-inf", "-1e30")),
+         "triton-varlen": dict(sinks=True, init_modes=("-inf", "-1e30"), varlen=True, dense=False),
+         "triton-paged": dict(paged=True, dense=False, splits=True, backward=False)}
+
+
+def _wrap(name: str, interface, description: str, kind: str = "triton") -> Subject:
     from faverify.kernels.triton.common import INTERPRET
 
-    def fn(q, k, v, *, causal, softmax_scale, init):
-        return flash_attn_func(q, k, v, causal=causal, softmax_scale=softmax_scale, init=init, return_lse=True)
-
-    caps = Capabilities(devices=("cpu",) if INTERPRET else ("cuda",), init_modes=("-inf", "-1e30"), lse=True)
+    if kind == "triton":
+        def fn(q, k, v, **kwargs):
+            return interface.flash_attn_func(q, k, v, return_lse=True, **kwargs)
+    elif kind == "triton-varlen":
+        def fn(q, k, v, **kwargs):
+            return interface.flash_attn_varlen_func(q, k, v, return_lse=True, **kwargs)
+    else:
+        def fn(q, k, v, *, block_table, cache_seqlens, **kwargs):
+            return interface.flash_attn_with_kvcache(q, k, v, cache_seqlens, block_table, return_splits=True,
+                                                     **kwargs)
+    extra = dict(split_block=interface._var.SPLIT_BLOCK) if kind == "triton-paged" else {}
+    caps = Capabilities(devices=("cpu",) if INTERPRET else ("cuda",), lse=True, **VARIANTS, **KINDS[kind], **extra)
     mode = "under the Triton interpreter (CPU)" if INTERPRET else "compiled for the GPU"
-    interface = sys.modules[flash_attn_func.__module__]  # a mutant's own copy for a mutant
     return Subject(name=name, fn=fn, caps=caps, description=f"{description}, {mode}",
-                   warmup=None if INTERPRET else warmup_cases, paths=interface.take_paths)
+                   warmup=None if INTERPRET or kind != "triton" else warmup_cases, paths=interface.take_paths)
 
 
 def warmup_cases(dtypes: tuple) -> list:
@@ -54,15 +67,23 @@ def warmup_cases(dtypes: tuple) -> list:
             for layout, head_dim in variants for dtype in dtypes for causal in (False, True)]
 
 
-def make() -> Subject:
+DESCRIPTIONS = {"triton": "bundled FlashAttention-2 in Triton, dense and every variant",
+                "triton-varlen": "bundled FlashAttention-2 in Triton, varlen batches (flash_attn_varlen_func)",
+                "triton-paged": "bundled FlashAttention-2 in Triton, paged KV-cache decode with split-KV "
+                                "(flash_attn_with_kvcache)"}
+
+
+def make(kind: str = "triton") -> Subject:
     _choose_interpreter()
-    from faverify.kernels.triton import flash_attn_func
-    return _wrap("triton", flash_attn_func, "bundled FlashAttention-2 in Triton")
+    from faverify.kernels.triton import interface
+    return _wrap(kind, interface, DESCRIPTIONS[kind], kind)
 
 
 def make_mutant(name: str) -> Subject:
-    """`mutant:NAME`: the Triton kernels with one seeded bug (kernels/mutants/catalog.py)."""
+    """`mutant:NAME`: the Triton kernels with one seeded bug (kernels/mutants/catalog.py), behind the
+    subject whose code the bug is in."""
     _choose_interpreter()
     from faverify.kernels.mutants.build import load
     from faverify.kernels.mutants.catalog import BY_NAME
-    return _wrap(f"mutant:{name}", load(name), f"mutant: {BY_NAME[name].bug}")
+    mutant = BY_NAME[name]
+    return _wrap(f"mutant:{name}", load(name), f"mutant: {mutant.bug}", mutant.subject)

@@ -1,0 +1,209 @@
+"""Flash backward of the variants in Triton: backward.py's recomputation (P from the forward's row max and
+log2 l; dV = P^T dO, dS = P (dP - D), dK = scale dS^T Q, dQ = scale dS K; no atomics), with the
+variant forward's switches:
+- windows: dk/dv visits only the query tiles that see its key tile, dq only the key tiles its query tile
+  sees, and masks only the tiles that cross a bound (variant_forward.visible_tiles);
+- softcap: dS is taken through the cap, times its derivative 1 - tanh^2;
+- ALiBi: a constant bias, no factor in dS;
+- sinks: already in log2 l (the forward's); their own gradient, -sum_i p_sink_i D_i, is a reduction over
+  rows the launcher computes from lse and D;
+- v's own head dim; VARLEN's packed sequences, as in the forward.
+"""
+import triton
+import triton.language as tl
+
+from faverify.kernels.triton.common import cast, generic_args, load_rows, mm
+from faverify.kernels.triton.variant_forward import variant_scores, visible_tiles
+
+
+@triton.jit
+def _sequence(Cu, off_b, length, VARLEN: tl.constexpr):
+    """(first token, length) of sequence off_b: packed at Cu[b] (varlen), else its own batch row."""
+    if VARLEN:
+        bos = tl.load(Cu + off_b).to(tl.int64)
+        return bos, (tl.load(Cu + off_b + 1) - bos).to(tl.int32)
+    else:
+        return off_b * 0, length
+
+
+@triton.jit
+def _dkdv_inner(dk, dv, k, v, q_base, do_base, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
+                lo, hi, offs_m0, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_q, seqlen_k, diag,
+                left, right, slope, qk_scale, cap_scale, inv_cap_scale,  #
+                MASK: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BLOCK_M: tl.constexpr,  #
+                EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    for start_m in tl.range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + offs_m0
+        qT = load_rows(q_base + start_m * stride_qs, offs_m, seqlen_q,
+                       (offs_d < head_dim)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
+        do = load_rows(do_base + start_m * stride_ds, offs_m, seqlen_q,
+                       (offs_dv < head_dim_v)[None, :], ROWS_ALONG_0=True, MASK_ROWS=MASK, EVEN_D=EVEN_DV)
+        if MASK:  # rows past seqlen_q: log2 l = +inf makes their P exactly 0
+            m = tl.load(m_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
+            l2 = tl.load(l2_ptr + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
+            delta = tl.load(delta_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
+        else:
+            m = tl.load(m_ptr + offs_m)
+            l2 = tl.load(l2_ptr + offs_m)
+            delta = tl.load(delta_ptr + offs_m)
+        sT, thT = variant_scores(mm(k, qT, INTERPRETED, IEEE), offs_m[None, :], offs_n[:, None], seqlen_k, diag,
+                                 left, right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP,
+                                 ALIBI=ALIBI)
+        pT = tl.math.exp2(tl.minimum((sT - m[None, :]) * qk_scale, 0.0) - l2[None, :])
+        dv += mm(cast(pT, do.dtype, INTERPRETED), do, INTERPRETED, IEEE)
+        dsT = pT * (mm(v, tl.trans(do), INTERPRETED, IEEE) - delta[None, :])
+        if SOFTCAP:
+            dsT = dsT * (1.0 - thT * thT)  # [mutant site: softcap-derivative]
+        dk += mm(cast(dsT, qT.dtype, INTERPRETED), tl.trans(qT), INTERPRETED, IEEE)
+    return dk, dv
+
+
+def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV, CuQ, CuK, Alibi,  #
+          stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,  #
+          stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+          stride_lb, stride_lh, stride_ab,  #
+          nheads_k, group, seqlen_q, seqlen_k, head_dim, head_dim_v, softmax_scale, qk_scale,  #
+          left, right, cap_scale, inv_cap_scale, bias_unit,  #
+          SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,  #
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,  #
+          EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    start_n = tl.program_id(0) * BLOCK_N
+    off_bhk = tl.program_id(1)
+    off_b = (off_bhk // nheads_k).to(tl.int64)
+    off_hk = (off_bhk % nheads_k).to(tl.int64)
+    bos_q, seqlen_q = _sequence(CuQ, off_b, seqlen_q, VARLEN)
+    bos_k, seqlen_k = _sequence(CuK, off_b, seqlen_k, VARLEN)
+    if start_n >= seqlen_k:  # past this sequence's keys: nothing to do
+        return
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    rows_n = (bos_k + offs_n[:, None]).to(tl.int64)
+    k = load_rows(K + off_b * stride_kb + rows_n * stride_ks + off_hk * stride_kh + offs_d[None, :], offs_n,
+                  seqlen_k, (offs_d < head_dim)[None, :], ROWS_ALONG_0=True, MASK_ROWS=True, EVEN_D=EVEN_D)
+    v = load_rows(V + off_b * stride_vb + rows_n * stride_vs + off_hk * stride_vh + offs_dv[None, :], offs_n,
+                  seqlen_k, (offs_dv < head_dim_v)[None, :], ROWS_ALONG_0=True, MASK_ROWS=True, EVEN_D=EVEN_DV)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    diag = seqlen_k - seqlen_q
+    # the query rows that see key j: [j - diag - right, j - diag + left]
+    lo, full_lo, full_hi, hi = visible_tiles(start_n, BLOCK_N, -diag - right, -diag + left, seqlen_q, BLOCK_M)  # [mutant site: dkdv-rows]
+    for g in range(0, group):
+        off_h = off_hk * group + g
+        slope = 0.0
+        if ALIBI:
+            slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit
+        # pointer tiles of query rows 0..BLOCK_M-1 (q transposed), moved along by the loop
+        q_base = Q + off_b * stride_qb + bos_q * stride_qs + off_h * stride_qh + offs_m0[None, :] * stride_qs \
+            + offs_d[:, None]
+        do_base = DO + off_b * stride_db + bos_q * stride_ds + off_h * stride_dh + offs_m0[:, None] * stride_ds \
+            + offs_dv[None, :]
+        row = off_b * stride_lb + off_h * stride_lh + bos_q
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, Rowmax + row, Log2l + row, Delta + row, stride_qs,
+                             stride_ds, lo, full_lo, offs_m0, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
+                             seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale,
+                             MASK=True, SOFTCAP=SOFTCAP, ALIBI=ALIBI, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
+                             EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, Rowmax + row, Log2l + row, Delta + row, stride_qs,
+                             stride_ds, full_lo, full_hi, offs_m0, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
+                             seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale,
+                             MASK=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
+                             EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, Rowmax + row, Log2l + row, Delta + row, stride_qs,
+                             stride_ds, full_hi, hi, offs_m0, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
+                             seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale,
+                             MASK=True, SOFTCAP=SOFTCAP, ALIBI=ALIBI, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
+                             EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
+    dk = dk * softmax_scale
+    ok = offs_n[:, None] < seqlen_k
+    tl.store(DK + off_b * stride_dkb + rows_n * stride_dks + off_hk * stride_dkh + offs_d[None, :],
+             cast(dk, DK.dtype.element_ty, INTERPRETED), mask=ok & (offs_d < head_dim)[None, :])
+    tl.store(DV + off_b * stride_dvb + rows_n * stride_dvs + off_hk * stride_dvh + offs_dv[None, :],
+             cast(dv, DV.dtype.element_ty, INTERPRETED), mask=ok & (offs_dv < head_dim_v)[None, :])
+
+
+@triton.jit
+def _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs,  #
+              lo, hi, offs_m, offs_n0, offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right,  #
+              slope, qk_scale, cap_scale, inv_cap_scale,  #
+              MASK: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BLOCK_N: tl.constexpr,  #
+              EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n0
+        kT = load_rows(k_base + start_n * stride_ks, cols, seqlen_k,
+                       (offs_d < head_dim)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
+        vT = load_rows(v_base + start_n * stride_vs, cols, seqlen_k,
+                       (offs_dv < head_dim_v)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_DV)
+        s, th = variant_scores(mm(q, kT, INTERPRETED, IEEE), offs_m[:, None], cols[None, :], seqlen_k, diag, left,
+                               right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+        p = tl.math.exp2(tl.minimum((s - m[:, None]) * qk_scale, 0.0) - l2[:, None])
+        ds = p * (mm(do, vT, INTERPRETED, IEEE) - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - th * th)
+        dq += mm(cast(ds, kT.dtype, INTERPRETED), tl.trans(kT), INTERPRETED, IEEE)
+    return dq
+
+
+def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ, CuQ, CuK, Alibi,  #
+        stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,  #
+        stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh, stride_ab,  #
+        nheads, group, seqlen_q, seqlen_k, head_dim, head_dim_v, softmax_scale, qk_scale,  #
+        left, right, cap_scale, inv_cap_scale, bias_unit,  #
+        SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,  #
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,  #
+        EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // nheads).to(tl.int64)
+    off_h = (off_bh % nheads).to(tl.int64)
+    off_hk = off_h // group
+    bos_q, seqlen_q = _sequence(CuQ, off_b, seqlen_q, VARLEN)
+    bos_k, seqlen_k = _sequence(CuK, off_b, seqlen_k, VARLEN)
+    if start_m * BLOCK_M >= seqlen_q:
+        return
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    rows_m = (bos_q + offs_m[:, None]).to(tl.int64)
+    q = load_rows(Q + off_b * stride_qb + rows_m * stride_qs + off_h * stride_qh + offs_d[None, :], offs_m, seqlen_q,
+                  (offs_d < head_dim)[None, :], ROWS_ALONG_0=True, MASK_ROWS=True, EVEN_D=EVEN_D)
+    do = load_rows(DO + off_b * stride_db + rows_m * stride_ds + off_h * stride_dh + offs_dv[None, :], offs_m,
+                   seqlen_q, (offs_dv < head_dim_v)[None, :], ROWS_ALONG_0=True, MASK_ROWS=True, EVEN_D=EVEN_DV)
+    row = off_b * stride_lb + off_h * stride_lh + bos_q + offs_m
+    m = tl.load(Rowmax + row, mask=offs_m < seqlen_q, other=0.0)
+    l2 = tl.load(Log2l + row, mask=offs_m < seqlen_q, other=float("inf"))
+    delta = tl.load(Delta + row, mask=offs_m < seqlen_q, other=0.0)
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit
+    # pointer tiles of keys 0..BLOCK_N-1 (transposed), moved along by the loop
+    k_base = K + off_b * stride_kb + bos_k * stride_ks + off_hk * stride_kh + offs_n0[None, :] * stride_ks \
+        + offs_d[:, None]
+    v_base = V + off_b * stride_vb + bos_k * stride_vs + off_hk * stride_vh + offs_n0[None, :] * stride_vs \
+        + offs_dv[:, None]
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    diag = seqlen_k - seqlen_q
+    lo, full_lo, full_hi, hi = visible_tiles(start_m * BLOCK_M, BLOCK_M, diag - left, diag + right, seqlen_k, BLOCK_N)
+    dq = _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs, lo, full_lo, offs_m, offs_n0,
+                   offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right, slope, qk_scale, cap_scale,
+                   inv_cap_scale, MASK=True, SOFTCAP=SOFTCAP, ALIBI=ALIBI, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
+                   EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
+    dq = _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs, full_lo, full_hi, offs_m, offs_n0,
+                   offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right, slope, qk_scale, cap_scale,
+                   inv_cap_scale, MASK=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
+                   EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
+    dq = _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs, full_hi, hi, offs_m, offs_n0,
+                   offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right, slope, qk_scale, cap_scale,
+                   inv_cap_scale, MASK=True, SOFTCAP=SOFTCAP, ALIBI=ALIBI, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
+                   EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
+    dq = dq * softmax_scale
+    tl.store(DQ + off_b * stride_dqb + rows_m * stride_dqs + off_h * stride_dqh + offs_d[None, :],
+             cast(dq, DQ.dtype.element_ty, INTERPRETED), mask=(offs_m < seqlen_q)[:, None] & (offs_d < head_dim)[None, :])
+
+
+_dkdv_kernel = triton.jit(do_not_specialize=generic_args(_dkdv))(_dkdv)
+_dq_kernel = triton.jit(do_not_specialize=generic_args(_dq))(_dq)

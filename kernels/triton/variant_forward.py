@@ -1,0 +1,260 @@
+"""Flash forward of the variants in Triton: windows, softcap, ALiBi, sinks, v's own head dim, varlen
+batches and paged KV caches with split-KV partials, and the split combine.
+
+The algorithm and its numerics are forward.py's (FlashAttention-2, raw logits, the max subtracted before
+the scale); this kernel adds, each behind a compile-time switch so that what a launch does not use costs
+it nothing:
+- Masks as one window [i + diag - left, i + diag + right] (diag = seqlen_k - seqlen_q; causal is right
+  = 0; no bound is common.NO_BOUND). Key tiles wholly outside it are skipped, tiles wholly inside run
+  unmasked, only those that cross a bound are masked (visible_tiles).
+- Softcap and ALiBi transform the raw logits (variant_scores), in the order of the FP64 reference:
+  scale, cap, bias, mask.
+- Sinks enter at the end, in the normalization: one more logit z_h with no value, so l' = l e^(m - M) +
+  e^(z - M) with M = max(m, z); a row that saw no key gives out 0 and lse z_h.
+- v's head dim is its own (BLOCK_DV), so out has it.
+- VARLEN: the sequence b is tokens [cu_seqlens[b], cu_seqlens[b + 1]) of the packed q, k and v; a
+  program whose query tile starts past its sequence's end returns at once, and no load reaches past a
+  sequence (loads are masked by its own length).
+- PAGED: key t of sequence b is slot t % page_size of page block_table[b, t // page_size] (gathered per
+  key, so any page size works, 1 and non-powers of two included); offsets in int64, since a pool holds
+  more than 2^31 elements.
+- SPLIT_BLOCK > 0: program axis 2 is the split; split s takes keys [s * per, (s + 1) * per), per = ceil(
+  ceil(seqlen_k / SPLIT_BLOCK) / num_splits) * SPLIT_BLOCK (flash-attn's cut), and writes its own
+  normalized out and lse (fp32), which _combine merges.
+"""
+import triton
+import triton.language as tl
+
+from faverify.kernels.triton.common import LN2, LOG2E, cast, generic_args, load_rows, mm, tanh
+
+LOG2E_ = tl.constexpr(LOG2E)  # a global a kernel may read (Triton takes only constexpr globals)
+
+
+@triton.jit
+def visible_tiles(start, SIZE: tl.constexpr, lo_off, hi_off, length, TILE: tl.constexpr):
+    """For the block of SIZE indices x from `start`, each seeing the indices y in [x + lo_off, x + hi_off]
+    of [0, length): (lo, full_lo, full_hi, hi), tiles of TILE from lo. Tiles in [lo, full_lo) and
+    [full_hi, hi) are seen by some x of the block (masked); [full_lo, full_hi) by every x, whole (no mask);
+    nothing outside [lo, hi) is seen. The forward and dq ask for the keys a query tile sees (lo_off =
+    diag - left, hi_off = diag + right), dk/dv for the queries that see a key tile (-hi_off, -lo_off)."""
+    lo = tl.maximum(start + lo_off, 0) // TILE * TILE  # [mutant site: window-tiles]
+    hi = tl.minimum(start + SIZE + hi_off, length)
+    hi = tl.maximum(hi, lo)
+    # every x of the block sees y from start + SIZE - 1 + lo_off up to start + hi_off
+    full_lo = (tl.maximum(start + SIZE - 1 + lo_off, 0) + TILE - 1) // TILE * TILE
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(start + hi_off + 1, length) // TILE * TILE
+    full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def variant_scores(qk, i, j, seqlen_k, diag, left, right, slope, cap_scale, inv_cap_scale,
+                   MASK: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+    """The variants' logits in raw q.k units (the kernels scale after subtracting the max, as forward.py
+    does): softcap (cap / scale) tanh(qk scale / cap), then ALiBi - (slope / scale) |i + diag - j| (the
+    slope comes divided by the scale), then the masks: keys of the sequence, inside the window. i, j: query
+    and key indices broadcast to qk's shape (the forward and dq pass [M, 1] and [1, N], dk/dv the
+    transpose). Returns (s, tanh): the tanh gives softcap's derivative 1 - tanh^2 to the backward."""
+    th = qk
+    if SOFTCAP:
+        th = tanh(qk * cap_scale)
+        qk = th * inv_cap_scale
+    if ALIBI:
+        qk = qk - slope * tl.abs(i + diag - j).to(tl.float32)  # [mutant site: alibi-offset]
+    if MASK:
+        keep = (j < seqlen_k) & (j >= i + diag - left) & (j <= i + diag + right)  # [mutant site: window-bound]
+        qk = tl.where(keep, qk, float("-inf"))
+    return qk, th
+
+
+@triton.jit
+def key_offsets(cols, seqlen_k, table, page_size, stride_kp, stride_ks, stride_vp, stride_vs):
+    """Element offsets (int64: a pool holds more than 2^31 elements) of keys `cols` in the k and v pools:
+    slots of the pages the block table row `table` names."""
+    page = tl.load(table + cols // page_size, mask=cols < seqlen_k, other=0).to(tl.int64)  # [mutant site: page-gather]
+    slot = (cols % page_size).to(tl.int64)
+    return page * stride_kp + slot * stride_ks, page * stride_vp + slot * stride_vs
+
+
+@triton.jit
+def _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride_ks, stride_vp, stride_vs,  #
+           lo, hi, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right,  #
+           slope, qk_scale, cap_scale, inv_cap_scale,  #
+           MASK: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr,  #
+           BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,  #
+           INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        if PAGED:  # gathered key by key through the block table
+            k_off, v_off = key_offsets(cols, seqlen_k, table, page_size, stride_kp, stride_ks, stride_vp, stride_vs)
+            k_ptrs = k_base + k_off[None, :] + offs_d[:, None]
+            v_ptrs = v_base + v_off[:, None] + offs_dv[None, :]
+        else:  # k_base, v_base: the pointer tiles of keys 0..BLOCK_N-1, moved along (as forward.py does)
+            k_ptrs = k_base + start_n * stride_ks
+            v_ptrs = v_base + start_n * stride_vs
+        k = load_rows(k_ptrs, cols, seqlen_k, (offs_d < head_dim)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK,
+                      EVEN_D=EVEN_D)
+        s, _ = variant_scores(mm(q, k, INTERPRETED, IEEE), offs_m[:, None], cols[None, :], seqlen_k, diag, left,
+                              right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # forward.py: never (-inf) - (-inf)
+        p = tl.math.exp2((s - m_use[:, None]) * qk_scale)
+        alpha = tl.math.exp2((m_i - m_use) * qk_scale)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_rows(v_ptrs, cols, seqlen_k, (offs_dv < head_dim_v)[None, :], ROWS_ALONG_0=True, MASK_ROWS=MASK,
+                      EVEN_D=EVEN_DV)
+        acc = acc * alpha[:, None] + mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, Alibi, Sinks,  #
+         stride_qb, stride_qs, stride_qh,  #
+         stride_kb, stride_ks, stride_kh,  # paged: stride_kb is the page's
+         stride_vb, stride_vs, stride_vh,  #
+         stride_ob, stride_os, stride_oh, stride_osplit,  #
+         stride_lb, stride_lh, stride_lsplit,  # lse and the row statistics: [b, h, s] or varlen [h, total]
+         stride_ab, stride_tb,  # alibi slopes' batch stride (0: per head), the block table's row
+         nheads, group, seqlen_q, seqlen_k, head_dim, head_dim_v, page_size, num_splits,  #
+         qk_scale, init, left, right, cap_scale, inv_cap_scale, bias_unit,  #
+         SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, VARLEN: tl.constexpr,  #
+         PAGED: tl.constexpr, SPLIT_BLOCK: tl.constexpr, STATS: tl.constexpr,  #
+         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,  #
+         EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    split = tl.program_id(2)
+    off_b = (off_bh // nheads).to(tl.int64)
+    off_h = (off_bh % nheads).to(tl.int64)
+    off_hk = off_h // group  # GQA/MQA
+    bos_q = 0
+    bos_k = 0
+    if VARLEN:
+        bos_q = tl.load(CuQ + off_b).to(tl.int64)
+        seqlen_q = (tl.load(CuQ + off_b + 1) - bos_q).to(tl.int32)
+        bos_k = tl.load(CuK + off_b).to(tl.int64)
+        seqlen_k = (tl.load(CuK + off_b + 1) - bos_k).to(tl.int32)  # [mutant site: varlen-keys]
+    if PAGED:
+        seqlen_k = tl.load(CacheSeqlens + off_b)
+    if start_m * BLOCK_M >= seqlen_q:  # past this sequence's end: nothing to do
+        return
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q_ptrs = Q + off_b * stride_qb + (bos_q + offs_m[:, None]) * stride_qs + off_h * stride_qh + offs_d[None, :]
+    q = load_rows(q_ptrs, offs_m, seqlen_q, (offs_d < head_dim)[None, :], ROWS_ALONG_0=True, MASK_ROWS=True,
+                  EVEN_D=EVEN_D)
+    if PAGED:  # key offsets come from the block table: the bases are the pools'
+        k_base = K + off_hk * stride_kh
+        v_base = V + off_hk * stride_vh
+        table = BlockTable + off_b * stride_tb
+    else:
+        k_base = K + off_b * stride_kb + bos_k * stride_ks + off_hk * stride_kh + offs_n[None, :] * stride_ks \
+            + offs_d[:, None]
+        v_base = V + off_b * stride_vb + bos_k * stride_vs + off_hk * stride_vh + offs_n[:, None] * stride_vs \
+            + offs_dv[None, :]
+        table = BlockTable
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + init
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    diag = seqlen_k - seqlen_q
+    lo, full_lo, full_hi, hi = visible_tiles(start_m * BLOCK_M, BLOCK_M, diag - left, diag + right, seqlen_k, BLOCK_N)
+    if SPLIT_BLOCK > 0:  # this split's keys only (whole blocks of SPLIT_BLOCK, a multiple of BLOCK_N)
+        per = tl.maximum(1, tl.cdiv(tl.cdiv(seqlen_k, SPLIT_BLOCK), num_splits)) * SPLIT_BLOCK  # [mutant site: split-cut]
+        lo = tl.minimum(tl.maximum(lo, split * per), (split + 1) * per)
+        hi = tl.maximum(tl.minimum(hi, (split + 1) * per), lo)
+        full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+        full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)
+    # the tiles that cross the lower bound, those inside the window, those that cross the upper bound or
+    # hold the seqlen_k tail
+    acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
+                           stride_vs, lo, full_lo, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_k,
+                           diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, MASK=True, SOFTCAP=SOFTCAP,
+                           ALIBI=ALIBI, PAGED=PAGED, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
+                           INTERPRETED=INTERPRETED, IEEE=IEEE)
+    acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
+                           stride_vs, full_lo, full_hi, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
+                           seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, MASK=False,
+                           SOFTCAP=SOFTCAP, ALIBI=ALIBI, PAGED=PAGED, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
+                           EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
+    acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
+                           stride_vs, full_hi, hi, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_k,
+                           diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, MASK=True, SOFTCAP=SOFTCAP,
+                           ALIBI=ALIBI, PAGED=PAGED, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
+                           INTERPRETED=INTERPRETED, IEEE=IEEE)
+
+    seen = l_i > 0.0
+    m2 = tl.where(seen, m_i * qk_scale, float("-inf"))  # the row's max logit in log2 units
+    if SINKS:
+        z2 = tl.load(Sinks + off_h) * LOG2E_
+        top = tl.maximum(m2, z2)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        keys = tl.where(seen, l_i * tl.math.exp2(m2 - top), 0.0)
+        total = keys + tl.math.exp2(z2 - top)  # [mutant site: sink-in-sum]
+        out = acc * (tl.math.exp2(m2 - top) / tl.where(total > 0.0, total, 1.0))[:, None]
+        lse = tl.where(total > 0.0, (top + tl.math.log2(total)) * LN2, float("-inf"))
+        log2l = tl.math.log2(tl.where(total > 0.0, total, 1.0)) + top - m2  # P = exp2((s - m) c - log2l)
+    else:
+        out = acc / tl.where(seen, l_i, 1.0)[:, None]
+        log2l = tl.math.log2(tl.where(seen, l_i, 1.0))
+        lse = tl.where(seen, (m2 + log2l) * LN2, float("-inf"))
+    rows = split * stride_lsplit + off_b * stride_lb + off_h * stride_lh + bos_q + offs_m
+    in_seq = offs_m < seqlen_q
+    if STATS:  # the backward's row statistics (backward.py says why m and log2 l, not lse)
+        tl.store(Rowmax + rows, tl.where(seen, m_i, 0.0), mask=in_seq)
+        tl.store(Log2l + rows, tl.where(seen, log2l, float("inf")), mask=in_seq)
+    tl.store(Lse + rows, lse, mask=in_seq)
+    o_ptrs = (Out + split * stride_osplit + off_b * stride_ob + (bos_q + offs_m[:, None]) * stride_os
+              + off_h * stride_oh + offs_dv[None, :])
+    o_ok = in_seq[:, None]
+    if not EVEN_DV:
+        o_ok = o_ok & (offs_dv < head_dim_v)[None, :]
+    tl.store(o_ptrs, cast(out, Out.dtype.element_ty, INTERPRETED), mask=o_ok)
+
+
+def _combine(OutSplits, LseSplits, Out, Lse,  #
+             stride_ss, stride_sb, stride_sm, stride_sh,  # out_splits [splits, b, s, h, dv]
+             stride_ls, stride_lb, stride_lh,  # lse_splits [splits, b, h, s]
+             stride_ob, stride_om, stride_oh, stride_eb, stride_eh,  # out [b, s, h, dv], lse [b, h, s]
+             nheads, seqlen_q, head_dim_v, num_splits,  #
+             BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, INTERPRETED: tl.constexpr):
+    """lse = logsumexp_s lse_s, out = sum_s e^(lse_s - lse) out_s; partials that saw no key (lse_s = -inf,
+    out_s = 0) weigh nothing, and a row no split saw gives out 0, lse -inf."""
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // nheads).to(tl.int64)
+    off_h = (off_bh % nheads).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    rows_ok = offs_m < seqlen_q
+    ok = rows_ok[:, None] & (offs_dv < head_dim_v)[None, :]
+    lse_base = LseSplits + off_b * stride_lb + off_h * stride_lh + offs_m
+    out_base = OutSplits + off_b * stride_sb + offs_m[:, None] * stride_sm + off_h * stride_sh + offs_dv[None, :]
+    top = tl.zeros([BLOCK_M], dtype=tl.float32) + float("-inf")
+    for s in range(0, num_splits):
+        top = tl.maximum(top, tl.load(lse_base + s * stride_ls, mask=rows_ok, other=float("-inf")))
+    top = tl.where(top == float("-inf"), 0.0, top)
+    weight = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    for s in range(0, num_splits):
+        w = tl.math.exp2((tl.load(lse_base + s * stride_ls, mask=rows_ok, other=float("-inf")) - top) * LOG2E_)
+        acc += w[:, None] * tl.load(out_base + s * stride_ss, mask=ok, other=0.0)
+        weight += w
+    out = acc / tl.where(weight > 0.0, weight, 1.0)[:, None]  # [mutant site: combine-empty]
+    lse = tl.where(weight > 0.0, top + tl.math.log2(tl.where(weight > 0.0, weight, 1.0)) * LN2, float("-inf"))
+    tl.store(Out + off_b * stride_ob + offs_m[:, None] * stride_om + off_h * stride_oh + offs_dv[None, :],
+             cast(out, Out.dtype.element_ty, INTERPRETED), mask=ok)
+    tl.store(Lse + off_b * stride_eb + off_h * stride_eh + offs_m, lse, mask=rows_ok)
+
+
+# One build per set of compile-time switches, specialized on no runtime value (common.generic_args): the
+# variants' shapes, windows and page sizes vary case by case and must not each cost a compile.
+_fwd_kernel = triton.jit(do_not_specialize=generic_args(_fwd))(_fwd)
+_combine_kernel = triton.jit(do_not_specialize=generic_args(_combine))(_combine)

@@ -1,0 +1,240 @@
+"""Launchers and autograd of the variant kernels (variant_forward.py, variant_backward.py), and the public
+flash_attn_varlen_func and flash_attn_with_kvcache; flash_attn_func (interface.py) comes here when a case
+uses a variant."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+
+from faverify.kernels.triton import configs
+from faverify.kernels.triton import variant_backward as _vbwd
+from faverify.kernels.triton import variant_forward as _vfwd
+from faverify.kernels.triton.common import INTERPRET, LOG2E, NO_BOUND, block_d, quiet
+
+INIT_VALUE = {"-inf": float("-inf"), "-1e30": -1e30}
+# Split-KV cuts the keys into whole blocks of this many (case.split_ranges' block): a multiple of every
+# key tile the forward takes, so that a split boundary is a tile boundary. Under the interpreter the tiles
+# and the CPU's caches are small, and blocks of 32 give the splits of a cache of a few hundred keys
+# several blocks each.
+SPLIT_BLOCK = 32 if INTERPRET else 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """What a launch adds to dense attention, in the kernels' terms."""
+    scale: float
+    left: int = NO_BOUND  # keys j >= i + diag - left
+    right: int = NO_BOUND  # keys j <= i + diag + right
+    softcap: float = 0.0
+    alibi: torch.Tensor | None = None  # fp32 [h] or [b, h]
+    sinks: torch.Tensor | None = None  # fp32 [h]
+    init: str = "-inf"
+
+    @classmethod
+    def of(cls, scale: float, causal: bool, window_size, softcap, alibi_slopes, sinks, init: str = "-inf"):
+        left, right = window_size
+        left = NO_BOUND if left < 0 else left
+        right = NO_BOUND if right < 0 else right
+        if causal:  # causal and a window keep the intersection
+            right = min(right, 0)
+        return cls(scale, left, right, float(softcap), alibi_slopes, sinks, init)
+
+    def runtime(self) -> dict:
+        cap = self.softcap
+        return dict(left=self.left, right=self.right, cap_scale=self.scale / cap if cap else 1.0,
+                    inv_cap_scale=cap / self.scale if cap else 1.0, bias_unit=1.0 / self.scale)
+
+    def switches(self) -> dict:
+        return dict(SOFTCAP=self.softcap > 0, ALIBI=self.alibi is not None)
+
+
+_LAUNCHED: list = []
+
+
+def _tile(kind: str, q, dv: int) -> configs.Tile:
+    return configs.variant(kind, max(block_d(q.shape[-1]), block_d(dv)), q.element_size())
+
+
+def _dims(d: int, dv: int, q, emulate) -> dict:
+    bd, bdv = block_d(d), block_d(dv)
+    return dict(BLOCK_D=bd, BLOCK_DV=bdv, EVEN_D=d == bd, EVEN_DV=dv == bdv,
+                INTERPRETED=INTERPRET if emulate is None else emulate, IEEE=q.dtype == torch.float32)
+
+
+def _lse_strides(lse: torch.Tensor, varlen: bool) -> tuple:
+    """(batch, head) strides of the row statistics: [b, h, s], or varlen's [h, total] (no batch stride)."""
+    return (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
+
+
+def _qstrides(t: torch.Tensor, varlen: bool) -> tuple:
+    """(batch, seq, head) strides: [b, s, h, d], or varlen's packed [total, h, d] (no batch stride)."""
+    return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
+
+
+def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+            block_table=None, cache_seqlens=None, num_splits: int = 0, stats: bool = True, emulate=None):
+    """out, lse, (rowmax, log2l) or None, and (out_splits, lse_splits) when split (num_splits > 0).
+    Dense q [b, sq, h, d]; varlen packed [total, h, d] with cu_seqlens; paged q [b, sq, h, d] against k, v
+    pools [pages, page_size, hk, d] through block_table and cache_seqlens."""
+    varlen, paged = cu_seqlens_q is not None, block_table is not None
+    h, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
+    hk = k.shape[-2]
+    if varlen:
+        batch, sq, sk = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k
+        out = torch.zeros((q.shape[0], h, dv), dtype=q.dtype, device=q.device)  # the tail stays 0
+        lse = torch.full((h, q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
+    else:
+        batch, sq = q.shape[0], q.shape[1]
+        sk = 0 if paged else k.shape[1]
+        out = torch.empty((batch, sq, h, dv), dtype=q.dtype, device=q.device)
+        lse = torch.empty((batch, h, sq), dtype=torch.float32, device=q.device)
+    rows = (torch.empty_like(lse), torch.empty_like(lse)) if stats else None
+    split = num_splits > 0
+    splits = None
+    if split:
+        splits = (torch.zeros((num_splits, batch, sq, h, dv), dtype=torch.float32, device=q.device),
+                  torch.full((num_splits, batch, h, sq), float("-inf"), dtype=torch.float32, device=q.device))
+    if q.numel() == 0 or batch == 0 or sq == 0:
+        _LAUNCHED.append("fwd variant none (empty)")
+        if rows is not None:
+            rows[0].zero_(), rows[1].fill_(float("inf"))
+        return out.zero_(), lse.fill_(float("-inf")), rows, splits
+    tile = _tile("fwd", q, dv)
+    block_m = min(tile.block_m, max(16, triton.next_power_of_2(sq)))  # decode: one query row, a tile of 16
+    dims = _dims(d, dv, q, emulate)
+    dummy = torch.empty(0, dtype=torch.int32, device=q.device)
+    f32 = torch.empty(0, dtype=torch.float32, device=q.device)
+    alibi = var.alibi if var.alibi is not None else f32
+    target_out, target_lse = splits if split else (out, lse)
+    if split:
+        o_strides = (target_out.stride(1), target_out.stride(2), target_out.stride(3), target_out.stride(0))
+        l_strides = (target_lse.stride(1), target_lse.stride(2), target_lse.stride(0))
+    else:
+        o_strides = _qstrides(out, varlen) + (0,)
+        l_strides = _lse_strides(lse, varlen) + (0,)
+    if paged:
+        k_strides = (k.stride(0), k.stride(1), k.stride(2))
+        v_strides = (v.stride(0), v.stride(1), v.stride(2))
+    else:
+        k_strides, v_strides = _qstrides(k, varlen), _qstrides(v, varlen)
+    _LAUNCHED.append("fwd variant" + (" varlen" if varlen else " paged" if paged else "") + (" split" if split else ""))
+    grid = (triton.cdiv(sq, block_m), batch * h, max(1, num_splits))
+    with quiet():
+        _vfwd._fwd_kernel[grid](
+            q, k, v, target_out, target_lse, *(rows if rows is not None else (f32, f32)),
+            cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
+            block_table if paged else dummy, cache_seqlens if paged else dummy, alibi,
+            var.sinks if var.sinks is not None else f32,
+            *_qstrides(q, varlen), *k_strides, *v_strides, *o_strides, *l_strides,
+            alibi.stride(0) if alibi.dim() == 2 else 0, block_table.stride(0) if paged else 0,
+            h, h // hk, sq, sk, d, dv, k.shape[1] if paged else 1, max(1, num_splits),
+            var.scale * LOG2E, INIT_VALUE[var.init], **var.runtime(), **var.switches(),
+            SINKS=var.sinks is not None, VARLEN=varlen, PAGED=paged, SPLIT_BLOCK=SPLIT_BLOCK if split else 0,
+            STATS=stats, BLOCK_M=block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps,
+            num_stages=tile.num_stages, **dims)
+    if split:
+        combine(*splits, out, lse, emulate=emulate)
+    return out, lse, rows, splits
+
+
+def combine(out_splits, lse_splits, out, lse, emulate=None) -> None:
+    """Merge split partials (out_splits [splits, b, s, h, dv] fp32, lse_splits [splits, b, h, s]) into out
+    [b, s, h, dv] and lse [b, h, s]."""
+    s, b, sq, h, dv = out_splits.shape
+    if out_splits.numel() == 0:
+        return
+    block_m = 16
+    with quiet():
+        _vfwd._combine_kernel[(triton.cdiv(sq, block_m), b * h)](
+            out_splits, lse_splits, out, lse, *(out_splits.stride(i) for i in range(4)),
+            *(lse_splits.stride(i) for i in range(3)), out.stride(0), out.stride(1), out.stride(2),
+            lse.stride(0), lse.stride(1), h, sq, dv, s, BLOCK_M=block_m, BLOCK_DV=block_d(dv),
+            INTERPRETED=INTERPRET if emulate is None else emulate)
+
+
+def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None,
+             max_seqlen_q=None, max_seqlen_k=None, sinks_grad: bool = False, emulate=None):
+    """dq, dk, dv, and dsinks (None unless sinks_grad)."""
+    varlen = cu_seqlens_q is not None
+    rowmax, log2l = rows
+    h, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
+    hk = k.shape[-2]
+    dq, dk, dvv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    if varlen:
+        batch, sq, sk = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k
+        packed = int(cu_seqlens_q[-1])
+        # D = rowsum(dO * O), [h, total] like lse; the tail's rows are never read
+        delta = (dout.float() * out.float()).sum(-1).transpose(0, 1).contiguous()
+    else:
+        batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+        packed = None
+        delta = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
+    dsinks = None
+    if sinks_grad:
+        # d z_h = -sum_i p_sink_i D_i, p_sink_i = e^(z_h - lse_i), over every row of every sequence
+        rows_lse, rows_d, z = ((lse[:, :packed], delta[:, :packed], var.sinks[:, None]) if varlen
+                               else (lse.transpose(0, 1).flatten(1), delta.transpose(0, 1).flatten(1), var.sinks[:, None]))
+        dsinks = -(torch.exp(z - rows_lse) * rows_d).sum(1)  # [mutant site: dsinks-sign]
+    if batch == 0 or sq == 0 or sk == 0 or q.numel() == 0:
+        _LAUNCHED.append("bwd variant none (empty)")
+        return dq, dk, dvv, dsinks
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    dims = _dims(d, dv, q, emulate)
+    dummy = torch.empty(0, dtype=torch.int32, device=q.device)
+    f32 = torch.empty(0, dtype=torch.float32, device=q.device)
+    alibi = var.alibi if var.alibi is not None else f32
+    cu = (cu_seqlens_q, cu_seqlens_k) if varlen else (dummy, dummy)
+    common = dict(**var.runtime(), **var.switches(), VARLEN=varlen, **dims)
+    lse_strides = _lse_strides(lse, varlen)
+    ab = alibi.stride(0) if alibi.dim() == 2 else 0
+    _LAUNCHED.append("bwd variant" + (" varlen" if varlen else ""))
+    with quiet():
+        t = _tile("dkdv", q, dv)
+        _vbwd._dkdv_kernel[(triton.cdiv(sk, t.block_n), batch * hk)](
+            q, k, v, dout, rowmax, log2l, delta, dk, dvv, *cu, alibi,
+            *_qstrides(q, varlen), *_qstrides(k, varlen), *_qstrides(v, varlen), *_qstrides(dout, varlen),
+            *_qstrides(dk, varlen), *_qstrides(dvv, varlen), *lse_strides, ab,
+            hk, h // hk, sq, sk, d, dv, var.scale, var.scale * LOG2E, **common,
+            BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
+        t = _tile("dq", q, dv)
+        _vbwd._dq_kernel[(triton.cdiv(sq, t.block_m), batch * h)](
+            q, k, v, dout, rowmax, log2l, delta, dq, *cu, alibi,
+            *_qstrides(q, varlen), *_qstrides(k, varlen), *_qstrides(v, varlen), *_qstrides(dout, varlen),
+            *_qstrides(dq, varlen), *lse_strides, ab,
+            h, h // hk, sq, sk, d, dv, var.scale, var.scale * LOG2E, **common,
+            BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
+    return dq, dk, dvv, dsinks
+
+
+class VariantFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, var, ragged, emulate):
+        out, lse, rows, _ = forward(q, k, v, var, **ragged, emulate=emulate)
+        ctx.save_for_backward(q, k, v, out, lse, *rows)
+        ctx.var, ctx.ragged, ctx.emulate = var, ragged, emulate
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, rowmax, log2l = ctx.saved_tensors
+        sinks_grad = ctx.var.sinks is not None and ctx.needs_input_grad[3]
+        dq, dk, dv, dsinks = backward(dout, q, k, v, out, lse, (rowmax, log2l), ctx.var, **ctx.ragged,
+                                      sinks_grad=sinks_grad, emulate=ctx.emulate)
+        return dq, dk, dv, dsinks, None, None, None
+
+
+def attention(q, k, v, var: Variant, ragged: dict | None = None, emulate=None):
+    """out, lse through autograd (the sinks a leaf of their own when they require grad)."""
+    sinks = var.sinks
+    plain = dataclasses.replace(var, sinks=sinks.detach().float().contiguous() if sinks is not None else None)
+    return VariantFunction.apply(q, k, v, sinks, plain, ragged or {}, emulate)
+
+
+def take_paths() -> list:
+    taken = list(dict.fromkeys(_LAUNCHED))
+    _LAUNCHED.clear()
+    return taken

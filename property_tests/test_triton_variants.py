@@ -1,0 +1,174 @@
+"""The bundled Triton kernels' variants (variant_forward.py, variant_backward.py): windows, softcap, ALiBi,
+sinks, v's own head dim, varlen batches, paged decode with split-KV. Judged by faverify's own reference and
+verdict (runner.evaluate), on the CPU through the interpreter, on the GPU compiled."""
+import pytest
+import torch
+
+from faverify.case import Case
+from faverify.runner import evaluate
+from faverify.subjects import resolve
+from faverify.verdict import Tolerance
+
+HAS_GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if HAS_GPU else "cpu")
+
+# One case per feature, each at an edge that feature invites: a window whose bounds cross tiles and leave
+# rows with no key, a cap low enough that tanh bends, per-(batch, head) slopes with seqlen_q != seqlen_k,
+# sinks with rows that see nothing, v wider than q/k with an odd q/k head dim.
+DENSE = {
+    "window": Case(1, 70, 97, 2, 1, 40, dtype="fp32", window=(9, 3), seed=1),
+    "window-causal": Case(2, 97, 61, 4, 2, 16, dtype="bf16", causal=True, window=(20, -1), seed=2),
+    "softcap": Case(1, 64, 80, 2, 2, 32, dtype="fp16", softcap=2.0, regime="large", seed=3),
+    "alibi": Case(2, 33, 90, 2, 1, 24, dtype="fp32", alibi="batch-head", seed=4),
+    "sinks": Case(1, 90, 40, 2, 2, 32, dtype="bf16", causal=True, sinks="around", seed=5),
+    "head_dim_v": Case(1, 50, 70, 2, 1, 40, dtype="fp32", head_dim_v=72, seed=6),
+    "everything": Case(1, 65, 100, 4, 2, 24, dtype="bf16", causal=True, window=(30, -1), softcap=5.0,
+                       alibi="head", sinks="around", head_dim_v=16, seed=7),
+}
+
+
+def _passes(subject, case):
+    r = evaluate(subject, case, DEVICE, tolerance=Tolerance())
+    assert r.status == "pass", (r.status, r.reason)
+    return r
+
+
+@pytest.mark.parametrize("name", list(DENSE))
+def test_each_variant_is_right_against_fp64_forward_and_backward(name):
+    r = _passes(resolve("triton"), DENSE[name])
+    judged = set(r.metrics)
+    assert {"out", "lse", "dq", "dk", "dv"} <= judged
+    if DENSE[name].sinks != "off":
+        assert "dsinks" in judged
+
+
+def test_a_dense_case_runs_the_dense_kernels_and_a_variant_the_variant_kernels():
+    """flash_attn_func with no variant keyword is the dense path, bit for bit what it was: the variant
+    kernels are reached only when a case uses a variant."""
+    from faverify.kernels.triton import interface
+    subject = resolve("triton")
+    dense = Case(1, 64, 64, 2, 2, 32, dtype="fp32", seed=0)
+    assert evaluate(subject, dense, DEVICE, tolerance=Tolerance()).status == "pass"
+    paths = evaluate(subject, dense, DEVICE, tolerance=Tolerance()).paths
+    assert not any("variant" in p for p in paths), paths
+    assert all(p.startswith(("fwd variant", "bwd variant"))
+               for p in evaluate(subject, DENSE["window"], DEVICE, tolerance=Tolerance()).paths)
+    assert set(interface.PATHS) >= {"fwd variant", "bwd variant", "fwd variant varlen", "fwd variant paged split"}
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the GPU's dense kernels take other tiles (and TMA or the Hopper forward)")
+def test_the_variant_kernel_with_no_variant_gives_the_dense_kernels_bits():
+    """Same algorithm, same tiles under the interpreter, same order of keys: with no-op variant values the
+    variant forward and backward give the dense kernels' bits, so a variant's error is the variant's own."""
+    from faverify.inputs import make_inputs
+    from faverify.kernels.triton import interface, variant_interface
+    for case in (Case(2, 97, 130, 4, 2, 40, dtype="bf16", causal=True, seed=11),
+                 Case(1, 64, 33, 2, 1, 64, dtype="fp16", seed=12)):
+        x = make_inputs(case, "cpu", requires_grad=True)
+        dense = interface.FlashAttnFunction.apply(x.q, x.k, x.v, case.causal, case.scale, "-inf", interface.DEFAULT)
+        var = variant_interface.Variant.of(case.scale, case.causal, (-1, -1), 0.0, None, None)
+        other = variant_interface.attention(x.q, x.k, x.v, var)
+        for a, b in zip(dense, other):
+            assert torch.equal(a, b)
+        for a, b in zip(torch.autograd.grad(dense[0], (x.q, x.k, x.v), x.dout),
+                        torch.autograd.grad(other[0], (x.q, x.k, x.v), x.dout)):
+            assert torch.equal(a, b)
+
+
+RAGGED = {
+    "varlen": Case(3, 70, 97, 2, 1, 24, dtype="bf16", causal=True, seqlens=((5, 7), (0, 3), (70, 97)), tail=3,
+                   seed=8),
+    "varlen-empty-keys-sinks": Case(2, 33, 40, 2, 2, 16, dtype="fp32", sinks="around", seqlens=((33, 0), (1, 40)),
+                                    seed=9),
+    "varlen-window-dv": Case(2, 65, 65, 4, 2, 40, dtype="fp16", window=(5, 5), head_dim_v=24,
+                             seqlens=((65, 65), (64, 1)), seed=10),
+}
+PAGED = {
+    "decode": Case(3, 1, 200, 2, 1, 32, dtype="bf16", cache_seqlens=(17, 0, 200), page_size=7, pages="random",
+                   splits=3, seed=13),
+    "prefill-causal-window": Case(2, 9, 150, 4, 2, 24, dtype="fp16", causal=True, window=(40, -1),
+                                  cache_seqlens=(150, 9), page_size=16, pages="shared", splits=4, seed=14),
+    "softcap-alibi-one-split": Case(2, 5, 64, 2, 2, 16, dtype="fp32", softcap=3.0, alibi="head",
+                                    cache_seqlens=(64, 31), page_size=1, pages="reverse", splits=1, seed=15),
+    "more-splits-than-blocks": Case(1, 3, 40, 2, 1, 16, dtype="bf16", window=(0, 0), cache_seqlens=(40,),
+                                    page_size=3, pages="in-order", splits=16, seed=16),
+}
+
+
+@pytest.mark.parametrize("name", list(RAGGED))
+def test_varlen_is_right_against_fp64_and_touches_nothing_past_its_sequences(name):
+    """The inputs' margins, the gaps and the tail hold NaN: a read past a sequence poisons out."""
+    r = _passes(resolve("triton-varlen"), RAGGED[name])
+    assert {"out", "lse", "dq", "dk", "dv"} <= set(r.metrics)
+
+
+@pytest.mark.parametrize("name", list(PAGED))
+def test_paged_decode_and_its_split_partials_are_right_against_fp64(name):
+    r = _passes(resolve("triton-paged"), PAGED[name])
+    assert {"out", "lse", "out_splits", "lse_splits"} <= set(r.metrics)
+
+
+def test_the_split_rule_fills_the_sms_and_no_more():
+    from faverify.kernels.triton.interface import num_splits_for
+    from faverify.kernels.triton.variant_interface import SPLIT_BLOCK
+    assert num_splits_for(1, 8, 1, 1 << 15, 132) == 17  # 8 programs: 17 splits fill 132 SMs
+    assert num_splits_for(64, 32, 1, 1 << 15, 132) == 1  # 2048 programs fill them already
+    assert num_splits_for(1, 1, 1, SPLIT_BLOCK * 3, 132) == 3  # no more splits than blocks of keys
+    assert num_splits_for(1, 1, 1, 1 << 20, 132) == 64  # at most 64
+    assert num_splits_for(1, 1, 1, 0, 132) == 1
+
+
+def _inputs():
+    q = torch.randn(2, 8, 4, 16, device=DEVICE)
+    return q, torch.randn(2, 8, 2, 16, device=DEVICE), torch.randn(2, 8, 2, 16, device=DEVICE)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(window_size=(-2, 0)), "window_size must be (left, right), each an int >= -1"),
+    (dict(window_size=5), "window_size must be (left, right)"),
+    (dict(softcap=-1.0), "softcap must be a finite number >= 0 (0: off), got -1.0"),
+    (dict(softcap=float("nan")), "softcap must be a finite number >= 0"),
+    (dict(alibi_slopes=torch.ones(3)), "alibi_slopes must be a float32 tensor of shape [4] or [2, 4], got torch.float32 (3,)"),
+    (dict(alibi_slopes=torch.ones(4, dtype=torch.float16)), "alibi_slopes must be a float32 tensor"),
+    (dict(sinks=torch.ones(2, 4)), "sinks must be a float32 tensor of shape [4], got torch.float32 (2, 4)"),
+])
+def test_bad_variant_arguments_name_the_argument_and_the_rule(kwargs, message):
+    from faverify.kernels.triton import flash_attn_func
+    q, k, v = _inputs()
+    kwargs = {n: (t.to(DEVICE) if isinstance(t, torch.Tensor) else t) for n, t in kwargs.items()}
+    with pytest.raises(ValueError, match=None) as e:
+        flash_attn_func(q, k, v, **kwargs)
+    assert message in str(e.value), str(e.value)
+
+
+def test_bad_varlen_offsets_are_refused_before_any_launch():
+    from faverify.kernels.triton import flash_attn_varlen_func
+    q, k, v = (t.reshape(-1, *t.shape[2:]) for t in _inputs())  # 16 tokens each
+    cu = torch.tensor([0, 5, 16], dtype=torch.int32, device=DEVICE)
+    for args, message in (
+            ((torch.tensor([0, 9, 5], dtype=torch.int32, device=DEVICE), cu, 9, 11),
+             "cu_seqlens_q must be non-decreasing from >= 0, got [0, 9, 5]"),
+            ((cu, torch.tensor([0, 5, 17], dtype=torch.int32, device=DEVICE), 11, 11),
+             "cu_seqlens_k ends at 17, past the 16 tokens of its tensor"),
+            ((cu, cu, 10, 11), "max_seqlen_q must be an int >= the longest sequence (11), got 10"),
+            ((cu.long(), cu, 11, 11), "cu_seqlens_q must be a 1-dimensional int32 tensor, got torch.int64"),
+            ((cu, cu[:2], 11, 11), "cu_seqlens_k must have 3 entries, got 2")):
+        with pytest.raises(ValueError) as e:
+            flash_attn_varlen_func(q, k, v, *args)
+        assert message in str(e.value), str(e.value)
+
+
+def test_bad_cache_arguments_are_refused_before_any_launch():
+    from faverify.kernels.triton import flash_attn_with_kvcache
+    q = torch.randn(2, 1, 4, 16, device=DEVICE)
+    pool = torch.randn(5, 4, 2, 16, device=DEVICE)  # 5 pages of 4 tokens
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=DEVICE)
+    lengths = torch.tensor([8, 3], dtype=torch.int32, device=DEVICE)
+    for args, kwargs, message in (
+            ((lengths + 1, table), {}, "cache_seqlens[0] = 9 must be in 0..8 (max_pages 2 x page_size 4)"),
+            ((lengths, table + 3), {}, "block_table[1] names page 5, outside the pool's 5 pages"),
+            ((lengths, table[:1]), {}, "block_table must be an int32 tensor [batch=2, max_pages]"),
+            ((lengths, table), {"num_splits": -1}, "num_splits must be an int >= 0 (0: chosen by the launcher), got -1")):
+        with pytest.raises(ValueError) as e:
+            flash_attn_with_kvcache(q, pool, pool, *args, **kwargs)
+        assert message in str(e.value), str(e.value)
