@@ -78,6 +78,10 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
     subject.take_paths()  # whatever ran before this case is not its
     raised = (Exception, SystemExit, KeyboardInterrupt) if in_worker else (Exception, SystemExit)
     result = _evaluate(subject, case, device, mode, tolerance, clock, stored, raised, repeat)
+    if torch.device(device).type == "cuda" and case.kind == "paged" and case.pool:
+        # a pool drawn huge (past 2^31 elements) stays in the caching allocator otherwise, and the
+        # device's other workers would find no memory free for their cases
+        torch.cuda.empty_cache()
     result.paths = subject.take_paths()
     compiling = subject.take_compile_seconds()
     if compiling:  # the compiler's time, not the kernel's: its own phase
@@ -150,12 +154,17 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     if subject.caps.combine:
         return _evaluate_combine(subject, case, device, tolerance, clock, raised)
 
-    if stored is None:
-        x, reference_given = make_inputs(case, device, requires_grad=backward), None
-    else:
-        from faverify.inputs import lay_out
-        x, reference_given = lay_out(case, stored[0], requires_grad=backward), stored[1:]
-    pristine = _copy(x, backward)
+    try:
+        if stored is None:
+            x, reference_given = make_inputs(case, device, requires_grad=backward), None
+        else:
+            from faverify.inputs import lay_out
+            x, reference_given = lay_out(case, stored[0], requires_grad=backward), stored[1:]
+        pristine = _copy(x, backward)
+    except (MemoryError, torch.OutOfMemoryError) as e:  # faverify's side: workers beside this one took it
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+        return CaseResult(name, case, "skip", f"out of memory making the inputs ({type(e).__name__})")
     buffer = _out_buffer(case, x.q) if subject.caps.out_buffer else None
     clock.lap("inputs")
     try:
@@ -306,11 +315,18 @@ def _too_big(case: Case, device: torch.device, backward: bool) -> str | None:
     A drawn case that does not fit is skipped with this reason; `repro` of one is exit 2."""
     from faverify.dtypes import TORCH
     from faverify.reference import bytes_needed
+    itemsize = TORCH[case.dtype].itemsize
     need = bytes_needed(case.batch, case.seqlen_q, case.seqlen_k, case.nheads, case.nheads_k, case.head_dim,
-                        TORCH[case.dtype].itemsize, device.type, backward)
+                        itemsize, device.type, backward)
+    if case.kind == "paged":  # the pools, k and v, twice (the inputs and their untouched copy)
+        pages = case.pool or case.pages_used + 1
+        need += 2 * pages * case.page_size * case.nheads_k * (case.head_dim + case.dv) * itemsize
     if need <= CHECK_MEMORY_ABOVE:
         return None
     free = free_memory(device)
+    if free is not None and need > free and device.type == "cuda":
+        torch.cuda.empty_cache()  # what this process's allocator keeps from earlier cases is free to it
+        free = free_memory(device)
     if free is None or need <= free:
         return None
     return (f"too large for this device: the case needs about {need / 2**30:.1f} GiB, "

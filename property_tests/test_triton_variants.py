@@ -172,3 +172,33 @@ def test_bad_cache_arguments_are_refused_before_any_launch():
         with pytest.raises(ValueError) as e:
             flash_attn_with_kvcache(q, pool, pool, *args, **kwargs)
         assert message in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["triton", "triton-varlen", "triton-paged"])
+def test_the_warm_up_compiles_each_common_variant_build_once(kind):
+    """On a GPU a fuzz first runs Subject.warmup, one case per build, so its workers load the kernels from
+    Triton's cache instead of each compiling them: one case per (padded head dim, dtype, switches), each a
+    case the subject takes."""
+    from faverify.kernels.triton.common import BLOCK_DS, block_d
+    from faverify.kernels.triton.subject import variant_warmup_cases
+    warm = variant_warmup_cases(("bf16", "fp16"), kind)
+    builds = {(c.dtype, block_d(c.head_dim), c.softcap > 0) for c in warm}
+    assert len(builds) == len(warm) == len(BLOCK_DS) * 2 * 2
+    subject = resolve(kind)
+    assert all(subject.unsupported(c, DEVICE) is None for c in warm), [subject.unsupported(c, DEVICE) for c in warm]
+    small = next(c for c in warm if c.head_dim == 16 and c.softcap > 0 and c.alibi != "off")
+    _passes(subject, small)
+
+
+@pytest.mark.gpu
+def test_the_paged_kernel_reads_pages_past_two_to_the_31_elements():
+    """129 pages of 2^16 tokens x 256 (2^31 + 2^24 elements, 4 GiB in bf16), the sequence's page the last
+    one: an int32 page offset would wrap and read the wrong page (test_ragged.py plants that bug)."""
+    import dataclasses
+
+    from faverify.ragged import page_table
+    from faverify.strategies import INT32_ELEMENTS
+    c = Case(1, 1, 4, 1, 1, 256, dtype="bf16", cache_seqlens=(4,), page_size=1 << 16, pages="random", pool=129)
+    seed = next(s for s in range(2000)
+                if page_table(dataclasses.replace(c, seed=s))[0][0][0] * c.page_size * c.head_dim >= INT32_ELEMENTS)
+    _passes(resolve("triton-paged"), dataclasses.replace(c, seed=seed))

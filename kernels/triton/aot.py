@@ -48,27 +48,27 @@ class Variant:
     def __str__(self) -> str:
         if self.kernel in VARIANT_KERNELS:
             dv = f" DV{self.block_dv}" if self.block_dv and self.block_dv != self.block_d else ""
-            return (f"{self.kernel} {self.dtype} D{self.block_d}{dv}{'' if self.even_d else ' odd-d'}"
-                    f" {self.switches or 'plain'}")
+            return f"{self.kernel} {self.dtype} D{self.block_d}{dv} {self.switches or 'plain'}"
         return (f"{self.kernel} {self.dtype} D{self.block_d} {'causal' if self.causal else 'full'}"
                 f"{'' if self.even_d else ' odd-d'}")
 
 
-# The variant kernels' compile-time switches as the subjects launch them: none (a window only: windows and
-# causal are runtime values), every logit variant, varlen with them, paged split-KV decode (no sinks there).
-# One kernel is compiled per set of switches whatever the shapes or windows, so these sets, at the head
-# dims and dtypes below, are the variants whose code differs; not every combination of values.
-SWITCH_SETS = {"vfwd": ("", "softcap+alibi+sinks", "varlen+softcap+alibi+sinks", "paged+split+softcap+alibi"),
-               "vdkdv": ("", "varlen+softcap+alibi"), "vdq": ("", "varlen+softcap+alibi")}
+# The variant kernels' compile-time switches as the subjects launch them: none (windows, causal, ALiBi and
+# sinks are runtime values), softcap, varlen, paged split-KV decode. One kernel is compiled per set of
+# switches, padded head dims and dtype whatever the shapes or values, so these sets, at the head dims and
+# dtypes below, are the variants whose code differs; not every combination of values.
+SWITCH_SETS = {"vfwd": ("", "softcap", "varlen+softcap", "paged+split+softcap"),
+               "vdkdv": ("", "varlen+softcap"), "vdq": ("", "varlen+softcap")}
 
 
 def variant_kernel_variants() -> list:
+    """Head dims always masked (variant_interface._dims), so even_d is False for all of them."""
     out = []
     for dtype, bd in (("bf16", 64), ("bf16", 128), ("fp32", 64)):
-        out += [Variant(k, dtype, bd, False, True, bd, sw) for k, sets in SWITCH_SETS.items() for sw in sets]
-    out += [Variant("vfwd", "fp16", 128, False, True, 128, sw) for sw in SWITCH_SETS["vfwd"][:2]]
-    out += [Variant(k, "bf16", 256, False, True, 256, "") for k in SWITCH_SETS]
-    out += [Variant(k, "bf16", 128, False, False, 64, "") for k in SWITCH_SETS]  # MLA-like: v narrower, odd d
+        out += [Variant(k, dtype, bd, False, False, bd, sw) for k, sets in SWITCH_SETS.items() for sw in sets]
+    out += [Variant("vfwd", "fp16", 128, False, False, 128, sw) for sw in SWITCH_SETS["vfwd"][:2]]
+    out += [Variant(k, "bf16", 256, False, False, 256, "") for k in SWITCH_SETS]
+    out += [Variant(k, "bf16", 128, False, False, 64, "") for k in SWITCH_SETS]  # MLA-like: v narrower
     out += [Variant("vcombine", "bf16", 0, False, True, bdv, "") for bdv in (64, 128)]
     return out
 
@@ -200,12 +200,12 @@ def _variant_source(v: Variant, capability: int):
     else:
         kind = v.kernel[1:]
         tile = configs.variant(kind, max(v.block_d, v.block_dv), ELEM[v.dtype])
-        constants = dict(SOFTCAP="softcap" in on, ALIBI="alibi" in on, VARLEN="varlen" in on, BLOCK_M=tile.block_m,
-                         BLOCK_N=tile.block_n, BLOCK_D=v.block_d, BLOCK_DV=v.block_dv, EVEN_D=v.even_d,
-                         EVEN_DV=True, INTERPRETED=False, IEEE=v.dtype == "fp32")
+        constants = dict(SOFTCAP="softcap" in on, VARLEN="varlen" in on, BLOCK_M=tile.block_m,
+                         BLOCK_N=tile.block_n, BLOCK_D=v.block_d, BLOCK_DV=v.block_dv, EVEN_D=False,
+                         EVEN_DV=False, INTERPRETED=False, IEEE=v.dtype == "fp32")
         fn = {"fwd": _fwd_kernel, "dkdv": _dkdv_kernel, "dq": _dq_kernel}[kind]
         if kind == "fwd":
-            constants.update(SINKS="sinks" in on, PAGED="paged" in on, STATS="split" not in on,
+            constants.update(PAGED="paged" in on, STATS="split" not in on,
                              SPLIT_BLOCK=SPLIT_BLOCK if "split" in on else 0)
         options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
         pointers = {name: "*fp32" for name in ("Lse", "Rowmax", "Log2l", "Delta", "Alibi", "Sinks")}

@@ -39,7 +39,7 @@ def _wrap(name: str, interface, description: str, kind: str = "triton") -> Subje
     caps = Capabilities(devices=("cpu",) if INTERPRET else ("cuda",), lse=True, **VARIANTS, **KINDS[kind], **extra)
     mode = "under the Triton interpreter (CPU)" if INTERPRET else "compiled for the GPU"
     return Subject(name=name, fn=fn, caps=caps, description=f"{description}, {mode}",
-                   warmup=None if INTERPRET or kind != "triton" else warmup_cases, paths=interface.take_paths)
+                   warmup=None if INTERPRET else WARMUPS[kind], paths=interface.take_paths)
 
 
 def warmup_cases(dtypes: tuple) -> list:
@@ -65,6 +65,36 @@ def warmup_cases(dtypes: tuple) -> list:
     return [Case(batch=1, seqlen_q=97, seqlen_k=97, nheads=2, nheads_k=1, head_dim=head_dim, dtype=dtype,
                  causal=causal, layout=layout)
             for layout, head_dim in variants for dtype in dtypes for causal in (False, True)]
+
+
+def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
+    """One small case per common build of the variant kernels (variant_forward.py: a build per dtype, padded
+    head dims and switches SOFTCAP, VARLEN, PAGED; windows, causal, ALiBi and sinks are runtime values):
+    each padded head dim with q/k and v alike, softcap on or off (ALiBi and sinks with it). A v head dim
+    of another padding compiles when a case first needs it."""
+    from faverify.case import Case
+    from faverify.kernels.triton.common import BLOCK_DS
+
+    out = []
+    for bd in BLOCK_DS:
+        for dtype in dtypes:
+            for softcap, extras in ((0.0, False), (5.0, True)):
+                common = dict(nheads=2, nheads_k=1, head_dim=bd, dtype=dtype, window=(16, -1), softcap=softcap,
+                              alibi="head" if extras else "off")
+                if kind == "triton-paged":
+                    out.append(Case(batch=1, seqlen_q=1, seqlen_k=97, cache_seqlens=(97,), page_size=16, splits=2,
+                                    **common))
+                elif kind == "triton-varlen":
+                    out.append(Case(batch=1, seqlen_q=97, seqlen_k=97, seqlens=((97, 97),),
+                                    sinks="around" if extras else "off", **common))
+                else:
+                    out.append(Case(batch=1, seqlen_q=97, seqlen_k=97, sinks="around" if extras else "off", **common))
+    return out
+
+
+WARMUPS = {"triton": lambda dtypes: warmup_cases(dtypes) + variant_warmup_cases(dtypes),
+           "triton-varlen": lambda dtypes: variant_warmup_cases(dtypes, "triton-varlen"),
+           "triton-paged": lambda dtypes: variant_warmup_cases(dtypes, "triton-paged")}
 
 
 DESCRIPTIONS = {"triton": "bundled FlashAttention-2 in Triton, dense and every variant",

@@ -4,7 +4,7 @@ variant forward's switches:
 - windows: dk/dv visits only the query tiles that see its key tile, dq only the key tiles its query tile
   sees, and masks only the tiles that cross a bound (variant_forward.visible_tiles);
 - softcap: dS is taken through the cap, times its derivative 1 - tanh^2;
-- ALiBi: a constant bias, no factor in dS;
+- ALiBi: a constant bias, no factor in dS (always applied: slope 0 without it);
 - sinks: already in log2 l (the forward's); their own gradient, -sum_i p_sink_i D_i, is a reduction over
   rows the launcher computes from lse and D;
 - v's own head dim; VARLEN's packed sequences, as in the forward.
@@ -30,7 +30,7 @@ def _sequence(Cu, off_b, length, VARLEN: tl.constexpr):
 def _dkdv_inner(dk, dv, k, v, q_base, do_base, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
                 lo, hi, offs_m0, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_q, seqlen_k, diag,
                 left, right, slope, qk_scale, cap_scale, inv_cap_scale,  #
-                MASK: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BLOCK_M: tl.constexpr,  #
+                MASK: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr,  #
                 EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
     for start_m in tl.range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -48,8 +48,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, m_ptr, l2_ptr, delta_ptr, stride_
             l2 = tl.load(l2_ptr + offs_m)
             delta = tl.load(delta_ptr + offs_m)
         sT, thT = variant_scores(mm(k, qT, INTERPRETED, IEEE), offs_m[None, :], offs_n[:, None], seqlen_k, diag,
-                                 left, right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP,
-                                 ALIBI=ALIBI)
+                                 left, right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP)
         pT = tl.math.exp2(tl.minimum((sT - m[None, :]) * qk_scale, 0.0) - l2[None, :])
         dv += mm(cast(pT, do.dtype, INTERPRETED), do, INTERPRETED, IEEE)
         dsT = pT * (mm(v, tl.trans(do), INTERPRETED, IEEE) - delta[None, :])
@@ -65,7 +64,7 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV, CuQ, CuK, Alibi,  #
           stride_lb, stride_lh, stride_ab,  #
           nheads_k, group, seqlen_q, seqlen_k, head_dim, head_dim_v, softmax_scale, qk_scale,  #
           left, right, cap_scale, inv_cap_scale, bias_unit,  #
-          SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,  #
+          SOFTCAP: tl.constexpr, VARLEN: tl.constexpr,  #
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,  #
           EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
@@ -92,9 +91,7 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV, CuQ, CuK, Alibi,  #
     lo, full_lo, full_hi, hi = visible_tiles(start_n, BLOCK_N, -diag - right, -diag + left, seqlen_q, BLOCK_M)  # [mutant site: dkdv-rows]
     for g in range(0, group):
         off_h = off_hk * group + g
-        slope = 0.0
-        if ALIBI:
-            slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit
+        slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit  # 0 without ALiBi
         # pointer tiles of query rows 0..BLOCK_M-1 (q transposed), moved along by the loop
         q_base = Q + off_b * stride_qb + bos_q * stride_qs + off_h * stride_qh + offs_m0[None, :] * stride_qs \
             + offs_d[:, None]
@@ -104,17 +101,17 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV, CuQ, CuK, Alibi,  #
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, Rowmax + row, Log2l + row, Delta + row, stride_qs,
                              stride_ds, lo, full_lo, offs_m0, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
                              seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale,
-                             MASK=True, SOFTCAP=SOFTCAP, ALIBI=ALIBI, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
+                             MASK=True, SOFTCAP=SOFTCAP, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
                              EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, Rowmax + row, Log2l + row, Delta + row, stride_qs,
                              stride_ds, full_lo, full_hi, offs_m0, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
                              seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale,
-                             MASK=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
+                             MASK=False, SOFTCAP=SOFTCAP, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
                              EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, Rowmax + row, Log2l + row, Delta + row, stride_qs,
                              stride_ds, full_hi, hi, offs_m0, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
                              seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale,
-                             MASK=True, SOFTCAP=SOFTCAP, ALIBI=ALIBI, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
+                             MASK=True, SOFTCAP=SOFTCAP, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
                              EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
     dk = dk * softmax_scale
     ok = offs_n[:, None] < seqlen_k
@@ -128,7 +125,7 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV, CuQ, CuK, Alibi,  #
 def _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs,  #
               lo, hi, offs_m, offs_n0, offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right,  #
               slope, qk_scale, cap_scale, inv_cap_scale,  #
-              MASK: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, BLOCK_N: tl.constexpr,  #
+              MASK: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr,  #
               EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -138,7 +135,7 @@ def _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs,  #
         vT = load_rows(v_base + start_n * stride_vs, cols, seqlen_k,
                        (offs_dv < head_dim_v)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_DV)
         s, th = variant_scores(mm(q, kT, INTERPRETED, IEEE), offs_m[:, None], cols[None, :], seqlen_k, diag, left,
-                               right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+                               right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP)
         p = tl.math.exp2(tl.minimum((s - m[:, None]) * qk_scale, 0.0) - l2[:, None])
         ds = p * (mm(do, vT, INTERPRETED, IEEE) - delta[:, None])
         if SOFTCAP:
@@ -152,7 +149,7 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ, CuQ, CuK, Alibi,  #
         stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh, stride_ab,  #
         nheads, group, seqlen_q, seqlen_k, head_dim, head_dim_v, softmax_scale, qk_scale,  #
         left, right, cap_scale, inv_cap_scale, bias_unit,  #
-        SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,  #
+        SOFTCAP: tl.constexpr, VARLEN: tl.constexpr,  #
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,  #
         EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
     start_m = tl.program_id(0)
@@ -177,9 +174,7 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ, CuQ, CuK, Alibi,  #
     m = tl.load(Rowmax + row, mask=offs_m < seqlen_q, other=0.0)
     l2 = tl.load(Log2l + row, mask=offs_m < seqlen_q, other=float("inf"))
     delta = tl.load(Delta + row, mask=offs_m < seqlen_q, other=0.0)
-    slope = 0.0
-    if ALIBI:
-        slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit
+    slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit  # 0 without ALiBi
     # pointer tiles of keys 0..BLOCK_N-1 (transposed), moved along by the loop
     k_base = K + off_b * stride_kb + bos_k * stride_ks + off_hk * stride_kh + offs_n0[None, :] * stride_ks \
         + offs_d[:, None]
@@ -190,15 +185,15 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ, CuQ, CuK, Alibi,  #
     lo, full_lo, full_hi, hi = visible_tiles(start_m * BLOCK_M, BLOCK_M, diag - left, diag + right, seqlen_k, BLOCK_N)
     dq = _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs, lo, full_lo, offs_m, offs_n0,
                    offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right, slope, qk_scale, cap_scale,
-                   inv_cap_scale, MASK=True, SOFTCAP=SOFTCAP, ALIBI=ALIBI, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
+                   inv_cap_scale, MASK=True, SOFTCAP=SOFTCAP, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
                    EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
     dq = _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs, full_lo, full_hi, offs_m, offs_n0,
                    offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right, slope, qk_scale, cap_scale,
-                   inv_cap_scale, MASK=False, SOFTCAP=SOFTCAP, ALIBI=ALIBI, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
+                   inv_cap_scale, MASK=False, SOFTCAP=SOFTCAP, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
                    EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
     dq = _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs, full_hi, hi, offs_m, offs_n0,
                    offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right, slope, qk_scale, cap_scale,
-                   inv_cap_scale, MASK=True, SOFTCAP=SOFTCAP, ALIBI=ALIBI, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
+                   inv_cap_scale, MASK=True, SOFTCAP=SOFTCAP, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
                    EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
     dq = dq * softmax_scale
     tl.store(DQ + off_b * stride_dqb + rows_m * stride_dqs + off_h * stride_dqh + offs_d[None, :],

@@ -50,18 +50,18 @@ def visible_tiles(start, SIZE: tl.constexpr, lo_off, hi_off, length, TILE: tl.co
 
 @triton.jit
 def variant_scores(qk, i, j, seqlen_k, diag, left, right, slope, cap_scale, inv_cap_scale,
-                   MASK: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+                   MASK: tl.constexpr, SOFTCAP: tl.constexpr):
     """The variants' logits in raw q.k units (the kernels scale after subtracting the max, as forward.py
     does): softcap (cap / scale) tanh(qk scale / cap), then ALiBi - (slope / scale) |i + diag - j| (the
     slope comes divided by the scale), then the masks: keys of the sequence, inside the window. i, j: query
     and key indices broadcast to qk's shape (the forward and dq pass [M, 1] and [1, N], dk/dv the
-    transpose). Returns (s, tanh): the tanh gives softcap's derivative 1 - tanh^2 to the backward."""
+    transpose). Returns (s, tanh): the tanh gives softcap's derivative 1 - tanh^2 to the backward.
+    ALiBi is always applied: without it the slope is 0, and qk - 0 * |.| is qk exactly (one build less)."""
     th = qk
     if SOFTCAP:
         th = tanh(qk * cap_scale)
         qk = th * inv_cap_scale
-    if ALIBI:
-        qk = qk - slope * tl.abs(i + diag - j).to(tl.float32)  # [mutant site: alibi-offset]
+    qk = qk - slope * tl.abs(i + diag - j).to(tl.float32)  # [mutant site: alibi-offset]
     if MASK:
         keep = (j < seqlen_k) & (j >= i + diag - left) & (j <= i + diag + right)  # [mutant site: window-bound]
         qk = tl.where(keep, qk, float("-inf"))
@@ -81,7 +81,7 @@ def key_offsets(cols, seqlen_k, table, page_size, stride_kp, stride_ks, stride_v
 def _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride_ks, stride_vp, stride_vs,  #
            lo, hi, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right,  #
            slope, qk_scale, cap_scale, inv_cap_scale,  #
-           MASK: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, PAGED: tl.constexpr,  #
+           MASK: tl.constexpr, SOFTCAP: tl.constexpr, PAGED: tl.constexpr,  #
            BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,  #
            INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
     for start_n in tl.range(lo, hi, BLOCK_N):
@@ -97,7 +97,7 @@ def _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride
         k = load_rows(k_ptrs, cols, seqlen_k, (offs_d < head_dim)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK,
                       EVEN_D=EVEN_D)
         s, _ = variant_scores(mm(q, k, INTERPRETED, IEEE), offs_m[:, None], cols[None, :], seqlen_k, diag, left,
-                              right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP, ALIBI=ALIBI)
+                              right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # forward.py: never (-inf) - (-inf)
         p = tl.math.exp2((s - m_use[:, None]) * qk_scale)
@@ -119,7 +119,7 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, A
          stride_ab, stride_tb,  # alibi slopes' batch stride (0: per head), the block table's row
          nheads, group, seqlen_q, seqlen_k, head_dim, head_dim_v, page_size, num_splits,  #
          qk_scale, init, left, right, cap_scale, inv_cap_scale, bias_unit,  #
-         SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, VARLEN: tl.constexpr,  #
+         SOFTCAP: tl.constexpr, VARLEN: tl.constexpr,  #
          PAGED: tl.constexpr, SPLIT_BLOCK: tl.constexpr, STATS: tl.constexpr,  #
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,  #
          EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
@@ -158,9 +158,7 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, A
         v_base = V + off_b * stride_vb + bos_k * stride_vs + off_hk * stride_vh + offs_n[:, None] * stride_vs \
             + offs_dv[None, :]
         table = BlockTable
-    slope = 0.0
-    if ALIBI:
-        slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit
+    slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit  # 0 without ALiBi
 
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + init
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -178,34 +176,36 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, A
     acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
                            stride_vs, lo, full_lo, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_k,
                            diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, MASK=True, SOFTCAP=SOFTCAP,
-                           ALIBI=ALIBI, PAGED=PAGED, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
+                           PAGED=PAGED, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
                            INTERPRETED=INTERPRETED, IEEE=IEEE)
     acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
                            stride_vs, full_lo, full_hi, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
                            seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, MASK=False,
-                           SOFTCAP=SOFTCAP, ALIBI=ALIBI, PAGED=PAGED, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
+                           SOFTCAP=SOFTCAP, PAGED=PAGED, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
                            EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
     acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
                            stride_vs, full_hi, hi, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_k,
                            diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, MASK=True, SOFTCAP=SOFTCAP,
-                           ALIBI=ALIBI, PAGED=PAGED, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
+                           PAGED=PAGED, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
                            INTERPRETED=INTERPRETED, IEEE=IEEE)
 
+    # The sink z enters here: l' = l e^(m - M) + e^(z - M), M = max(m, z). Kept in raw units (z / scale),
+    # each difference taken before the scale, as in the loop: m c - M c could be contracted into an fma
+    # that leaves m's rounding error, 2^17 at logits of 1e12, and 2^that is inf. Without sinks z is -inf,
+    # M = m, and every step is exact (l * 1, + 0, acc * 1): the bits of a plain softmax.
     seen = l_i > 0.0
-    m2 = tl.where(seen, m_i * qk_scale, float("-inf"))  # the row's max logit in log2 units
-    if SINKS:
-        z2 = tl.load(Sinks + off_h) * LOG2E_
-        top = tl.maximum(m2, z2)
-        top = tl.where(top == float("-inf"), 0.0, top)
-        keys = tl.where(seen, l_i * tl.math.exp2(m2 - top), 0.0)
-        total = keys + tl.math.exp2(z2 - top)  # [mutant site: sink-in-sum]
-        out = acc * (tl.math.exp2(m2 - top) / tl.where(total > 0.0, total, 1.0))[:, None]
-        lse = tl.where(total > 0.0, (top + tl.math.log2(total)) * LN2, float("-inf"))
-        log2l = tl.math.log2(tl.where(total > 0.0, total, 1.0)) + top - m2  # P = exp2((s - m) c - log2l)
-    else:
-        out = acc / tl.where(seen, l_i, 1.0)[:, None]
-        log2l = tl.math.log2(tl.where(seen, l_i, 1.0))
-        lse = tl.where(seen, (m2 + log2l) * LN2, float("-inf"))
+    m_raw = tl.where(seen, m_i, float("-inf"))
+    z_raw = tl.load(Sinks + off_h) * bias_unit
+    top = tl.maximum(m_raw, z_raw)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    to_top = tl.math.exp2((m_raw - top) * qk_scale)
+    keys = tl.where(seen, l_i * to_top, 0.0)
+    total = keys + tl.math.exp2((z_raw - top) * qk_scale)  # [mutant site: sink-in-sum]
+    some = total > 0.0
+    out = acc * to_top[:, None] / tl.where(some, total, 1.0)[:, None]
+    log2_total = tl.math.log2(tl.where(some, total, 1.0))
+    lse = tl.where(some, (top * qk_scale + log2_total) * LN2, float("-inf"))
+    log2l = log2_total + (top - m_raw) * qk_scale  # the backward's P = exp2((s - m) c - log2l)
     rows = split * stride_lsplit + off_b * stride_lb + off_h * stride_lh + bos_q + offs_m
     in_seq = offs_m < seqlen_q
     if STATS:  # the backward's row statistics (backward.py says why m and log2 l, not lse)

@@ -47,7 +47,15 @@ class Variant:
                     inv_cap_scale=cap / self.scale if cap else 1.0, bias_unit=1.0 / self.scale)
 
     def switches(self) -> dict:
-        return dict(SOFTCAP=self.softcap > 0, ALIBI=self.alibi is not None)
+        return dict(SOFTCAP=self.softcap > 0)
+
+    def tensors(self, q, batch: int) -> tuple:
+        """(alibi slopes, their batch stride, sinks) as the kernels read them: without ALiBi slopes of 0,
+        without sinks a sink of -inf; both leave the logits and the softmax exactly as they were."""
+        h = q.shape[-2]
+        alibi = self.alibi if self.alibi is not None else torch.zeros(h, dtype=torch.float32, device=q.device)
+        sinks = self.sinks if self.sinks is not None else torch.full((h,), float("-inf"), device=q.device)
+        return alibi, alibi.stride(0) if alibi.dim() == 2 else 0, sinks
 
 
 _LAUNCHED: list = []
@@ -58,8 +66,10 @@ def _tile(kind: str, q, dv: int) -> configs.Tile:
 
 
 def _dims(d: int, dv: int, q, emulate) -> dict:
-    bd, bdv = block_d(d), block_d(dv)
-    return dict(BLOCK_D=bd, BLOCK_DV=bdv, EVEN_D=d == bd, EVEN_DV=dv == bdv,
+    """The head-dim constants. The head dims are always masked (EVEN_D False): the variant kernels are
+    built unspecialized, so no load is vectorized anyway, and a mask that is all true changes no value;
+    one build then serves every head dim of a padding."""
+    return dict(BLOCK_D=block_d(d), BLOCK_DV=block_d(dv), EVEN_D=False, EVEN_DV=False,
                 INTERPRETED=INTERPRET if emulate is None else emulate, IEEE=q.dtype == torch.float32)
 
 
@@ -106,7 +116,7 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
     dims = _dims(d, dv, q, emulate)
     dummy = torch.empty(0, dtype=torch.int32, device=q.device)
     f32 = torch.empty(0, dtype=torch.float32, device=q.device)
-    alibi = var.alibi if var.alibi is not None else f32
+    alibi, stride_ab, sinks = var.tensors(q, batch)
     target_out, target_lse = splits if split else (out, lse)
     if split:
         o_strides = (target_out.stride(1), target_out.stride(2), target_out.stride(3), target_out.stride(0))
@@ -125,13 +135,12 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
         _vfwd._fwd_kernel[grid](
             q, k, v, target_out, target_lse, *(rows if rows is not None else (f32, f32)),
             cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
-            block_table if paged else dummy, cache_seqlens if paged else dummy, alibi,
-            var.sinks if var.sinks is not None else f32,
+            block_table if paged else dummy, cache_seqlens if paged else dummy, alibi, sinks,
             *_qstrides(q, varlen), *k_strides, *v_strides, *o_strides, *l_strides,
-            alibi.stride(0) if alibi.dim() == 2 else 0, block_table.stride(0) if paged else 0,
+            stride_ab, block_table.stride(0) if paged else 0,
             h, h // hk, sq, sk, d, dv, k.shape[1] if paged else 1, max(1, num_splits),
             var.scale * LOG2E, INIT_VALUE[var.init], **var.runtime(), **var.switches(),
-            SINKS=var.sinks is not None, VARLEN=varlen, PAGED=paged, SPLIT_BLOCK=SPLIT_BLOCK if split else 0,
+            VARLEN=varlen, PAGED=paged, SPLIT_BLOCK=SPLIT_BLOCK if split else 0,
             STATS=stats, BLOCK_M=block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps,
             num_stages=tile.num_stages, **dims)
     if split:
@@ -184,12 +193,10 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
         dout = dout.contiguous()
     dims = _dims(d, dv, q, emulate)
     dummy = torch.empty(0, dtype=torch.int32, device=q.device)
-    f32 = torch.empty(0, dtype=torch.float32, device=q.device)
-    alibi = var.alibi if var.alibi is not None else f32
+    alibi, ab, _ = var.tensors(q, batch)
     cu = (cu_seqlens_q, cu_seqlens_k) if varlen else (dummy, dummy)
     common = dict(**var.runtime(), **var.switches(), VARLEN=varlen, **dims)
     lse_strides = _lse_strides(lse, varlen)
-    ab = alibi.stride(0) if alibi.dim() == 2 else 0
     _LAUNCHED.append("bwd variant" + (" varlen" if varlen else ""))
     with quiet():
         t = _tile("dkdv", q, dv)
