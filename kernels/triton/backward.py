@@ -18,7 +18,7 @@ every P_ij <= 1 / l_i: the gradients stay bounded even where the logits carry no
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import cast, generic_args, key_ranges, load_rows, mask_scores, mm
+from faverify.kernels.triton.common import cast, generic_args, key_ranges, load_rows, mask_scores, mm, row_stats
 
 
 def _preprocess(Out, DO, Delta,  #
@@ -51,14 +51,7 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_
         # q^T tile [BLOCK_D, BLOCK_M] and dO tile [BLOCK_M, BLOCK_D]
         qT = load_rows(q_ptrs + start_m * stride_qs, offs_m, seqlen_q, cols_ok_t, ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
         do = load_rows(do_ptrs + start_m * stride_ds, offs_m, seqlen_q, cols_ok, ROWS_ALONG_0=True, MASK_ROWS=MASK, EVEN_D=EVEN_D)
-        if MASK:  # rows past seqlen_q: log2 l = +inf makes their P exactly 0
-            m = tl.load(m_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
-            l2 = tl.load(l2_ptr + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
-            delta = tl.load(delta_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
-        else:
-            m = tl.load(m_ptr + offs_m)
-            l2 = tl.load(l2_ptr + offs_m)
-            delta = tl.load(delta_ptr + offs_m)
+        m, l2, delta = row_stats(m_ptr, l2_ptr, delta_ptr, offs_m, seqlen_q, MASK)
         # P^T = exp2(min((k q^T - m) c, 0) - log2 l)  [BLOCK_N, BLOCK_M]; masked logits -> -inf first
         # (a hidden logit can exceed m by far: exp2 of it would overflow before a mask zeroed it)
         sT = mm(k, qT, INTERPRETED, IEEE)

@@ -113,6 +113,21 @@ def load_rows(ptrs, rows, n_rows, cols_ok, ROWS_ALONG_0: tl.constexpr, MASK_ROWS
 
 
 @triton.jit
+def row_stats(m_ptr, l2_ptr, delta_ptr, rows, seqlen_q, MASK: tl.constexpr):
+    """The backward's per-row (row max, log2 l, D) of query rows `rows`; masked past seqlen_q when MASK,
+    where log2 l = +inf makes those rows' P exactly 0."""
+    if MASK:
+        m = tl.load(m_ptr + rows, mask=rows < seqlen_q, other=0.0)
+        l2 = tl.load(l2_ptr + rows, mask=rows < seqlen_q, other=float("inf"))
+        delta = tl.load(delta_ptr + rows, mask=rows < seqlen_q, other=0.0)
+    else:
+        m = tl.load(m_ptr + rows)
+        l2 = tl.load(l2_ptr + rows)
+        delta = tl.load(delta_ptr + rows)
+    return m, l2, delta
+
+
+@triton.jit
 def key_ranges(start_m, seqlen_k, diag, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """(full, hi) for the query tile start_m: key blocks [0, full) are seen whole by every row of the tile
     (no mask needed), [full, hi) by some rows (masked); keys from hi on are above the causal diagonal and

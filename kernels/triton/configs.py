@@ -191,20 +191,25 @@ def record(kind: str, block_d: int, elem: int, causal: bool, seqlen: int, tile: 
     _CHOSEN[(kind, block_d, elem, causal, seqlen_bucket(seqlen), tma)] = tile
 
 
-# The variant kernels' tiles (variant_forward.py, variant_backward.py): one per kind, whatever the shape,
-# chosen by the AOT report's stack column (python -m faverify.kernels.triton.aot, sm_90, bf16): the
-# forward's M64 N64 w4 spilled 360 bytes at head dim 64 with every switch on and 880 at 128, M128 N32 w8
-# none; dq's M64 N32 w4 56 and 208, M32 N32 w8 none. Wider heads and fp32 take smaller tiles. A starting
+# The variant kernels' tiles (variant_forward.py, variant_backward.py): one per kind and head-dim class,
+# whatever the shape, chosen by the AOT report's stack column (python -m faverify.kernels.triton.aot; bf16,
+# sm_80 and sm_90, 2026-12-02): the forward's M64 N64 w4 spilled 360 bytes at head dim 64 with every switch
+# on and 880 at 128, M128 N32 w8 none at 64; dq's M64 N32 w4 56 and 208, M32 N32 w8 none; dk/dv at 128
+# M16 N32 w8 0-32 against 64-192 for M32 N32; at 256 M16 N32 w8 spills least of those tried. The varlen
+# forward at 128 still spills (320-464 bytes): docs/measurements.md, "Triton variant kernels". A starting
 # point for correctness, not tuned: the variants' speed is what `faverify bench` measures.
 _VARIANT = {"fwd": Tile(128, 32, 8, 2), "dkdv": Tile(32, 32, 8, 2), "dq": Tile(32, 32, 8, 2)}
+_VARIANT_WIDE = {"fwd": Tile(16, 32, 8, 1), "dkdv": Tile(16, 32, 8, 1), "dq": Tile(16, 32, 8, 1)}
 
 
 def variant(kind: str, block_d: int, elem: int) -> Tile:
     """The tile of a variant kernel; block_d the larger padded head dim of q/k and v."""
     if INTERPRET:
         return _INTERPRETED[kind]
-    if elem == 4:
-        return _fp32(kind, block_d)
+    if elem == 4:  # fp32's CUDA-core products (_fp32); dk/dv's M16 N32 spilled 176 bytes at 64 on sm_90
+        return Tile(16, 16, 8, 1) if kind == "dkdv" else _fp32(kind, block_d)
     if block_d > 128:
-        return {"fwd": Tile(32, 64, 4, 1), "dkdv": Tile(16, 32, 8, 1), "dq": Tile(32, 32, 8, 1)}[kind]
+        return _VARIANT_WIDE[kind]
+    if block_d == 128 and kind == "dkdv":
+        return Tile(16, 32, 8, 2)
     return _VARIANT[kind]

@@ -12,7 +12,7 @@ variant forward's switches:
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import cast, generic_args, load_rows, mm
+from faverify.kernels.triton.common import cast, generic_args, load_rows, mm, row_stats
 from faverify.kernels.triton.variant_forward import variant_scores, visible_tiles
 
 
@@ -39,14 +39,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, m_ptr, l2_ptr, delta_ptr, stride_
                        (offs_d < head_dim)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
         do = load_rows(do_base + start_m * stride_ds, offs_m, seqlen_q,
                        (offs_dv < head_dim_v)[None, :], ROWS_ALONG_0=True, MASK_ROWS=MASK, EVEN_D=EVEN_DV)
-        if MASK:  # rows past seqlen_q: log2 l = +inf makes their P exactly 0
-            m = tl.load(m_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
-            l2 = tl.load(l2_ptr + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
-            delta = tl.load(delta_ptr + offs_m, mask=offs_m < seqlen_q, other=0.0)
-        else:
-            m = tl.load(m_ptr + offs_m)
-            l2 = tl.load(l2_ptr + offs_m)
-            delta = tl.load(delta_ptr + offs_m)
+        m, l2, delta = row_stats(m_ptr, l2_ptr, delta_ptr, offs_m, seqlen_q, MASK)
         sT, thT = variant_scores(mm(k, qT, INTERPRETED, IEEE), offs_m[None, :], offs_n[:, None], seqlen_k, diag,
                                  left, right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP)
         pT = tl.math.exp2(tl.minimum((sT - m[None, :]) * qk_scale, 0.0) - l2[None, :])
@@ -170,10 +163,8 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ, CuQ, CuK, Alibi,  #
                   (offs_d < head_dim)[None, :], ROWS_ALONG_0=True, MASK_ROWS=True, EVEN_D=EVEN_D)
     do = load_rows(DO + off_b * stride_db + rows_m * stride_ds + off_h * stride_dh + offs_dv[None, :], offs_m,
                    seqlen_q, (offs_dv < head_dim_v)[None, :], ROWS_ALONG_0=True, MASK_ROWS=True, EVEN_D=EVEN_DV)
-    row = off_b * stride_lb + off_h * stride_lh + bos_q + offs_m
-    m = tl.load(Rowmax + row, mask=offs_m < seqlen_q, other=0.0)
-    l2 = tl.load(Log2l + row, mask=offs_m < seqlen_q, other=float("inf"))
-    delta = tl.load(Delta + row, mask=offs_m < seqlen_q, other=0.0)
+    row = off_b * stride_lb + off_h * stride_lh + bos_q
+    m, l2, delta = row_stats(Rowmax + row, Log2l + row, Delta + row, offs_m, seqlen_q, True)
     slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit  # 0 without ALiBi
     # pointer tiles of keys 0..BLOCK_N-1 (transposed), moved along by the loop
     k_base = K + off_b * stride_kb + bos_k * stride_ks + off_hk * stride_kh + offs_n0[None, :] * stride_ks \
