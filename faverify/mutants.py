@@ -205,13 +205,10 @@ def run_mutants(names: list, plan: FuzzPlan, devices: list, *, tolerance, isolat
         return dict(report, control={"kernel": "triton", "cases": 0, "failed": 0,
                                      "failures": ["not run: the run was interrupted"]},
                     environment=environment.collect())
-    # the control draws every variant the `triton` subject runs: a false alarm there would make the
-    # variant mutants' kills mean nothing
-    from faverify.case import VARIANT_FEATURES
-    control = run(["triton"], dataclasses.replace(plan, features=VARIANT_FEATURES), devices, mode="both",
-                  tolerance=tolerance, command="mutants (control)",
+    control = run(["triton"], plan, devices, mode="both", tolerance=tolerance, command="mutants (control)",
                   workers=control_workers, isolate=isolate or control_workers > 1, timeout=timeout,
                   progress_factory=progress_factory)
     return dict(report, control={"kernel": "triton", **control.kernels[0]["summary"],
-                                 "failures": [f["minimal"]["reason"][:300] for f in control.kernels[0]["failures"]]},
+                                 "failures": [f["minimal"]["reason"][:300] + "; " + f["reproducer"]
+                                              for f in control.kernels[0]["failures"]]},
                 environment=control.environment)
