@@ -49,7 +49,7 @@ class Variant:
     def switches(self) -> dict:
         return dict(SOFTCAP=self.softcap > 0)
 
-    def tensors(self, q, batch: int) -> tuple:
+    def tensors(self, q) -> tuple:
         """(alibi slopes, their batch stride, sinks) as the kernels read them: without ALiBi slopes of 0,
         without sinks a sink of -inf; both leave the logits and the softmax exactly as they were."""
         h = q.shape[-2]
@@ -116,7 +116,7 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
     dims = _dims(d, dv, q, emulate)
     dummy = torch.empty(0, dtype=torch.int32, device=q.device)
     f32 = torch.empty(0, dtype=torch.float32, device=q.device)
-    alibi, stride_ab, sinks = var.tensors(q, batch)
+    alibi, stride_ab, sinks = var.tensors(q)
     target_out, target_lse = splits if split else (out, lse)
     if split:
         o_strides = (target_out.stride(1), target_out.stride(2), target_out.stride(3), target_out.stride(0))
@@ -124,11 +124,8 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
     else:
         o_strides = _qstrides(out, varlen) + (0,)
         l_strides = _lse_strides(lse, varlen) + (0,)
-    if paged:
-        k_strides = (k.stride(0), k.stride(1), k.stride(2))
-        v_strides = (v.stride(0), v.stride(1), v.stride(2))
-    else:
-        k_strides, v_strides = _qstrides(k, varlen), _qstrides(v, varlen)
+    # paged pools are [pages, page_size, hk, d]: their page stride takes the batch stride's place
+    k_strides, v_strides = _qstrides(k, varlen), _qstrides(v, varlen)
     _LAUNCHED.append("fwd variant" + (" varlen" if varlen else " paged" if paged else "") + (" split" if split else ""))
     grid = (triton.cdiv(sq, block_m), batch * h, max(1, num_splits))
     with quiet():
@@ -193,7 +190,7 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
         dout = dout.contiguous()
     dims = _dims(d, dv, q, emulate)
     dummy = torch.empty(0, dtype=torch.int32, device=q.device)
-    alibi, ab, _ = var.tensors(q, batch)
+    alibi, ab, _ = var.tensors(q)
     cu = (cu_seqlens_q, cu_seqlens_k) if varlen else (dummy, dummy)
     common = dict(**var.runtime(), **var.switches(), VARLEN=varlen, **dims)
     lse_strides = _lse_strides(lse, varlen)
