@@ -10,7 +10,10 @@
 #                    119 of its 155 tests took 300 s (each Triton variant compiles on first use): a call of its own
 #   gpu        [240] pytest -m gpu: only the GPU-marked tests (186 s on the H200)
 #   memory     [ 90] the seqlen-65536 memory test alone
+#   variants   [240] the variant kernels' tests (property_tests/test_triton_variants.py: the Hopper forward's
+#                    windows and softcap among them)
 #   fuzz       [240] faverify fuzz --kernel triton --iters 10000 --dtype bf16,fp16 --mode both
+#   fuzz-ragged [400] the same for triton-varlen and triton-paged, 200 s each
 #   fuzz-cuda  [200] the same for cuda,cuda-simt
 #   fuzz-sdpa  [240] sdpa-flash, sdpa-efficient and sdpa-cudnn at 3000 cases each
 #   floor      [300] devtools/floor_calibration.py: the tolerance floor each GPU subject needs, 400 cases each
@@ -57,8 +60,11 @@ for step in $steps; do
       property_tests/test_conformance.py property_tests/test_triton_kernels.py property_tests/test_cuda_kernels.py \
       property_tests/test_memory.py property_tests/test_mutants.py ;;
     gpu) run gpu 240 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -m gpu -rfs property_tests ;;
+    variants) run variants 240 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -rfs \
+      property_tests/test_triton_variants.py ;;
     memory) run memory 90 "MiB|passed|failed" python3 -m pytest -q -p no:cacheprovider -s property_tests/test_memory.py ;;
     fuzz) fuzz fuzz 240 triton 10000 ;;
+    fuzz-ragged) fuzz fuzz-varlen 200 triton-varlen 10000; fuzz fuzz-paged 200 triton-paged 10000 ;;
     fuzz-cuda) fuzz fuzz-cuda 200 cuda,cuda-simt 10000 ;;
     fuzz-sdpa) fuzz fuzz-sdpa 240 sdpa-flash,sdpa-efficient,sdpa-cudnn 3000 ;;
     floor)  # one process per subject, side by side
@@ -79,7 +85,7 @@ for step in $steps; do
         run "sanitize-$tool" 120 "ERROR SUMMARY|hazard|error" compute-sanitizer --tool "$tool" \
           python3 devtools/sanitize_cases.py
       done ;;
-    *) echo "unknown step: $step (steps: tests gpu memory floor fuzz fuzz-cuda fuzz-sdpa mutants bench bench-cuda doctor sanitize)"
+    *) echo "unknown step: $step (steps: tests gpu variants memory floor fuzz fuzz-ragged fuzz-cuda fuzz-sdpa mutants bench bench-cuda doctor sanitize)"
        exit 2 ;;
   esac
 done

@@ -182,12 +182,51 @@ def test_the_warm_up_compiles_each_common_variant_build_once(kind):
     from faverify.kernels.triton.common import BLOCK_DS, block_d
     from faverify.kernels.triton.subject import variant_warmup_cases
     warm = variant_warmup_cases(("bf16", "fp16"), kind)
-    builds = {(c.dtype, block_d(c.head_dim), c.softcap > 0) for c in warm}
-    assert len(builds) == len(warm) == len(BLOCK_DS) * 2 * 2
+    builds = {(c.dtype, block_d(c.head_dim), c.softcap > 0, c.seqlen_q <= 16, c.window, c.causal, c.alibi)
+              for c in warm}
+    hopper = 2 * 2 * 4 if kind == "triton" else 0  # dtypes x head dims 64, 128 x its switch sets
+    assert len(builds) == len(warm) == len(BLOCK_DS) * 2 * 2 * (2 if kind == "triton-paged" else 1) + hopper
     subject = resolve(kind)
     assert all(subject.unsupported(c, DEVICE) is None for c in warm), [subject.unsupported(c, DEVICE) for c in warm]
     small = next(c for c in warm if c.head_dim == 16 and c.softcap > 0 and c.alibi != "off")
     _passes(subject, small)
+
+
+# The Hopper forward's variants (interface._hopper_variant): windows crossing tiles at both ends, rows that
+# see no key, one key per row, a cap that bends, the third consumer of d64's 192-row blocks, a head dim
+# padded to 128, fp16 and bf16; the backward is the variant kernels' on its row statistics.
+HOPPER = {
+    "window-both-bounds": Case(1, 300, 333, 2, 1, 64, dtype="bf16", window=(100, 20), seed=21),
+    "window-causal-empty-rows": Case(2, 257, 200, 4, 2, 128, dtype="fp16", causal=True, window=(64, -1), seed=22),
+    "softcap-large": Case(1, 190, 700, 2, 2, 128, dtype="bf16", softcap=5.0, regime="large", seed=23),
+    "softcap-causal": Case(1, 200, 260, 2, 2, 64, dtype="fp16", causal=True, softcap=2.0, seed=24),
+    "window-0-0-softcap": Case(1, 400, 129, 2, 1, 64, dtype="bf16", window=(0, 0), softcap=3.0, seed=25),
+    "window-wide-d112": Case(1, 1000, 1000, 1, 1, 112, dtype="bf16", window=(3, 200), seed=26),
+    "window-left-only-long": Case(1, 2048, 4096, 2, 2, 128, dtype="bf16", window=(300, -1), seed=27),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the Hopper forward runs on sm_90 only")
+@pytest.mark.parametrize("name", list(HOPPER))
+def test_the_hopper_forward_runs_windows_and_softcap_right_against_fp64(name):
+    r = _passes(resolve("triton"), HOPPER[name])
+    assert "fwd hopper variant" in r.paths and "bwd variant" in r.paths, r.paths
+    assert {"out", "lse", "dq", "dk", "dv"} <= set(r.metrics)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the Hopper forward runs on sm_90 only")
+def test_the_hopper_forward_declines_what_it_does_not_run():
+    """ALiBi, sinks, v's own head dim and fp32 go to the variant forward; Launch(hopper=False) too."""
+    import dataclasses
+    base = HOPPER["window-both-bounds"]
+    for case in (dataclasses.replace(base, alibi="head"), dataclasses.replace(base, sinks="around"),
+                 dataclasses.replace(base, head_dim_v=32), dataclasses.replace(base, dtype="fp32")):
+        r = _passes(resolve("triton"), case)
+        assert "fwd variant" in r.paths and "fwd hopper variant" not in r.paths, (case, r.paths)
 
 
 @pytest.mark.gpu
@@ -202,3 +241,50 @@ def test_the_paged_kernel_reads_pages_past_two_to_the_31_elements():
     seed = next(s for s in range(2000)
                 if page_table(dataclasses.replace(c, seed=s))[0][0][0] * c.page_size * c.head_dim >= INT32_ELEMENTS)
     _passes(resolve("triton-paged"), dataclasses.replace(c, seed=seed))
+
+
+class _Recorder:
+    """A kernel that runs nothing and records the build a launch would compile: the dtype of its first
+    tensor, its compile-time arguments (ALL_CAPS) and launch options; not the runtime values passed by
+    keyword (a window's bounds, the softcap's scales)."""
+
+    def __init__(self, name: str, seen: set):
+        self.name, self.seen = name, seen
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            build = {k: v for k, v in kwargs.items() if k.isupper() or k in ("num_warps", "num_stages")}
+            self.seen.add((self.name, str(args[0].dtype), tuple(sorted(build.items()))))
+        return launch
+
+
+@pytest.mark.parametrize("kind", ["triton", "triton-varlen", "triton-paged"])
+def test_the_warm_up_launches_every_variant_build_a_fuzz_draws(kind, monkeypatch):
+    """Every variant-kernel build that 300 drawn bf16/fp16 cases launch is one the warm-up launches too
+    (recorded from the launchers, with kernels that run nothing): a build it missed would compile in each
+    GPU worker that meets it. The tiles are the interpreter's, the decisions that pick a build the GPU's."""
+    from faverify.kernels.triton import variant_backward, variant_forward
+    from faverify.kernels.triton.subject import variant_warmup_cases
+    from faverify.parallel import draw_cases
+    from faverify.plan import FuzzPlan
+    from faverify.runner import exercise
+    from faverify.strategies import CPU_LIMITS
+    seen: set = set()
+    for module, name in ((variant_forward, "_fwd_kernel"), (variant_forward, "_combine_kernel"),
+                         (variant_backward, "_dkdv_kernel"), (variant_backward, "_dq_kernel")):
+        monkeypatch.setattr(module, name, _Recorder(name, seen))
+    subject = resolve(kind)
+    dtypes = ("bf16", "fp16")
+
+    def builds(cases) -> set:
+        seen.clear()
+        for case in cases:
+            if case.features():  # the dense cases run the dense kernels, which test_triton_kernels checks
+                exercise(subject, case, "cpu")
+        return set(seen)
+
+    plan = FuzzPlan(iters=300, seed=5, dtypes=dtypes, limits=CPU_LIMITS, database=None,
+                    features=subject.caps.features(), narrow={"ragged_only": True} if kind != "triton" else None)
+    drawn = builds(draw_cases(plan))
+    warmed = builds(variant_warmup_cases(dtypes, kind))
+    assert {b[0] for b in drawn} >= {"_fwd_kernel"} and drawn <= warmed, sorted(drawn - warmed)

@@ -137,7 +137,7 @@ HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, ru
     ("hopper-tail-tile-unmasked", "full-tiles", "n_full = (full + BLOCK_N - 1) // BLOCK_N",
      "the Hopper forward counts the partial last key tile as full: keys past seqlen_k (zero-filled) enter the "
      "softmax", "tile counts rounded the wrong way; seqlens that are multiples of 128 hide it"),
-    ("hopper-skip-own-diagonal", "key-tiles-end", "return n_full, hi // BLOCK_N",
+    ("hopper-skip-own-diagonal", "key-tiles-end", "return 0, 0, n_full, hi // BLOCK_N",
      "the Hopper forward skips the key tile its rows' last diagonal (or seqlen_k) falls in",
      "the count of tiles a block or warpgroup may skip rounds down where it must round up; only some rows "
      "lose keys"),
@@ -148,6 +148,18 @@ HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, ru
     ("hopper-consumer-rows", "consumer-rows", "first = row0",
      "every consumer warpgroup of the Hopper forward takes the first 64 rows of the block",
      "the per-warpgroup offset is easy to lose when a kernel is split into partitions; blocks of 64 rows hide it"),
+)) + tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, runs_on="sm_90", cases=dict(HOPPER_CASES, features=f))
+           for name, site, new, bug, why, f in (
+    ("hopper-window-left-exclusive", "window-left",
+     "keep = (cols[None, :] < seqlen_k) & (cols[None, :] > lower)",
+     "the Hopper forward's window excludes its left bound", "as window-left-off-by-one, in the Hopper forward's "
+     "copy of the mask", ("window",)),
+    ("hopper-window-tiles-rounded-up", "window-lo", "lo = (gl.maximum(row0 + diag - left, 0) + BLOCK_N - 1) // BLOCK_N",
+     "the Hopper forward skips the first key tile a window reaches when the window starts inside it",
+     "as window-tiles-rounded-up: tile counts rounded up where they must round down", ("window",)),
+    ("hopper-softcap-no-cap", "softcap", "s = tanh(s * cap_scale)",
+     "the Hopper forward's softcap keeps tanh without multiplying the cap back: every logit in [-1, 1]",
+     "the cap enters twice, once divided and once multiplied, and the second is easy to drop", ("softcap",)),
 ))
 
 # The variant kernels (variant_forward.py, variant_backward.py, variant_interface.py): a bug of each class the

@@ -46,6 +46,8 @@ class Variant:
     switches: str = ""
 
     def __str__(self) -> str:
+        if self.kernel == HOPPER_KERNEL and self.switches:
+            return f"{self.kernel} {self.dtype} D{self.block_d} {self.switches}"
         if self.kernel in VARIANT_KERNELS:
             dv = f" DV{self.block_dv}" if self.block_dv and self.block_dv != self.block_d else ""
             return f"{self.kernel} {self.dtype} D{self.block_d}{dv} {self.switches or 'plain'}"
@@ -61,14 +63,17 @@ SWITCH_SETS = {"vfwd": ("", "softcap", "varlen+softcap", "paged+split+softcap"),
                "vdkdv": ("", "varlen+softcap"), "vdq": ("", "varlen+softcap")}
 
 
+HOPPER_SWITCH_SETS = ("window", "softcap", "window+softcap")
+
+
 def variant_kernel_variants() -> list:
-    """Head dims always masked (variant_interface._dims), so even_d is False for all of them."""
+    """Head dims always masked and q/k and v padded alike (variant_interface._dims), so even_d is False and
+    block_dv is block_d for all of them."""
     out = []
     for dtype, bd in (("bf16", 64), ("bf16", 128), ("fp32", 64)):
         out += [Variant(k, dtype, bd, False, False, bd, sw) for k, sets in SWITCH_SETS.items() for sw in sets]
     out += [Variant("vfwd", "fp16", 128, False, False, 128, sw) for sw in SWITCH_SETS["vfwd"][:2]]
     out += [Variant(k, "bf16", 256, False, False, 256, "") for k in SWITCH_SETS]
-    out += [Variant(k, "bf16", 128, False, False, 64, "") for k in SWITCH_SETS]  # MLA-like: v narrower
     out += [Variant("vcombine", "bf16", 0, False, True, bdv, "") for bdv in (64, 128)]
     return out
 
@@ -80,6 +85,9 @@ def variants(capability: int = 80) -> list:
     if capability == 90:
         out += [Variant(HOPPER_KERNEL, dtype, block_d, causal, True)
                 for dtype in ("bf16", "fp16") for block_d in (64, 128) for causal in (False, True)]
+        # the variants it takes (interface._hopper_variant): a window (both bounds), softcap, both
+        out += [Variant(HOPPER_KERNEL, "bf16", block_d, False, True, switches=sw)
+                for block_d in (64, 128) for sw in HOPPER_SWITCH_SETS]
     for kernel in KERNELS:
         for dtype in ("bf16", "fp16", "fp32"):
             for block_d in BLOCK_DS:
@@ -98,7 +106,7 @@ def _signature(fn, dtype: str, constants: dict) -> dict:
             sig[name] = "*fp32"
         elif name[0].isupper():
             sig[name] = f"*{dtype}"
-        elif name in ("qk_scale", "softmax_scale", "init"):
+        elif name in ("qk_scale", "softmax_scale", "init", "cap_scale", "inv_cap_scale"):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
@@ -144,7 +152,8 @@ def _hopper_source(v: Variant, capability: int):
 
     tile = configs.HOPPER[v.block_d]
     constants, options = launch(tile)
-    constants.update(CAUSAL=v.causal, BLOCK_D=v.block_d)
+    on = set(v.switches.split("+")) - {""}
+    constants.update(CAUSAL=v.causal, BLOCK_D=v.block_d, WINDOW="window" in on, SOFTCAP="softcap" in on)
     fn = _fwd_hopper_aligned  # the build bench's shapes take: seqlens multiples of 16, specialized on that
     signature = _signature(fn, v.dtype, constants)
     dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[v.dtype]

@@ -71,6 +71,25 @@ def generic_args(fn) -> list:
             if p.annotation is inspect.Parameter.empty or "constexpr" not in str(p.annotation)]
 
 
+def seq_strides(t, varlen: bool = False) -> tuple:
+    """(batch, seq, head) strides of a [b, s, h, d] tensor (the last dim is contiguous: validated), or of
+    varlen's packed [total, h, d] (no batch stride); a paged pool [pages, page_size, h, d] gives its page
+    stride in the batch stride's place."""
+    return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
+
+
+# The code paths the launches took, in order (interface.PATHS names them): the subject reports them per case,
+# so a fuzz shows which kernels its cases reached and a mutant which cases ran its mutated code.
+LAUNCHED: list = []
+
+
+def take_paths() -> list:
+    """The paths launched since the last call, each once, in launch order; starts a new list."""
+    taken = list(dict.fromkeys(LAUNCHED))
+    LAUNCHED.clear()
+    return taken
+
+
 BLOCK_DS = (16, 32, 64, 128, 256)  # the padded head dims: block_d(head_dim) is one of these
 
 

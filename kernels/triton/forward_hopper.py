@@ -42,7 +42,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from faverify.kernels.triton.common import LN2
+from faverify.kernels.triton.common import LN2, tanh
 
 # globals a kernel reads must be constexpr
 HALF = gl.constexpr(64)  # query rows per consumer warpgroup: one wgmma M
@@ -133,18 +133,32 @@ def _schedule(t, n_m, n_bh, GROUP: gl.constexpr, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _key_tiles(row0, seqlen_k, diag, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """(n_full, n_blocks) of the query rows [row0, row0 + BLOCK_M) (a block's, or one consumer's): key tiles
-    [0, n_full) are seen whole by every row; [n_full, n_blocks) are masked; causal skips the rest
-    (common.key_ranges, in tiles)."""
-    if CAUSAL:
-        full = gl.minimum(gl.maximum(row0 + diag + 1, 0), seqlen_k)
-        hi = gl.minimum(gl.maximum(row0 + BLOCK_M + diag, 0), seqlen_k)
+def _key_tiles(row0, seqlen_k, diag, left, right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
+    """(lo, full_lo, full_hi, hi) in key tiles for the query rows [row0, row0 + BLOCK_M) (a block's, or one
+    consumer's): tiles [full_lo, full_hi) are seen whole by every row; [lo, full_lo) and [full_hi, hi) are
+    masked; the rest are skipped. Without WINDOW, lo = full_lo = 0 and causal skips the tiles past the
+    diagonal (common.key_ranges, in tiles); with it, the window [i + diag - left, i + diag + right] of
+    variant_forward.visible_tiles bounds both ends (causal is right = 0 there)."""
+    if WINDOW:
+        lo = gl.maximum(row0 + diag - left, 0) // BLOCK_N  # [mutant site: window-lo]
+        end = gl.maximum(gl.minimum(row0 + BLOCK_M + diag + right, seqlen_k), lo * BLOCK_N)
+        hi = (end + BLOCK_N - 1) // BLOCK_N
+        # every row sees keys from its last row's lower bound up to its first row's upper bound
+        full_lo = (gl.maximum(row0 + BLOCK_M - 1 + diag - left, 0) + BLOCK_N - 1) // BLOCK_N
+        full_lo = gl.minimum(gl.maximum(full_lo, lo), hi)
+        full_hi = gl.minimum(row0 + diag + right + 1, seqlen_k) // BLOCK_N
+        full_hi = gl.maximum(gl.minimum(full_hi, hi), full_lo)
+        return lo, full_lo, full_hi, hi
     else:
-        full = seqlen_k
-        hi = seqlen_k
-    n_full = full // BLOCK_N  # [mutant site: full-tiles]
-    return n_full, (hi + BLOCK_N - 1) // BLOCK_N  # [mutant site: key-tiles-end]
+        if CAUSAL:
+            full = gl.minimum(gl.maximum(row0 + diag + 1, 0), seqlen_k)
+            hi = gl.minimum(gl.maximum(row0 + BLOCK_M + diag, 0), seqlen_k)
+        else:
+            full = seqlen_k
+            hi = seqlen_k
+        n_full = full // BLOCK_N  # [mutant site: full-tiles]
+        return 0, 0, n_full, (hi + BLOCK_N - 1) // BLOCK_N  # [mutant site: key-tiles-end]
 
 
 @gluon.jit
@@ -157,8 +171,8 @@ def _box(smem, BLOCK: gl.constexpr, BLOCK_D: gl.constexpr):
 
 @gluon.jit
 def _producer(load, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
-              CONSUMERS: gl.constexpr, GROUP: gl.constexpr, CAUSAL: gl.constexpr):
-    q_desc, k_desc, v_desc, smem, bars, seqlen_k, diag, nheads, group, n_m, n_bh = load
+              CONSUMERS: gl.constexpr, GROUP: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
+    q_desc, k_desc, v_desc, smem, bars, seqlen_k, diag, left, right, nheads, group, n_m, n_bh = load
     q_smem, k_smem, v_smem, o_smem = smem
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
     BLOCK_M: gl.constexpr = CONSUMERS * HALF
@@ -169,7 +183,7 @@ def _producer(load, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.con
         off_b = bh // nheads
         off_h = bh % nheads
         row0 = mb * BLOCK_M
-        _, n_blocks = _key_tiles(row0, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)
+        lo, _, _, hi = _key_tiles(row0, seqlen_k, diag, left, right, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
         # q of this block goes where the last block's was, once every consumer is past its last q k^T
         # (a fresh barrier counts as having completed phase 1: the first wait passes)
         mbarrier.wait(q_empty, (done & 1) ^ 1)
@@ -177,7 +191,7 @@ def _producer(load, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.con
         for i in gl.static_range(CONSUMERS):
             tma.async_copy_global_to_shared(q_desc, [off_b, row0 + i * HALF, off_h, 0], q_ready,
                                             _box(q_smem.index(i), HALF, BLOCK_D))
-        for j in range(n_blocks):
+        for j in range(lo, hi):
             stage = it % STAGES
             empty_phase = ((it // STAGES) & 1) ^ 1
             mbarrier.wait(k_empty.index(stage), empty_phase)
@@ -193,10 +207,21 @@ def _producer(load, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.con
 
 
 @gluon.jit
-def _softmax(s, m_i, l_i, j, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
-             CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
-    """One key tile of the online softmax, forward.py's numerics: returns p, alpha, l and the new max."""
-    if j >= n_full:  # the diagonal and the seqlen_k tail (TMA filled keys past seqlen_k with zeros)
+def _softmax(s, m_i, l_i, j, full_lo, full_hi, offs_m, offs_n, seqlen_k, diag, left, right, qk_scale, cap_scale,
+             inv_cap_scale, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, WINDOW: gl.constexpr,
+             SOFTCAP: gl.constexpr):
+    """One key tile j of the online softmax, forward.py's numerics (with variant_forward.variant_scores'
+    softcap and window): returns p, alpha, l and the new max."""
+    if SOFTCAP:  # in raw units, as variant_scores: (cap / scale) tanh(s scale / cap)
+        s = tanh(s * cap_scale) * inv_cap_scale  # [mutant site: softcap]
+    if WINDOW:
+        if (j < full_lo) | (j >= full_hi):  # tiles that cross a window bound or hold the seqlen_k tail
+            cols = j * BLOCK_N + offs_n
+            lower = offs_m[:, None] + diag - left
+            keep = (cols[None, :] < seqlen_k) & (cols[None, :] >= lower)  # [mutant site: window-left]
+            keep = keep & (cols[None, :] <= offs_m[:, None] + diag + right)
+            s = gl.where(keep, s, float("-inf"))
+    elif j >= full_hi:  # the diagonal and the seqlen_k tail (TMA filled keys past seqlen_k with zeros)
         cols = j * BLOCK_N + offs_n
         keep = cols[None, :] < seqlen_k
         if CAUSAL:
@@ -210,9 +235,22 @@ def _softmax(s, m_i, l_i, j, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
 
 
 @gluon.jit
+def _release(k_ready, k_empty, v_ready, v_empty, it, STAGES: gl.constexpr):
+    """Free the ring's stage of key tile `it` (the ring's position) without reading it: once loaded, so
+    that the arrive counts toward that load's phase."""
+    stage = it % STAGES
+    mbarrier.wait(k_ready.index(stage), (it // STAGES) & 1)
+    mbarrier.arrive(k_empty.index(stage), count=1)
+    mbarrier.wait(v_ready.index(stage), (it // STAGES) & 1)
+    mbarrier.arrive(v_empty.index(stage), count=1)
+
+
+@gluon.jit
 def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
-              CONSUMERS: gl.constexpr, GROUP: gl.constexpr, WHICH: gl.constexpr):
-    smem, bars, o_desc, Lse, Rowmax, Log2l, seqlen_q, seqlen_k, diag, nheads, n_m, n_bh, qk_scale, init = run
+              CONSUMERS: gl.constexpr, GROUP: gl.constexpr, WHICH: gl.constexpr, WINDOW: gl.constexpr,
+              SOFTCAP: gl.constexpr):
+    smem, bars, o_desc, Lse, Rowmax, Log2l, seqlen_q, seqlen_k, diag, nheads, n_m, n_bh, qk_scale, init, \
+        left, right, cap_scale, inv_cap_scale = run
     q_smem, k_smem, v_smem, o_smem = smem
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
     dtype: gl.constexpr = q_smem.dtype
@@ -233,12 +271,22 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
     for t in range(gl.program_id(0), n_m * n_bh, gl.num_programs(0)):
         mb, bh = _schedule(t, n_m, n_bh, GROUP, CAUSAL)
         row0 = mb * BLOCK_M
-        _, n_blocks = _key_tiles(row0, seqlen_k, diag, BLOCK_M, BLOCK_N, CAUSAL)  # the tiles the block loads
+        lo, _, _, hi = _key_tiles(row0, seqlen_k, diag, left, right, BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+        n_blocks = hi - lo  # the tiles the block loads
         first = row0 + WHICH * HALF  # [mutant site: consumer-rows]
         # this consumer's rows see fewer with the causal mask: tiles past its last row's diagonal are masked
-        # for all of them, and skipped (n_mine); its first row's diagonal ends the tiles it sees whole
-        # (n_full), one tile later than the block's first row's for the third consumer
-        n_full, n_mine = _key_tiles(first, seqlen_k, diag, HALF, BLOCK_N, CAUSAL)
+        # for all of them, and skipped; its first row's diagonal ends the tiles it sees whole (full_hi), one
+        # tile later than the block's first row's for the third consumer. A window also bounds them below:
+        # the tiles before its first row's lower bound are skipped too. Its own tiles are [lo + skip,
+        # lo + skip + n_mine) of the block's, clamped into them.
+        mine_lo, full_lo, full_hi, mine_hi = _key_tiles(first, seqlen_k, diag, left, right, HALF, BLOCK_N, CAUSAL,
+                                                        WINDOW)
+        skip = 0
+        if WINDOW:
+            mine_lo = gl.minimum(gl.maximum(mine_lo, lo), hi)
+            mine_hi = gl.minimum(gl.maximum(mine_hi, mine_lo), hi)
+            skip = mine_lo - lo
+        n_mine = mine_hi - mine_lo
         # a consumer whose rows all lie past seqlen_q (in the last query block) computes nothing: its tiles
         # are skipped too, which leaves the SM's tensor cores to the consumers with rows
         n_mine = gl.where(first < seqlen_q, n_mine, 0)  # [mutant site: idle-consumer]
@@ -248,6 +296,10 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
         acc = gl.zeros([HALF, BLOCK_D], gl.float32, o_layout)
 
         mbarrier.wait(q_ready, done & 1)
+        if WINDOW:  # the tiles before this consumer's window: freed once loaded, as the skipped ones below
+            for j in range(0, skip):
+                _release(k_ready, k_empty, v_ready, v_empty, it + j, STAGES)
+            it += skip
         # FlashAttention-3's intra-warpgroup overlap: the softmax of key tile j runs on the CUDA cores while
         # the tensor cores do p_{j-1} v_{j-1}; acc is rescaled once that product is in (it then holds the
         # tiles before j at the max of tile j). The other consumers' wgmmas fill the gaps that remain.
@@ -257,8 +309,9 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
             s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
             mbarrier.arrive(k_empty.index(stage), count=1)
-            p, alpha, l_i, m_i = _softmax(s, m_i, l_i, 0, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
-                                          CAUSAL, BLOCK_N)
+            p, alpha, l_i, m_i = _softmax(s, m_i, l_i, mine_lo, full_lo, full_hi, offs_m, offs_n, seqlen_k, diag,
+                                          left, right, qk_scale, cap_scale, inv_cap_scale, CAUSAL, BLOCK_N, WINDOW,
+                                          SOFTCAP)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             for j in range(1, n_mine):
                 stage = (it + j) % STAGES
@@ -269,8 +322,9 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
                 acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                 s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # q k^T in; p v may still run
                 mbarrier.arrive(k_empty.index(stage), count=1)
-                p, alpha, l_i, m_i = _softmax(s, m_i, l_i, j, n_full, offs_m, offs_n, seqlen_k, diag, qk_scale,
-                                              CAUSAL, BLOCK_N)
+                p, alpha, l_i, m_i = _softmax(s, m_i, l_i, mine_lo + j, full_lo, full_hi, offs_m, offs_n, seqlen_k,
+                                              diag, left, right, qk_scale, cap_scale, inv_cap_scale, CAUSAL, BLOCK_N,
+                                              WINDOW, SOFTCAP)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
                 mbarrier.arrive(v_empty.index(prev), count=1)
                 acc = acc * gl.convert_layout(alpha, o_rows)[:, None]  # [mutant site: rescale]
@@ -282,14 +336,10 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
             mbarrier.arrive(v_empty.index(last), count=1)
         # the skipped tiles: the stages are freed as the other consumers' are, once loaded (so that each
         # arrive counts toward that load's phase)
-        for j in range(n_mine, n_blocks):
-            stage = (it + j) % STAGES
-            mbarrier.wait(k_ready.index(stage), ((it + j) // STAGES) & 1)
-            mbarrier.arrive(k_empty.index(stage), count=1)
-            mbarrier.wait(v_ready.index(stage), ((it + j) // STAGES) & 1)
-            mbarrier.arrive(v_empty.index(stage), count=1)
+        for j in range(n_mine, n_blocks - skip):
+            _release(k_ready, k_empty, v_ready, v_empty, it + j, STAGES)
         mbarrier.arrive(q_empty, count=1)  # this block's q is read by no wgmma any more: the next one may load
-        it += n_blocks
+        it += n_blocks - skip
         done += 1
 
         seen = l_i > 0.0
@@ -311,9 +361,10 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
 
 
 def _fwd_source(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l,  #
-                n_bh, nheads, group, seqlen_q, seqlen_k, qk_scale, init,  #
+                n_bh, nheads, group, seqlen_q, seqlen_k, qk_scale, init, left, right, cap_scale, inv_cap_scale,  #
                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
-                CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, GROUP: gl.constexpr):
+                CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, GROUP: gl.constexpr,
+                WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False):
     """q, k, v, out through host-made descriptors of their [b, s, h, d] tensors (boxes [1, rows, 1, BLOCK_D],
     zero-filled past seqlen and head_dim). Persistent: program p runs query blocks p, p + grid, ... of the
     launch's _schedule, so the next block's q and first key tiles load while this one's epilogue runs."""
@@ -344,19 +395,20 @@ def _fwd_source(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l,  #
     diag = seqlen_k - seqlen_q  # [mutant site: causal-diagonal]
 
     # the default partition (num_warps = 4) is consumer 0; workers: the other consumers, then the producer
-    run = (smem, bars, o_desc, Lse, Rowmax, Log2l, seqlen_q, seqlen_k, diag, nheads, n_m, n_bh, qk_scale, init)
-    load = (q_desc, k_desc, v_desc, smem, bars, seqlen_k, diag, nheads, group, n_m, n_bh)
+    run = (smem, bars, o_desc, Lse, Rowmax, Log2l, seqlen_q, seqlen_k, diag, nheads, n_m, n_bh, qk_scale, init,
+           left, right, cap_scale, inv_cap_scale)
+    load = (q_desc, k_desc, v_desc, smem, bars, seqlen_k, diag, left, right, nheads, group, n_m, n_bh)
     # (tuples in variables: constexprs stay out of them, Gluon 3.6 would make them tensors)
     if CONSUMERS == 2:
-        gl.warp_specialize([(_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 0)),
-                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 1)),
-                            (_producer, (load, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, CAUSAL))],
+        gl.warp_specialize([(_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 0, WINDOW, SOFTCAP)),
+                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 1, WINDOW, SOFTCAP)),
+                            (_producer, (load, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, CAUSAL, WINDOW))],
                            [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
-        gl.warp_specialize([(_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 0)),
-                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 1)),
-                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 2)),
-                            (_producer, (load, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, CAUSAL))],
+        gl.warp_specialize([(_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 0, WINDOW, SOFTCAP)),
+                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 1, WINDOW, SOFTCAP)),
+                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 2, WINDOW, SOFTCAP)),
+                            (_producer, (load, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, CAUSAL, WINDOW))],
                            [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -366,7 +418,8 @@ def _fwd_source(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l,  #
 # Leaving all five unspecialized cost 7-9% at d64 causal 4096 on the H200, all of it from the seqlens
 # (devtools/hopper_specialize.py at 0e6d4fa, 2026-11-30; docs/measurements.md). So seqlens both multiples of
 # 16 take a build specialized on them (one pattern), any other pair the build specialized on nothing.
-_HEADS = ["n_bh", "nheads", "group"]
+_HEADS = ["n_bh", "nheads", "group", "left", "right"]  # and the window's bounds: runtime values, as in
+# variant_forward.py
 ALIGNED = ("seqlen_q", "seqlen_k")  # the sizes _fwd_hopper_aligned is specialized on (aot.py declares them)
 _fwd_hopper_aligned = gluon.jit(do_not_specialize=_HEADS)(_fwd_source)
 _fwd_hopper = gluon.jit(do_not_specialize=_HEADS + list(ALIGNED))(_fwd_source)

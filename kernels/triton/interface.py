@@ -13,11 +13,11 @@ from faverify.kernels.triton import backward as _bwd
 from faverify.kernels.triton import forward as _fwd
 from faverify.kernels.triton import forward_hopper as _fwd_hopper
 from faverify.kernels.triton import variant_interface as _var
-from faverify.kernels.triton.common import INTERPRET, LOG2E, block_d, quiet
+from faverify.kernels.constants import INIT_VALUE
+from faverify.kernels.triton.common import INTERPRET, LAUNCHED as _LAUNCHED, LOG2E, NO_BOUND, block_d, quiet
+from faverify.kernels.triton.common import seq_strides as _strides
+from faverify.kernels.triton.common import take_paths  # noqa: F401  (the subject's Subject.paths)
 from faverify.kernels.validate import check_inputs, check_kvcache, check_variant, check_varlen
-
-INIT_VALUE = {"-inf": float("-inf"), "-1e30": -1e30}
-
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
@@ -42,25 +42,11 @@ class Launch:
 
 
 DEFAULT = Launch()
-# The code paths the launches took, in order (PATHS names them): the subject reports them per case, so a
-# fuzz shows which kernels its cases reached and a mutant which cases ran its mutated code. take_paths()
-# hands them over and starts a new list.
-_LAUNCHED: list = []
-PATHS = ("fwd hopper", "fwd triton-tma", "fwd triton", "fwd triton generic", "fwd none (empty)",
+# The code paths a launch can take (common.LAUNCHED logs them, take_paths hands them over)
+PATHS = ("fwd hopper", "fwd hopper variant", "fwd triton-tma", "fwd triton", "fwd triton generic", "fwd none (empty)",
          "bwd triton", "bwd triton generic", "bwd none (empty)",
          "fwd variant", "fwd variant varlen", "fwd variant paged", "fwd variant paged split",
          "fwd variant none (empty)", "bwd variant", "bwd variant varlen", "bwd variant none (empty)")
-
-
-def take_paths() -> list:
-    taken = list(dict.fromkeys(_LAUNCHED + _var.take_paths()))  # each path once, dense ones first
-    _LAUNCHED.clear()
-    return taken
-
-
-def _strides(t: torch.Tensor) -> tuple:
-    """(batch, seq, head) strides of a [b, s, h, d] tensor; the last dim is contiguous (validated)."""
-    return t.stride(0), t.stride(1), t.stride(2)
 
 
 def _aligned(*tensors) -> bool:
@@ -137,10 +123,8 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
         tile = configs.default("fwd", c["BLOCK_D"], q.element_size(), causal, tma)
     if tile.hopper:
         _LAUNCHED.append("fwd hopper")
-        constants, options = _fwd_hopper.launch(tile)
-        _fwd_hopper.kernel(sq, sk)[_fwd_hopper.grid(tile, sq, b * h, launch.programs)](
-            *_fwd_hopper.descriptors(q, k, v, out, tile, c["BLOCK_D"]), lse, rowmax, log2l, b * h, h, h // hk, sq, sk,
-            scale * LOG2E, INIT_VALUE[init], CAUSAL=causal, BLOCK_D=c["BLOCK_D"], **constants, **options)
+        _hopper(q, k, v, out, lse, (rowmax, log2l), tile, _var.Variant.of(scale, causal, (-1, -1), 0.0, None, None,
+                                                                          init), launch)
         return out, lse, (rowmax, log2l)
     if tma and not INTERPRET:
         triton.set_allocator(_scratch)  # a context variable: set on the launching thread, every launch
@@ -152,6 +136,43 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
         CAUSAL=causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps,
         num_stages=tile.num_stages, TMA=tma, **c)
     return out, lse, (rowmax, log2l)
+
+
+def _hopper(q, k, v, out, lse, rows, tile, var, launch: Launch) -> None:
+    """Launch the Hopper forward (forward_hopper.py) on dense attention or on the variants it takes: a
+    window (WINDOW: both bounds runtime values; causal alone keeps its own tile ranges) and softcap."""
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    bd = block_d(d)
+    constants, options = _fwd_hopper.launch(tile)
+    runtime = var.runtime()
+    window = var.left != NO_BOUND or (var.right not in (0, NO_BOUND))
+    _fwd_hopper.kernel(sq, sk)[_fwd_hopper.grid(tile, sq, b * h, launch.programs)](
+        *_fwd_hopper.descriptors(q, k, v, out, tile, bd), lse, *rows, b * h, h, h // hk, sq, sk,
+        var.scale * LOG2E, INIT_VALUE[var.init], runtime["left"], runtime["right"], runtime["cap_scale"],
+        runtime["inv_cap_scale"], CAUSAL=var.right == 0, BLOCK_D=bd, WINDOW=window, SOFTCAP=var.softcap > 0,
+        **constants, **options)
+
+
+def _hopper_variant(launch: Launch):
+    """A forward for variant_interface.attention that runs a variant on the Hopper forward where it can:
+    windows and softcap, no ALiBi or sinks, v's head dim q's, 16-bit on sm_90 with TMA-aligned tensors
+    (_use_hopper); it returns None elsewhere, and the variant forward runs."""
+    @_on_their_device
+    def run(q, k, v, var):
+        if var.alibi is not None or var.sinks is not None or v.shape[-1] != q.shape[-1] or 0 in q.shape[:2] \
+                or k.shape[1] == 0:
+            return None
+        b, sq, h, d = q.shape
+        out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
+        if not _use_hopper(q, _use_tma(q, k, v, out, launch=launch), launch):
+            return None
+        lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+        rows = (torch.empty_like(lse), torch.empty_like(lse))
+        _LAUNCHED.append("fwd hopper variant")
+        _hopper(q, k, v, out, lse, rows, configs.HOPPER[block_d(d)], var, launch)
+        return out, lse, rows
+    return run
 
 
 @_on_their_device
@@ -248,7 +269,8 @@ def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None =
     if tuple(window_size) != (-1, -1) or softcap or alibi_slopes is not None or sinks is not None \
             or v.shape[-1] != q.shape[-1]:
         var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, sinks, init)
-        out, lse = _var.attention(q, k, v, var, emulate=launch.emulate)
+        out, lse = _var.attention(q, k, v, var, emulate=launch.emulate,
+                                  forward=None if INTERPRET else _hopper_variant(launch))
     else:
         out, lse = FlashAttnFunction.apply(q, k, v, causal, scale, init, launch)  # [mutant site: apply]
     return (out, lse) if return_lse else out

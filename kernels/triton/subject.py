@@ -69,9 +69,10 @@ def warmup_cases(dtypes: tuple) -> list:
 
 def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
     """One small case per common build of the variant kernels (variant_forward.py: a build per dtype, padded
-    head dims and switches SOFTCAP, VARLEN, PAGED; windows, causal, ALiBi and sinks are runtime values):
-    each padded head dim with q/k and v alike, softcap on or off (ALiBi and sinks with it). A v head dim
-    of another padding compiles when a case first needs it."""
+    head dim and switches SOFTCAP, VARLEN, PAGED; windows, causal, ALiBi and sinks are runtime values, q/k
+    and v share one padding): each padded head dim, softcap on or off, with ALiBi (which keeps the case
+    off the Hopper forward); the paged decode's tiles of 16 query rows and its prefill's; and for triton
+    the Hopper forward's window and softcap builds (interface._hopper_variant) at its head dims."""
     from faverify.case import Case
     from faverify.kernels.triton.common import BLOCK_DS
 
@@ -80,16 +81,29 @@ def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
         for dtype in dtypes:
             for softcap, extras in ((0.0, False), (5.0, True)):
                 common = dict(nheads=2, nheads_k=1, head_dim=bd, dtype=dtype, window=(16, -1), softcap=softcap,
-                              alibi="head" if extras else "off")
+                              alibi="head")
                 if kind == "triton-paged":
-                    out.append(Case(batch=1, seqlen_q=1, seqlen_k=97, cache_seqlens=(97,), page_size=16, splits=2,
-                                    **common))
+                    out += [Case(batch=1, seqlen_q=sq, seqlen_k=97, cache_seqlens=(97,), page_size=16, splits=2,
+                                 **common) for sq in (1, 97)]
                 elif kind == "triton-varlen":
                     out.append(Case(batch=1, seqlen_q=97, seqlen_k=97, seqlens=((97, 97),),
                                     sinks="around" if extras else "off", **common))
                 else:
                     out.append(Case(batch=1, seqlen_q=97, seqlen_k=97, sinks="around" if extras else "off", **common))
+    if kind == "triton":
+        out += hopper_variant_warmup_cases(dtypes)
     return out
+
+
+def hopper_variant_warmup_cases(dtypes: tuple) -> list:
+    """The Hopper forward's variant builds (forward_hopper.py's WINDOW, SOFTCAP; CAUSAL orders the blocks
+    where no window is set) at its head dims, 16-bit, seqlens that are no multiples of 16 (the build
+    specialized on nothing; forward_hopper.kernel)."""
+    from faverify.case import Case
+    switches = (dict(window=(16, 3)), dict(softcap=5.0), dict(softcap=5.0, causal=True),
+                dict(window=(16, -1), softcap=5.0))
+    return [Case(batch=1, seqlen_q=97, seqlen_k=97, nheads=2, nheads_k=1, head_dim=bd, dtype=dtype, **sw)
+            for bd in (64, 128) for dtype in dtypes if dtype in ("bf16", "fp16") for sw in switches]
 
 
 WARMUPS = {"triton": lambda dtypes: warmup_cases(dtypes) + variant_warmup_cases(dtypes),

@@ -11,9 +11,10 @@ import triton
 from faverify.kernels.triton import configs
 from faverify.kernels.triton import variant_backward as _vbwd
 from faverify.kernels.triton import variant_forward as _vfwd
-from faverify.kernels.triton.common import INTERPRET, LOG2E, NO_BOUND, block_d, quiet
+from faverify.kernels.constants import INIT_VALUE
+from faverify.kernels.triton.common import INTERPRET, LAUNCHED as _LAUNCHED, LOG2E, NO_BOUND, block_d, quiet
+from faverify.kernels.triton.common import seq_strides as _qstrides
 
-INIT_VALUE = {"-inf": float("-inf"), "-1e30": -1e30}
 # Split-KV cuts the keys into whole blocks of this many (case.split_ranges' block): a multiple of every
 # key tile the forward takes, so that a split boundary is a tile boundary. Under the interpreter the tiles
 # and the CPU's caches are small, and blocks of 32 give the splits of a cache of a few hundred keys
@@ -58,29 +59,31 @@ class Variant:
         return alibi, alibi.stride(0) if alibi.dim() == 2 else 0, sinks
 
 
-_LAUNCHED: list = []
+def padding(d: int, dv: int) -> int:
+    """The one padded head dim of q/k and of v (BLOCK_D = BLOCK_DV): the larger one's. A padding of each
+    would make a build per pair of paddings, 25 where the fuzz meets them all, each compiled in every GPU
+    worker that meets it first (the variant fuzz ran at about 2 cases/s on the H200 after its warm-up);
+    the masked padding adds exact zeros to q k^T and columns no store writes to p v, so the result is the
+    same."""
+    return max(block_d(d), block_d(dv))
 
 
 def _tile(kind: str, q, dv: int) -> configs.Tile:
-    return configs.variant(kind, max(block_d(q.shape[-1]), block_d(dv)), q.element_size())
+    return configs.variant(kind, padding(q.shape[-1], dv), q.element_size())
 
 
 def _dims(d: int, dv: int, q, emulate) -> dict:
     """The head-dim constants. The head dims are always masked (EVEN_D False): the variant kernels are
     built unspecialized, so no load is vectorized anyway, and a mask that is all true changes no value;
     one build then serves every head dim of a padding."""
-    return dict(BLOCK_D=block_d(d), BLOCK_DV=block_d(dv), EVEN_D=False, EVEN_DV=False,
+    bd = padding(d, dv)
+    return dict(BLOCK_D=bd, BLOCK_DV=bd, EVEN_D=False, EVEN_DV=False,
                 INTERPRETED=INTERPRET if emulate is None else emulate, IEEE=q.dtype == torch.float32)
 
 
 def _lse_strides(lse: torch.Tensor, varlen: bool) -> tuple:
     """(batch, head) strides of the row statistics: [b, h, s], or varlen's [h, total] (no batch stride)."""
     return (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
-
-
-def _qstrides(t: torch.Tensor, varlen: bool) -> tuple:
-    """(batch, seq, head) strides: [b, s, h, d], or varlen's packed [total, h, d] (no batch stride)."""
-    return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
 
 
 def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
@@ -112,7 +115,9 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
             rows[0].zero_(), rows[1].fill_(float("inf"))
         return out.zero_(), lse.fill_(float("-inf")), rows, splits
     tile = _tile("fwd", q, dv)
-    block_m = min(tile.block_m, max(16, triton.next_power_of_2(sq)))  # decode: one query row, a tile of 16
+    # decode (a paged cache's few query rows) takes tiles of 16 rows; anything else the tile's, so that a
+    # fuzz's many small seqlen_q compile no build of their own
+    block_m = 16 if paged and sq <= 16 else tile.block_m
     dims = _dims(d, dv, q, emulate)
     dummy = torch.empty(0, dtype=torch.int32, device=q.device)
     f32 = torch.empty(0, dtype=torch.float32, device=q.device)
@@ -215,8 +220,9 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
 
 class VariantFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sinks, var, ragged, emulate):
-        out, lse, rows, _ = forward(q, k, v, var, **ragged, emulate=emulate)
+    def forward(ctx, q, k, v, sinks, var, ragged, emulate, launcher):
+        result = launcher(q, k, v, var) if launcher is not None else None
+        out, lse, rows = result if result is not None else forward(q, k, v, var, **ragged, emulate=emulate)[:3]
         ctx.save_for_backward(q, k, v, out, lse, *rows)
         ctx.var, ctx.ragged, ctx.emulate = var, ragged, emulate
         ctx.mark_non_differentiable(lse)
@@ -228,17 +234,15 @@ class VariantFunction(torch.autograd.Function):
         sinks_grad = ctx.var.sinks is not None and ctx.needs_input_grad[3]
         dq, dk, dv, dsinks = backward(dout, q, k, v, out, lse, (rowmax, log2l), ctx.var, **ctx.ragged,
                                       sinks_grad=sinks_grad, emulate=ctx.emulate)
-        return dq, dk, dv, dsinks, None, None, None
+        return dq, dk, dv, dsinks, None, None, None, None
 
 
-def attention(q, k, v, var: Variant, ragged: dict | None = None, emulate=None):
-    """out, lse through autograd (the sinks a leaf of their own when they require grad)."""
+def attention(q, k, v, var: Variant, ragged: dict | None = None, emulate=None, forward=None):
+    """out, lse through autograd (the sinks a leaf of their own when they require grad). forward: a launcher
+    (q, k, v, var) -> (out, lse, (row max, log2 l)) or None, tried first (interface._hopper_variant: the
+    Hopper forward where it runs the case); the backward is this module's either way, on the same row
+    statistics."""
     sinks = var.sinks
     plain = dataclasses.replace(var, sinks=sinks.detach().float().contiguous() if sinks is not None else None)
-    return VariantFunction.apply(q, k, v, sinks, plain, ragged or {}, emulate)
+    return VariantFunction.apply(q, k, v, sinks, plain, ragged or {}, emulate, forward)
 
-
-def take_paths() -> list:
-    taken = list(dict.fromkeys(_LAUNCHED))
-    _LAUNCHED.clear()
-    return taken
