@@ -3,7 +3,7 @@
 For each tensor T: fail if T has NaN/Inf where the FP64 reference is finite; fail if a row that sees no
 key is not (out 0, lse -inf); fail if
 
-    max|T - ref| > factor_T * B + max(tight_T, atol_T * (1 - B / (KNEE * F))) * F + 2 * u32 * S * scale_T
+    max|T - ref| > factor_T * B + max(tight_T, atol_T * (1 - B / (KNEE * F))) * F + 2 * u32 * S * scale_T + 2^-120
 
 where B = max|baseline_T - ref| is the error of the naive same-dtype attention, F = u(dtype) * scale_T the
 floor unit (dtypes.FLOOR_UNIT: the unit roundoff 2^-8 for bf16, 2^-11 for fp16, and 64 roundings 2^-18
@@ -18,7 +18,11 @@ zero (dk with seqlen_k == 1) or when the baseline happens to be exact:
 - 2 * u32 * S * scale_T: the fp32 rounding of the logits that every conforming kernel makes (accumulation
   is fp32; the error of a dot product follows the sum of |terms|, not the result, which may cancel),
   carried through softmax: a logit off by e moves P_ij by about 2e P_ij. It only matters when logits are
-  huge. For lse the term is 2 * u32 * S (lse moves with the logits 1:1).
+  huge. For lse the term is 2 * u32 * S (lse moves with the logits 1:1);
+- 2^-120 (FLUSHED): GPU fp32 arithmetic flushes subnormal results (below 2^-126) to zero (Triton's exp2
+  and products do), where the FP64 reference and the baseline keep them. A tensor whose terms all lie
+  down there (a sink that takes all the weight leaves p ~ 1e-40 for every key) comes back as zeros and
+  products of them: errors of a few 2^-126 that no 16-bit result can show. 2^-120 is 64 flushed values.
 When that logit error passes 1 (S > 2^23: every element 133120 gives logits near 1e9, one fp32 ulp of
 which is 64), the attention weights are not determined by the fp32 logits at all: a conforming kernel
 may legitimately give all the weight to one key among equals. The case is then ill-conditioned: the
@@ -50,6 +54,7 @@ DEFAULT_ATOL = {"out": 1.0, "lse": 1.0, "dq": 1.0, "dk": 1.0, "dv": 1.0, "dsinks
 # (docs/measurements.md, "Tolerance floor") as the largest floor any correct subject needed there, with margin.
 DEFAULT_TIGHT = {"out": 0.25, "lse": 0.25, "dq": 0.25, "dk": 0.25, "dv": 0.25, "dsinks": 0.25}
 KNEE = 0.25  # a baseline error of KNEE * F or more is informative: the floor beside it is the tight one
+FLUSHED = 2.0 ** -120  # what flushing fp32 subnormals to zero may cost (the docstring's last floor term)
 
 
 @dataclass(frozen=True)
@@ -72,14 +77,16 @@ class Tolerance:
         error fails even where F is as large as the errors themselves (a running statistic kept in 16 bits)."""
         base = baseline_err if math.isfinite(baseline_err) else 0.0
         unit = FLOOR_UNIT[dtype] * scale
-        informative = min(1.0, base / (KNEE * unit)) if unit > 0 else 1.0
+        knee = KNEE * unit  # 0 where scale is a subnormal double: then no baseline is informative
+        informative = min(1.0, base / knee) if knee > 0 else 1.0
         coef = max(self.tight[tensor], self.atol[tensor] * (1.0 - informative))
         logit_error = 2 * UNIT_ROUNDOFF["fp32"] * logit
         carried = logit_error if tensor == "lse" else logit_error * scale
-        return self.factor[tensor] * base, coef * unit + carried
+        return self.factor[tensor] * base, coef * unit + carried + FLUSHED
 
     def describe(self) -> str:
-        return (f"max|T-ref| <= factor*B + max(tight, atol*(1 - B/({KNEE:g}*F)))*F + 2*u32*S*scale_T, B = max|baseline-ref|, "
+        return (f"max|T-ref| <= factor*B + max(tight, atol*(1 - B/({KNEE:g}*F)))*F + 2*u32*S*scale_T + 2^-120, "
+                "B = max|baseline-ref|, "
                 "F = u(dtype)*scale_T, S = scale*max||q||*max||k||, u = 2^-8 bf16, 2^-11 fp16, 2^-18 fp32; "
                 + ", ".join(f"{t}: factor {self.factor[t]:g}, atol {self.atol[t]:g}, tight {self.tight[t]:g}"
                             for t in TENSORS))

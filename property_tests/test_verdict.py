@@ -187,3 +187,22 @@ def test_a_kernel_several_times_the_baseline_error_is_caught_more_often():
     assert len(caught["tight"]) > len(caught["full"]) and set(caught["full"]) <= set(caught["tight"])
     control = resolve("property_tests.planted:correct")
     assert all(evaluate(control, c, "cpu", mode="fwd").status == "pass" for c in drawn)
+
+
+def test_errors_of_flushed_subnormals_pass_and_larger_ones_fail():
+    """A GPU flushes fp32 subnormals to zero: a tensor of terms near 1e-40 (a sink with all the weight)
+    comes back as 0, an error of about 2^-125 that passes; 1e-36 at that scale fails."""
+    from faverify.metrics import ErrorStats
+    for err, passes in ((2.2e-38, True), (1e-36, False)):
+        values = {"max_abs": err, "mean_abs": err, "rmse": err, "ref_max": 1e-38, "max_ulp": 0.0, "nan": 0.0,
+                  "inf": 0.0, "masked_bad": 0.0, "baseline_max_abs": 0.0, "worst": 0.0}
+        assert judge(ErrorStats("dk", values, 1e-39, 0.0, [0]), "bf16", Tolerance()).passed is passes
+
+
+def test_a_subnormal_scale_does_not_divide_by_zero():
+    """The terms' magnitude can be a subnormal double: at 256 x 5e-324 the floor unit u(bf16) * scale is the
+    smallest one, and the knee KNEE * u rounds to 0."""
+    from faverify.metrics import ErrorStats
+    values = {"max_abs": 0.0, "mean_abs": 0.0, "rmse": 0.0, "ref_max": 0.0, "max_ulp": 0.0, "nan": 0.0,
+              "inf": 0.0, "masked_bad": 0.0, "baseline_max_abs": 1e-320, "worst": 0.0}
+    assert judge(ErrorStats("out", values, 256 * 5e-324, 0.0, [0]), "bf16", Tolerance()).passed

@@ -195,7 +195,7 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, A
     # M = m, and every step is exact (l * 1, + 0, acc * 1): the bits of a plain softmax.
     seen = l_i > 0.0
     m_raw = tl.where(seen, m_i, float("-inf"))
-    z_raw = tl.load(Sinks + off_h) * bias_unit
+    z_raw = tl.load(Sinks + off_h)  # raw units already (Variant.tensors says why)
     top = tl.maximum(m_raw, z_raw)
     top = tl.where(top == float("-inf"), 0.0, top)
     to_top = tl.math.exp2((m_raw - top) * qk_scale)

@@ -52,10 +52,14 @@ class Variant:
 
     def tensors(self, q) -> tuple:
         """(alibi slopes, their batch stride, sinks) as the kernels read them: without ALiBi slopes of 0,
-        without sinks a sink of -inf; both leave the logits and the softmax exactly as they were."""
+        without sinks a sink of -inf; both leave the logits and the softmax exactly as they were. The sinks
+        come in the kernels' raw q.k units (z / scale), rounded here once: scaled in the kernel, the product
+        z * (1 / scale) is contracted into the subtraction that follows it (an fma) in one of its uses and
+        not in the other, and at logits near 1e12 the two differ by 2^17, whose exp2 is inf or 0 (lse inf,
+        dsinks NaN on the H200 with every sink above logits of 1e11)."""
         h = q.shape[-2]
         alibi = self.alibi if self.alibi is not None else torch.zeros(h, dtype=torch.float32, device=q.device)
-        sinks = self.sinks if self.sinks is not None else torch.full((h,), float("-inf"), device=q.device)
+        sinks = self.sinks / self.scale if self.sinks is not None else torch.full((h,), float("-inf"), device=q.device)
         return alibi, alibi.stride(0) if alibi.dim() == 2 else 0, sinks
 
 
