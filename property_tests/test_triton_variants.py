@@ -28,6 +28,12 @@ DENSE = {
     # row lse inf
     "sinks-above-logits-1e12": Case(1, 65, 63, 4, 2, 192, dtype="bf16", regime="bf16-scale", window=(49, 57),
                                     alibi="batch-head", sinks="above", head_dim_v=64, init="-1e30", seed=13514),
+    # fp32 logits near 1e10 cannot tell the sink from the key: they share the weight, dS reaches 1e5, and
+    # its fp16 operand was inf (dk NaN; common.saturate); a row with no key had dsinks NaN on the H200
+    "sinks-tied-with-a-key-fp16": Case(1, 17, 1, 1, 1, 16, dtype="fp16", regime="bf16-scale", sinks="above",
+                                       head_dim_v=64, seed=0),
+    "sinks-row-without-keys-fp16": Case(1, 2, 1, 1, 1, 32, dtype="fp16", regime="bf16-scale", window=(-1, 0),
+                                        sinks="above", seed=0),
 }
 
 

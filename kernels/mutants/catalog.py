@@ -199,7 +199,7 @@ VARIANT_MUTANTS = (
              "the sink is left out of the softmax's denominator (and of lse)",
              "the sink has no value, so it is easy to forget it still normalizes", ("sinks",)),
     _variant("dsinks-wrong-sign", "variant_interface.py", "dsinks-sign",
-             "dsinks = (torch.exp(z - rows_lse) * rows_d).sum(1)",
+             "dsinks = (p_sink * rows_d).sum(1)",
              "dsinks with the wrong sign",
              "d lse / d z is +p_sink, and the minus of the softmax's Jacobian gets dropped", ("sinks",)),
     _variant("varlen-reads-next-key", "variant_forward.py", "varlen-keys",

@@ -184,6 +184,18 @@ def cast(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
     return x.to(dtype)
 
 
+@triton.jit
+def saturate(x, dtype: tl.constexpr):
+    """x clamped into fp16's finite range when dtype is fp16 (as is for any other dtype): a tile about to be
+    rounded to an fp16 matmul operand. Past 65504 it would round to inf, and an inf among the products
+    sums to NaN with one of the other sign. Only ill-conditioned cases get there (a sink and a key that
+    fp32 logits near 1e10 cannot tell apart share the weight the sink alone has: dS of 1e5); a clamped
+    operand keeps their gradients finite."""
+    if dtype == tl.float16:
+        x = tl.minimum(tl.maximum(x, -65504.0), 65504.0)
+    return x
+
+
 # A window bound that never binds: "no bound on this side" (flash-attn's -1) as a number of keys no
 # sequence reaches, so one comparison serves windows, causal (right bound 0) and neither.
 NO_BOUND = 1 << 30

@@ -12,7 +12,7 @@ variant forward's switches:
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import cast, generic_args, load_rows, mm, row_stats
+from faverify.kernels.triton.common import cast, generic_args, load_rows, mm, row_stats, saturate
 from faverify.kernels.triton.variant_forward import variant_scores, visible_tiles
 
 
@@ -47,7 +47,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, m_ptr, l2_ptr, delta_ptr, stride_
         dsT = pT * (mm(v, tl.trans(do), INTERPRETED, IEEE) - delta[None, :])
         if SOFTCAP:
             dsT = dsT * (1.0 - thT * thT)  # [mutant site: softcap-derivative]
-        dk += mm(cast(dsT, qT.dtype, INTERPRETED), tl.trans(qT), INTERPRETED, IEEE)
+        dk += mm(cast(saturate(dsT, qT.dtype), qT.dtype, INTERPRETED), tl.trans(qT), INTERPRETED, IEEE)
     return dk, dv
 
 
@@ -133,7 +133,7 @@ def _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs,  #
         ds = p * (mm(do, vT, INTERPRETED, IEEE) - delta[:, None])
         if SOFTCAP:
             ds = ds * (1.0 - th * th)
-        dq += mm(cast(ds, kT.dtype, INTERPRETED), tl.trans(kT), INTERPRETED, IEEE)
+        dq += mm(cast(saturate(ds, kT.dtype), kT.dtype, INTERPRETED), tl.trans(kT), INTERPRETED, IEEE)
     return dq
 
 

@@ -188,10 +188,13 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
         delta = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
     dsinks = None
     if sinks_grad:
-        # d z_h = -sum_i p_sink_i D_i, p_sink_i = e^(z_h - lse_i), over every row of every sequence
+        # d z_h = -sum_i p_sink_i D_i, p_sink_i = e^(z_h - lse_i) <= 1, over every row of every sequence.
+        # The clamp is that bound: at logits near 1e10 lse's fp32 rounding (hundreds) would make e^(z - lse)
+        # inf, and inf * D NaN (D = 0 on a row that sees no key)
         rows_lse, rows_d, z = ((lse[:, :packed], delta[:, :packed], var.sinks[:, None]) if varlen
                                else (lse.transpose(0, 1).flatten(1), delta.transpose(0, 1).flatten(1), var.sinks[:, None]))
-        dsinks = -(torch.exp(z - rows_lse) * rows_d).sum(1)  # [mutant site: dsinks-sign]
+        p_sink = torch.exp((z - rows_lse).clamp(max=0.0))
+        dsinks = -(p_sink * rows_d).sum(1)  # [mutant site: dsinks-sign]
     if batch == 0 or sq == 0 or sk == 0 or q.numel() == 0:
         _LAUNCHED.append("bwd variant none (empty)")
         return dq, dk, dvv, dsinks
