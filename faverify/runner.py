@@ -391,12 +391,24 @@ def _changed_inputs(x: Inputs, pristine: Inputs, writes: tuple) -> list:
     names = [n for n in ("q", "k", "v", "dout") if n not in writes and getattr(pristine, n) is not getattr(x, n)]
     if not names:
         return []
-    counts = []
-    for n in names:
-        now, before = getattr(x, n).detach(), getattr(pristine, n)
-        counts.append(((now != before) & ~(torch.isnan(now) & torch.isnan(before))).sum())
+    counts = [changed_elements(getattr(x, n).detach(), getattr(pristine, n)) for n in names]
     return [(f"{n}:modified", f"modified {n} in place: {int(c)} elements")
             for n, c in zip(names, torch.stack(counts).tolist()) if c]
+
+
+def changed_elements(now: torch.Tensor, before: torch.Tensor, chunk: int = 1 << 26) -> torch.Tensor:
+    """How many elements of `now` differ from `before` (NaN equal to NaN), as a tensor on their device.
+    Counted in slices along dim 0 of at most about `chunk` elements: the comparison's temporaries are four
+    tensors of the compared size, and a paged pool of 4e9 elements (GPU limits) took faverify itself out
+    of memory (32 GiB asked for on the H200) where its slices take a few hundred MiB."""
+    total = torch.zeros((), dtype=torch.int64, device=now.device)
+    if now.dim() == 0:
+        now, before = now.reshape(1), before.reshape(1)
+    rows = max(1, chunk // max(1, now[0].numel())) if now.shape[0] else 1
+    for i in range(0, now.shape[0], rows):
+        a, b = now[i:i + rows], before[i:i + rows]
+        total += ((a != b) & ~(torch.isnan(a) & torch.isnan(b))).sum()
+    return total
 
 
 class _SubjectExited(Exception):

@@ -347,3 +347,19 @@ def test_the_environment_header_leaves_triton_unimported():
     if torch.cuda.is_available():
         pytest.skip("on a GPU the kernels are compiled, not interpreted")
     assert r.returncode == 0 and r.stdout.startswith("pass"), r.stdout + r.stderr[-2000:]
+
+
+def test_changed_inputs_are_counted_in_slices_as_in_one_pass():
+    """The in-place check counts a pool of billions of elements slice by slice (runner.changed_elements):
+    the count must be the one-pass count at any slice size, NaN equal to NaN, also for a strided view."""
+    from faverify.runner import changed_elements
+    g = torch.Generator().manual_seed(0)
+    before = torch.randn(37, 5, 3, 8, generator=g)
+    before[3, 1] = float("nan")
+    now = before.clone()
+    now[0, 0, 0, 0] = 1e9
+    now[36, 4, 2, 7] = float("nan")  # NaN where there was a number: a change
+    now[20:22] += 1.0  # 240 more
+    for chunk in (1, 7, 120, 1 << 26):
+        assert int(changed_elements(now, before, chunk)) == 242
+        assert int(changed_elements(now[:, :, 1:], before[:, :, 1:], chunk)) == 161
