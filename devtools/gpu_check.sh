@@ -20,6 +20,9 @@
 #                    (bf16, fp16), one process per subject
 #   mutants    [300] faverify mutants --iters 60 (every mutant that runs on this GPU, and the control)
 #   bench      [150] faverify bench --kernel triton --headdims 64,128 --seqlens 4096,16384 --dtype bf16,fp16
+#   bench-variants [300] faverify bench --kernel triton,flex, bf16 d128 seqlen 16384 causal: dense, windows
+#                    256, 1024, 4096, softcap 30, ALiBi and sinks (a variant's time against dense, speed
+#                    against flex)
 #   bench-cuda [150] the same for cuda
 #   doctor     [200] faverify doctor --level full
 #   sanitize   [240] compute-sanitizer memcheck and racecheck on devtools/sanitize_cases.py
@@ -77,6 +80,9 @@ for step in $steps; do
       --json "$out/mutants.json" ;;
     bench) run bench 150 "^triton|^sdpa|passed|failed" python3 -m faverify bench --kernel triton --headdims 64,128 \
       --seqlens 4096,16384 --dtype bf16,fp16 --no-tune --json "$out/bench.json" ;;
+    bench-variants) run bench-variants 300 "^triton|^flex|passed|failed" python3 -m faverify bench \
+      --kernel triton,flex --headdims 128 --seqlens 16384 --dtype bf16 --causal true --no-tune \
+      --variants dense,window=256,window=1024,window=4096,softcap=30,alibi,sinks --json "$out/bench-variants.json" ;;
     bench-cuda) run bench-cuda 150 "^cuda|^sdpa|passed|failed" python3 -m faverify bench --kernel cuda \
       --headdims 64,128 --seqlens 4096,16384 --dtype bf16,fp16 --no-tune --json "$out/bench-cuda.json" ;;
     doctor) run doctor 200 "Pass|Fail|Warn" python3 -m faverify doctor --level full --json "$out/doctor.json" ;;
@@ -85,7 +91,7 @@ for step in $steps; do
         run "sanitize-$tool" 120 "ERROR SUMMARY|hazard|error" compute-sanitizer --tool "$tool" \
           python3 devtools/sanitize_cases.py
       done ;;
-    *) echo "unknown step: $step (steps: tests gpu variants memory floor fuzz fuzz-ragged fuzz-cuda fuzz-sdpa mutants bench bench-cuda doctor sanitize)"
+    *) echo "unknown step: $step (steps: tests gpu variants memory floor fuzz fuzz-ragged fuzz-cuda fuzz-sdpa mutants bench bench-variants bench-cuda doctor sanitize)"
        exit 2 ;;
   esac
 done

@@ -2,9 +2,15 @@
 
 Shapes follow FlashAttention's own benchmarks: batch * seqlen = 16384 tokens and nheads * head_dim =
 2048, so every configuration moves the same amount of data. TFLOP/s: forward 4 * b * h * sq * sk * d (halved for
-causal), backward 2.5x the forward. Times are medians of triton.testing.do_bench. A configuration is
-timed only if a smaller instance of it (batch 1, two heads, same seqlen, head dim, causal, dtype) passes
-the verdict against FP64; a configuration a subject cannot run is reported with the reason.
+causal), backward 2.5x the forward; a window counts the (query, key) pairs it keeps, exactly. Times are
+medians of triton.testing.do_bench. A configuration is timed only if a smaller instance of it (batch 1,
+two heads, same seqlen, head dim, causal, dtype, variant) passes the verdict against FP64; a configuration
+a subject cannot run is reported with the reason.
+
+Variants (`--variants`): dense, window=L (flash-attn's window_size (L, L), or (L, 0) with causal: L keys
+before each query's diagonal, and as many after it without the causal mask), softcap=C, alibi (a slope per
+head), sinks (one per head, about a row's log-sum-exp). A variant row's time is also given against the
+same subject's dense row (what the feature costs) and its speed against flex's row of the same variant.
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from faverify.case import Case
@@ -20,6 +27,26 @@ from faverify.subjects.base import Subject
 
 YARDSTICKS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 TOKENS, WIDTH = 16384, 2048
+VARIANT_RULE = "each must be dense, window=L (an int >= 0), softcap=C (a number > 0), alibi or sinks"
+
+
+def parse_variants(text: str) -> list:
+    """`--variants` as a list of names, each validated (UsageError naming the one that is not)."""
+    from faverify.errors import UsageError
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        name, sep, value = part.partition("=")
+        try:
+            ok = (name in ("dense", "alibi", "sinks") and not sep) or (name == "window" and int(value) >= 0) or \
+                (name == "softcap" and math.isfinite(float(value)) and float(value) > 0)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UsageError("--variants", part, VARIANT_RULE)
+        out.append(part)
+    if not out:
+        raise UsageError("--variants", text, VARIANT_RULE)
+    return list(dict.fromkeys(out))
 
 
 @dataclass(frozen=True)
@@ -28,6 +55,28 @@ class Config:
     head_dim: int
     causal: bool
     seqlen: int
+    variant: str = "dense"  # parse_variants' names
+
+    def fields(self) -> dict:
+        """The Case fields of the variant."""
+        name, _, value = self.variant.partition("=")
+        if name == "window":
+            left = int(value)
+            return {"window": (left, 0 if self.causal else left)}
+        if name == "softcap":
+            return {"softcap": float(value)}
+        return {"alibi": "head"} if name == "alibi" else {"sinks": "around"} if name == "sinks" else {}
+
+    def pairs(self) -> float:
+        """(query, key) pairs computed: seqlen^2, halved with the causal mask (flash-attn's count); a
+        window's exactly."""
+        n = self.seqlen
+        window = self.fields().get("window")
+        if window is None:
+            return n * n / 2 if self.causal else float(n * n)
+        left, right = window
+        i = np.arange(n)
+        return float((np.minimum(n - 1, i + right) - np.maximum(0, i - left) + 1).clip(min=0).sum())
 
     @property
     def batch(self) -> int:
@@ -41,16 +90,16 @@ class Config:
         return Case(batch=1 if small else self.batch, seqlen_q=self.seqlen, seqlen_k=self.seqlen,
                     nheads=min(2, self.nheads) if small else self.nheads,
                     nheads_k=min(2, self.nheads) if small else self.nheads, head_dim=self.head_dim,
-                    dtype=self.dtype, causal=self.causal, seed=1)
+                    dtype=self.dtype, causal=self.causal, seed=1, **self.fields())
 
     def flops(self, mode: str) -> float:
-        f = 4.0 * self.batch * self.nheads * self.seqlen * self.seqlen * self.head_dim
-        f = f / 2 if self.causal else f
+        f = 4.0 * self.batch * self.nheads * self.pairs() * self.head_dim
         return f * 2.5 if mode == "bwd" else f
 
 
-def configs(dtypes, head_dims, seqlens, causal=(False, True)) -> list:
-    return [Config(dt, d, c, s) for dt in dtypes for d in head_dims for c in causal for s in seqlens]
+def configs(dtypes, head_dims, seqlens, causal=(False, True), variants=("dense",)) -> list:
+    return [Config(dt, d, c, s, v) for dt in dtypes for d in head_dims for c in causal for s in seqlens
+            for v in variants]
 
 
 def _time(fn) -> float:
@@ -74,10 +123,10 @@ def time_row(subject: Subject, config: Config, device, *, modes=("fwd", "bwd"), 
     try:
         if "fwd" in modes:
             with torch.no_grad():
-                ms = _time(lambda: subject(x.q, x.k, x.v, case))
+                ms = _time(lambda: subject(x.q, x.k, x.v, case, x.extras()))
             row.update(fwd_ms=ms, fwd_tflops=config.flops("fwd") / ms * 1e-9)
         if "bwd" in modes:
-            out, _ = subject(x.q, x.k, x.v, case)
+            out, _ = subject(x.q, x.k, x.v, case, x.extras())
             ms = _time(lambda: torch.autograd.grad(out, (x.q, x.k, x.v), x.dout, retain_graph=True))
             row.update(bwd_ms=ms, bwd_tflops=config.flops("bwd") / ms * 1e-9)
     except (RuntimeError, ValueError, NotImplementedError) as e:
@@ -121,28 +170,56 @@ def _fastest(candidates: list, run) -> object:
 
 
 def ratios(rows: list) -> list:
-    """Add each row's ratio to sdpa-flash and sdpa-cudnn measured in the same run."""
-    by_key = {(r["kernel"], r["dtype"], r["head_dim"], r["causal"], r["seqlen"]): r for r in rows}
+    """Add each row's ratio to sdpa-flash and sdpa-cudnn measured in the same run (their dense rows: a
+    variant's speed against dense attention's), and a variant row's time over the same subject's dense
+    row's and speed against flex's row of the same variant."""
+    def key(r, kernel=None, variant=None):
+        return (kernel or r["kernel"], r["dtype"], r["head_dim"], r["causal"], r["seqlen"],
+                variant or r.get("variant", "dense"))
+    by_key = {key(r): r for r in rows}
     for r in rows:
-        for base in ("sdpa-flash", "sdpa-cudnn"):
-            b = by_key.get((base, r["dtype"], r["head_dim"], r["causal"], r["seqlen"]))
-            for mode in ("fwd", "bwd"):
-                mine, theirs = r.get(f"{mode}_tflops"), b.get(f"{mode}_tflops") if b else None
+        dense = by_key.get(key(r, variant="dense"))
+        flex = by_key.get(key(r, kernel="flex"))
+        for mode in ("fwd", "bwd"):
+            mine = r.get(f"{mode}_tflops")
+            for base in ("sdpa-flash", "sdpa-cudnn"):
+                b = by_key.get(key(r, kernel=base, variant="dense"))
+                theirs = b.get(f"{mode}_tflops") if b else None
                 r[f"{mode}_vs_{base}"] = mine / theirs if mine and theirs else math.nan
+            if r.get("variant", "dense") != "dense":
+                ms, dense_ms = r.get(f"{mode}_ms"), dense.get(f"{mode}_ms") if dense else None
+                r[f"{mode}_time_vs_dense"] = ms / dense_ms if ms and dense_ms else math.nan
+                flex_ms = flex.get(f"{mode}_ms") if flex and flex is not r else None
+                r[f"{mode}_vs_flex"] = flex_ms / ms if ms and flex_ms else math.nan
     return rows
 
 
 HEADERS = ["kernel", "dtype", "d", "causal", "seqlen", "fwd TF/s", "vs flash", "vs cudnn", "bwd TF/s", "vs flash",
            "vs cudnn", "FP64 check", "tiles / note"]
+# with variants: after seqlen the variant, and after each direction's ratios its time over the dense row's
+# and its speed against flex's
+VARIANT_HEADERS = HEADERS[:5] + ["variant"] + HEADERS[5:8] + ["time / dense", "vs flex"] + HEADERS[8:11] + \
+    ["time / dense", "vs flex"] + HEADERS[11:]
 
 
 def table_rows(rows: list) -> list:
     from faverify.report import fmt
-    return [[r["kernel"], r["dtype"], str(r["head_dim"]), "yes" if r["causal"] else "no", str(r["seqlen"]),
-             fmt(r.get("fwd_tflops"), ".1f"), fmt(r.get("fwd_vs_sdpa-flash"), ".2f"), fmt(r.get("fwd_vs_sdpa-cudnn"), ".2f"),
-             fmt(r.get("bwd_tflops"), ".1f"), fmt(r.get("bwd_vs_sdpa-flash"), ".2f"), fmt(r.get("bwd_vs_sdpa-cudnn"), ".2f"),
-             r["validated"], " ".join(f"{k}:{v}" for k, v in r.get("tiles", {}).items()) or r.get("note", "")]
-            for r in rows]
+    variants = any(r.get("variant", "dense") != "dense" for r in rows)
+    out = []
+    for r in rows:
+        row = [r["kernel"], r["dtype"], str(r["head_dim"]), "yes" if r["causal"] else "no", str(r["seqlen"])]
+        row += [r.get("variant", "dense")] if variants else []
+        for mode in ("fwd", "bwd"):
+            row += [fmt(r.get(f"{mode}_tflops"), ".1f"), fmt(r.get(f"{mode}_vs_sdpa-flash"), ".2f"),
+                    fmt(r.get(f"{mode}_vs_sdpa-cudnn"), ".2f")]
+            row += [fmt(r.get(f"{mode}_time_vs_dense"), ".2f"), fmt(r.get(f"{mode}_vs_flex"), ".2f")] if variants else []
+        out.append(row + [r["validated"], " ".join(f"{k}:{v}" for k, v in r.get("tiles", {}).items())
+                          or r.get("note", "")])
+    return out
+
+
+def headers(rows: list) -> list:
+    return VARIANT_HEADERS if any(r.get("variant", "dense") != "dense" for r in rows) else HEADERS
 
 
 def markdown(rows: list, command: str, environment: list, interrupted: bool = False) -> str:
@@ -153,5 +230,5 @@ def markdown(rows: list, command: str, environment: list, interrupted: bool = Fa
     verdict = ("**FAIL**: " + f"{len(failed)} configuration(s) failed the FP64 check first") if failed else \
         f"**{len(rows)} measurements**, each configuration checked against FP64 first"
     parts = [verdict + (" (interrupted)" if interrupted else ""), f"# faverify {command}",
-             "\n".join("- " + line for line in environment), table(table_rows(rows), HEADERS, "md")]
+             "\n".join("- " + line for line in environment), table(table_rows(rows), headers(rows), "md")]
     return "\n\n".join(parts + tflops_charts(rows)) + "\n"

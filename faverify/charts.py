@@ -43,11 +43,13 @@ def margin_chart(rows: list) -> str:
 
 
 def tflops_charts(rows: list) -> list:
-    """Bench rows: per dtype, head dim, causal and direction, TF/s against seqlen, a line per kernel."""
+    """Bench rows: per dtype, head dim, causal, variant and direction, TF/s against seqlen, a line per kernel."""
+    def group(r) -> tuple:
+        return r["dtype"], r["head_dim"], bool(r["causal"]), r.get("variant", "dense")
+
     charts = []
-    groups = sorted({(r["dtype"], r["head_dim"], bool(r["causal"])) for r in rows})
-    for dtype, d, causal in groups:
-        mine = [r for r in rows if (r["dtype"], r["head_dim"], bool(r["causal"])) == (dtype, d, causal)]
+    for dtype, d, causal, variant in sorted(set(map(group, rows))):
+        mine = [r for r in rows if group(r) == (dtype, d, causal, variant)]
         seqlens = sorted({r["seqlen"] for r in mine})
         kernels = list(dict.fromkeys(r["kernel"] for r in mine))
         for mode in ("fwd", "bwd"):
@@ -57,6 +59,7 @@ def tflops_charts(rows: list) -> list:
             at = {(r["kernel"], r["seqlen"]): _num(r.get(key)) for r in mine}
             lines = [[at.get((k, s), math.nan) for s in seqlens] for k in kernels]
             top = max(v for line in lines for v in line if v == v)
-            title = (f"{mode} TF/s, {dtype} d{d} {'causal' if causal else 'full'}; lines: " + ", ".join(kernels))
+            shape = f"{dtype} d{d} {'causal' if causal else 'full'}" + ("" if variant == "dense" else f" {variant}")
+            title = f"{mode} TF/s, {shape}; lines: " + ", ".join(kernels)
             charts.append(xychart(title, [str(s) for s in seqlens], "TF/s", 1.1 * top, lines=tuple(lines)))
     return charts

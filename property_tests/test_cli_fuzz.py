@@ -128,3 +128,9 @@ def test_kernels_lists_the_builtins():
     for name in ("sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "triton"):
         assert name in r.stdout
     assert "unavailable" not in r.stdout
+
+
+@pytest.mark.parametrize("value", ["window=-1", "softcap=0", "softcap=x", "blocks", ""])
+def test_bench_refuses_a_variant_it_does_not_know_naming_the_rule(value):
+    r = cli("bench", "--variants", value, "--device", "cpu")
+    assert r.exit_code == 2 and "--variants=" in r.stderr and "each must be dense, window=L" in r.stderr, r.stderr

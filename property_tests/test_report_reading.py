@@ -159,3 +159,28 @@ def test_compare_puts_the_tensors_whose_margin_shrank_first_among_the_worse(runs
     marked = [line.split() for line in r.stdout.splitlines() if line.startswith("sdpa-math ") and line.endswith("+")]
     n = len(head["kernels"][0]["stats"])
     assert [row[3] for row in marked[:n]] == ["usage_max"] * n and {row[3] for row in marked[n:]} == {"max_abs"}
+
+
+def test_bench_variants_count_their_pairs_and_compare_with_dense_and_flex():
+    """A window's FLOPs count the (query, key) pairs it keeps; a variant row's time is given against the
+    same subject's dense row and its speed against flex's row of the same variant; the variant is a column
+    and a chart of its own."""
+    from faverify.bench import Config, headers, ratios, table_rows
+    dense, wide = Config("bf16", 128, True, 1024), Config("bf16", 128, True, 1024, "window=1023")
+    assert wide.pairs() == dense.pairs() + 512  # the diagonal: n(n+1)/2 against flash-attn's n^2/2
+    assert Config("bf16", 128, True, 1024, "window=0").pairs() == 1024
+    assert Config("bf16", 64, False, 8, "window=2").pairs() == 8 * 5 - 2 * (1 + 2)  # rows at both edges lose keys
+    assert Config("bf16", 64, False, 8, "window=2").case().window == (2, 2) and wide.case().window == (1023, 0)
+    assert Config("fp16", 64, False, 8, "softcap=30").case().softcap == 30.0
+    rows = [dict(_bench_row(k, 1024, f, b, causal=True), variant=v, fwd_ms=m, bwd_ms=2 * m)
+            for k, v, f, b, m in (("triton", "dense", 400.0, 300.0, 1.0), ("triton", "window=256", 100.0, 80.0, 0.3),
+                                  ("flex", "window=256", 60.0, 40.0, 0.6), ("sdpa-flash", "dense", 500.0, 320.0, 0.8))]
+    rows = ratios(rows)
+    mine = rows[1]
+    assert mine["fwd_time_vs_dense"] == pytest.approx(0.3) and mine["bwd_vs_flex"] == pytest.approx(2.0)
+    assert mine["fwd_vs_sdpa-flash"] == pytest.approx(100 / 500)  # against flash's dense row
+    assert math.isnan(rows[2]["fwd_vs_flex"])  # flex against itself: nothing to say
+    assert "variant" in headers(rows) and len(headers(rows)) == len(table_rows(rows)[0])
+    assert [r[5] for r in table_rows(rows)] == ["dense", "window=256", "window=256", "dense"]
+    titles = [c["title"] for c in _charts(bench_markdown(rows, "bench", ["GPUs: test"]))]
+    assert any("window=256" in t for t in titles) and any("window" not in t for t in titles)

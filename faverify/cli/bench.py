@@ -19,6 +19,8 @@ def bench(
     headdims: Annotated[str, typer.Option(help="Comma separated")] = "64,128",
     dtype: Annotated[str, typer.Option(help="Comma separated: bf16, fp16")] = "bf16,fp16",
     causal: Annotated[str, typer.Option(help="both | true | false")] = "both",
+    variants: Annotated[str, typer.Option(help="Comma separated: dense, window=L, softcap=C, alibi, sinks "
+                                               "(each timed where a subject declares it)")] = "dense",
     mode: Annotated[Mode, typer.Option(help="Time the forward, the backward, or both")] = Mode.both,
     tune: Annotated[bool, typer.Option(help="Try the candidate tiles of the bundled Triton kernels per shape")] = True,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the rows as JSON")] = None,
@@ -29,7 +31,7 @@ def bench(
     import json
 
     from faverify import devices
-    from faverify.bench import HEADERS, YARDSTICKS, configs, ratios, table_rows, time_row
+    from faverify.bench import YARDSTICKS, configs, headers, parse_variants, ratios, table_rows, time_row
     from faverify.bench import markdown as bench_markdown
     from faverify.dtypes import parse_dtypes
     from faverify.report import table
@@ -50,6 +52,7 @@ def bench(
     if causal not in choices:
         raise UsageError("--causal", causal, "must be both, true or false")
     head_dims = ints(headdims, "--headdims")
+    variant_names = parse_variants(variants)
     if max(head_dims) > 256:
         raise UsageError("--headdims", headdims, "each head dim must be <= 256")
     target = devices.resolve(device)[0]
@@ -61,13 +64,13 @@ def bench(
     rows = []
     interrupted = False
     with progress_bar() as progress, sigterm_interrupts():
-        todo = configs(parse_dtypes(dtype), head_dims, ints(seqlens, "--seqlens"), choices[causal])
+        todo = configs(parse_dtypes(dtype), head_dims, ints(seqlens, "--seqlens"), choices[causal], variant_names)
         task = progress.add_task("bench", total=len(todo) * len(subjects), failed=0)
         try:
             for config in todo:
                 for subject in subjects:
                     # tiles tuned for one 16-bit dtype serve the other (same element size, same tiles)
-                    tuned_already = config.dtype != todo[0].dtype
+                    tuned_already = config.dtype != todo[0].dtype or config.variant != "dense"
                     rows.append(time_row(subject, config, target, modes=modes, tune=tune and not tuned_already))
                     progress.update(task, advance=1)
         except KeyboardInterrupt:  # the rows measured so far are still written
@@ -81,11 +84,11 @@ def bench(
         if markdown:
             from faverify import env as environment
             command = (f"bench --kernel {kernel} --seqlens {seqlens} --headdims {headdims} --dtype {dtype} "
-                       f"--causal {causal} --mode {mode.value}")
+                       f"--causal {causal} --variants {variants} --mode {mode.value}")
             markdown.parent.mkdir(parents=True, exist_ok=True)
             markdown.write_text(bench_markdown(rows, command, environment.header_lines(environment.collect()),
                                                interrupted))
-    typer.echo(table(table_rows(rows), HEADERS, "table"))
+    typer.echo(table(table_rows(rows), headers(rows), "table"))
     failed = [r for r in rows if r["validated"] == "fail"]
     if interrupted and not failed:
         raise EnvironmentProblem(f"interrupted after {len(rows)} measurements; those were written")
