@@ -193,19 +193,34 @@ def test_sigterm_to_the_process_group_stops_a_long_parallel_fuzz_within_seconds(
     import sys
     import time
 
+    import re
+    import threading
+
     out = tmp_path / "run.json"
     p = subprocess.Popen([sys.executable, "-m", "faverify", "fuzz", "--kernel", "sdpa-math", "--iters", "100000",
                           "--device", "cpu", "--workers", "2", "--no-db", "--json", str(out)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, text=True)
-    time.sleep(15)  # the workers start and run cases
+    lines: list = []
+    def read() -> None:
+        for line in p.stderr:
+            lines.append(line)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    # the workers start and run cases: the first progress line (every 10 s, cli.common._Lines) counts some.
+    # A fixed wait saw none within 15 s once, with the background compiles holding both cores of CI's machine
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(re.search(r"sdpa-math: [1-9]\d*/100000 cases", ln) for ln in lines):
+        time.sleep(0.2)
     os.killpg(p.pid, signal.SIGTERM)
     start = time.monotonic()
     try:
-        _, err = p.communicate(timeout=20)
+        p.wait(timeout=20)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
     assert time.monotonic() - start < 10, "the fuzz took more than 10 s to stop"
+    reader.join(timeout=5)
+    err = "".join(lines)
     assert p.returncode == 2 and "the results so far were written" in err, err[-2000:]
     run = read_json(out)
     assert run["settings"]["interrupted"] is True and 0 < run["kernels"][0]["summary"]["cases"] < 100000

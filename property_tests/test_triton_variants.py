@@ -272,14 +272,16 @@ class _Recorder:
 def test_the_warm_up_launches_every_variant_build_a_fuzz_draws(kind, monkeypatch):
     """Every variant-kernel build that 300 drawn bf16/fp16 cases launch is one the warm-up launches too
     (recorded from the launchers, with kernels that run nothing): a build it missed would compile in each
-    GPU worker that meets it. The tiles are the interpreter's, the decisions that pick a build the GPU's."""
-    from faverify.kernels.triton import variant_backward, variant_forward
+    GPU worker that meets it. The tiles are the interpreter's, the decisions that pick a build the GPU's
+    (its shared padding of q/k and v too)."""
+    from faverify.kernels.triton import variant_backward, variant_forward, variant_interface
     from faverify.kernels.triton.subject import variant_warmup_cases
     from faverify.parallel import draw_cases
     from faverify.plan import FuzzPlan
     from faverify.runner import exercise
     from faverify.strategies import CPU_LIMITS
     seen: set = set()
+    monkeypatch.setattr(variant_interface, "SHARED_PADDING", True)
     for module, name in ((variant_forward, "_fwd_kernel"), (variant_forward, "_combine_kernel"),
                          (variant_backward, "_dkdv_kernel"), (variant_backward, "_dq_kernel")):
         monkeypatch.setattr(module, name, _Recorder(name, seen))

@@ -63,25 +63,32 @@ class Variant:
         return alibi, alibi.stride(0) if alibi.dim() == 2 else 0, sinks
 
 
-def padding(d: int, dv: int) -> int:
-    """The one padded head dim of q/k and of v (BLOCK_D = BLOCK_DV): the larger one's. A padding of each
-    would make a build per pair of paddings, 25 where the fuzz meets them all, each compiled in every GPU
-    worker that meets it first (the variant fuzz ran at about 2 cases/s on the H200 after its warm-up);
-    the masked padding adds exact zeros to q k^T and columns no store writes to p v, so the result is the
-    same."""
-    return max(block_d(d), block_d(dv))
+# Compiled, q/k and v share one padded head dim, the larger one's: a padding of each would make a build per
+# pair of paddings, 25 where the fuzz meets them all, each compiled in every GPU worker that meets it first
+# (the variant fuzz ran at about 2 cases/s on the H200 after its warm-up); the masked padding adds exact
+# zeros to q k^T and columns no store writes to p v, so the result is the same. The interpreter compiles
+# nothing, and its NumPy time grows with the padding (a d32 case with v's 256 took 1.7x as long): there
+# each takes its own.
+SHARED_PADDING = not INTERPRET
+
+
+def padding(d: int, dv: int) -> tuple:
+    """(BLOCK_D, BLOCK_DV) of head dims d and dv (SHARED_PADDING says which rule)."""
+    if SHARED_PADDING:
+        return (max(block_d(d), block_d(dv)),) * 2
+    return block_d(d), block_d(dv)
 
 
 def _tile(kind: str, q, dv: int) -> configs.Tile:
-    return configs.variant(kind, padding(q.shape[-1], dv), q.element_size())
+    return configs.variant(kind, max(block_d(q.shape[-1]), block_d(dv)), q.element_size())
 
 
 def _dims(d: int, dv: int, q, emulate) -> dict:
     """The head-dim constants. The head dims are always masked (EVEN_D False): the variant kernels are
     built unspecialized, so no load is vectorized anyway, and a mask that is all true changes no value;
     one build then serves every head dim of a padding."""
-    bd = padding(d, dv)
-    return dict(BLOCK_D=bd, BLOCK_DV=bd, EVEN_D=False, EVEN_DV=False,
+    bd, bdv = padding(d, dv)
+    return dict(BLOCK_D=bd, BLOCK_DV=bdv, EVEN_D=False, EVEN_DV=False,
                 INTERPRETED=INTERPRET if emulate is None else emulate, IEEE=q.dtype == torch.float32)
 
 
