@@ -1,8 +1,9 @@
 """Compile every Triton kernel variant ahead of time for sm_80 and sm_90, with no GPU.
 
-A variant is a kernel with its compile-time constants: dtype, padded head dim (16..256), causal, and
-whether the head dim fills the padding (EVEN_D; the odd-head-dim path is compiled for bf16, it differs
-from the others only in masks), each with the tile its launcher picks by default. Pointers and strides are
+A variant is a kernel with its compile-time constants: dtype, padded head dim (16..256; fp16, whose code
+is bf16's but for the conversions, at 64 and 128), causal, and whether the head dim fills the padding
+(EVEN_D; the odd-head-dim path is compiled for bf16, it differs from the others only in masks), each with
+the tile its launcher picks by default. Pointers and strides are
 declared 16-byte aligned, as they are for contiguous inputs; so the 16-bit forward for sm_90 is the one
 that loads through tensor descriptors (TMA), as it runs there. For each variant: shared memory from the
 compiler, registers and stack frame from cuobjdump on the cubin (ptxas puts spilled registers in the
@@ -90,7 +91,8 @@ def variants(capability: int = 80) -> list:
                 for block_d in (64, 128) for sw in HOPPER_SWITCH_SETS]
     for kernel in KERNELS:
         for dtype in ("bf16", "fp16", "fp32"):
-            for block_d in BLOCK_DS:
+            # fp16's code is bf16's but for its conversions: its builds at the head dims the speed rows use
+            for block_d in (64, 128) if dtype == "fp16" else BLOCK_DS:
                 for causal in ((False,) if kernel == "preprocess" else (False, True)):
                     for even_d in ((True, False) if dtype == "bf16" else (True,)):
                         out.append(Variant(kernel, dtype, block_d, causal, even_d))
