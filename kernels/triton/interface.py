@@ -272,7 +272,7 @@ def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None =
             or v.shape[-1] != q.shape[-1]:
         var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, sinks, init)
         out, lse = _var.attention(q, k, v, var, emulate=launch.emulate,
-                                  forward=None if INTERPRET else _hopper_variant(launch))
+                                  launcher=None if INTERPRET else _hopper_variant(launch))
     else:
         out, lse = FlashAttnFunction.apply(q, k, v, causal, scale, init, launch)  # [mutant site: apply]
     return (out, lse) if return_lse else out

@@ -251,12 +251,12 @@ class VariantFunction(torch.autograd.Function):
         return dq, dk, dv, dsinks, None, None, None, None
 
 
-def attention(q, k, v, var: Variant, ragged: dict | None = None, emulate=None, forward=None):
-    """out, lse through autograd (the sinks a leaf of their own when they require grad). forward: a launcher
+def attention(q, k, v, var: Variant, ragged: dict | None = None, emulate=None, launcher=None):
+    """out, lse through autograd (the sinks a leaf of their own when they require grad). launcher: a forward
     (q, k, v, var) -> (out, lse, (row max, log2 l)) or None, tried first (interface._hopper_variant: the
     Hopper forward where it runs the case); the backward is this module's either way, on the same row
     statistics."""
     sinks = var.sinks
     plain = dataclasses.replace(var, sinks=sinks.detach().float().contiguous() if sinks is not None else None)
-    return VariantFunction.apply(q, k, v, sinks, plain, ragged or {}, emulate, forward)
+    return VariantFunction.apply(q, k, v, sinks, plain, ragged or {}, emulate, launcher)
 
