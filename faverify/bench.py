@@ -204,7 +204,7 @@ VARIANT_HEADERS = HEADERS[:5] + ["variant"] + HEADERS[5:8] + ["time / dense", "v
 
 def table_rows(rows: list) -> list:
     from faverify.report import fmt
-    variants = any(r.get("variant", "dense") != "dense" for r in rows)
+    variants = _varied(rows)
     out = []
     for r in rows:
         row = [r["kernel"], r["dtype"], str(r["head_dim"]), "yes" if r["causal"] else "no", str(r["seqlen"])]
@@ -218,8 +218,13 @@ def table_rows(rows: list) -> list:
     return out
 
 
+def _varied(rows: list) -> bool:
+    """Whether any row is of a variant: then the table has the variant columns."""
+    return any(r.get("variant", "dense") != "dense" for r in rows)
+
+
 def headers(rows: list) -> list:
-    return VARIANT_HEADERS if any(r.get("variant", "dense") != "dense" for r in rows) else HEADERS
+    return VARIANT_HEADERS if _varied(rows) else HEADERS
 
 
 def markdown(rows: list, command: str, environment: list, interrupted: bool = False) -> str:
