@@ -1,8 +1,11 @@
 import os
 
-import pytest
-import torch
-from hypothesis import HealthCheck, settings
+# Before numpy loads: one OpenBLAS thread, as the command line sets it (faverify/cli/__init__.py says why).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 # CPU runs of the Triton kernels go through the interpreter; set before anything imports triton.
 os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")

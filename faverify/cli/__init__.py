@@ -1,5 +1,12 @@
 """The command line: thin typed commands over the library, one module a command (or a family of them),
 each registering on the app of cli/app.py. Domain errors become exit codes there only."""
+import os
+
+# Before numpy loads (torch imports it): one OpenBLAS thread. The Triton interpreter computes each tl.dot
+# as a numpy matmul of one tile; one thread does it in 0.3 ms, while two threads on a machine whose other
+# core is busy (a second worker, a compile) spin against each other, 31 ms each (128x256 @ 256x128 fp32,
+# the 2-core CPU machine). Worker processes inherit the variable.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from faverify.cli import bench, doctor, fuzz, golden, kernels, merge, mutants, repro, report  # noqa: F401  (registration)
 from faverify.cli.app import app
 
