@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 _STATS = ("max_abs", "mean_abs", "rmse", "ref_max", "max_ulp", "nan", "inf", "masked_bad",
-          "baseline_max_abs", "worst")
+          "baseline_max_abs", "worst", "beyond_rounding")
 
 
 @dataclass
@@ -120,6 +120,8 @@ def _raw_stats(name, got, ref, base, empty, empty_lse, scale):
         _masked_bad(name, g, empty, empty_lse),
         base_diff.amax(),  # NaN when the baseline itself is NaN where the reference is finite
         ranking.reshape(-1).argmax().to(torch.float64),
+        # the error beyond each element's own rounding into the tensor's dtype (verdict.py says why)
+        (err - ref_abs * 2.0 ** -(_SIGNIFICAND_BITS[got.dtype] + 1)).amax().clamp(min=0.0),
     ])
 
 

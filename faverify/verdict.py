@@ -3,9 +3,13 @@
 For each tensor T: fail if T has NaN/Inf where the FP64 reference is finite; fail if a row that sees no
 key is not (out 0, lse -inf); fail if
 
-    max|T - ref| > factor_T * B + max(tight_T, atol_T * (1 - B / (KNEE * F))) * F + 2 * u32 * S * scale_T + 2^-120
+    max_e (|T_e - ref_e| - u_T |ref_e|) > factor_T * B + max(tight_T, atol_T * (1 - B / (KNEE * F))) * F + 2 * u32 * S * scale_T + 2^-120
 
-where B = max|baseline_T - ref| is the error of the naive same-dtype attention, F = u(dtype) * scale_T the
+where u_T |ref_e| is the rounding of element e's exact value into T's own dtype (u_T its unit roundoff:
+fp32 for lse and dsinks), which no kernel can avoid and which the floor below does not pay for where the
+terms' roundings and the result's add up (an FA2-style fp16 dv, P rounded to fp16 before P^T dO, then the
+sum rounded: 1 ulp at 3.4, 0.00195 against a floor of 0.00167, for b1 sq1 sk128 h4/2 d132 fp16 peaked
+spread scale=2 seed 1089); B = max|baseline_T - ref| is the error of the naive same-dtype attention, F = u(dtype) * scale_T the
 floor unit (dtypes.FLOOR_UNIT: the unit roundoff 2^-8 for bf16, 2^-11 for fp16, and 64 roundings 2^-18
 for fp32), u32 = 2^-24, scale_T the magnitude of the terms summed into T (reference._ScaleAccumulator) and
 S the largest logit bound. Beside factor_T * B, the floor does not vanish when the reference is exactly
@@ -85,8 +89,8 @@ class Tolerance:
         return self.factor[tensor] * base, coef * unit + carried + FLUSHED
 
     def describe(self) -> str:
-        return (f"max|T-ref| <= factor*B + max(tight, atol*(1 - B/({KNEE:g}*F)))*F + 2*u32*S*scale_T + 2^-120, "
-                "B = max|baseline-ref|, "
+        return (f"max(|T-ref| - u_T*|ref|) <= factor*B + max(tight, atol*(1 - B/({KNEE:g}*F)))*F + 2*u32*S*scale_T + 2^-120, "
+                "u_T the unit roundoff of T's dtype, B = max|baseline-ref|, "
                 "F = u(dtype)*scale_T, S = scale*max||q||*max||k||, u = 2^-8 bf16, 2^-11 fp16, 2^-18 fp32; "
                 + ", ".join(f"{t}: factor {self.factor[t]:g}, atol {self.atol[t]:g}, tight {self.tight[t]:g}"
                             for t in TENSORS))
@@ -141,7 +145,8 @@ def judge(stats: ErrorStats, dtype: str, tolerance: Tolerance) -> TensorMetrics:
         want = "-inf" if name == "lse" else "0"
         reasons.append(f"{int(s['masked_bad'])} entries of rows that see no key are not {want}")
     waived = name != "lse" and tolerance.ill_conditioned(logit)
-    if s["max_abs"] > allowed and not waived:
+    # beyond_rounding: absent from statistics written before it was kept, where max_abs stands in
+    if s.get("beyond_rounding", s["max_abs"]) > allowed and not waived:
         reasons.append(f"max error {s['max_abs']:.3g} > allowed {allowed:.3g}")
     # against the baseline's error, or one rounding of the tensor's terms where the baseline is more exact
     # than that (an exact baseline would make any error "infinitely" worse)

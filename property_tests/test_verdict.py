@@ -89,6 +89,23 @@ def test_floor_does_not_vanish_when_the_baseline_is_exact():
     assert not m.passed
 
 
+def test_an_elements_own_rounding_into_the_dtype_is_not_counted_against_the_kernel():
+    """seqlen_k == 1: out = v exactly. The largest element one ulp off: half an ulp of it is the result's
+    own rounding (u |ref|), the other half within the floor u * scale; three ulps are not."""
+    c = Case(1, 4, 1, 1, 1, 16, dtype="bf16", seed=1)
+    x = make_inputs(c, "cpu")
+    out = naive(*x.tensors(), causal=False, scale=c.scale)["out"]
+    largest = out.abs() == out.abs().max()
+
+    def shifted(ulps):
+        return torch.where(largest, (out.view(torch.int16) + ulps).view(torch.bfloat16), out)
+
+    m, _, _ = _judge(shifted(1), c, x)
+    assert m.max_abs > m.allowed and m.passed, (m.max_abs, m.allowed)
+    m, _, _ = _judge(shifted(3), c, x)
+    assert not m.passed and "max error" in m.reason
+
+
 def test_ill_conditioned_cases_waive_tolerance_but_not_nan():
     assert Tolerance.ill_conditioned(1e9) and not Tolerance.ill_conditioned(1e5)
     c = Case(1, 1, 17, 1, 1, 40, dtype="bf16", regime="bf16-scale", softmax_scale=0.001)
