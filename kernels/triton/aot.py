@@ -152,7 +152,7 @@ def _hopper_source(v: Variant, capability: int):
     from faverify.kernels.triton import configs
     from faverify.kernels.triton.forward_hopper import ALIGNED, _fwd_hopper_aligned, box_layout, box_rows, launch
 
-    tile = configs.HOPPER[v.block_d]
+    tile = configs.hopper_tile(v.block_d, "softcap" in v.switches)
     constants, options = launch(tile)
     on = set(v.switches.split("+")) - {""}
     constants.update(CAUSAL=v.causal, BLOCK_D=v.block_d, WINDOW="window" in on, SOFTCAP="softcap" in on)
@@ -210,7 +210,7 @@ def _variant_source(v: Variant, capability: int):
         pointers = {name: "*fp32" for name in ("OutSplits", "LseSplits", "Lse")} | {"Out": f"*{v.dtype}"}
     else:
         kind = v.kernel[1:]
-        tile = configs.variant(kind, max(v.block_d, v.block_dv), ELEM[v.dtype])
+        tile = configs.variant(kind, max(v.block_d, v.block_dv), ELEM[v.dtype], "varlen" in on)
         constants = dict(SOFTCAP="softcap" in on, VARLEN="varlen" in on, BLOCK_M=tile.block_m,
                          BLOCK_N=tile.block_n, BLOCK_D=v.block_d, BLOCK_DV=v.block_dv, EVEN_D=False,
                          EVEN_DV=False, INTERPRETED=False, IEEE=v.dtype == "fp32")

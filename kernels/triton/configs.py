@@ -144,6 +144,14 @@ def hopper_forward(elem: int, capability_major: int, block_d: int) -> bool:
 # consumers (M192: 0.91-1.06x cuDNN at seqlen 4096 and 16384 non-causal, against 0.79-0.92x with two), d128
 # two (M128 N128: 0.92-1.01x; M128 N64 0.80-0.86x).
 HOPPER = {64: Tile(192, 128, 4, 2, hopper=True), 128: Tile(128, 128, 4, 2, hopper=True)}
+# A softcap build's tanh needs registers: with HOPPER's tiles it spilled 216-280 bytes at d64 and 8-64 at
+# d128 (AOT report, sm_90, 2026-12-02); with 64 keys a stage (the S tile half as wide) none
+HOPPER_SOFTCAP = {64: Tile(192, 64, 4, 2, hopper=True), 128: Tile(128, 64, 4, 2, hopper=True)}
+
+
+def hopper_tile(block_d: int, softcap: bool = False) -> Tile:
+    """The Hopper forward's tile at a padded head dim, with or without the softcap build."""
+    return HOPPER_SOFTCAP.get(block_d, HOPPER[block_d]) if softcap else HOPPER[block_d]
 
 
 def default(kind: str, block_d: int, elem: int, causal: bool, tma: bool = False, hopper: bool = False) -> Tile:
@@ -191,25 +199,29 @@ def record(kind: str, block_d: int, elem: int, causal: bool, seqlen: int, tile: 
     _CHOSEN[(kind, block_d, elem, causal, seqlen_bucket(seqlen), tma)] = tile
 
 
-# The variant kernels' tiles (variant_forward.py, variant_backward.py): one per kind and head-dim class,
-# whatever the shape, chosen by the AOT report's stack column (python -m faverify.kernels.triton.aot; bf16,
-# sm_80 and sm_90, 2026-12-02): the forward's M64 N64 w4 spilled 360 bytes at head dim 64 with every switch
-# on and 880 at 128, M128 N32 w8 none at 64; dq's M64 N32 w4 56 and 208, M32 N32 w8 none; dk/dv at 128
-# M16 N32 w8 0-32 against 64-192 for M32 N32; at 256 M16 N32 w8 spills least of those tried. The varlen
-# forward at 128 still spills (320-464 bytes): docs/measurements.md, "Triton variant kernels". A starting
-# point for correctness, not tuned: the variants' speed is what `faverify bench` measures.
+# The variant kernels' tiles (variant_forward.py, variant_backward.py): one per kind, head-dim class and
+# varlen or not, whatever the shape, chosen by the AOT report's stack column (python -m
+# faverify.kernels.triton.aot; bf16, sm_80 and sm_90, 2026-12-02) as the largest that spill nothing with
+# every switch on: the forward's M128 N32 w8 at head dim 64 (M64 N64 w4 spilled 360 bytes); at 128
+# M64 N32 w8 s1 (M128 N32 8 bytes), and the varlen build M32 N32 w8 (M64 N32 w8 s1 80-208 bytes, M128 N32
+# 320-464); dq M32 N32 w8 at 64 and M16 N32 w8 at 128 (M32 N32 8-24 bytes varlen); dk/dv M32 N32 w8 at 64,
+# M16 N32 w8 s1 at 128 (s2 32 bytes varlen); at 256 M16 N32 w8 s1 forward, M16 N16 w8 s1 dk/dv and dq
+# (M16 N32: 8-24 and 56-176 bytes). A starting point for correctness, not tuned: the variants' speed is
+# what `faverify bench --variants` measures.
 _VARIANT = {"fwd": Tile(128, 32, 8, 2), "dkdv": Tile(32, 32, 8, 2), "dq": Tile(32, 32, 8, 2)}
-_VARIANT_WIDE = {"fwd": Tile(16, 32, 8, 1), "dkdv": Tile(16, 32, 8, 1), "dq": Tile(16, 32, 8, 1)}
+_VARIANT_128 = {"fwd": Tile(64, 32, 8, 1), "dkdv": Tile(16, 32, 8, 1), "dq": Tile(16, 32, 8, 2)}
+_VARIANT_WIDE = {"fwd": Tile(16, 32, 8, 1), "dkdv": Tile(16, 16, 8, 1), "dq": Tile(16, 16, 8, 1)}
 
 
-def variant(kind: str, block_d: int, elem: int) -> Tile:
-    """The tile of a variant kernel; block_d the larger padded head dim of q/k and v."""
+def variant(kind: str, block_d: int, elem: int, varlen: bool = False) -> Tile:
+    """The tile of a variant kernel; block_d the larger padded head dim of q/k and v; varlen: the build
+    for packed sequences (cu_seqlens)."""
     if INTERPRET:
         return _INTERPRETED[kind]
     if elem == 4:  # fp32's CUDA-core products (_fp32); dk/dv's M16 N32 spilled 176 bytes at 64 on sm_90
         return Tile(16, 16, 8, 1) if kind == "dkdv" else _fp32(kind, block_d)
     if block_d > 128:
         return _VARIANT_WIDE[kind]
-    if block_d == 128 and kind == "dkdv":
-        return Tile(16, 32, 8, 2)
+    if block_d == 128:
+        return Tile(32, 32, 8, 2) if kind == "fwd" and varlen else _VARIANT_128[kind]
     return _VARIANT[kind]

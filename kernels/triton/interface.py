@@ -172,7 +172,7 @@ def _hopper_variant(launch: Launch):
         lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
         rows = (torch.empty_like(lse), torch.empty_like(lse))
         _LAUNCHED.append("fwd hopper variant")
-        _hopper(q, k, v, out, lse, rows, configs.HOPPER[block_d(d)], var, launch)
+        _hopper(q, k, v, out, lse, rows, configs.hopper_tile(block_d(d), var.softcap > 0), var, launch)
         return out, lse, rows
     return run
 

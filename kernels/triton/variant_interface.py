@@ -79,8 +79,8 @@ def padding(d: int, dv: int) -> tuple:
     return block_d(d), block_d(dv)
 
 
-def _tile(kind: str, q, dv: int) -> configs.Tile:
-    return configs.variant(kind, max(block_d(q.shape[-1]), block_d(dv)), q.element_size())
+def _tile(kind: str, q, dv: int, varlen: bool = False) -> configs.Tile:
+    return configs.variant(kind, max(block_d(q.shape[-1]), block_d(dv)), q.element_size(), varlen)
 
 
 def _dims(d: int, dv: int, q, emulate) -> dict:
@@ -125,7 +125,7 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
         if rows is not None:
             rows[0].zero_(), rows[1].fill_(float("inf"))
         return out.zero_(), lse.fill_(float("-inf")), rows, splits
-    tile = _tile("fwd", q, dv)
+    tile = _tile("fwd", q, dv, varlen)
     # decode (a paged cache's few query rows) takes tiles of 16 rows; anything else the tile's, so that a
     # fuzz's many small seqlen_q compile no build of their own
     block_m = 16 if paged and sq <= 16 else tile.block_m
@@ -215,14 +215,14 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
     lse_strides = _lse_strides(lse, varlen)
     _LAUNCHED.append("bwd variant" + (" varlen" if varlen else ""))
     with quiet():
-        t = _tile("dkdv", q, dv)
+        t = _tile("dkdv", q, dv, varlen)
         _vbwd._dkdv_kernel[(triton.cdiv(sk, t.block_n), batch * hk)](
             q, k, v, dout, rowmax, log2l, delta, dk, dvv, *cu, alibi,
             *_qstrides(q, varlen), *_qstrides(k, varlen), *_qstrides(v, varlen), *_qstrides(dout, varlen),
             *_qstrides(dk, varlen), *_qstrides(dvv, varlen), *lse_strides, ab,
             hk, h // hk, sq, sk, d, dv, var.scale, var.scale * LOG2E, **common,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
-        t = _tile("dq", q, dv)
+        t = _tile("dq", q, dv, varlen)
         _vbwd._dq_kernel[(triton.cdiv(sq, t.block_m), batch * h)](
             q, k, v, dout, rowmax, log2l, delta, dq, *cu, alibi,
             *_qstrides(q, varlen), *_qstrides(k, varlen), *_qstrides(v, varlen), *_qstrides(dout, varlen),
