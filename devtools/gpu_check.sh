@@ -14,15 +14,22 @@
 #                    windows and softcap among them)
 #   fuzz       [240] faverify fuzz --kernel triton --iters 10000 --dtype bf16,fp16 --mode both
 #   fuzz-ragged [400] the same for triton-varlen and triton-paged, 200 s each
+#   fuzz-ragged-full [560] triton-varlen at 10000 cases beside shard 0/2 of triton-paged's 10000, side by side
+#                    (a paged case pages a cache of up to 2^17 keys: 10000 take two boxes; faverify merge)
+#   fuzz-paged-rest [560] shard 1/2 of triton-paged's 10000, beside sdpa-flash, sdpa-cudnn and flex at 2000
+#                    cases with every feature each declares
 #   fuzz-cuda  [200] the same for cuda,cuda-simt
 #   fuzz-sdpa  [240] sdpa-flash, sdpa-efficient and sdpa-cudnn at 3000 cases each
 #   floor      [300] devtools/floor_calibration.py: the tolerance floor each GPU subject needs, 400 cases each
 #                    (bf16, fp16), one process per subject
 #   mutants    [300] faverify mutants --iters 60 (every mutant that runs on this GPU, and the control)
+#   mutants-full [540] faverify mutants --iters 1000
 #   bench      [150] faverify bench --kernel triton --headdims 64,128 --seqlens 4096,16384 --dtype bf16,fp16
 #   bench-variants [300] faverify bench --kernel triton,flex, bf16 d128 seqlen 16384 causal: dense, windows
 #                    256, 1024, 4096, softcap 30, ALiBi and sinks (a variant's time against dense, speed
 #                    against flex)
+#   bench-decode [240] faverify bench --decode: triton-paged against sdpa-flash, sdpa-cudnn and flex, bf16 d128,
+#                    caches 4k..128k, GQA 8, pages 16 and 64 (the cache read's bandwidth)
 #   bench-cuda [150] the same for cuda
 #   doctor     [200] faverify doctor --level full
 #   sanitize   [240] compute-sanitizer memcheck and racecheck on devtools/sanitize_cases.py
@@ -68,6 +75,18 @@ for step in $steps; do
     memory) run memory 90 "MiB|passed|failed" python3 -m pytest -q -p no:cacheprovider -s property_tests/test_memory.py ;;
     fuzz) fuzz fuzz 240 triton 10000 ;;
     fuzz-ragged) fuzz fuzz-varlen 200 triton-varlen 10000; fuzz fuzz-paged 200 triton-paged 10000 ;;
+    fuzz-ragged-full)
+      fuzz fuzz-varlen 560 triton-varlen 10000 &
+      run fuzz-paged-0 560 "passed|failed|cases/s|warm-up|code path|minimal case|signature|interrupted" \
+        python3 -m faverify fuzz --kernel triton-paged --iters 10000 --shard 0/2 --dtype bf16,fp16 --mode both \
+        --no-db --json "$out/fuzz-paged-0.json" &
+      wait ;;
+    fuzz-paged-rest)
+      run fuzz-paged-1 560 "passed|failed|cases/s|warm-up|code path|minimal case|signature|interrupted" \
+        python3 -m faverify fuzz --kernel triton-paged --iters 10000 --shard 1/2 --dtype bf16,fp16 --mode both \
+        --no-db --json "$out/fuzz-paged-1.json" &
+      fuzz fuzz-sdpa-variants 560 sdpa-flash,sdpa-cudnn,flex 2000 &
+      wait ;;
     fuzz-cuda) fuzz fuzz-cuda 200 cuda,cuda-simt 10000 ;;
     fuzz-sdpa) fuzz fuzz-sdpa 240 sdpa-flash,sdpa-efficient,sdpa-cudnn 3000 ;;
     floor)  # one process per subject, side by side
@@ -78,6 +97,10 @@ for step in $steps; do
       wait ;;
     mutants) run mutants 300 "^killed|^control|SURVIVED|NOT " python3 -m faverify mutants --iters 60 \
       --json "$out/mutants.json" ;;
+    mutants-full) run mutants-full 540 "^killed|^control|SURVIVED|NOT " python3 -m faverify mutants --iters 1000 \
+      --json "$out/mutants-full.json" ;;
+    bench-decode) run bench-decode 240 "^triton|^sdpa|^flex|copy|passed|failed" python3 -m faverify bench --decode \
+      --headdims 128 --dtype bf16 --json "$out/bench-decode.json" ;;
     bench) run bench 150 "^triton|^sdpa|passed|failed" python3 -m faverify bench --kernel triton --headdims 64,128 \
       --seqlens 4096,16384 --dtype bf16,fp16 --no-tune --json "$out/bench.json" ;;
     bench-variants) run bench-variants 300 "^triton|^flex|passed|failed" python3 -m faverify bench \
@@ -91,7 +114,7 @@ for step in $steps; do
         run "sanitize-$tool" 120 "ERROR SUMMARY|hazard|error" compute-sanitizer --tool "$tool" \
           python3 devtools/sanitize_cases.py
       done ;;
-    *) echo "unknown step: $step (steps: tests gpu variants memory floor fuzz fuzz-ragged fuzz-cuda fuzz-sdpa mutants bench bench-variants bench-cuda doctor sanitize)"
+    *) echo "unknown step: $step (steps: tests gpu variants memory floor fuzz fuzz-ragged fuzz-cuda fuzz-sdpa fuzz-ragged-full fuzz-paged-rest mutants mutants-full bench bench-variants bench-decode bench-cuda doctor sanitize)"
        exit 2 ;;
   esac
 done

@@ -12,15 +12,30 @@ from faverify.errors import EnvironmentProblem, UsageError
 from faverify.signals import held, sigterm_interrupts
 
 
+def ints(text: str, argument: str) -> list:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(argument, text, "must be comma separated integers") from None
+    if not values or min(values) < 1:
+        raise UsageError(argument, text, "must be integers >= 1")
+    return values
+
+
 @app.command()
 def bench(
     kernel: Annotated[str, typer.Option(help="Subjects to time next to the SDPA backends, comma separated")] = "triton",
-    seqlens: Annotated[str, typer.Option(help="Comma separated")] = "1024,4096,16384",
+    seqlens: Annotated[Optional[str], typer.Option(
+        help="Comma separated (default 1024,4096,16384; with --decode the cache lengths, default "
+             "4096,16384,65536,131072)")] = None,
     headdims: Annotated[str, typer.Option(help="Comma separated")] = "64,128",
     dtype: Annotated[str, typer.Option(help="Comma separated: bf16, fp16")] = "bf16,fp16",
     causal: Annotated[str, typer.Option(help="both | true | false")] = "both",
     variants: Annotated[str, typer.Option(help="Comma separated: dense, window=L, softcap=C, alibi, sinks "
                                                "(each timed where a subject declares it)")] = "dense",
+    decode: Annotated[bool, typer.Option(help="Time decode instead: one query token against a KV cache, GQA 8, "
+                                              "paged where a subject declares it (the cache read's bandwidth)")] = False,
+    page_sizes: Annotated[str, typer.Option(help="With --decode: comma separated page sizes")] = "16,64",
     mode: Annotated[Mode, typer.Option(help="Time the forward, the backward, or both")] = Mode.both,
     tune: Annotated[bool, typer.Option(help="Try the candidate tiles of the bundled Triton kernels per shape")] = True,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the rows as JSON")] = None,
@@ -37,15 +52,6 @@ def bench(
     from faverify.report import table
     from faverify.subjects import resolve_many
 
-    def ints(text: str, argument: str) -> list:
-        try:
-            values = [int(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise UsageError(argument, text, "must be comma separated integers") from None
-        if not values or min(values) < 1:
-            raise UsageError(argument, text, "must be integers >= 1")
-        return values
-
     check_writable("--json", json_path)
     check_writable("--markdown", markdown)
     choices = {"both": (False, True), "true": (True,), "false": (False,)}
@@ -55,16 +61,22 @@ def bench(
     variant_names = parse_variants(variants)
     if max(head_dims) > 256:
         raise UsageError("--headdims", headdims, "each head dim must be <= 256")
+    from faverify.bench_decode import CACHE_LENS
+    seqlens = seqlens or ",".join(str(n) for n in (CACHE_LENS if decode else (1024, 4096, 16384)))
+    lengths = ints(seqlens, "--seqlens")
+    pages = ints(page_sizes, "--page-sizes")
     target = devices.resolve(device)[0]
     if target.type != "cuda":
         raise EnvironmentProblem("bench times GPU kernels: it needs --device cuda and a GPU")
+    if decode:
+        return _decode(kernel, lengths, head_dims, dtype, pages, target, json_path, markdown)
     names = list(dict.fromkeys([s.strip() for s in kernel.split(",") if s.strip()] + list(YARDSTICKS)))
     subjects = resolve_many(",".join(names))
     modes = ("fwd", "bwd") if mode == Mode.both else (mode.value,)
     rows = []
     interrupted = False
     with progress_bar() as progress, sigterm_interrupts():
-        todo = configs(parse_dtypes(dtype), head_dims, ints(seqlens, "--seqlens"), choices[causal], variant_names)
+        todo = configs(parse_dtypes(dtype), head_dims, lengths, choices[causal], variant_names)
         task = progress.add_task("bench", total=len(todo) * len(subjects), failed=0)
         try:
             for config in todo:
@@ -89,6 +101,55 @@ def bench(
             markdown.write_text(bench_markdown(rows, command, environment.header_lines(environment.collect()),
                                                interrupted))
     typer.echo(table(table_rows(rows), headers(rows), "table"))
+    failed = [r for r in rows if r["validated"] == "fail"]
+    if interrupted and not failed:
+        raise EnvironmentProblem(f"interrupted after {len(rows)} measurements; those were written")
+    return 1 if failed else 0
+
+
+DECODE_YARDSTICKS = ("sdpa-flash", "sdpa-cudnn", "flex")
+
+
+def _decode(kernel: str, lengths: list, head_dims: list, dtype: str, page_sizes: list, target,
+            json_path, markdown) -> int:
+    """bench --decode: bench_decode's rows, each subject against the dense path and flex."""
+    import json
+
+    from faverify import bench_decode
+    from faverify.dtypes import parse_dtypes
+    from faverify.report import table
+    from faverify.subjects import resolve_many
+
+    kernel = "triton-paged" if kernel == "triton" else kernel  # the bundled decode kernel by default
+    names = list(dict.fromkeys([s.strip() for s in kernel.split(",") if s.strip()] + list(DECODE_YARDSTICKS)))
+    subjects = resolve_many(",".join(names))
+    rows, interrupted = [], False
+    with progress_bar() as progress, sigterm_interrupts():
+        peak = bench_decode.copy_bandwidth(target)
+        todo = bench_decode.configs(parse_dtypes(dtype), head_dims, lengths, page_sizes)
+        task = progress.add_task("bench --decode", total=len(todo) * len(subjects), failed=0)
+        try:
+            for config in todo:
+                for subject in subjects:
+                    # the dense path has no pages: its row once per cache length
+                    if subject.caps.paged or config.page_size == page_sizes[0]:
+                        rows.append(bench_decode.time_row(subject, config, target, peak))
+                    progress.update(task, advance=1)
+        except KeyboardInterrupt:  # the rows measured so far are still written
+            interrupted = True
+    with held():
+        rows = bench_decode.ratios(rows)
+        text = table(bench_decode.table_rows(rows), bench_decode.HEADERS, "table")
+        header = f"device copy bandwidth {peak * 1e-12:.2f} TB/s (read + write of 2 GiB), measured first"
+        if json_path:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(json.dumps({"schema": "faverify.bench-decode", "version": 1, "interrupted": interrupted,
+                                             "copy_tbps": peak * 1e-12, "rows": rows}, indent=1, default=str))
+        if markdown:
+            markdown.parent.mkdir(parents=True, exist_ok=True)
+            markdown.write_text(f"# faverify bench --decode --kernel {kernel} --seqlens {','.join(map(str, lengths))}\n\n- {header}\n\n"
+                                + table(bench_decode.table_rows(rows), bench_decode.HEADERS, "md") + "\n")
+    typer.echo(header + "\n" + text)
     failed = [r for r in rows if r["validated"] == "fail"]
     if interrupted and not failed:
         raise EnvironmentProblem(f"interrupted after {len(rows)} measurements; those were written")

@@ -1,0 +1,78 @@
+"""faverify bench --decode: the configurations, the rows a subject gives (paged where it declares it, the
+dense path otherwise), the bandwidth figures and the ratios against sdpa-flash and flex. The timing itself
+needs a GPU; here it is replaced by a fixed time so the rest runs on any machine."""
+import math
+
+import pytest
+import torch
+
+from faverify import bench_decode
+from faverify.bench_decode import DecodeConfig
+from property_tests.cli_helpers import cli
+
+
+def test_every_configuration_reads_the_same_cache_bytes_with_gqa_8():
+    configs = bench_decode.configs(("bf16",), (128,), bench_decode.CACHE_LENS, (16, 64))
+    assert len(configs) == 8 and {c.cache_bytes(2) for c in configs} == {2 * 131072 * 4 * 128 * 2}
+    paged = DecodeConfig("bf16", 128, 4096, 64).case(paged=True, splits=3)
+    assert (paged.batch, paged.seqlen_q, paged.nheads // paged.nheads_k) == (32, 1, 8)
+    assert paged.cache_seqlens == (4096,) * 32 and paged.page_size == 64 and paged.splits == 3
+    dense = DecodeConfig("bf16", 128, 131072, 16).case(paged=False)
+    assert dense.kind == "dense" and (dense.batch, dense.seqlen_k) == (1, 131072)
+
+
+def test_a_paged_subject_is_timed_paged_and_split_by_its_rule_the_others_contiguous(monkeypatch):
+    from faverify.kernels.triton.interface import num_splits_for
+    from faverify.subjects import resolve
+    timed = []
+
+    def fake_time(fn):  # one call, as do_bench's first would make, then a fixed 0.5 ms
+        timed.append(fn())
+        return 0.5
+    monkeypatch.setattr(bench_decode, "_time", fake_time)
+    config = DecodeConfig("fp32", 16, 64, 16, tokens=128)  # batch 2
+    paged = bench_decode.time_row(resolve("triton-paged"), config, "cpu", peak=1e12)
+    assert paged["validated"] == "pass" and paged["layout"] == "paged" and paged["page_size"] == 16
+    assert paged["splits"] == num_splits_for(config.batch, 32, 1, 64, 8)
+    assert paged["cache_tbps"] == pytest.approx(config.cache_bytes(4) / 0.5e-3 * 1e-12)
+    assert paged["of_copy"] == pytest.approx(paged["cache_tbps"])  # peak 1 TB/s
+    dense = bench_decode.time_row(resolve("triton"), config, "cpu", peak=1e12)
+    assert dense["validated"] == "pass" and dense["layout"] == "contiguous" and dense["page_size"] == 0
+    assert timed[0][0].shape == timed[1][0].shape == (config.batch, 1, 32, 16)
+
+
+def test_a_decode_the_subject_cannot_run_is_a_row_with_the_reason():
+    from faverify.subjects import resolve
+    row = bench_decode.time_row(resolve("triton-varlen"), DecodeConfig("bf16", 16, 64, 16), "cpu", peak=1e12)
+    assert row["validated"] == "skip" and row["note"] and "ms" not in row
+
+
+def test_ratios_are_against_the_dense_path_and_flex_of_the_same_cache():
+    rows = [dict(kernel=k, dtype="bf16", head_dim=128, cache_len=n, page_size=p, batch=1, validated="pass", ms=ms)
+            for k, n, p, ms in (("triton-paged", 4096, 16, 0.2), ("triton-paged", 4096, 64, 0.1),
+                                ("sdpa-flash", 4096, 0, 0.3), ("flex", 4096, 0, 0.4), ("triton-paged", 8192, 16, 1.0))]
+    rows = bench_decode.ratios(rows)
+    assert rows[0]["vs_sdpa-flash"] == pytest.approx(1.5) and rows[1]["vs_flex"] == pytest.approx(4.0)
+    assert math.isnan(rows[4]["vs_flex"])  # no flex row at that cache length
+    table = bench_decode.table_rows(rows)
+    assert len(table[0]) == len(bench_decode.HEADERS) and table[2][5] == "-"  # the dense path has no pages
+
+
+@pytest.mark.parametrize("args, message", [(("--page-sizes", "0"), "--page-sizes='0': must be integers >= 1"),
+                                           (("--seqlens", "4k"), "--seqlens='4k': must be comma separated integers")])
+def test_bench_decode_refuses_bad_sizes_naming_the_argument(args, message):
+    r = cli("bench", "--decode", *args, "--device", "cpu")
+    assert r.exit_code == 2 and message in r.stderr, r.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times GPU kernels")
+def test_bench_decode_on_the_gpu_writes_rows_with_bandwidth(tmp_path):
+    from property_tests.cli_helpers import read_json
+    r = cli("bench", "--decode", "--kernel", "triton-paged", "--seqlens", "4096", "--headdims", "128",
+            "--dtype", "bf16", "--page-sizes", "64", "--json", tmp_path / "d.json")
+    report = read_json(tmp_path / "d.json")
+    assert r.exit_code == 0, r.stdout
+    assert 0.5e12 < report["copy_tbps"] * 1e12 < 10e12
+    ours = [row for row in report["rows"] if row["kernel"] == "triton-paged"]
+    assert ours and all(row["validated"] == "pass" and row["cache_tbps"] > 0 for row in ours), ours
