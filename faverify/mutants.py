@@ -164,7 +164,7 @@ def _error_row(name: str, error: str) -> dict:
 
 
 def run_mutants(names: list, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, timeout: float,
-                progress_factory, jobs: int = 1, control_workers: int = 1) -> dict:
+                progress_factory, jobs: int = 1, control_workers: int = 1, control_iters: int | None = None) -> dict:
     from faverify.isolation import Worker
 
     if jobs > 1:
@@ -205,7 +205,8 @@ def run_mutants(names: list, plan: FuzzPlan, devices: list, *, tolerance, isolat
         return dict(report, control={"kernel": "triton", "cases": 0, "failed": 0,
                                      "failures": ["not run: the run was interrupted"]},
                     environment=environment.collect())
-    control = run(["triton"], plan, devices, mode="both", tolerance=tolerance, command="mutants (control)",
+    control_plan = dataclasses.replace(plan, iters=control_iters) if control_iters else plan
+    control = run(["triton"], control_plan, devices, mode="both", tolerance=tolerance, command="mutants (control)",
                   workers=control_workers, isolate=isolate or control_workers > 1, timeout=timeout,
                   progress_factory=progress_factory)
     return dict(report, control={"kernel": "triton", **control.kernels[0]["summary"],

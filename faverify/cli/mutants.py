@@ -17,6 +17,7 @@ from faverify.signals import held, sigterm_interrupts
 @app.command()
 def mutants(
     iters: Annotated[int, typer.Option(help="Cases each mutant may take to be caught (and the control's cases)")] = 200,
+    control_iters: Annotated[Optional[int], typer.Option(help="Cases of the control run (default: --iters)")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     dtype: Annotated[str, typer.Option(help="Comma separated: bf16, fp16, fp32")] = "bf16,fp16",
     device: DeviceOpt = "auto",
@@ -48,6 +49,8 @@ def mutants(
 
     if iters < 1:
         raise UsageError("--iters", iters, "must be >= 1")
+    if control_iters is not None and control_iters < 1:
+        raise UsageError("--control-iters", control_iters, "must be >= 1")
     check_timeout(timeout)
     check_shrink_budget(shrink_budget)
     check_writable("--json", json_path)
@@ -78,7 +81,7 @@ def mutants(
     with progress_bar() as progress, sigterm_interrupts():
         report = run_mutants(names, plan, targets, tolerance=Tolerance(), isolate=isolate, timeout=timeout,
                              progress_factory=progress_factory(progress, iters), jobs=jobs,
-                             control_workers=workers)
+                             control_workers=workers, control_iters=control_iters)
     with held():  # a signal now waits until the report is written
         if json_path:
             json_path.parent.mkdir(parents=True, exist_ok=True)

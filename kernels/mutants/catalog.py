@@ -167,10 +167,11 @@ HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, ru
 
 # The variant kernels (variant_forward.py, variant_backward.py, variant_interface.py): a bug of each class the
 # trackers of flash-attn, FlashInfer and vLLM show for the features, each fuzzed on cases that draw its feature.
-def _variant(name, file, site, new, bug, why, features, subject="triton"):
+def _variant(name, file, site, new, bug, why, features, subject="triton", always_split=False):
     ragged = subject != "triton"
     return Mutant(name, file, site, new, bug, why, subject=subject,
-                  cases=dict(features=features, **({"ragged_only": True} if ragged else {})))
+                  cases=dict(features=features, **({"ragged_only": True} if ragged else {}),
+                             **({"always_split": True} if always_split else {})))
 
 
 VARIANT_MUTANTS = (
@@ -221,7 +222,8 @@ VARIANT_MUTANTS = (
     _variant("split-count-floor", "variant_forward.py", "split-cut",
              "per = tl.maximum(1, tl.cdiv(seqlen_k, SPLIT_BLOCK) // num_splits) * SPLIT_BLOCK",
              "keys per split rounded down: the last split stops before the cache's end",
-             "cache lengths that are multiples of splits x block hide it", ("paged", "splits"), "triton-paged"),
+             "cache lengths that are multiples of splits x block hide it", ("paged", "splits"), "triton-paged",
+             always_split=True),  # a case without splits never runs the cut
 )
 MUTANTS = MUTANTS + HOPPER_MUTANTS + VARIANT_MUTANTS
 
