@@ -106,6 +106,21 @@ def test_an_elements_own_rounding_into_the_dtype_is_not_counted_against_the_kern
     assert not m.passed and "max error" in m.reason
 
 
+def test_an_inf_gradient_passes_only_where_the_weights_are_undetermined():
+    """Logits near 1e10 (ill-conditioned): dq and dk of a kernel's legitimate weights may pass the dtype's
+    range; NaN still fails, and so does Inf in out or where the case is well-conditioned."""
+    from faverify.metrics import ErrorStats
+    from faverify.verdict import judge
+    values = dict(max_abs=0.0, mean_abs=0.0, rmse=0.0, ref_max=1e-30, max_ulp=0.0, nan=0.0, inf=160.0,
+                  masked_bad=0.0, baseline_max_abs=0.0, worst=0.0, beyond_rounding=0.0)
+    tol = Tolerance()
+    assert judge(ErrorStats("dq", values, 1e-36, 1.4e10, [0]), "fp16", tol).passed
+    assert judge(ErrorStats("dk", values, 1e-36, 1.4e10, [0]), "fp16", tol).passed
+    assert not judge(ErrorStats("out", values, 1e-36, 1.4e10, [0]), "fp16", tol).passed
+    assert not judge(ErrorStats("dq", values, 1e-36, 1e5, [0]), "fp16", tol).passed  # well-conditioned
+    assert not judge(ErrorStats("dq", dict(values, inf=0.0, nan=3.0), 1e-36, 1.4e10, [0]), "fp16", tol).passed
+
+
 def test_ill_conditioned_cases_waive_tolerance_but_not_nan():
     assert Tolerance.ill_conditioned(1e9) and not Tolerance.ill_conditioned(1e5)
     c = Case(1, 1, 17, 1, 1, 40, dtype="bf16", regime="bf16-scale", softmax_scale=0.001)
