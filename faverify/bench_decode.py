@@ -28,7 +28,6 @@ from faverify.subjects.base import Subject
 DECODE_TOKENS = 131072  # batch * cache length
 NHEADS, NHEADS_K = 32, 4  # GQA 8
 CACHE_LENS = (4096, 16384, 65536, 131072)
-PAGE_SIZES = (16, 64)
 
 
 @dataclass(frozen=True)
