@@ -33,7 +33,24 @@ SINKS = ("off", "around", "above", "below")
 # keys cut into split-KV partial results
 VARIANT_FEATURES = ("window", "softcap", "alibi", "sinks", "head_dim_v")  # what the logits of a row are
 BATCH_FEATURES = ("varlen", "paged", "splits")  # how the batch and its keys are laid out and cut
-FEATURES = VARIANT_FEATURES + BATCH_FEATURES
+# masks and biases given as tensors or functions (docs/design.md, "Masks and biases"): a boolean keep-mask
+# drawn as a pattern, masked keys holding NaN, an additive bias and its gradient, a FlexAttention score_mod
+MASK_FEATURES = ("mask", "mask_nan", "bias", "bias_grad", "score_mod")
+FEATURES = VARIANT_FEATURES + BATCH_FEATURES + MASK_FEATURES
+# A mask's pattern: per-batch key and query lengths; documents packed in one sequence (block-diagonal);
+# a prefix seen by every row, causal after it; random blocks of mask_block keys and rows; random elements
+MASKS = ("off", "padding", "document", "prefix", "block", "random")
+# The mask's shape, SDPA's heads-first [b, h, sq, sk] with 1 where it broadcasts: "full" [b, h, sq, sk];
+# "batch" [1, h, sq, sk]; "heads" [b, 1, sq, sk]; "shared" [1, 1, sq, sk]; "keys" [b, 1, 1, sk], a key
+# mask every row shares (padding, block and random patterns only)
+MASK_SHAPES = ("full", "batch", "heads", "shared", "keys")
+KEY_MASKS = ("padding", "block", "random")
+# Bias values: N(0, 1); N(0, 1) * BIAS_LARGE; N(0, 1) with the bias dtype's finfo.min (the -inf stand-in
+# many callers use) at random positions and over whole rows
+BIASES = ("off", "normal", "large", "min")
+BIAS_DTYPES = ("input", "fp32")
+# score_mods of the FlexAttention signature (mods.py): a relative position bias table, ALiBi and softcap
+SCORE_MODS = ("off", "relative", "alibi", "softcap")
 # Where a paged sequence's pages lie in the pool: one after the other; the pool reversed; a random
 # permutation with unused pages between them; the first sequence's full pages shared by the others (a
 # cached prefix)
@@ -43,7 +60,9 @@ MAX_SPLITS = 64
 # leaves them out, so a dense case prints as it always did.
 VARIANT_DEFAULTS = {"window": (-1, -1), "softcap": 0.0, "alibi": "off", "sinks": "off", "head_dim_v": None,
                     "seqlens": None, "tail": 0, "cache_seqlens": None, "page_size": 0, "pages": "in-order",
-                    "pool": 0, "splits": 1}
+                    "pool": 0, "splits": 1, "mask": "off", "mask_shape": "full", "mask_block": 0, "mask_rate": 0,
+                    "mask_lengths": None, "mask_nan": False, "bias": "off", "bias_shape": "full",
+                    "bias_dtype": "input", "bias_grad": False, "score_mod": "off"}
 
 
 @dataclass(frozen=True)
@@ -78,6 +97,21 @@ class Case:
     pages: str = "in-order"
     pool: int = 0
     splits: int = 1  # split-KV: each sequence's keys cut into this many ranges (Case.split_ranges)
+    # masks and biases (masks.py draws them from the seed): the pattern and its shape; the block size of
+    # "block"; the percent of blocks or elements masked ("block", "random"); the lengths of "padding"
+    # ([q_len, k_len] per batch element), "document" ([q_len, k_len] per document, in order) and "prefix"
+    # ([prefix]); mask_nan: keys that no row may see hold NaN in k and v
+    mask: str = "off"
+    mask_shape: str = "full"
+    mask_block: int = 0
+    mask_rate: int = 0
+    mask_lengths: tuple | None = None
+    mask_nan: bool = False
+    bias: str = "off"
+    bias_shape: str = "full"  # MASK_SHAPES but "keys"
+    bias_dtype: str = "input"
+    bias_grad: bool = False  # the bias requires grad: dbias is judged with the other gradients
+    score_mod: str = "off"
 
     def __post_init__(self) -> None:
         for name in ("batch", "nheads", "nheads_k", "head_dim"):
@@ -124,6 +158,70 @@ class Case:
             if self.head_dim_v > MAX_HEAD_DIM_V:
                 raise UsageError("head_dim_v", self.head_dim_v, f"must be in 1..{MAX_HEAD_DIM_V}, or null for head_dim")
         self._check_ragged()
+        self._check_masks()
+
+    def _check_masks(self) -> None:
+        for name, allowed in (("mask", MASKS), ("mask_shape", MASK_SHAPES), ("bias", BIASES),
+                              ("bias_shape", MASK_SHAPES[:-1]), ("bias_dtype", BIAS_DTYPES), ("score_mod", SCORE_MODS)):
+            if getattr(self, name) not in allowed:
+                raise UsageError(name, getattr(self, name), f"must be one of {', '.join(allowed)}")
+        for name in ("mask_nan", "bias_grad"):
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(name, getattr(self, name), "must be true or false")
+        _require_int("mask_block", self.mask_block, minimum=0)
+        _require_int("mask_rate", self.mask_rate, minimum=0)
+        if self.mask_rate > 100:
+            raise UsageError("mask_rate", self.mask_rate, "must be a percent in 0..100")
+        used = [n for n in ("mask", "bias", "score_mod") if getattr(self, n) != "off"]
+        if used and (self.kind != "dense" or self.splits > 1):
+            raise UsageError(used[0], getattr(self, used[0]), "is for dense cases only (not varlen, paged or split)")
+        if self.mask != "off" and self.bias != "off":
+            raise UsageError("bias", self.bias, "a case has a mask or a bias, not both (SDPA takes one attn_mask)")
+        if self.score_mod != "off" and (self.softcap or self.alibi != "off"):
+            raise UsageError("score_mod", self.score_mod, "replaces softcap and alibi: leave those off")
+        if self.mask == "off":
+            for name in ("mask_shape", "mask_block", "mask_rate", "mask_lengths", "mask_nan"):
+                if getattr(self, name) != VARIANT_DEFAULTS[name]:
+                    raise UsageError(name, getattr(self, name), "is for cases with a mask (mask is off)")
+        if self.bias == "off":
+            for name in ("bias_shape", "bias_dtype", "bias_grad"):
+                if getattr(self, name) != VARIANT_DEFAULTS[name]:
+                    raise UsageError(name, getattr(self, name), "is for cases with a bias (bias is off)")
+        if self.mask_shape == "keys" and self.mask not in KEY_MASKS:
+            raise UsageError("mask_shape", "keys", f"takes a key mask: mask must be one of {', '.join(KEY_MASKS)}")
+        if self.mask == "block":
+            _require_int("mask_block", self.mask_block, minimum=1)
+        elif self.mask_block:
+            raise UsageError("mask_block", self.mask_block, "is for mask \"block\" only")
+        if self.mask_rate and self.mask not in ("block", "random"):
+            raise UsageError("mask_rate", self.mask_rate, "is for masks \"block\" and \"random\" only")
+        self._check_mask_lengths()
+
+    def _check_mask_lengths(self) -> None:
+        """padding: [q_len, k_len] per batch element; document: [q_len, k_len] per document; prefix: [n]."""
+        lengths = self.mask_lengths
+        if self.mask not in ("padding", "document", "prefix"):
+            if lengths is not None:
+                raise UsageError("mask_lengths", lengths, "is for masks padding, document and prefix only")
+            return
+        width = 1 if self.mask == "prefix" else 2
+        rule = "[prefix]" if width == 1 else "a list of [q_len, k_len] pairs"
+        if not isinstance(lengths, (list, tuple)) or not lengths or not all(
+                isinstance(p, (list, tuple)) and len(p) == width for p in lengths):
+            raise UsageError("mask_lengths", lengths, f"must be {rule} for mask {self.mask}"
+                             if width == 2 else f"must be [[prefix]] for mask prefix")
+        for pair in lengths:
+            for n in pair:
+                _require_int("mask_lengths", n, minimum=0)
+        lengths = tuple(tuple(p) for p in lengths)
+        object.__setattr__(self, "mask_lengths", lengths)
+        if self.mask == "padding" and len(lengths) != self.batch:
+            raise UsageError("mask_lengths", list(map(list, lengths)), f"must have one pair per batch element ({self.batch})")
+        if self.mask == "padding" and any(a > self.seqlen_q or b > self.seqlen_k for a, b in lengths):
+            raise UsageError("mask_lengths", list(map(list, lengths)),
+                             f"each [q_len, k_len] must be within [{self.seqlen_q}, {self.seqlen_k}]")
+        if self.mask == "prefix" and len(lengths) != 1:
+            raise UsageError("mask_lengths", list(map(list, lengths)), "must be [[prefix]] for mask prefix")
 
     def _check_ragged(self) -> None:
         if self.seqlens is not None and self.cache_seqlens is not None:
@@ -203,7 +301,9 @@ class Case:
         """The variant features this case uses, in FEATURES order."""
         on = {"window": self.window != (-1, -1), "softcap": self.softcap > 0, "alibi": self.alibi != "off",
               "sinks": self.sinks != "off", "head_dim_v": self.head_dim_v is not None,
-              "varlen": self.seqlens is not None, "paged": self.cache_seqlens is not None, "splits": self.splits > 1}
+              "varlen": self.seqlens is not None, "paged": self.cache_seqlens is not None, "splits": self.splits > 1,
+              "mask": self.mask != "off", "mask_nan": self.mask_nan, "bias": self.bias != "off",
+              "bias_grad": self.bias_grad, "score_mod": self.score_mod != "off"}
         return tuple(f for f in FEATURES if on[f])
 
     @property
@@ -301,7 +401,7 @@ class Case:
                 del d[name]
             elif name == "window" or name == "cache_seqlens":
                 d[name] = list(d[name])
-            elif name == "seqlens":
+            elif name in ("seqlens", "mask_lengths"):
                 d[name] = [list(p) for p in d[name]]
         return d
 
@@ -353,8 +453,30 @@ class Case:
                          + (f" pool={self.pool}" if self.pool else ""))
         if self.splits > 1:
             flags.append(f"splits={self.splits}")
+        flags += self._mask_flags()
         return (f"b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} h{self.nheads}{gqa} d{self.head_dim} "
                 + " ".join(flags))
+
+
+    def _mask_flags(self) -> list:
+        """"padding mask [1 1, 2 0] keys" and the like: a minimal failure reads as its pattern."""
+        flags = []
+        if self.mask != "off":
+            words = [f"{self.mask} mask"]
+            if self.mask_lengths is not None:
+                words.append(",".join("/".join(map(str, p)) for p in self.mask_lengths))
+            if self.mask == "block":
+                words.append(f"block={self.mask_block}")
+            if self.mask in ("block", "random"):
+                words.append(f"masked={self.mask_rate}%")
+            words.append(f"shape={self.mask_shape}" + (" nan-keys" if self.mask_nan else ""))
+            flags.append(" ".join(words))
+        if self.bias != "off":
+            flags.append(f"bias={self.bias} shape={self.bias_shape}" + (" fp32" if self.bias_dtype == "fp32" else "")
+                         + (" grad" if self.bias_grad else ""))
+        if self.score_mod != "off":
+            flags.append(f"score_mod={self.score_mod}")
+        return flags
 
 
 def _require_int(name: str, value: object, *, minimum: int) -> None:

@@ -70,7 +70,8 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
     base = [_quantize(t, h, clamp).to(tdtype) for t in x.tensors()]
     direction = [(torch.randint(0, 2, t.shape, generator=g, device=device) * 2 - 1).to(tdtype) for t in base]
     w = x.dout.to(torch.float64)
-    extras = {name: t.detach() for name, t in x.extras().items()}  # the case's slopes and sinks, held fixed
+    # the case's slopes, sinks and bias held fixed (a mask_mod or score_mod is a function: as it is)
+    extras = {name: t.detach() if isinstance(t, torch.Tensor) else t for name, t in x.extras().items()}
 
     def loss(tensors, grad=False):
         ins = [t.clone().requires_grad_(grad) for t in tensors]

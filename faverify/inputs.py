@@ -50,6 +50,14 @@ class Inputs:
     cache_seqlens: torch.Tensor | None = None
     k_logical: torch.Tensor | None = None
     v_logical: torch.Tensor | None = None
+    # masks and biases (masks.py): the keep-mask as a function and as a bool [B, H, SQ, SK] tensor, a
+    # "block" pattern's blocks, the additive bias (a leaf that requires grad when the case asks dbias), and
+    # a score_mod
+    mask_mod: object = None
+    attn_mask: torch.Tensor | None = None
+    block_mask: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+    score_mod: object = None
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.q, self.k, self.v
@@ -70,11 +78,25 @@ class Inputs:
             fields["dout"] = self.dout
         if self.sinks is not None:
             fields["sinks"] = self.sinks.detach().clone().requires_grad_(requires_grad)
+        if self.bias is not None:
+            fields["bias"] = self.bias.detach().clone().requires_grad_(requires_grad and self.bias.requires_grad)
         return Inputs(**fields)
 
+    def differentiable(self) -> dict:
+        """What gradients are taken with respect to, by the gradient's name: q, k, v, and the sinks and the
+        bias when the case asks for theirs."""
+        named = dict(zip(("dq", "dk", "dv"), self.tensors()))
+        if self.sinks is not None:
+            named["dsinks"] = self.sinks
+        if self.bias is not None and self.bias.requires_grad:
+            named["dbias"] = self.bias
+        return named
 
-# the keywords of Inputs.extras, flash-attn's names
-EXTRAS = ("alibi_slopes", "sinks", "cu_seqlens_q", "cu_seqlens_k", "block_table", "cache_seqlens")
+
+# the keywords of Inputs.extras, flash-attn's names, then the masks' (subjects.base.variant_keywords picks
+# the form of a mask each subject takes)
+EXTRAS = ("alibi_slopes", "sinks", "cu_seqlens_q", "cu_seqlens_k", "block_table", "cache_seqlens", "mask_mod",
+          "attn_mask", "block_mask", "bias", "score_mod")
 
 
 def variant_of(case: Case, x: Inputs, conventions: Conventions = DEFAULT_CONVENTIONS) -> Variant:
@@ -82,7 +104,8 @@ def variant_of(case: Case, x: Inputs, conventions: Conventions = DEFAULT_CONVENT
     left, right = case.bounds
     return Variant(left=left, right=right, softcap=case.softcap, alibi_slopes=x.alibi_slopes,
                    sinks=None if x.sinks is None else x.sinks.detach(),
-                   offset=conventions.offset(case.seqlen_q, case.seqlen_k), alibi_form=conventions.alibi)
+                   offset=conventions.offset(case.seqlen_q, case.seqlen_k), alibi_form=conventions.alibi,
+                   mask=x.attn_mask, bias=None if x.bias is None else x.bias.detach(), score_mod=x.score_mod)
 
 
 def generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -96,7 +119,23 @@ def make_inputs(case: Case, device: torch.device | str, *, requires_grad: bool =
     dtype = TORCH[case.dtype]
     drawn = draw_values(case, device)
     values = Inputs(*(t.to(dtype) for t in drawn[:4]), *drawn[4:])
+    if case.mask != "off" or case.bias != "off" or case.score_mod != "off":
+        values = _with_masks(case, values, device)
     return lay_out(case, values, requires_grad=requires_grad)
+
+
+def _with_masks(case: Case, values: Inputs, device: torch.device) -> Inputs:
+    """The case's mask, bias and score_mod (masks.draw); with mask_nan, NaN in k and v at every key that
+    no row may see, which a kernel must not let into any output."""
+    from faverify import masks
+    drawn = masks.draw(case, device)
+    if case.mask_nan:
+        dead = masks.dead_keys(case, drawn["attn_mask"])[..., None]  # [b, sk, hk, 1]
+        values.k = torch.where(dead, torch.full_like(values.k, float("nan")), values.k)
+        values.v = torch.where(dead, torch.full_like(values.v, float("nan")), values.v)
+    for name, value in drawn.items():
+        setattr(values, name, value)
+    return values
 
 
 def lay_out(case: Case, values: Inputs, *, requires_grad: bool = False) -> Inputs:
@@ -111,7 +150,11 @@ def lay_out(case: Case, values: Inputs, *, requires_grad: bool = False) -> Input
     sinks = values.sinks
     if sinks is not None:
         sinks = sinks.detach().clone().requires_grad_(requires_grad)
-    return Inputs(q, k, v, dout, values.alibi_slopes, sinks)
+    bias = values.bias
+    if bias is not None:
+        bias = bias.detach().clone().requires_grad_(requires_grad and case.bias_grad)
+    return Inputs(q, k, v, dout, values.alibi_slopes, sinks, mask_mod=values.mask_mod, attn_mask=values.attn_mask,
+                  block_mask=values.block_mask, bias=bias, score_mod=values.score_mod)
 
 
 def _lay_out_ragged(case: Case, values: Inputs, requires_grad: bool) -> Inputs:

@@ -16,8 +16,9 @@ from typing import Callable
 
 import torch
 
-Tensors = dict  # name -> tensor: out [b,sq,h,dv], lse [b,h,sq], dq [b,sq,h,d], dk [b,sk,hk,d], dv [b,sk,hk,dv], dsinks [h]
-TENSORS = ("out", "lse", "dq", "dk", "dv", "dsinks")
+Tensors = dict  # name -> tensor: out [b,sq,h,dv], lse [b,h,sq], dq [b,sq,h,d], dk [b,sk,hk,d], dv [b,sk,hk,dv],
+# dsinks [h], dbias the bias's shape [b|1, h|1, sq|1, sk]
+TENSORS = ("out", "lse", "dq", "dk", "dv", "dsinks", "dbias")
 # a split-KV subject's partial results (sequences.split_yardsticks), judged as out and lse are
 SPLIT_TENSORS = ("out_splits", "lse_splits")
 
@@ -35,11 +36,20 @@ class Variant:
     sinks: torch.Tensor | None = None  # fp32 [h]
     offset: int | None = None  # row i's diagonal key is i + offset; None: sk - sq (bottom-right)
     alibi_form: str = "flash"  # or "relative": + slope * (j - diagonal) (conventions.ALIBI_FORMS)
+    # masks.py: a bool keep-mask and an additive bias, [B, H, SQ, SK] broadcasting over [b, h, sq, sk]
+    # (the bias added after ALiBi, the mask with causal and windows), and a FlexAttention score_mod applied
+    # to the logit after the bias. Keys no row may see may hold NaN in k and v: read as 0.
+    mask: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+    score_mod: Callable | None = None
 
     @classmethod
     def dense(cls, causal: bool) -> "Variant":
         return cls(right=0 if causal else None)
 
+# A bias entry this large acts as a mask (exp of it is exactly 0 beside any other logit; a row of them only
+# is uniform in fp32 as in FP64), not as a logit whose rounding costs precision: the logit bound leaves it out
+MASK_LIKE = 1e30
 _CHUNK_BUDGET = {"cpu": 64 << 20, "cuda": 1 << 30}  # bytes for one chunk's [rows x seqlen_k] temporaries
 _TEMPORARIES = 6  # s, p, dp, ds and two products alive at once
 
@@ -86,6 +96,12 @@ def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales)
         return t.to(compute).permute(0, 2, 1, 3).reshape(b, hk, n // hk, t.shape[1], t.shape[3])
 
     Q, K, V = heads(q, h), heads(k, hk), heads(v, hk)  # K, V: [b, hk, 1, sk, d|dv]
+    if variant.mask is not None:  # mask_nan's keys, which no row sees
+        K, V = K.nan_to_num(nan=0.0), V.nan_to_num(nan=0.0)
+    mask, bias = (_five(t, h, hk) for t in (variant.mask, variant.bias))
+    if bias is not None:
+        bias = bias.to(compute)
+    mod = variant.score_mod
     dO = heads(dout, h) if backward else None
     cap = float(variant.softcap)
     slopes = None
@@ -99,6 +115,7 @@ def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales)
     dk_heads = torch.zeros(b, hk, g, sk, d, dtype=compute, device=dev) if backward else None
     dv_heads = torch.zeros(b, hk, g, sk, dv, dtype=compute, device=dev) if backward else None
     dsinks = torch.zeros(hk, g, dtype=compute, device=dev) if backward and sink is not None else None
+    dbias = torch.zeros(variant.bias.shape, dtype=compute, device=dev) if backward and bias is not None else None
     acc = _ScaleAccumulator(Q, K, V, dO, scale, slopes, sink, sq) if with_scales else None
 
     if sk == 0 and sink is not None:  # no key: the sink alone is the softmax, lse its logit, out 0
@@ -119,7 +136,17 @@ def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales)
             if slopes is not None:
                 distance = (cols[None, :] - diag) if variant.alibi_form == "relative" else -(diag - cols[None, :]).abs()
                 s = rnd(s + rnd(slopes * distance.to(compute)))
+            if bias is not None:
+                s = rnd(s + _rows(bias, i0, i1))
+            mod_slope = None
+            if mod is not None:
+                s, mod_slope = _modded(mod, s, i0, i1, g)
+                s = rnd(s)
+            if acc is not None and (bias is not None or mod is not None):
+                acc.add_logits(s)
             hidden = torch.zeros(i1 - i0, sk, dtype=torch.bool, device=dev)
+            if mask is not None:
+                hidden = hidden | ~_rows(mask, i0, i1)
             if variant.right is not None:
                 hidden |= cols[None, :] > diag + variant.right
             if variant.left is not None:
@@ -153,6 +180,13 @@ def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales)
             ds = rnd(p * (dp - D))  # the gradient of the logits after cap, bias and masks
             if dsinks is not None:  # the sink's own logit: its dP is 0 (no value)
                 dsinks += (-rnd(p_sink / torch.where(seen, l, ones)) * D).sum(dim=(0, 3, 4))
+            if mod_slope is not None:
+                ds = rnd(ds * mod_slope)
+            if dbias is not None:  # the gradient of the logit where the bias was added
+                _add_rows(dbias, ds, i0, i1)
+                if acc is not None:
+                    acc.add_dbias(variant.bias.shape, i0, i1, p * (dp.abs() + (dOc * o).abs().sum(-1, keepdim=True))
+                                  * (mod_slope.abs() if mod_slope is not None else 1.0))
             if cap > 0:
                 ds = rnd(ds * rnd(1 - tanh * tanh))
             ds = rnd(ds * scale)
@@ -161,7 +195,8 @@ def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales)
             dv_heads += p.transpose(-1, -2) @ dOc
             if acc is not None:
                 D_terms = (dOc * o).abs().sum(dim=-1, keepdim=True)
-                acc.add_backward(i0, i1, p, dp, D_terms, (1 - tanh * tanh) if cap > 0 else None,
+                slope = (1 - tanh * tanh) if cap > 0 else mod_slope.abs() if mod_slope is not None else None
+                acc.add_backward(i0, i1, p, dp, D_terms, slope,
                                  p_sink / torch.where(seen, l, ones) if sink is not None else None)
 
     tensors = {
@@ -175,11 +210,57 @@ def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales)
         tensors["dv"] = rnd(rnd(dv_heads).sum(dim=2)).permute(0, 2, 1, 3)
         if dsinks is not None:
             tensors["dsinks"] = rnd(dsinks).reshape(h)
+        if dbias is not None:
+            tensors["dbias"] = rnd(dbias)
     scales = acc.result(tensors["lse"], backward) if acc is not None else {}
     if round_to is not None:  # already rounded: the cast is exact (dsinks stays fp32, as the sinks are)
-        tensors = {name: t.to(round_to if name != "dsinks" else torch.float32) for name, t in tensors.items()}
+        keep = {"dsinks": torch.float32, "dbias": variant.bias.dtype if variant.bias is not None else None}
+        tensors = {name: t.to(keep.get(name) or round_to) for name, t in tensors.items()}
     return tensors, scales
 
+
+def _five(t: torch.Tensor | None, h: int, hk: int) -> torch.Tensor | None:
+    """A mask or bias [B, H, SQ, SK] in the reference's [B, hk|1, g|1, SQ, SK] head grouping."""
+    if t is None:
+        return None
+    B, H, SQ, SK = t.shape
+    return t.reshape(B, hk, h // hk, SQ, SK) if H == h else t.reshape(B, 1, 1, SQ, SK)
+
+
+def _rows(t: torch.Tensor, i0: int, i1: int) -> torch.Tensor:
+    return t[:, :, :, i0:i1] if t.shape[3] > 1 else t
+
+
+def _add_rows(dbias: torch.Tensor, ds: torch.Tensor, i0: int, i1: int) -> None:
+    """dbias [B, H, SQ, SK] += the chunk's ds [b, hk, g, c, sk], summed over the dimensions the bias
+    broadcasts over."""
+    B, H, SQ, SK = dbias.shape
+    b, hk, g, c, sk = ds.shape
+    part = ds.reshape(b, hk * g, c, sk)
+    if B == 1:
+        part = part.sum(0, keepdim=True)
+    if H == 1:
+        part = part.sum(1, keepdim=True)
+    if SQ == 1:
+        dbias += part.sum(2, keepdim=True)
+    else:
+        dbias[:, :, i0:i1] += part
+
+
+def _modded(mod: Callable, s: torch.Tensor, i0: int, i1: int, g: int) -> tuple:
+    """A score_mod applied to the chunk's logits [b, hk, g, c, sk] on index grids, and its elementwise
+    derivative (by autograd: a score_mod is elementwise)."""
+    b, hk, _, c, sk = s.shape
+    dev = s.device
+    bi = torch.arange(b, device=dev).reshape(b, 1, 1, 1, 1)
+    hi = (torch.arange(hk, device=dev)[:, None] * g + torch.arange(g, device=dev)).reshape(1, hk, g, 1, 1)
+    ii = torch.arange(i0, i1, device=dev).reshape(1, 1, 1, c, 1)
+    jj = torch.arange(sk, device=dev).reshape(1, 1, 1, 1, sk)
+    with torch.enable_grad():
+        pre = s.detach().requires_grad_(True)
+        post = mod(pre, bi, hi, ii, jj).expand_as(pre)
+        slope, = torch.autograd.grad(post, pre, torch.ones_like(post))
+    return post.detach(), slope
 
 class _ScaleAccumulator:
     """The magnitude of the terms summed into each output element, max over the tensor.
@@ -216,6 +297,20 @@ class _ScaleAccumulator:
         b, hk, g = Q.shape[:3]
         self.dv_cols = torch.zeros(b, hk, g, K.shape[3], dtype=Q.dtype, device=Q.device)
         self.dk_cols = torch.zeros_like(self.dv_cols)
+        self.dbias_terms = None
+
+    def add_logits(self, s):
+        """A bias or score_mod moves the logits beyond the q.k bound: the largest seen bounds them then (an
+        entry of MASK_LIKE size or more acts as a mask: exp of it is 0 beside any other logit)."""
+        size = s.abs()
+        size = torch.where(size < MASK_LIKE, size, torch.zeros_like(size))
+        self.logit = torch.maximum(self.logit, size.amax())
+
+    def add_dbias(self, shape, i0, i1, mag):
+        """dbias sums dS over the bias's broadcast dimensions: the terms' magnitude summed likewise."""
+        if self.dbias_terms is None:
+            self.dbias_terms = torch.zeros(shape, dtype=mag.dtype, device=mag.device)
+        _add_rows(self.dbias_terms, mag, i0, i1)
 
     def add_forward(self, s, p):
         self.out = torch.maximum(self.out, (p * self.v_max.unsqueeze(-2)).sum(-1).amax())
@@ -237,6 +332,7 @@ class _ScaleAccumulator:
         if backward:
             if self.has_sink:
                 scales["dsinks"] = self.dsinks
+            scales["dbias"] = _amax0(self.dbias_terms) if self.dbias_terms is not None else torch.zeros_like(self.logit)
             scales["dq"] = self.dq
             scales["dk"] = _amax0(self.dk_cols.sum(2))
             scales["dv"] = _amax0(self.dv_cols.sum(2))

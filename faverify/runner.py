@@ -22,8 +22,8 @@ from faverify.reference import naive, reference
 from faverify.subjects.base import Subject
 from faverify.verdict import Tolerance, judge_all, kind
 
-MODES = {"fwd": ("out", "lse"), "bwd": ("dq", "dk", "dv", "dsinks"),
-         "both": ("out", "lse", "dq", "dk", "dv", "dsinks")}
+MODES = {"fwd": ("out", "lse"), "bwd": ("dq", "dk", "dv", "dsinks", "dbias"),
+         "both": ("out", "lse", "dq", "dk", "dv", "dsinks", "dbias")}
 STATUSES = ("pass", "fail", "skip", "crash", "timeout")
 
 
@@ -110,7 +110,7 @@ def exercise(subject: Subject, case: Case, device: torch.device | str, mode: str
     x = make_inputs(case, device, requires_grad=mode != "fwd")
     out, _ = subject(x.q, x.k, x.v, case, x.extras())
     if mode != "fwd" and subject.caps.backward and out.requires_grad:
-        torch.autograd.grad(out, _differentiable(x), x.dout, allow_unused=True)
+        torch.autograd.grad(out, tuple(x.differentiable().values()), x.dout, allow_unused=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -186,13 +186,14 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     if backward:
         try:
             with _no_exit():
-                grads = torch.autograd.grad(out, _differentiable(x), x.dout, allow_unused=True)
+                wrt = x.differentiable()
+                grads = torch.autograd.grad(out, tuple(wrt.values()), x.dout, allow_unused=True)
         except raised as e:  # autograd's own complaint may come from an input changed in place
             failing = _changed_inputs(x, pristine, subject.caps.writes)
             failing.append((f"error:{type(e).__name__}", f"backward raised {type(e).__name__}: {e}"))
             return CaseResult(name, case, "fail", "; ".join(r for _, r in failing), signatures=[s for s, _ in failing])
-        names = ("dq", "dk", "dv", "dsinks")[:len(grads)]
-        for gname, grad, inp in zip(names, grads, _differentiable(x)):
+        names = tuple(wrt)
+        for gname, grad, inp in zip(names, grads, wrt.values()):
             got[gname] = grad if grad is not None else torch.zeros_like(inp)
         problem = next((p for g in names if (p := _on_device(g, got[g], x.q.device))), None)
         if problem:
@@ -355,8 +356,8 @@ def _differences(subject: Subject, case: Case, pristine: Inputs, got: dict, back
         out, lse = subject(x.q, x.k, x.v, case, x.extras())
         again = {"out": out, "lse": lse}
         if backward and out.requires_grad:
-            grads = torch.autograd.grad(out, _differentiable(x), x.dout, allow_unused=True)
-            again.update(zip(("dq", "dk", "dv", "dsinks"), grads))
+            wrt = x.differentiable()
+            again.update(zip(wrt, torch.autograd.grad(out, tuple(wrt.values()), x.dout, allow_unused=True)))
         counts = {name: _bits_differ(got[name], t) for name, t in again.items()
                   if got.get(name) is not None and t is not None}
         differ = [f"{name} in {n} elements" for name, n in counts.items() if n]
@@ -371,11 +372,6 @@ def _bits_differ(a: torch.Tensor, b: torch.Tensor) -> int:
     a, b = a.detach().contiguous(), b.detach().contiguous()
     bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     return int((a.view(bits) != b.view(bits)).sum())
-
-
-def _differentiable(x: Inputs) -> tuple:
-    """What the gradients are taken with respect to: q, k, v, and the sinks when the case has them."""
-    return x.tensors() + ((x.sinks,) if x.sinks is not None else ())
 
 
 def _copy(x: Inputs, backward: bool) -> Inputs:
@@ -445,6 +441,7 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
         return _judge_ragged(case, x, got, tolerance, tensors, backward, conventions, baseline)
     variant = variant_of(case, x, conventions)
     empty = case.empty_rows(variant.offset)
+    empty_mask = None
     if given is not None and (conventions.causal, conventions.alibi) != (DEFAULT_CONVENTIONS.causal,
                                                                          DEFAULT_CONVENTIONS.alibi):
         given = None  # a golden file holds the reference under the default masks: computed here instead
@@ -456,9 +453,11 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
         base = naive(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant)
         if baseline is not None:
             base = {**base, **baseline}
+        if variant.mask is not None:  # the rows the mask leaves without a key, from the reference itself
+            empty_mask = (ref["lse"] == -torch.inf) if x.sinks is None else torch.zeros_like(ref["lse"], dtype=torch.bool)
         if conventions != DEFAULT_CONVENTIONS:
             ref, scales, base = _declared(ref, scales, base, conventions)
-        stats = error_stats(got, ref, base, scales, tensors=tensors, empty_rows=empty,
+        stats = error_stats(got, ref, base, scales, tensors=tensors, empty_rows=empty, empty_mask=empty_mask,
                             sinks=x.sinks is not None, empty_lse=conventions.empty_lse_value)
     metrics = judge_all(stats, case.dtype, tolerance)
     lse = metrics.get("lse")

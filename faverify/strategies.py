@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from faverify.case import DTYPES, FEATURES, INITS, LAYOUTS, MAX_HEAD_DIM, PAGE_ORDERS, REGIMES, VARIANT_FEATURES, Case
+from faverify.case import (DTYPES, FEATURES, INITS, KEY_MASKS, LAYOUTS, MASK_SHAPES, MASKS, MAX_HEAD_DIM, PAGE_ORDERS,
+                           REGIMES, VARIANT_FEATURES, Case)
 from faverify.errors import UsageError
 
 # Block boundaries of common tile sizes (16..128) and their neighbours, odd lengths, one-row cases, and the
@@ -35,6 +36,13 @@ SPLITS = (2, 3, 4, 7, 16)
 LONG_CACHE_ODDS = 16  # one paged case in this many has a cache past max_seqlen (up to Limits.max_cache)
 HUGE_POOL_ODDS = 32  # one paged case in this many has a pool past 2^32 elements, where Limits allow it
 INT32_ELEMENTS = 1 << 31  # offsets into a pool this large overflow a signed 32-bit product
+# Masks and biases: block sizes (16 first; 17 and 48 leave tails in every tile size), percents of blocks or
+# elements masked (0 first: nothing masked), and the most elements a per-batch, per-head mask or bias may
+# have (b * h * sq * sk): past it only the shared shapes are drawn (the FP64 dbias alone is 8 bytes each)
+MASK_BLOCKS = (16, 32, 64, 128, 17, 48)
+MASK_RATES = (0, 50, 25, 75, 90, 100)
+MAX_DOCUMENTS = 4
+MAX_MASK_ELEMENTS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -79,13 +87,14 @@ def seqlens(*, max_seqlen: int) -> st.SearchStrategy[int]:
 def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes: tuple = REGIMES,
           layouts: tuple = LAYOUTS, inits: tuple = INITS, causal: bool | None = None,
           head_dims: tuple = HEAD_DIMS, exact_head_dims: bool = False, features: tuple = (),
-          always_split: bool = False, ragged_only: bool = False) -> Case:
+          always_split: bool = False, ragged_only: bool = False, masks: tuple = MASKS[1:]) -> Case:
     """A Case within `limits`. Arguments narrow the choices; each must be a non-empty subset. Head dims
     are drawn from head_dims or anywhere between its least and largest, or only from it (exact).
     features: the variant features (case.FEATURES) drawn, each on or off per case, after every dense
     field, so a dense draw is the same whatever the features; each shrinks to off. "varlen" and "paged"
     replace the batch by sequences of their own lengths (ragged); always_split: every case has splits
-    (a split-KV combine's cases); ragged_only: every case varlen or paged (of those in features)."""
+    (a split-KV combine's cases); ragged_only: every case varlen or paged (of those in features); masks:
+    the mask patterns drawn when features has "mask" (case.MASKS)."""
     for name, chosen, allowed in (("dtypes", dtypes, DTYPES), ("regimes", regimes, REGIMES),
                                   ("layouts", layouts, LAYOUTS), ("inits", inits, INITS)):
         if not chosen or not set(chosen) <= set(allowed):
@@ -131,7 +140,54 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     if always_split or "splits" in features:
         choices = SPLITS if always_split else (1,) + SPLITS
         shape["splits"] = draw(st.sampled_from(choices))
+    mask_features = set(features) & {"mask", "bias", "score_mod"}
+    if mask_features and not shape.get("cache_seqlens") and not shape.get("seqlens") and shape.get("splits", 1) == 1:
+        variant.update(draw(masked(tuple(features), dense, variant, masks)))
     return Case(**{**dense, **variant, **shape})
+
+
+@st.composite
+def masked(draw, features: tuple, dense: dict, variant: dict, patterns: tuple) -> dict:
+    """A mask or a bias (or neither: what it shrinks to), and a score_mod, for a dense case. Shrinking goes
+    toward nothing masked: full lengths, no prefix, a masked percent of 0, one document."""
+    b, h, sq, sk = dense["batch"], dense["nheads"], dense["seqlen_q"], dense["seqlen_k"]
+    small = b * h * sq * sk <= MAX_MASK_ELEMENTS
+    out = {}
+    # three cases in four of a subject that declares them carry a mask or a bias (shrinks to neither)
+    kinds = ["off"] + 3 * [k for k in ("mask", "bias") if k in features]
+    kind = draw(st.sampled_from(kinds))
+    if kind == "mask":
+        pattern = draw(st.sampled_from(patterns))
+        shapes = [s for s in (MASK_SHAPES if small else ("shared", "keys"))
+                  if s != "keys" or pattern in KEY_MASKS] or ["shared"]
+        out.update(mask=pattern, mask_shape=draw(st.sampled_from(shapes)))
+        if pattern == "padding":
+            out["mask_lengths"] = tuple((draw(_kept(sq)), draw(_kept(sk))) for _ in range(b))
+        elif pattern == "document":
+            n = draw(st.integers(1, MAX_DOCUMENTS))
+            out["mask_lengths"] = tuple((draw(st.integers(0, sq)), draw(st.integers(0, sk))) for _ in range(n))
+        elif pattern == "prefix":
+            out["mask_lengths"] = ((draw(st.integers(0, sk)),),)
+        if pattern == "block":
+            out["mask_block"] = draw(st.sampled_from(MASK_BLOCKS))
+        if pattern in ("block", "random"):
+            out["mask_rate"] = draw(st.one_of(st.sampled_from(MASK_RATES), st.integers(0, 100)))
+        if "mask_nan" in features:
+            out["mask_nan"] = draw(st.booleans())
+    elif kind == "bias":
+        out.update(bias=draw(st.sampled_from(("normal", "large", "min"))),
+                   bias_shape=draw(st.sampled_from(MASK_SHAPES[:-1] if small else ("shared",))),
+                   bias_dtype=draw(st.sampled_from(("input", "fp32"))))
+        if "bias_grad" in features:  # most cases of a subject that declares it (shrinks to no gradient)
+            out["bias_grad"] = draw(st.sampled_from((False, True, True, True)))
+    if "score_mod" in features and not variant.get("softcap") and not variant.get("alibi") and draw(st.booleans()):
+        out["score_mod"] = draw(st.sampled_from(("relative", "alibi", "softcap")))
+    return out
+
+
+def _kept(n: int) -> st.SearchStrategy[int]:
+    """A padding length in 0..n: n first (nothing padded), then the edges (none kept, one, one short)."""
+    return st.one_of(st.sampled_from(list(dict.fromkeys((n, 0, 1, max(0, n - 1))))), st.integers(0, n))
 
 
 def _lengths(cap: int) -> st.SearchStrategy[int]:

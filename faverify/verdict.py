@@ -55,11 +55,11 @@ from faverify.metrics import ErrorStats, TensorMetrics
 from faverify.reference import TENSORS
 
 # flash-attention's own suite allows 2x the baseline error for out and 3x for the gradients.
-DEFAULT_FACTOR = {"out": 2.0, "lse": 2.0, "dq": 3.0, "dk": 3.0, "dv": 3.0, "dsinks": 3.0}
-DEFAULT_ATOL = {"out": 1.0, "lse": 1.0, "dq": 1.0, "dk": 1.0, "dv": 1.0, "dsinks": 1.0}
+DEFAULT_FACTOR = {"out": 2.0, "lse": 2.0, "dq": 3.0, "dk": 3.0, "dv": 3.0, "dsinks": 3.0, "dbias": 3.0}
+DEFAULT_ATOL = {"out": 1.0, "lse": 1.0, "dq": 1.0, "dk": 1.0, "dv": 1.0, "dsinks": 1.0, "dbias": 1.0}
 # The floor left beside an informative baseline, in the same unit u(dtype) * scale_T: calibrated
 # (docs/measurements.md, "Tolerance floor") as the largest floor any correct subject needed there, with margin.
-DEFAULT_TIGHT = {"out": 0.25, "lse": 0.25, "dq": 0.25, "dk": 0.25, "dv": 0.25, "dsinks": 0.25}
+DEFAULT_TIGHT = {"out": 0.25, "lse": 0.25, "dq": 0.25, "dk": 0.25, "dv": 0.25, "dsinks": 0.25, "dbias": 0.25}
 KNEE = 0.25  # a baseline error of KNEE * F or more is informative: the floor beside it is the tight one
 FLUSHED = 2.0 ** -120  # what flushing fp32 subnormals to zero may cost (the docstring's last floor term)
 

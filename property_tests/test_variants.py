@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from faverify.case import VARIANT_FEATURES, Case
+from faverify.case import MASK_FEATURES, VARIANT_FEATURES, Case
 from faverify.errors import UsageError
 from faverify.inputs import make_inputs, variant_of
 from faverify.reference import Variant, reference
@@ -156,9 +156,13 @@ def test_the_fuzz_draws_every_declared_feature_and_counts_them(tmp_path):
     assert r.exit_code == 0, r.stdout[-2000:]
     summary = json.loads((tmp_path / "run.json").read_text())["kernels"][0]["summary"]
     counted = summary["features"]
-    assert set(resolve("sdpa-math").caps.features()) <= set(counted) and "cases per feature" in r.stdout + r.stderr
+    # masks and biases (dense cases only) have their own test with more cases: test_masks.py
+    ragged_and_variants = set(resolve("sdpa-math").caps.features()) - set(MASK_FEATURES)
+    assert ragged_and_variants <= set(counted) and "cases per feature" in r.stdout + r.stderr
     assert {f: v["cases"] for f, v in summary["by_feature"].items()} == counted  # none skipped here
-    assert all(v["failed"] == 0 and 0 <= v["usage_max"] <= 1 for v in summary["by_feature"].values())
+    # "nan" where each of a feature's cases had nothing to err on (a mask that hides every key: out is 0)
+    assert all(v["failed"] == 0 and (v["usage_max"] == "nan" or 0 <= v["usage_max"] <= 1)
+               for v in summary["by_feature"].values()), summary["by_feature"]
     assert "By variant feature" in r.stdout + r.stderr
     r = cli("fuzz", "--kernel", "sdpa-math", "--iters", "20", "--device", "cpu", "--no-db", "--no-isolate",
             "--features", "none", "--json", tmp_path / "dense.json")
@@ -235,12 +239,16 @@ def test_flex_runs_the_variants_it_declares_forward_only_on_the_cpu():
     if torch.cuda.is_available():
         pytest.skip("the CPU's forward-only path; the GPU runs belong to the GPU tests")
     flex = resolve("flex")
-    assert set(flex.caps.features()) == {"window", "softcap", "alibi", "head_dim_v", "varlen", "paged"}
+    assert set(flex.caps.features()) == {"window", "softcap", "alibi", "head_dim_v", "varlen", "paged", "mask",
+                                         "score_mod"}
     results = [evaluate(flex, c, "cpu") for c in (
         Case(1, 40, 24, 2, 1, 32, dtype="bf16", causal=True, window=(5, -1), seed=1),  # rows that see no key
         Case(2, 33, 47, 2, 2, 32, dtype="bf16", softcap=2.0, alibi="batch-head", seed=2),
-        Case(2, 33, 47, 2, 2, 32, dtype="bf16", softcap=7.0, alibi="batch-head", window=(3, 4), seed=3))]
-    assert [r.status for r in results] == ["pass"] * 3, [r.reason for r in results]
+        Case(2, 33, 47, 2, 2, 32, dtype="bf16", softcap=7.0, alibi="batch-head", window=(3, 4), seed=3),
+        # the case's own mask_mod (per batch element) and score_mod, compiled as the reference applies them
+        Case(2, 33, 47, 2, 2, 32, dtype="bf16", mask="padding", mask_lengths=[[20, 1], [33, 40]], mask_shape="heads",
+             score_mod="relative", seed=4))]
+    assert [r.status for r in results] == ["pass"] * 4, [r.reason for r in results]
     assert all(r.reason.startswith("forward only") and set(r.metrics) == {"out"} for r in results)
     assert results[0].phases.get("compile", 0) > 0 and "compile" not in results[2].phases
     skipped = evaluate(flex, Case(1, 4, 4, 1, 1, 32, sinks="around"), "cpu")

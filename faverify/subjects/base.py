@@ -21,7 +21,9 @@ INPUTS = ("q", "k", "v", "dout")  # what a subject is given: dout through autogr
 # The keywords each variant feature is passed by (flash-attn's names); head_dim_v has none: v's shape says it.
 KEYWORDS = {"window": ("window_size",), "softcap": ("softcap",), "alibi": ("alibi_slopes",), "sinks": ("sinks",),
             "varlen": ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
-            "paged": ("block_table", "cache_seqlens"), "splits": ("num_splits",)}
+            "paged": ("block_table", "cache_seqlens"), "splits": ("num_splits",), "mask": ("attn_mask",),
+            "bias": ("attn_mask",), "score_mod": ("score_mod",), "mask_mod": ("mask_mod",),
+            "block_mask": ("block_mask", "block_size")}
 from faverify.errors import Unsupported
 
 
@@ -58,6 +60,19 @@ class Capabilities:
     # takes out=, a buffer to write into (varlen: [total_q + tail, h, dv]); it must not write past the
     # last sequence's tokens
     out_buffer: bool = False
+    # masks and biases (docs/design.md, "Masks and biases"), in torch SDPA's and FlexAttention's names:
+    # mask: attn_mask, a bool [b|1, h|1, sq|1, sk] (True: keep); bias: attn_mask, a float one added to the
+    # logits, and bias_grad: its gradient (dbias, judged); mask_nan: keys no row sees may hold NaN, and
+    # must not reach any output; score_mod: a FlexAttention score_mod(score, b, h, q_idx, kv_idx); mask_mod:
+    # every mask as a FlexAttention mask_mod(b, h, q_idx, kv_idx) instead of a tensor; block_mask: block
+    # patterns as their blocks, block_mask bool [b|1, h|1, ceil(sq/n), ceil(sk/n)] and block_size n
+    mask: bool = False
+    mask_nan: bool = False
+    bias: bool = False
+    bias_grad: bool = False
+    score_mod: bool = False
+    mask_mod: bool = False
+    block_mask: bool = False
     # where causal aligns, lse's base, the lse of a row that sees no key, ALiBi's form: a preset's name
     # (conventions.PRESETS: "flash-attn-2", "flashinfer", ...) or a dict of conventions.Conventions' fields
     conventions: object = _conventions.DEFAULT
@@ -85,7 +100,7 @@ class Capabilities:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.min_head_dim > self.max_head_dim:
             raise ValueError(f"min_head_dim {self.min_head_dim} is above max_head_dim {self.max_head_dim}")
-        for name in ("gqa", "backward", "lse", "combine", "out_buffer", "dense") + FEATURES:
+        for name in ("gqa", "backward", "lse", "combine", "out_buffer", "dense", "mask_mod", "block_mask") + FEATURES:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
@@ -100,7 +115,7 @@ class Capabilities:
             return "GQA/MQA (nheads_k != nheads) not supported"
         if self.init_modes is not None and case.init not in self.init_modes:
             return f"init {case.init} not supported"
-        missing = [f for f in case.features() if not getattr(self, f)]
+        missing = [f for f in case.features() if not (self.mask_form(case) if f == "mask" else getattr(self, f))]
         if missing:
             return f"{', '.join(missing)} not declared by the subject (faverify_capabilities)"
         if case.dv != case.head_dim and not self.min_head_dim <= case.dv <= self.max_head_dim:
@@ -113,14 +128,28 @@ class Capabilities:
             return "a split-KV combine is judged on split cases only (splits >= 2)"
         return None
 
+    def mask_form(self, case: Case) -> str | None:
+        """How this subject takes the case's mask: "attn_mask" (a bool tensor), "mask_mod" (a function),
+        "block_mask" (a block pattern's blocks), or None when it cannot."""
+        if self.mask:
+            return "attn_mask"
+        if self.mask_mod:
+            return "mask_mod"
+        if self.block_mask and case.mask == "block":
+            return "block_mask"
+        return None
+
     def features(self) -> tuple:
-        return tuple(f for f in FEATURES if getattr(self, f))
+        """The features its cases may draw ("mask": in any form it takes)."""
+        return tuple(f for f in FEATURES if getattr(self, f) or (f == "mask" and (self.mask_mod or self.block_mask)))
 
     def draw(self) -> dict:
         """strategies.cases' arguments that every case of this subject needs: split cases for a combine,
-        ragged ones for a subject that takes no dense batch."""
+        ragged ones for a subject that takes no dense batch, block patterns for one that takes masks as
+        blocks only."""
         return {**({"always_split": True} if self.combine else {}),
-                **({"ragged_only": True} if not self.dense and (self.varlen or self.paged) else {})}
+                **({"ragged_only": True} if not self.dense and (self.varlen or self.paged) else {}),
+                **({"masks": ("block",)} if self.block_mask and not (self.mask or self.mask_mod) else {})}
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -169,7 +198,7 @@ class Subject:
         kwargs = {"causal": case.causal, "softmax_scale": case.softmax_scale}
         if self.caps.init_modes is not None:
             kwargs["init"] = case.init
-        kwargs.update(variant_keywords(case, extras or {}))
+        kwargs.update(variant_keywords(case, extras or {}, self.caps))
         if out is not None:
             kwargs["out"] = out
         if self.caps.splits:  # even 1: a split subject's own default might cut the keys otherwise
@@ -186,9 +215,9 @@ class Subject:
         return result, None, None
 
 
-def variant_keywords(case: Case, extras: dict) -> dict:
+def variant_keywords(case: Case, extras: dict, caps: Capabilities | None = None) -> dict:
     """The keywords of the variant features the case uses, and only those (a dense case calls a subject
-    exactly as before)."""
+    exactly as before); a mask in the form the subject takes (Capabilities.mask_form)."""
     used = case.features()
     kwargs = {}
     if "window" in used:
@@ -207,6 +236,15 @@ def variant_keywords(case: Case, extras: dict) -> dict:
         kwargs.update(block_table=extras["block_table"], cache_seqlens=extras["cache_seqlens"])
     if "splits" in used:
         kwargs["num_splits"] = case.splits
+    if "mask" in used:
+        form = (caps or Capabilities(mask=True)).mask_form(case)
+        kwargs.update({"attn_mask": {"attn_mask": extras["attn_mask"]}, "mask_mod": {"mask_mod": extras["mask_mod"]},
+                       "block_mask": {"block_mask": extras.get("block_mask"), "block_size": case.mask_block},
+                       None: {}}[form])
+    if "bias" in used:
+        kwargs["attn_mask"] = extras["bias"]
+    if "score_mod" in used:
+        kwargs["score_mod"] = extras["score_mod"]
     return kwargs
 
 
@@ -220,7 +258,8 @@ def missing_keywords(fn: Callable, caps: Capabilities) -> list:
         return []
     if caps.combine:  # called as fn(out_splits, lse_splits)
         return []
-    wanted = [w for f in caps.features() for w in KEYWORDS.get(f, ())]
+    wanted = [w for f in caps.features() if f != "mask" for w in KEYWORDS.get(f, ())]
+    wanted += [w for form in ("mask", "mask_mod", "block_mask") if getattr(caps, form) for w in KEYWORDS[form]]
     if caps.out_buffer:
         wanted.append("out")
     return [w for w in wanted if w not in params]

@@ -2,7 +2,8 @@
 of the variant contract.
 
 Softcap and ALiBi are a score_mod, causal masks and windows a mask_mod and its block mask, bottom-right
-aligned like the rest of faverify. Varlen and paged cases run one sequence at a time (per_sequence.py). Their parameters live in tensors the mods read, so a new softcap, slope
+aligned like the rest of faverify. A case's own mask and score_mod (masks.py, mods.py) are passed to it as
+the functions the reference applies. Varlen and paged cases run one sequence at a time (per_sequence.py). Their parameters live in tensors the mods read, so a new softcap, slope
 or window does not recompile; on a GPU sizes are dynamic, so a new head dim or dtype is what compiles;
 on the CPU each shape compiles (see _flex's caller for why). On the CPU
 torch compiles FlexAttention for inference only and without lse: the subject runs the forward there under
@@ -47,8 +48,11 @@ def _flex(dynamic: bool):
     return _COMPILED[dynamic]
 
 
-def flex(q, k, v, *, causal: bool, softmax_scale, window_size=None, softcap=None, alibi_slopes=None):
-    from torch.nn.attention.flex_attention import create_block_mask
+def flex(q, k, v, *, causal: bool, softmax_scale, window_size=None, softcap=None, alibi_slopes=None, score_mod=None,
+         mask_mod=None):
+    """score_mod, mask_mod: the case's own (masks.py, mods.py), compiled as given; a mask_mod joins the
+    causal and window mask, and then its block mask is built per batch element and head."""
+    from torch.nn.attention.flex_attention import and_masks, create_block_mask
 
     b, sq, h, d = q.shape
     sk = k.shape[1]
@@ -61,7 +65,10 @@ def flex(q, k, v, *, causal: bool, softmax_scale, window_size=None, softcap=None
                    offset=torch.tensor(sk - sq, device=dev),
                    left=torch.tensor(_UNBOUNDED if left < 0 else left, device=dev),
                    right=torch.tensor(_UNBOUNDED if right < 0 else right, device=dev))
-    block_mask = create_block_mask(_mask_mod, None, None, sq, sk, device=dev)
+    if mask_mod is None:
+        block_mask = create_block_mask(_mask_mod, None, None, sq, sk, device=dev)
+    else:
+        block_mask = create_block_mask(and_masks(_mask_mod, mask_mod), b, h, sq, sk, device=dev)
     cpu = dev.type == "cpu"
     qt, kt, vt = (t.transpose(1, 2).detach() if cpu else t.transpose(1, 2) for t in (q, k, v))
     # Dynamic sizes on the GPU; static on the CPU, where inductor's C++ template for fp16 with symbolic
@@ -69,7 +76,7 @@ def flex(q, k, v, *, causal: bool, softmax_scale, window_size=None, softcap=None
     key = (dev.type, q.dtype, d, v.shape[-1], not cpu and q.requires_grad) + ((b, h, sq, sk) if cpu else ())
     start = time.perf_counter()
     with torch.no_grad() if cpu else torch.enable_grad():
-        result = _flex(not cpu)(qt, kt, vt, score_mod=_score_mod, block_mask=block_mask, scale=softmax_scale,
+        result = _flex(not cpu)(qt, kt, vt, score_mod=score_mod or _score_mod, block_mask=block_mask, scale=softmax_scale,
                          enable_gqa=kt.shape[1] != qt.shape[1], return_lse=not cpu)
     if key not in _SEEN:  # this call compiled: its time is the compiler's, not the kernel's
         if dev.type == "cuda":
@@ -89,6 +96,7 @@ def _take_compile_seconds() -> float:
 
 def make() -> Subject:
     from faverify.subjects.per_sequence import ragged
-    caps = Capabilities(lse=True, window=True, softcap=True, alibi=True, head_dim_v=True, varlen=True, paged=True)
+    caps = Capabilities(lse=True, window=True, softcap=True, alibi=True, head_dim_v=True, varlen=True, paged=True,
+                        mask_mod=True, score_mod=True)
     return Subject(name="flex", fn=ragged(flex), caps=caps, description="torch FlexAttention, compiled (forward only on "
                    "the CPU)", compile_seconds=_take_compile_seconds)

@@ -20,13 +20,13 @@ _BACKENDS = {
     "sdpa-math": ("MATH", "torch SDPA math backend (reference-style, materializes the score matrix; variants "
                           "through an fp32 float mask)",
                   Capabilities(max_head_dim=512, window=True, softcap=True, alibi=True, sinks=True,
-                               head_dim_v=True, varlen=True, paged=True)),
+                               head_dim_v=True, varlen=True, paged=True, mask=True, bias=True, bias_grad=True)),
     "sdpa-flash": ("FLASH_ATTENTION", "torch SDPA FlashAttention-2 backend",
                    Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",))),
     "sdpa-efficient": ("EFFICIENT_ATTENTION", "torch SDPA memory-efficient (xformers) backend",
-                       Capabilities(devices=("cuda",))),
+                       Capabilities(devices=("cuda",), mask=True, bias=True, bias_grad=True)),
     "sdpa-cudnn": ("CUDNN_ATTENTION", "torch SDPA cuDNN backend",
-                   Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",))),
+                   Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",), mask=True, bias=True)),
 }
 
 
@@ -57,7 +57,7 @@ def make(name: str) -> Subject:
     backend_name, description, caps = _BACKENDS[name]
 
     def fn(q, k, v, *, causal: bool, softmax_scale: float, window_size=None, softcap=None, alibi_slopes=None,
-           sinks=None):
+           sinks=None, attn_mask=None):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         from torch.nn.attention.bias import causal_lower_right
 
@@ -69,8 +69,10 @@ def make(name: str) -> Subject:
                 warnings.simplefilter("always")  # recorded, not shown: torch's reasons when it refuses a case
                 if variant:  # in fp32: a sink of 1e9 or a softcap's correction does not fit a 16-bit mask
                     qt, kt, vt, mask = _variant_mask(qt.float(), kt.float(), vt.float(), causal, softmax_scale,
-                                                     window_size, softcap, alibi_slopes, sinks)
+                                                     window_size, softcap, alibi_slopes, sinks, attn_mask)
                     is_causal = False
+                elif attn_mask is not None:  # SDPA takes a mask or is_causal: causal goes into the mask
+                    mask, is_causal = _with_causal(attn_mask, sq, sk) if causal else attn_mask, False
                 else:
                     is_causal = causal and sq == sk  # top-left and bottom-right agree when sq == sk
                     mask = causal_lower_right(sq, sk) if causal and sq != sk else None
@@ -89,7 +91,18 @@ def make(name: str) -> Subject:
     return Subject(name=name, fn=fn, caps=caps, description=description)
 
 
-def _variant_mask(qt, kt, vt, causal, softmax_scale, window_size, softcap, alibi_slopes, sinks):
+def _with_causal(attn_mask, sq: int, sk: int):
+    """The case's attn_mask with the bottom-right causal mask folded in: a bool one and-ed, a float one
+    -inf above the diagonal (masked_fill: a bias's gradient stays the caller's where it is kept)."""
+    import torch
+    rows = torch.arange(sq, device=attn_mask.device)[:, None] + (sk - sq)
+    keep = torch.arange(sk, device=attn_mask.device)[None, :] <= rows
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & keep
+    return attn_mask.masked_fill(~keep, float("-inf"))
+
+
+def _variant_mask(qt, kt, vt, causal, softmax_scale, window_size, softcap, alibi_slopes, sinks, attn_mask=None):
     """The variants as one additive float mask on [b, h, sq, sk] heads-first tensors: softcap as the capped
     logits themselves (computed from q and k with autograd, so the gradient flows through them),
     ALiBi's bias, -inf outside the window (bottom-right aligned), and a sink as one more key of value 0
@@ -121,10 +134,15 @@ def _variant_mask(qt, kt, vt, causal, softmax_scale, window_size, softcap, alibi
         hidden |= cols > rows + right
     if left >= 0:
         hidden |= cols < rows - left
+    if attn_mask is not None:  # the case's own: a bool keep-mask or a float bias
+        if attn_mask.dtype == torch.bool:
+            hidden = hidden | ~attn_mask
+        else:
+            bias = bias + attn_mask.float()
     bias = bias.masked_fill(hidden, float("-inf"))
     if sinks is not None:
-        bias = torch.cat([bias.expand(bias.shape[0], h, sq, sk),
-                          sinks.float().reshape(1, h, 1, 1).expand(bias.shape[0], h, sq, 1)], dim=-1)
+        bias = torch.cat([bias.expand(b, h, sq, sk),
+                          sinks.float().reshape(1, h, 1, 1).expand(b, h, sq, 1)], dim=-1)
         kt = torch.cat([kt, kt.new_zeros(b, kt.shape[1], 1, d)], dim=2)
         vt = torch.cat([vt, vt.new_zeros(b, vt.shape[1], 1, vt.shape[3])], dim=2)
     return qt, kt, vt, bias.to(qt.dtype)
