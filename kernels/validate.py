@@ -88,6 +88,36 @@ def check_variant(q, *, window_size, softcap, alibi_slopes, sinks, batch: int) -
             raise ValueError(f"{name} must be contiguous in its last dimension (stride {t.stride(-1)})")
 
 
+def check_masks(q, k, *, attn_mask, block_mask, block_size) -> None:
+    """attn_mask (SDPA's): bool or float, [b|1, h|1, sq|1, sk] on q's device; block_mask: bool [b|1, h|1,
+    ceil(sq / n), ceil(sk / n)] with block_size n >= 1."""
+    b, sq, h = q.shape[0], q.shape[1], q.shape[2]
+    sk = k.shape[1]
+    if attn_mask is not None:
+        _check_4d("attn_mask", attn_mask, q, (b, h, sq, sk), allow_float=True)
+    if block_mask is None:
+        if block_size is not None:
+            raise ValueError(f"block_size is for a block_mask, and block_mask is None (block_size={block_size!r})")
+        return
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be an int >= 1 with a block_mask, got {block_size!r}")
+    n = block_size
+    _check_4d("block_mask", block_mask, q, (b, h, -(-sq // n), -(-sk // n)), allow_float=False)
+
+
+def _check_4d(name: str, t, q, full: tuple, allow_float: bool) -> None:
+    kinds = "bool or floating" if allow_float else "bool"
+    if not isinstance(t, torch.Tensor) or not (t.dtype == torch.bool or allow_float and t.dtype.is_floating_point):
+        raise ValueError(f"{name} must be a {kinds} tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if t.device != q.device:
+        raise ValueError(f"{name} must be on q's device ({q.device}), got {t.device}")
+    # the last dimension never broadcasts (SDPA's attn_mask does; a kernel reading keys by stride 0 would not)
+    allowed = [(n, 1) for n in full[:3]] + [(full[3],)]
+    if t.dim() != 4 or any(got not in ok for got, ok in zip(t.shape, allowed)):
+        want = ", ".join(f"{n}|1" for n in full[:3]) + f", {full[3]}"
+        raise ValueError(f"{name} must have shape [{want}], got {list(t.shape)}")
+
+
 def _int32_vector(name: str, t, device, length: int | None = None) -> None:
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
         got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__

@@ -259,7 +259,10 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
     # the variant kernels' 16-bit builds spill nothing (configs.variant's tiles); fp32's as below
     varied = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if re.match(r"v(fwd|dkdv|dq|combine) ", line)]
     sixteen = [row for row in varied if " fp32 " not in row[0]]
-    assert sixteen and all(int(row[5]) == 0 for row in sixteen), [row[:6] for row in sixteen if int(row[5])]
+    # but one: dk/dv with a bias and a block mask at d128 keeps 8 bytes on sm_80 (configs._MASKED)
+    allowed = {("vdkdv bf16 D128 bias+blocks", "sm_80"): 8}
+    assert sixteen and all(int(row[5]) <= allowed.get((row[0], row[1]), 0) for row in sixteen), \
+        [row[:6] for row in sixteen if int(row[5])]
     # fp32's own small tiles (configs._fp32): the 16-bit ones spilled up to 45 KB there
     fp32 = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if re.match(r"\w+ fp32 D\d+", line)]
     assert fp32 and all(int(row[5]) <= 64 for row in fp32), [row[:6] for row in fp32 if int(row[5]) > 64]

@@ -131,12 +131,12 @@ class Capabilities:
     def mask_form(self, case: Case) -> str | None:
         """How this subject takes the case's mask: "attn_mask" (a bool tensor), "mask_mod" (a function),
         "block_mask" (a block pattern's blocks), or None when it cannot."""
+        if self.block_mask and case.mask == "block":  # the form that lets a kernel skip the empty blocks
+            return "block_mask"
         if self.mask:
             return "attn_mask"
         if self.mask_mod:
             return "mask_mod"
-        if self.block_mask and case.mask == "block":
-            return "block_mask"
         return None
 
     def features(self) -> tuple:

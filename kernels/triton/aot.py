@@ -60,8 +60,8 @@ class Variant:
 # sinks are runtime values), softcap, varlen, paged split-KV decode. One kernel is compiled per set of
 # switches, padded head dims and dtype whatever the shapes or values, so these sets, at the head dims and
 # dtypes below, are the variants whose code differs; not every combination of values.
-SWITCH_SETS = {"vfwd": ("", "softcap", "varlen+softcap", "paged+split+softcap"),
-               "vdkdv": ("", "varlen+softcap"), "vdq": ("", "varlen+softcap")}
+SWITCH_SETS = {"vfwd": ("", "softcap", "varlen+softcap", "paged+split+softcap", "bias+blocks"),
+               "vdkdv": ("", "varlen+softcap", "bias+blocks"), "vdq": ("", "varlen+softcap", "bias+blocks+dbias")}
 
 
 HOPPER_SWITCH_SETS = ("window", "softcap", "window+softcap")
@@ -210,17 +210,22 @@ def _variant_source(v: Variant, capability: int):
         pointers = {name: "*fp32" for name in ("OutSplits", "LseSplits", "Lse")} | {"Out": f"*{v.dtype}"}
     else:
         kind = v.kernel[1:]
-        tile = configs.variant(kind, max(v.block_d, v.block_dv), ELEM[v.dtype], "varlen" in on)
-        constants = dict(SOFTCAP="softcap" in on, VARLEN="varlen" in on, BLOCK_M=tile.block_m,
+        tile = configs.variant(kind, max(v.block_d, v.block_dv), ELEM[v.dtype], "varlen" in on,
+                               bool(on & {"bias", "blocks"}))
+        constants = dict(SOFTCAP="softcap" in on, VARLEN="varlen" in on, BIAS="bias" in on, BLOCKS="blocks" in on,
+                         BLOCK_M=tile.block_m,
                          BLOCK_N=tile.block_n, BLOCK_D=v.block_d, BLOCK_DV=v.block_dv, EVEN_D=False,
                          EVEN_DV=False, INTERPRETED=False, IEEE=v.dtype == "fp32")
         fn = {"fwd": _fwd_kernel, "dkdv": _dkdv_kernel, "dq": _dq_kernel}[kind]
+        if kind == "dq":
+            constants["DBIAS"] = "dbias" in on
         if kind == "fwd":
             constants.update(PAGED="paged" in on, STATS="split" not in on,
                              SPLIT_BLOCK=SPLIT_BLOCK if "split" in on else 0)
         options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
         pointers = {name: "*fp32" for name in ("Lse", "Rowmax", "Log2l", "Delta", "Alibi", "Sinks")}
         pointers.update({name: "*i32" for name in ("CuQ", "CuK", "BlockTable", "CacheSeqlens")})
+        pointers.update(Bias="*fp32", Blocks="*i8", DBias="*fp32")
         if "split" in on:
             pointers["Out"] = "*fp32"  # the split partials
     signature = {}

@@ -214,11 +214,20 @@ _VARIANT_128 = {"fwd": Tile(64, 32, 8, 1), "dkdv": Tile(16, 32, 8, 1), "dq": Til
 _VARIANT_WIDE = {"fwd": Tile(16, 32, 8, 1), "dkdv": Tile(16, 16, 8, 1), "dq": Tile(16, 16, 8, 1)}
 
 
-def variant(kind: str, block_d: int, elem: int, varlen: bool = False) -> Tile:
+# Builds with a bias or a block mask hold their pointer tiles too: these spilled 160-656 bytes at the tiles
+# above on sm_80 (the AOT report); smaller ones, picked for no spill (dk/dv at d128 keeps 8 bytes on sm_80 at
+# every tile tried, M16 N16 w4 and w8 among them; none on sm_90)
+_MASKED = {(4, "fwd"): Tile(16, 32, 8, 1), (2, 64, "dkdv"): Tile(16, 32, 8, 2), (2, 128, "fwd"): Tile(32, 32, 8, 2),
+           (2, 128, "dkdv"): Tile(16, 16, 8, 1)}
+
+
+def variant(kind: str, block_d: int, elem: int, varlen: bool = False, masked: bool = False) -> Tile:
     """The tile of a variant kernel; block_d the larger padded head dim of q/k and v; varlen: the build
-    for packed sequences (cu_seqlens)."""
+    for packed sequences (cu_seqlens); masked: a build with a bias or a block mask."""
     if INTERPRET:
         return _INTERPRETED[kind]
+    if masked and ((elem, kind) in _MASKED or (elem, block_d, kind) in _MASKED):
+        return _MASKED.get((elem, kind)) or _MASKED[(elem, block_d, kind)]
     if elem == 4:  # fp32's CUDA-core products (_fp32); dk/dv's M16 N32 spilled 176 bytes at 64 on sm_90
         return Tile(16, 16, 8, 1) if kind == "dkdv" else _fp32(kind, block_d)
     if block_d > 128:

@@ -17,7 +17,7 @@ from faverify.kernels.constants import INIT_VALUE
 from faverify.kernels.triton.common import INTERPRET, LAUNCHED as _LAUNCHED, LOG2E, NO_BOUND, block_d, quiet
 from faverify.kernels.triton.common import seq_strides as _strides
 from faverify.kernels.triton.common import take_paths  # noqa: F401  (the subject's Subject.paths)
-from faverify.kernels.validate import check_inputs, check_kvcache, check_variant, check_varlen
+from faverify.kernels.validate import check_inputs, check_kvcache, check_masks, check_variant, check_varlen
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
@@ -162,8 +162,8 @@ def _hopper_variant(launch: Launch):
     (_use_hopper); it returns None elsewhere, and the variant forward runs."""
     @_on_their_device
     def run(q, k, v, var):
-        if var.alibi is not None or var.sinks is not None or v.shape[-1] != q.shape[-1] or 0 in q.shape[:2] \
-                or k.shape[1] == 0:
+        if var.alibi is not None or var.sinks is not None or var.bias is not None or var.blocks is not None \
+                or v.shape[-1] != q.shape[-1] or 0 in q.shape[:2] or k.shape[1] == 0:
             return None
         b, sq, h, d = q.shape
         out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
@@ -241,7 +241,8 @@ DEVICE_HINT = "CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before i
 
 def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None = None,
                     window_size: tuple = (-1, -1), softcap: float = 0.0, alibi_slopes=None, sinks=None,
-                    init: str = "-inf", return_lse: bool = False, launch: Launch | None = None):
+                    init: str = "-inf", return_lse: bool = False, launch: Launch | None = None, attn_mask=None,
+                    block_mask=None, block_size: int | None = None):
     """FlashAttention forward (and backward through autograd) in Triton.
 
     q: [batch, seqlen_q, nheads, head_dim]; k, v: [batch, seqlen_k, nheads_k, head_dim], nheads_k dividing
@@ -267,10 +268,14 @@ def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None =
                          device_hint=DEVICE_HINT, head_dim_v=True)
     check_variant(q, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
                   batch=q.shape[0])
+    check_masks(q, k, attn_mask=attn_mask, block_mask=block_mask, block_size=block_size)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:  # a bias of 0 and -inf, with no gradient
+        attn_mask = torch.zeros(attn_mask.shape, dtype=torch.float32, device=q.device).masked_fill(~attn_mask, -torch.inf)
     launch = launch or DEFAULT
     if tuple(window_size) != (-1, -1) or softcap or alibi_slopes is not None or sinks is not None \
-            or v.shape[-1] != q.shape[-1]:
-        var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, sinks, init)
+            or v.shape[-1] != q.shape[-1] or attn_mask is not None or block_mask is not None:
+        var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, sinks, init, attn_mask,
+                              block_mask, block_size or 0)
         out, lse = _var.attention(q, k, v, var, emulate=launch.emulate,
                                   launcher=None if INTERPRET else _hopper_variant(launch))
     else:

@@ -17,7 +17,10 @@ def _choose_interpreter() -> None:
 # What each subject runs (docs/design.md, "Ragged and paged"): the variant features every kernel takes,
 # then the ragged kinds. The paged decode takes no sinks (split partials take none) and has no backward.
 VARIANTS = dict(window=True, softcap=True, alibi=True, head_dim_v=True)
-KINDS = {"triton": dict(sinks=True, init_modes=("-inf", "-1e30")),
+# The dense subject also takes masks (block patterns as their blocks, which it skips when empty; any other
+# as a bool attn_mask, run as a bias of 0 and -inf) and biases with their gradient.
+KINDS = {"triton": dict(sinks=True, init_modes=("-inf", "-1e30"), mask=True, block_mask=True, bias=True,
+                        bias_grad=True),
          "triton-varlen": dict(sinks=True, init_modes=("-inf", "-1e30"), varlen=True, dense=False),
          "triton-paged": dict(paged=True, dense=False, splits=True, backward=False)}
 

@@ -7,13 +7,17 @@ variant forward's switches:
 - ALiBi: a constant bias, no factor in dS (always applied: slope 0 without it);
 - sinks: already in log2 l (the forward's); their own gradient, -sum_i p_sink_i D_i, is a reduction over
   rows the launcher computes from lse and D;
-- v's own head dim; VARLEN's packed sequences, as in the forward.
+- v's own head dim; VARLEN's packed sequences, as in the forward;
+- the bias and the block mask (BIAS, BLOCKS) recomputed into P as the forward adds them; DBIAS: dq's
+  kernel, which meets each (row, key) of a head once, writes dS (the gradient of the logit the bias was
+  added to: before softcap's derivative and the scale) to an fp32 [b, h, sq, sk] buffer, which the
+  launcher sums over the dimensions the bias broadcasts over.
 """
 import triton
 import triton.language as tl
 
 from faverify.kernels.triton.common import cast, generic_args, load_rows, mm, row_stats, saturate
-from faverify.kernels.triton.variant_forward import variant_scores, visible_tiles
+from faverify.kernels.triton.variant_forward import extra_scores, variant_scores, visible_tiles
 
 
 @triton.jit
@@ -30,7 +34,9 @@ def _sequence(Cu, off_b, length, VARLEN: tl.constexpr):
 def _dkdv_inner(dk, dv, k, v, q_base, do_base, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
                 lo, hi, offs_m0, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_q, seqlen_k, diag,
                 left, right, slope, qk_scale, cap_scale, inv_cap_scale,  #
-                MASK: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr,  #
+                bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block,  #
+                MASK: tl.constexpr, SOFTCAP: tl.constexpr, BIAS: tl.constexpr, BLOCKS: tl.constexpr,  #
+                BLOCK_M: tl.constexpr,  #
                 EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
     for start_m in tl.range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -42,6 +48,8 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, m_ptr, l2_ptr, delta_ptr, stride_
         m, l2, delta = row_stats(m_ptr, l2_ptr, delta_ptr, offs_m, seqlen_q, MASK)
         sT, thT = variant_scores(mm(k, qT, INTERPRETED, IEEE), offs_m[None, :], offs_n[:, None], seqlen_k, diag,
                                  left, right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP)
+        sT = extra_scores(sT, offs_m[None, :], offs_n[:, None], seqlen_q, seqlen_k, bias, stride_bm, stride_bn,
+                          bias_scale, blocks, stride_km, stride_kn, mask_block, BIAS=BIAS, BLOCKS=BLOCKS)
         pT = tl.math.exp2(tl.minimum((sT - m[None, :]) * qk_scale, 0.0) - l2[None, :])
         dv += mm(cast(pT, do.dtype, INTERPRETED), do, INTERPRETED, IEEE)
         dsT = pT * (mm(v, tl.trans(do), INTERPRETED, IEEE) - delta[None, :])
@@ -51,13 +59,14 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, m_ptr, l2_ptr, delta_ptr, stride_
     return dk, dv
 
 
-def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV, CuQ, CuK, Alibi,  #
+def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV, CuQ, CuK, Alibi, Bias, Blocks,  #
           stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,  #
           stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
           stride_lb, stride_lh, stride_ab,  #
+          stride_bb, stride_bh, stride_bm, stride_bn, stride_kmb, stride_kmh, stride_km, stride_kn, mask_block, bias_scale,  #
           nheads_k, group, seqlen_q, seqlen_k, head_dim, head_dim_v, softmax_scale, qk_scale,  #
           left, right, cap_scale, inv_cap_scale, bias_unit,  #
-          SOFTCAP: tl.constexpr, VARLEN: tl.constexpr,  #
+          SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, BIAS: tl.constexpr, BLOCKS: tl.constexpr,  #
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,  #
           EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
@@ -85,6 +94,8 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV, CuQ, CuK, Alibi,  #
     for g in range(0, group):
         off_h = off_hk * group + g
         slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit  # 0 without ALiBi
+        bias = Bias + off_b * stride_bb + off_h * stride_bh
+        blocks = Blocks + off_b * stride_kmb + off_h * stride_kmh
         # pointer tiles of query rows 0..BLOCK_M-1 (q transposed), moved along by the loop
         q_base = Q + off_b * stride_qb + bos_q * stride_qs + off_h * stride_qh + offs_m0[None, :] * stride_qs \
             + offs_d[:, None]
@@ -94,17 +105,20 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV, CuQ, CuK, Alibi,  #
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, Rowmax + row, Log2l + row, Delta + row, stride_qs,
                              stride_ds, lo, full_lo, offs_m0, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
                              seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale,
-                             MASK=True, SOFTCAP=SOFTCAP, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
+                             bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block,
+                             MASK=True, SOFTCAP=SOFTCAP, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
                              EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, Rowmax + row, Log2l + row, Delta + row, stride_qs,
                              stride_ds, full_lo, full_hi, offs_m0, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
                              seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale,
-                             MASK=False, SOFTCAP=SOFTCAP, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
+                             bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block,
+                             MASK=False, SOFTCAP=SOFTCAP, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
                              EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, Rowmax + row, Log2l + row, Delta + row, stride_qs,
                              stride_ds, full_hi, hi, offs_m0, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
                              seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale,
-                             MASK=True, SOFTCAP=SOFTCAP, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
+                             bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block,
+                             MASK=True, SOFTCAP=SOFTCAP, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
                              EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
     dk = dk * softmax_scale
     ok = offs_n[:, None] < seqlen_k
@@ -117,8 +131,10 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV, CuQ, CuK, Alibi,  #
 @triton.jit
 def _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs,  #
               lo, hi, offs_m, offs_n0, offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right,  #
-              slope, qk_scale, cap_scale, inv_cap_scale,  #
-              MASK: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr,  #
+              slope, qk_scale, cap_scale, inv_cap_scale, seqlen_q,  #
+              bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block, dbias, stride_gm,  #
+              MASK: tl.constexpr, SOFTCAP: tl.constexpr, BIAS: tl.constexpr, BLOCKS: tl.constexpr,  #
+              DBIAS: tl.constexpr, BLOCK_N: tl.constexpr,  #
               EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -129,20 +145,27 @@ def _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs,  #
                        (offs_dv < head_dim_v)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_DV)
         s, th = variant_scores(mm(q, kT, INTERPRETED, IEEE), offs_m[:, None], cols[None, :], seqlen_k, diag, left,
                                right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP)
+        s = extra_scores(s, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, bias, stride_bm, stride_bn,
+                         bias_scale, blocks, stride_km, stride_kn, mask_block, BIAS=BIAS, BLOCKS=BLOCKS)
         p = tl.math.exp2(tl.minimum((s - m[:, None]) * qk_scale, 0.0) - l2[:, None])
         ds = p * (mm(do, vT, INTERPRETED, IEEE) - delta[:, None])
+        if DBIAS:  # the logit the bias was added to: dS before softcap's derivative
+            tl.store(dbias + offs_m[:, None].to(tl.int64) * stride_gm + cols[None, :], ds,
+                     mask=(offs_m[:, None] < seqlen_q) & (cols[None, :] < seqlen_k))
         if SOFTCAP:
             ds = ds * (1.0 - th * th)
         dq += mm(cast(saturate(ds, kT.dtype), kT.dtype, INTERPRETED), tl.trans(kT), INTERPRETED, IEEE)
     return dq
 
 
-def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ, CuQ, CuK, Alibi,  #
+def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ, CuQ, CuK, Alibi, Bias, Blocks, DBias,  #
         stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,  #
         stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh, stride_ab,  #
+        stride_bb, stride_bh, stride_bm, stride_bn, stride_kmb, stride_kmh, stride_km, stride_kn, mask_block, bias_scale,  #
+        stride_gb, stride_gh, stride_gm,  # dS's [b, h, sq, sk] buffer (DBIAS)
         nheads, group, seqlen_q, seqlen_k, head_dim, head_dim_v, softmax_scale, qk_scale,  #
         left, right, cap_scale, inv_cap_scale, bias_unit,  #
-        SOFTCAP: tl.constexpr, VARLEN: tl.constexpr,  #
+        SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, BIAS: tl.constexpr, BLOCKS: tl.constexpr, DBIAS: tl.constexpr,  #
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,  #
         EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
     start_m = tl.program_id(0)
@@ -166,6 +189,9 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ, CuQ, CuK, Alibi,  #
     row = off_b * stride_lb + off_h * stride_lh + bos_q
     m, l2, delta = row_stats(Rowmax + row, Log2l + row, Delta + row, offs_m, seqlen_q, True)
     slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit  # 0 without ALiBi
+    bias = Bias + off_b * stride_bb + off_h * stride_bh
+    blocks = Blocks + off_b * stride_kmb + off_h * stride_kmh
+    dbias = DBias + off_b * stride_gb + off_h * stride_gh
     # pointer tiles of keys 0..BLOCK_N-1 (transposed), moved along by the loop
     k_base = K + off_b * stride_kb + bos_k * stride_ks + off_hk * stride_kh + offs_n0[None, :] * stride_ks \
         + offs_d[:, None]
@@ -176,15 +202,21 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ, CuQ, CuK, Alibi,  #
     lo, full_lo, full_hi, hi = visible_tiles(start_m * BLOCK_M, BLOCK_M, diag - left, diag + right, seqlen_k, BLOCK_N)
     dq = _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs, lo, full_lo, offs_m, offs_n0,
                    offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right, slope, qk_scale, cap_scale,
-                   inv_cap_scale, MASK=True, SOFTCAP=SOFTCAP, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
+                   inv_cap_scale, seqlen_q, bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn,
+                   mask_block, dbias, stride_gm, MASK=True, SOFTCAP=SOFTCAP, BIAS=BIAS, BLOCKS=BLOCKS, DBIAS=DBIAS,
+                   BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
                    EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
     dq = _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs, full_lo, full_hi, offs_m, offs_n0,
                    offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right, slope, qk_scale, cap_scale,
-                   inv_cap_scale, MASK=False, SOFTCAP=SOFTCAP, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
+                   inv_cap_scale, seqlen_q, bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn,
+                   mask_block, dbias, stride_gm, MASK=False, SOFTCAP=SOFTCAP, BIAS=BIAS, BLOCKS=BLOCKS, DBIAS=DBIAS,
+                   BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
                    EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
     dq = _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs, full_hi, hi, offs_m, offs_n0,
                    offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right, slope, qk_scale, cap_scale,
-                   inv_cap_scale, MASK=True, SOFTCAP=SOFTCAP, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
+                   inv_cap_scale, seqlen_q, bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn,
+                   mask_block, dbias, stride_gm, MASK=True, SOFTCAP=SOFTCAP, BIAS=BIAS, BLOCKS=BLOCKS, DBIAS=DBIAS,
+                   BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
                    EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
     dq = dq * softmax_scale
     tl.store(DQ + off_b * stride_dqb + rows_m * stride_dqs + off_h * stride_dqh + offs_d[None, :],

@@ -18,6 +18,11 @@ it nothing:
 - PAGED: key t of sequence b is slot t % page_size of page block_table[b, t // page_size] (gathered per
   key, so any page size works, 1 and non-powers of two included); offsets in int64, since a pool holds
   more than 2^31 elements.
+- BIAS: an additive bias [b|1, h|1, sq|1, sk] (strides 0 where it broadcasts; a bool attn_mask comes as
+  a bias of 0 and -inf), added after ALiBi to the scaled logits: with a bias the kernel works in the
+  softmax's units, not raw q.k (a finfo.min bias divided by a scale below 1 would overflow fp32).
+- BLOCKS: a block mask [b|1, h|1, ceil(sq / n), ceil(sk / n)] of block size n: element (i, j) reads
+  block (i // n, j // n); a key tile none of whose elements is kept is skipped.
 - SPLIT_BLOCK > 0: program axis 2 is the split; split s takes keys [s * per, (s + 1) * per), per = ceil(
   ceil(seqlen_k / SPLIT_BLOCK) / num_splits) * SPLIT_BLOCK (flash-attn's cut), and writes its own
   normalized out and lse (fp32), which _combine merges.
@@ -28,6 +33,30 @@ import triton.language as tl
 from faverify.kernels.triton.common import LN2, LOG2E, cast, generic_args, load_rows, mm, tanh
 
 LOG2E_ = tl.constexpr(LOG2E)  # a global a kernel may read (Triton takes only constexpr globals)
+
+
+@triton.jit
+def extra_scores(s, i, j, seqlen_q, seqlen_k, bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn,
+                 mask_block, BIAS: tl.constexpr, BLOCKS: tl.constexpr):
+    """The bias and the block mask on logits s (i, j: query and key indices broadcast to s's shape; bias and
+    blocks: their (batch, head)'s base pointers). With a bias the raw logits are scaled first (bias_scale is
+    the softmax scale; variant_interface.Variant.raw says why), and every later step works in those units."""
+    ok = (i < seqlen_q) & (j < seqlen_k)
+    if BIAS:
+        add = tl.load(bias + i.to(tl.int64) * stride_bm + j * stride_bn, mask=ok, other=0.0).to(tl.float32)
+        s = s * bias_scale + add
+    if BLOCKS:
+        keep = tl.load(blocks + (i // mask_block) * stride_km + (j // mask_block) * stride_kn, mask=ok, other=0)  # [mutant site: block-size]
+        s = tl.where(keep != 0, s, float("-inf"))
+    return s
+
+
+@triton.jit
+def any_block(blocks, stride_km, stride_kn, i, j, seqlen_q, seqlen_k, mask_block):
+    """Whether a tile of queries i and keys j keeps any element under the block mask."""
+    ok = (i < seqlen_q) & (j < seqlen_k)
+    keep = tl.load(blocks + (i // mask_block) * stride_km + (j // mask_block) * stride_kn, mask=ok, other=0)
+    return tl.max(keep.to(tl.int32)) > 0
 
 
 @triton.jit
@@ -79,48 +108,58 @@ def key_offsets(cols, seqlen_k, table, page_size, stride_kp, stride_ks, stride_v
 
 @triton.jit
 def _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride_ks, stride_vp, stride_vs,  #
-           lo, hi, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right,  #
+           lo, hi, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_q, seqlen_k, diag, left, right,  #
            slope, qk_scale, cap_scale, inv_cap_scale,  #
-           MASK: tl.constexpr, SOFTCAP: tl.constexpr, PAGED: tl.constexpr,  #
+           bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block,  #
+           MASK: tl.constexpr, SOFTCAP: tl.constexpr, PAGED: tl.constexpr, BIAS: tl.constexpr, BLOCKS: tl.constexpr,  #
            BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,  #
            INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
-        if PAGED:  # gathered key by key through the block table
-            k_off, v_off = key_offsets(cols, seqlen_k, table, page_size, stride_kp, stride_ks, stride_vp, stride_vs)
-            k_ptrs = k_base + k_off[None, :] + offs_d[:, None]
-            v_ptrs = v_base + v_off[:, None] + offs_dv[None, :]
-        else:  # k_base, v_base: the pointer tiles of keys 0..BLOCK_N-1, moved along (as forward.py does)
-            k_ptrs = k_base + start_n * stride_ks
-            v_ptrs = v_base + start_n * stride_vs
-        k = load_rows(k_ptrs, cols, seqlen_k, (offs_d < head_dim)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK,
-                      EVEN_D=EVEN_D)
-        s, _ = variant_scores(mm(q, k, INTERPRETED, IEEE), offs_m[:, None], cols[None, :], seqlen_k, diag, left,
-                              right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # forward.py: never (-inf) - (-inf)
-        p = tl.math.exp2((s - m_use[:, None]) * qk_scale)
-        alpha = tl.math.exp2((m_i - m_use) * qk_scale)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = load_rows(v_ptrs, cols, seqlen_k, (offs_dv < head_dim_v)[None, :], ROWS_ALONG_0=True, MASK_ROWS=MASK,
-                      EVEN_D=EVEN_DV)
-        acc = acc * alpha[:, None] + mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE)
-        m_i = m_new
+        run = True
+        if BLOCKS:  # a tile the block mask hides wholly is skipped
+            run = any_block(blocks, stride_km, stride_kn, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, mask_block)
+        if run:
+            if PAGED:  # gathered key by key through the block table
+                k_off, v_off = key_offsets(cols, seqlen_k, table, page_size, stride_kp, stride_ks, stride_vp,
+                                           stride_vs)
+                k_ptrs = k_base + k_off[None, :] + offs_d[:, None]
+                v_ptrs = v_base + v_off[:, None] + offs_dv[None, :]
+            else:  # k_base, v_base: the pointer tiles of keys 0..BLOCK_N-1, moved along (as forward.py does)
+                k_ptrs = k_base + start_n * stride_ks
+                v_ptrs = v_base + start_n * stride_vs
+            k = load_rows(k_ptrs, cols, seqlen_k, (offs_d < head_dim)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK,
+                          EVEN_D=EVEN_D)
+            s, _ = variant_scores(mm(q, k, INTERPRETED, IEEE), offs_m[:, None], cols[None, :], seqlen_k, diag, left,
+                                  right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP)
+            s = extra_scores(s, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, bias, stride_bm, stride_bn,
+                             bias_scale, blocks, stride_km, stride_kn, mask_block, BIAS=BIAS, BLOCKS=BLOCKS)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # forward.py: never (-inf) - (-inf)
+            p = tl.math.exp2((s - m_use[:, None]) * qk_scale)
+            alpha = tl.math.exp2((m_i - m_use) * qk_scale)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = load_rows(v_ptrs, cols, seqlen_k, (offs_dv < head_dim_v)[None, :], ROWS_ALONG_0=True,
+                          MASK_ROWS=MASK, EVEN_D=EVEN_DV)
+            acc = acc * alpha[:, None] + mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE)
+            m_i = m_new
     return acc, l_i, m_i
 
 
-def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, Alibi, Sinks,  #
+def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, Alibi, Sinks, Bias, Blocks,  #
          stride_qb, stride_qs, stride_qh,  #
          stride_kb, stride_ks, stride_kh,  # paged: stride_kb is the page's
          stride_vb, stride_vs, stride_vh,  #
          stride_ob, stride_os, stride_oh, stride_osplit,  #
          stride_lb, stride_lh, stride_lsplit,  # lse and the row statistics: [b, h, s] or varlen [h, total]
          stride_ab, stride_tb,  # alibi slopes' batch stride (0: per head), the block table's row
+         stride_bb, stride_bh, stride_bm, stride_bn,  # the bias's (0 where it broadcasts)
+         stride_kmb, stride_kmh, stride_km, stride_kn, mask_block, bias_scale,  # the block mask's, and its block size
          nheads, group, seqlen_q, seqlen_k, head_dim, head_dim_v, page_size, num_splits,  #
          qk_scale, init, left, right, cap_scale, inv_cap_scale, bias_unit,  #
          SOFTCAP: tl.constexpr, VARLEN: tl.constexpr,  #
-         PAGED: tl.constexpr, SPLIT_BLOCK: tl.constexpr, STATS: tl.constexpr,  #
+         PAGED: tl.constexpr, SPLIT_BLOCK: tl.constexpr, STATS: tl.constexpr, BIAS: tl.constexpr, BLOCKS: tl.constexpr,  #
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,  #
          EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
     start_m = tl.program_id(0)
@@ -159,6 +198,8 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, A
             + offs_dv[None, :]
         table = BlockTable
     slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit  # 0 without ALiBi
+    bias = Bias + off_b * stride_bb + off_h * stride_bh
+    blocks = Blocks + off_b * stride_kmb + off_h * stride_kmh
 
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + init
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -174,19 +215,22 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, A
     # the tiles that cross the lower bound, those inside the window, those that cross the upper bound or
     # hold the seqlen_k tail
     acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
-                           stride_vs, lo, full_lo, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_k,
-                           diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, MASK=True, SOFTCAP=SOFTCAP,
-                           PAGED=PAGED, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
+                           stride_vs, lo, full_lo, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_q,
+                           seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, bias, stride_bm,
+                           stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block, MASK=True, SOFTCAP=SOFTCAP,
+                           PAGED=PAGED, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
                            INTERPRETED=INTERPRETED, IEEE=IEEE)
     acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
                            stride_vs, full_lo, full_hi, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
-                           seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, MASK=False,
-                           SOFTCAP=SOFTCAP, PAGED=PAGED, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
+                           seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, bias,
+                           stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block, MASK=False,
+                           SOFTCAP=SOFTCAP, PAGED=PAGED, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
                            EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
     acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
-                           stride_vs, full_hi, hi, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_k,
-                           diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, MASK=True, SOFTCAP=SOFTCAP,
-                           PAGED=PAGED, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
+                           stride_vs, full_hi, hi, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_q,
+                           seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, bias, stride_bm,
+                           stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block, MASK=True, SOFTCAP=SOFTCAP,
+                           PAGED=PAGED, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
                            INTERPRETED=INTERPRETED, IEEE=IEEE)
 
     # The sink z enters here: l' = l e^(m - M) + e^(z - M), M = max(m, z). Kept in raw units (z / scale),
@@ -204,7 +248,10 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, A
     some = total > 0.0
     out = acc * to_top[:, None] / tl.where(some, total, 1.0)[:, None]
     log2_total = tl.math.log2(tl.where(some, total, 1.0))
-    lse = tl.where(some, (top * qk_scale + log2_total) * LN2, float("-inf"))
+    if BIAS:  # top * qk_scale overflows for a row of finfo.min biases; qk_scale * LN2 is 1 in these units
+        lse = tl.where(some, top * (qk_scale * LN2) + log2_total * LN2, float("-inf"))
+    else:
+        lse = tl.where(some, (top * qk_scale + log2_total) * LN2, float("-inf"))
     log2l = log2_total + (top - m_raw) * qk_scale  # the backward's P = exp2((s - m) c - log2l)
     rows = split * stride_lsplit + off_b * stride_lb + off_h * stride_lh + bos_q + offs_m
     in_seq = offs_m < seqlen_q

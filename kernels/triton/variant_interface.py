@@ -23,6 +23,15 @@ SPLIT_BLOCK = 32 if INTERPRET else 64
 
 
 @dataclasses.dataclass(frozen=True)
+class MaskArgs:
+    """pointers: (bias, blocks); scalars: the bias's 4 strides, the blocks' 4 (0 where a tensor broadcasts),
+    the block size, and what turns raw q.k into the logits' unit (Variant.raw): in the kernels' argument
+    order."""
+    pointers: tuple
+    scalars: tuple
+
+
+@dataclasses.dataclass(frozen=True)
 class Variant:
     """What a launch adds to dense attention, in the kernels' terms."""
     scale: float
@@ -32,15 +41,49 @@ class Variant:
     alibi: torch.Tensor | None = None  # fp32 [h] or [b, h]
     sinks: torch.Tensor | None = None  # fp32 [h]
     init: str = "-inf"
+    bias: torch.Tensor | None = None  # [b|1, h|1, sq|1, sk], any float dtype; -inf entries mask
+    blocks: torch.Tensor | None = None  # bool [b|1, h|1, ceil(sq / n), ceil(sk / n)]
+    mask_block: int = 0  # n
 
     @classmethod
-    def of(cls, scale: float, causal: bool, window_size, softcap, alibi_slopes, sinks, init: str = "-inf"):
+    def of(cls, scale: float, causal: bool, window_size, softcap, alibi_slopes, sinks, init: str = "-inf",
+           bias=None, blocks=None, mask_block: int = 0):
         left, right = window_size
         left = NO_BOUND if left < 0 else left
         right = NO_BOUND if right < 0 else right
         if causal:  # causal and a window keep the intersection
             right = min(right, 0)
-        return cls(scale, left, right, float(softcap), alibi_slopes, sinks, init)
+        return cls(scale, left, right, float(softcap), alibi_slopes, sinks, init, bias, blocks, mask_block or 0)
+
+    @property
+    def raw(self) -> float:
+        """The unit of the kernels' logits and row statistics, in the softmax's: the scale (raw q.k, the max
+        subtracted before the scale, as forward.py does), or 1 with a bias, where the logits are scaled
+        before the bias is added: a finfo.min bias divided by a scale below 1 is past fp32's range, and the
+        lse of a row of them (finfo.min itself) would be too."""
+        return 1.0 if self.bias is not None else self.scale
+
+    @property
+    def qk_scale(self) -> float:
+        """What turns the kernels' logits into base-2 exponents."""
+        return self.raw * LOG2E
+
+    @property
+    def init_value(self) -> float:
+        """The running max's start: a finite init would hide a row whose every logit is below it, as a row of
+        finfo.min biases is; with a bias it is -inf."""
+        return float("-inf") if self.bias is not None else INIT_VALUE[self.init]
+
+    def masks(self, q) -> tuple:
+        """The bias and block-mask arguments of the kernels, (MaskArgs, the switches BIAS and BLOCKS): an
+        empty tensor where there is none."""
+        empty = torch.empty(0, dtype=torch.float32, device=q.device)
+        bias = self.bias if self.bias is not None else empty
+        blocks = self.blocks.to(torch.int8) if self.blocks is not None else empty
+        args = MaskArgs((bias, blocks), (*broadcast_strides(bias), *broadcast_strides(blocks), max(1, self.mask_block),
+                                         self.scale / self.raw))
+        return args, dict(BIAS=self.bias is not None, BLOCKS=self.blocks is not None)
+
 
     def runtime(self) -> dict:
         cap = self.softcap
@@ -59,8 +102,15 @@ class Variant:
         dsinks NaN on the H200 with every sink above logits of 1e11)."""
         h = q.shape[-2]
         alibi = self.alibi if self.alibi is not None else torch.zeros(h, dtype=torch.float32, device=q.device)
-        sinks = self.sinks / self.scale if self.sinks is not None else torch.full((h,), float("-inf"), device=q.device)
+        sinks = self.sinks / self.raw if self.sinks is not None else torch.full((h,), float("-inf"), device=q.device)
         return alibi, alibi.stride(0) if alibi.dim() == 2 else 0, sinks
+
+
+def broadcast_strides(t: torch.Tensor) -> tuple:
+    """A [B, H, S, N] tensor's strides, 0 along a dimension of size 1 (it broadcasts there); zeros for none."""
+    if t.dim() != 4:
+        return (0, 0, 0, 0)
+    return tuple(0 if n == 1 else st for n, st in zip(t.shape, t.stride()))
 
 
 # Compiled, q/k and v share one padded head dim, the larger one's: a padding of each would make a build per
@@ -79,8 +129,8 @@ def padding(d: int, dv: int) -> tuple:
     return block_d(d), block_d(dv)
 
 
-def _tile(kind: str, q, dv: int, varlen: bool = False) -> configs.Tile:
-    return configs.variant(kind, max(block_d(q.shape[-1]), block_d(dv)), q.element_size(), varlen)
+def _tile(kind: str, q, dv: int, varlen: bool = False, masked: bool = False) -> configs.Tile:
+    return configs.variant(kind, max(block_d(q.shape[-1]), block_d(dv)), q.element_size(), varlen, masked)
 
 
 def _dims(d: int, dv: int, q, emulate) -> dict:
@@ -125,7 +175,8 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
         if rows is not None:
             rows[0].zero_(), rows[1].fill_(float("inf"))
         return out.zero_(), lse.fill_(float("-inf")), rows, splits
-    tile = _tile("fwd", q, dv, varlen)
+    masked = var.bias is not None or var.blocks is not None
+    tile = _tile("fwd", q, dv, varlen, masked)
     # decode (a paged cache's few query rows) takes tiles of 16 rows; anything else the tile's, so that a
     # fuzz's many small seqlen_q compile no build of their own
     block_m = 16 if paged and sq <= 16 else tile.block_m
@@ -133,6 +184,7 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
     dummy = torch.empty(0, dtype=torch.int32, device=q.device)
     f32 = torch.empty(0, dtype=torch.float32, device=q.device)
     alibi, stride_ab, sinks = var.tensors(q)
+    masks, switches = var.masks(q)
     target_out, target_lse = splits if split else (out, lse)
     if split:
         o_strides = (target_out.stride(1), target_out.stride(2), target_out.stride(3), target_out.stride(0))
@@ -148,13 +200,13 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
         _vfwd._fwd_kernel[grid](
             q, k, v, target_out, target_lse, *(rows if rows is not None else (f32, f32)),
             cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
-            block_table if paged else dummy, cache_seqlens if paged else dummy, alibi, sinks,
+            block_table if paged else dummy, cache_seqlens if paged else dummy, alibi, sinks, *masks.pointers,
             *_qstrides(q, varlen), *k_strides, *v_strides, *o_strides, *l_strides,
-            stride_ab, block_table.stride(0) if paged else 0,
+            stride_ab, block_table.stride(0) if paged else 0, *masks.scalars,
             h, h // hk, sq, sk, d, dv, k.shape[1] if paged else 1, max(1, num_splits),
-            var.scale * LOG2E, INIT_VALUE[var.init], **var.runtime(), **var.switches(),
+            var.qk_scale, var.init_value, **var.runtime(), **var.switches(),
             VARLEN=varlen, PAGED=paged, SPLIT_BLOCK=SPLIT_BLOCK if split else 0,
-            STATS=stats, BLOCK_M=block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps,
+            STATS=stats, **switches, BLOCK_M=block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps,
             num_stages=tile.num_stages, **dims)
     if split:
         combine(*splits, out, lse, emulate=emulate)
@@ -177,8 +229,8 @@ def combine(out_splits, lse_splits, out, lse, emulate=None) -> None:
 
 
 def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None,
-             max_seqlen_q=None, max_seqlen_k=None, sinks_grad: bool = False, emulate=None):
-    """dq, dk, dv, and dsinks (None unless sinks_grad)."""
+             max_seqlen_q=None, max_seqlen_k=None, sinks_grad: bool = False, bias_grad: bool = False, emulate=None):
+    """dq, dk, dv, dsinks (None unless sinks_grad) and dbias (None unless bias_grad)."""
     varlen = cu_seqlens_q is not None
     rowmax, log2l = rows
     h, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
@@ -202,39 +254,51 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
                                else (lse.transpose(0, 1).flatten(1), delta.transpose(0, 1).flatten(1), var.sinks[:, None]))
         p_sink = torch.exp((z - rows_lse).clamp(max=0.0))
         dsinks = -(p_sink * rows_d).sum(1)  # [mutant site: dsinks-sign]
+    # dS of every (batch, head, row, key), summed below over the dimensions the bias broadcasts over
+    ds_full = torch.zeros((batch, h, sq, sk) if bias_grad else (0,), dtype=torch.float32, device=q.device)
     if batch == 0 or sq == 0 or sk == 0 or q.numel() == 0:
         _LAUNCHED.append("bwd variant none (empty)")
-        return dq, dk, dvv, dsinks
+        return dq, dk, dvv, dsinks, _dbias(ds_full, var.bias) if bias_grad else None
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     dims = _dims(d, dv, q, emulate)
     dummy = torch.empty(0, dtype=torch.int32, device=q.device)
     alibi, ab, _ = var.tensors(q)
+    masks, switches = var.masks(q)
     cu = (cu_seqlens_q, cu_seqlens_k) if varlen else (dummy, dummy)
-    common = dict(**var.runtime(), **var.switches(), VARLEN=varlen, **dims)
+    common = dict(**var.runtime(), **var.switches(), VARLEN=varlen, **switches, **dims)
     lse_strides = _lse_strides(lse, varlen)
     _LAUNCHED.append("bwd variant" + (" varlen" if varlen else ""))
     with quiet():
-        t = _tile("dkdv", q, dv, varlen)
+        masked = var.bias is not None or var.blocks is not None
+        t = _tile("dkdv", q, dv, varlen, masked)
         _vbwd._dkdv_kernel[(triton.cdiv(sk, t.block_n), batch * hk)](
-            q, k, v, dout, rowmax, log2l, delta, dk, dvv, *cu, alibi,
+            q, k, v, dout, rowmax, log2l, delta, dk, dvv, *cu, alibi, *masks.pointers,
             *_qstrides(q, varlen), *_qstrides(k, varlen), *_qstrides(v, varlen), *_qstrides(dout, varlen),
-            *_qstrides(dk, varlen), *_qstrides(dvv, varlen), *lse_strides, ab,
-            hk, h // hk, sq, sk, d, dv, var.scale, var.scale * LOG2E, **common,
+            *_qstrides(dk, varlen), *_qstrides(dvv, varlen), *lse_strides, ab, *masks.scalars,
+            hk, h // hk, sq, sk, d, dv, var.scale, var.qk_scale, **common,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
-        t = _tile("dq", q, dv, varlen)
+        t = _tile("dq", q, dv, varlen, masked)
         _vbwd._dq_kernel[(triton.cdiv(sq, t.block_m), batch * h)](
-            q, k, v, dout, rowmax, log2l, delta, dq, *cu, alibi,
+            q, k, v, dout, rowmax, log2l, delta, dq, *cu, alibi, *masks.pointers, ds_full,
             *_qstrides(q, varlen), *_qstrides(k, varlen), *_qstrides(v, varlen), *_qstrides(dout, varlen),
-            *_qstrides(dq, varlen), *lse_strides, ab,
-            h, h // hk, sq, sk, d, dv, var.scale, var.scale * LOG2E, **common,
+            *_qstrides(dq, varlen), *lse_strides, ab, *masks.scalars,
+            *(ds_full.stride()[:3] if bias_grad else (0, 0, 0)),
+            h, h // hk, sq, sk, d, dv, var.scale, var.qk_scale, **common, DBIAS=bias_grad,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
-    return dq, dk, dvv, dsinks
+    return dq, dk, dvv, dsinks, _dbias(ds_full, var.bias) if bias_grad else None
+
+
+def _dbias(ds_full: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """dbias: dS [b, h, sq, sk] summed over the dimensions the bias broadcasts over, in the bias's dtype."""
+    dims = tuple(i for i, n in enumerate(bias.shape) if n == 1 and ds_full.shape[i] != 1)
+    summed = ds_full.sum(dim=dims, keepdim=True) if dims else ds_full  # [mutant site: dbias-sum]
+    return summed.reshape(bias.shape).to(bias.dtype)
 
 
 class VariantFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sinks, var, ragged, emulate, launcher):
+    def forward(ctx, q, k, v, sinks, bias, var, ragged, emulate, launcher):
         result = launcher(q, k, v, var) if launcher is not None else None
         out, lse, rows = result if result is not None else forward(q, k, v, var, **ragged, emulate=emulate)[:3]
         ctx.save_for_backward(q, k, v, out, lse, *rows)
@@ -246,9 +310,10 @@ class VariantFunction(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, rowmax, log2l = ctx.saved_tensors
         sinks_grad = ctx.var.sinks is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dsinks = backward(dout, q, k, v, out, lse, (rowmax, log2l), ctx.var, **ctx.ragged,
-                                      sinks_grad=sinks_grad, emulate=ctx.emulate)
-        return dq, dk, dv, dsinks, None, None, None, None
+        bias_grad = ctx.var.bias is not None and ctx.needs_input_grad[4]
+        dq, dk, dv, dsinks, dbias = backward(dout, q, k, v, out, lse, (rowmax, log2l), ctx.var, **ctx.ragged,
+                                             sinks_grad=sinks_grad, bias_grad=bias_grad, emulate=ctx.emulate)
+        return dq, dk, dv, dsinks, dbias, None, None, None, None
 
 
 def attention(q, k, v, var: Variant, ragged: dict | None = None, emulate=None, launcher=None):
@@ -256,7 +321,8 @@ def attention(q, k, v, var: Variant, ragged: dict | None = None, emulate=None, l
     (q, k, v, var) -> (out, lse, (row max, log2 l)) or None, tried first (interface._hopper_variant: the
     Hopper forward where it runs the case); the backward is this module's either way, on the same row
     statistics."""
-    sinks = var.sinks
-    plain = dataclasses.replace(var, sinks=sinks.detach().float().contiguous() if sinks is not None else None)
-    return VariantFunction.apply(q, k, v, sinks, plain, ragged or {}, emulate, launcher)
+    sinks, bias = var.sinks, var.bias
+    plain = dataclasses.replace(var, sinks=sinks.detach().float().contiguous() if sinks is not None else None,
+                                bias=bias.detach() if bias is not None else None)
+    return VariantFunction.apply(q, k, v, sinks, bias, plain, ragged or {}, emulate, launcher)
 
