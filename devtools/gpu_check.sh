@@ -18,6 +18,9 @@
 #                    (a paged case pages a cache of up to 2^17 keys: 10000 take two boxes; faverify merge)
 #   fuzz-paged-rest [560] shard 1/2 of triton-paged's 10000, beside sdpa-flash, sdpa-cudnn and flex at 2000
 #                    cases with every feature each declares
+#   masks      [240] the mask and bias tests (property_tests/test_masks.py) and the variant kernels' tests
+#   fuzz-masks [560] triton at 5000 cases drawing masks, biases and bias gradients only, beside sdpa-efficient,
+#                    sdpa-cudnn and flex at 2000 cases with every feature each declares
 #   fuzz-cuda  [200] the same for cuda,cuda-simt
 #   fuzz-sdpa  [240] sdpa-flash, sdpa-efficient and sdpa-cudnn at 3000 cases each
 #   floor      [300] devtools/floor_calibration.py: the tolerance floor each GPU subject needs, 400 cases each
@@ -87,6 +90,14 @@ for step in $steps; do
         --no-db --json "$out/fuzz-paged-1.json" &
       fuzz fuzz-sdpa-variants 560 sdpa-flash,sdpa-cudnn,flex 2000 &
       wait ;;
+    masks) run masks 240 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -rfs \
+      property_tests/test_masks.py property_tests/test_triton_variants.py ;;
+    fuzz-masks)
+      run fuzz-masks-triton 560 "passed|failed|cases/s|warm-up|code path|minimal case|signature|interrupted" \
+        python3 -m faverify fuzz --kernel triton --iters 5000 --features mask,bias,bias_grad --dtype bf16,fp16 \
+        --mode both --no-db --json "$out/fuzz-masks-triton.json" &
+      fuzz fuzz-masks-sdpa 560 sdpa-efficient,sdpa-cudnn,flex 2000 &
+      wait ;;
     fuzz-cuda) fuzz fuzz-cuda 200 cuda,cuda-simt 10000 ;;
     fuzz-sdpa) fuzz fuzz-sdpa 240 sdpa-flash,sdpa-efficient,sdpa-cudnn 3000 ;;
     floor)  # one process per subject, side by side
@@ -114,7 +125,7 @@ for step in $steps; do
         run "sanitize-$tool" 120 "ERROR SUMMARY|hazard|error" compute-sanitizer --tool "$tool" \
           python3 devtools/sanitize_cases.py
       done ;;
-    *) echo "unknown step: $step (steps: tests gpu variants memory floor fuzz fuzz-ragged fuzz-cuda fuzz-sdpa fuzz-ragged-full fuzz-paged-rest mutants mutants-full bench bench-variants bench-decode bench-cuda doctor sanitize)"
+    *) echo "unknown step: $step (steps: tests gpu variants masks memory floor fuzz fuzz-masks fuzz-ragged fuzz-cuda fuzz-sdpa fuzz-ragged-full fuzz-paged-rest mutants mutants-full bench bench-variants bench-decode bench-cuda doctor sanitize)"
        exit 2 ;;
   esac
 done
