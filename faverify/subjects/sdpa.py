@@ -72,6 +72,7 @@ def make(name: str) -> Subject:
                                                      window_size, softcap, alibi_slopes, sinks, attn_mask)
                     is_causal = False
                 elif attn_mask is not None:  # SDPA takes a mask or is_causal: causal goes into the mask
+                    _refuses_bias_dtype(name, attn_mask, q)
                     mask, is_causal = _with_causal(attn_mask, sq, sk) if causal else attn_mask, False
                 else:
                     is_causal = causal and sq == sk  # top-left and bottom-right agree when sq == sk
@@ -89,6 +90,14 @@ def make(name: str) -> Subject:
         from faverify.subjects.per_sequence import ragged
         fn = ragged(fn)
     return Subject(name=name, fn=fn, caps=caps, description=description)
+
+
+def _refuses_bias_dtype(name: str, attn_mask, q) -> None:
+    """The memory-efficient backend refuses a float mask of another dtype than q's ("invalid dtype for bias -
+    should match query's dtype"): a skip, as torch's other refusals are. cuDNN takes one and computes with
+    it (docs/torch-backends.md, "Defects": NaN from an fp32 bias beside bf16 inputs): those cases run."""
+    if name == "sdpa-efficient" and attn_mask.dtype.is_floating_point and attn_mask.dtype != q.dtype:
+        raise Unsupported(f"{name}: a float attn_mask must have the query's dtype ({q.dtype}), got {attn_mask.dtype}")
 
 
 def _with_causal(attn_mask, sq: int, sk: int):

@@ -74,8 +74,9 @@ def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
     """One small case per common build of the variant kernels (variant_forward.py: a build per dtype, padded
     head dim and switches SOFTCAP, VARLEN, PAGED; windows, causal, ALiBi and sinks are runtime values, q/k
     and v share one padding): each padded head dim, softcap on or off, with ALiBi (which keeps the case
-    off the Hopper forward); the paged decode's tiles of 16 query rows and its prefill's; and for triton
-    the Hopper forward's window and softcap builds (interface._hopper_variant) at its head dims."""
+    off the Hopper forward); the paged decode's tiles of 16 query rows and its prefill's; for triton the
+    bias and block-mask builds, and the Hopper forward's window and softcap builds
+    (interface._hopper_variant) at its head dims."""
     from faverify.case import Case
     from faverify.kernels.triton.common import BLOCK_DS
 
@@ -93,6 +94,11 @@ def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
                                     sinks="around" if extras else "off", **common))
                 else:
                     out.append(Case(batch=1, seqlen_q=97, seqlen_k=97, sinks="around" if extras else "off", **common))
+                    # the builds with a bias (BIAS; DBIAS in dq when it requires grad; a bool mask runs as
+                    # one) and with a block mask (BLOCKS)
+                    out += [Case(batch=1, seqlen_q=97, seqlen_k=97, **common, **masks) for masks in (
+                        dict(bias="normal", bias_grad=True), dict(bias="normal"),
+                        dict(mask="block", mask_block=16, mask_rate=50, mask_shape="shared"))]
     if kind == "triton":
         out += hopper_variant_warmup_cases(dtypes)
     return out
