@@ -7,15 +7,22 @@ import math
 import torch
 
 
-def _scores(q, k, v, *, causal, scale, mask_top_left=False):
-    """q, k, v as fp32 [b, h, s, d] (k and v repeated over the query heads of their group) and the scaled,
-    masked logits [b, h, sq, sk]."""
-    b, sq, h, d = q.shape
-    scale = d ** -0.5 if scale is None else scale
-    sk, hk = k.shape[1], k.shape[2]
+def heads_first(q, k, v, softmax_scale):
+    """q, k, v as fp32 [b, h, s, d] (k and v repeated over the query heads of their group), and the scale."""
+    h, d = q.shape[2], q.shape[3]
+    hk = k.shape[2]
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
     qt = q.transpose(1, 2).float()
     kt = k.transpose(1, 2).float().repeat_interleave(h // hk, dim=1)
     vt = v.transpose(1, 2).float().repeat_interleave(h // hk, dim=1)
+    return qt, kt, vt, scale
+
+
+def _scores(q, k, v, *, causal, scale, mask_top_left=False):
+    """q, k, v as fp32 [b, h, s, d] (k and v repeated over the query heads of their group) and the scaled,
+    masked logits [b, h, sq, sk]."""
+    sq, sk = q.shape[1], k.shape[1]
+    qt, kt, vt, scale = heads_first(q, k, v, scale)
     s = qt @ kt.transpose(-1, -2) * scale
     if causal:
         i = torch.arange(sq, device=q.device)[:, None]
@@ -204,11 +211,8 @@ def returns_on_meta(q, k, v, *, causal, softmax_scale):
 def _variant(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
              bug=None):
     b, sq, h, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    qt = q.transpose(1, 2).float()
-    kt = k.transpose(1, 2).float().repeat_interleave(h // hk, dim=1)
-    vt = v.transpose(1, 2).float().repeat_interleave(h // hk, dim=1)
+    sk = k.shape[1]
+    qt, kt, vt, scale = heads_first(q, k, v, softmax_scale)
     s = qt @ kt.transpose(-1, -2)
     if softcap:
         s = softcap * torch.tanh(s / softcap) * scale if bug == "softcap-before-scale" else \

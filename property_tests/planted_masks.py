@@ -5,6 +5,8 @@ keeps; float: added), block_mask and block_size a block pattern's, score_mod Fle
 """
 import torch
 
+from property_tests.planted import heads_first
+
 
 class _HeadZeroGrad(torch.autograd.Function):
     """Expands a [B, 1, SQ, SK] bias over h heads; its backward takes head 0's gradient instead of the sum
@@ -22,11 +24,8 @@ class _HeadZeroGrad(torch.autograd.Function):
 def _attend(q, k, v, *, causal, softmax_scale, attn_mask=None, block_mask=None, block_size=None, score_mod=None,
             bug=None):
     b, sq, h, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    qt = q.transpose(1, 2).float()
-    kt = k.transpose(1, 2).float().repeat_interleave(h // hk, dim=1)
-    vt = v.transpose(1, 2).float().repeat_interleave(h // hk, dim=1)
+    sk = k.shape[1]
+    qt, kt, vt, scale = heads_first(q, k, v, softmax_scale)
     i = torch.arange(sq, device=q.device)[:, None]
     j = torch.arange(sk, device=q.device)[None, :]
     keep = torch.ones(1, 1, sq, sk, dtype=torch.bool, device=q.device)
