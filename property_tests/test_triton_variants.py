@@ -192,10 +192,13 @@ def test_the_warm_up_compiles_each_common_variant_build_once(kind):
     from faverify.kernels.triton.common import BLOCK_DS, block_d
     from faverify.kernels.triton.subject import variant_warmup_cases
     warm = variant_warmup_cases(("bf16", "fp16"), kind)
-    builds = {(c.dtype, block_d(c.head_dim), c.softcap > 0, c.seqlen_q <= 16, c.window, c.causal, c.alibi)
-              for c in warm}
+    builds = {(c.dtype, block_d(c.head_dim), c.softcap > 0, c.seqlen_q <= 16, c.window, c.causal, c.alibi, c.bias,
+               c.bias_grad, c.mask) for c in warm}
     hopper = 2 * 2 * 4 if kind == "triton" else 0  # dtypes x head dims 64, 128 x its switch sets
-    assert len(builds) == len(warm) == len(BLOCK_DS) * 2 * 2 * (2 if kind == "triton-paged" else 1) + hopper
+    # per padded head dim, dtype and softcap: the paged decode's and prefill's tiles; for triton, the plain
+    # build, a bias's with and without its gradient, and a block mask's
+    each = {"triton": 4, "triton-varlen": 1, "triton-paged": 2}[kind]
+    assert len(builds) == len(warm) == len(BLOCK_DS) * 2 * 2 * each + hopper
     subject = resolve(kind)
     assert all(subject.unsupported(c, DEVICE) is None for c in warm), [subject.unsupported(c, DEVICE) for c in warm]
     small = next(c for c in warm if c.head_dim == 16 and c.softcap > 0 and c.alibi != "off")
