@@ -213,8 +213,9 @@ def decode(data: bytes, entry: Entry, device) -> tuple:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             extras = [torch.from_numpy(z[f"in_{n}"]).to(device) if f"in_{n}" in z.files else None for n in _EXTRAS]
             values = Inputs(*(_unbits(z[f"in_{n}"], entry.case.dtype, device) for n in ("q", "k", "v", "dout")), *extras)
+            # only a case with sinks has dsinks, only one with a bias dbias
             ref = {n: torch.from_numpy(z[f"ref_{n}"]).to(device) for n in TENSORS
-                   if n != "dsinks" or "ref_dsinks" in z.files}  # only a case with sinks has dsinks
+                   if n not in ("dsinks", "dbias") or f"ref_{n}" in z.files}
             scales = {n[len("scale_"):]: torch.tensor(float(z[n]), dtype=torch.float64, device=device)
                       for n in z.files if n.startswith("scale_")}
     except (ValueError, KeyError, OSError) as e:

@@ -213,6 +213,8 @@ def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales)
         if dbias is not None:
             tensors["dbias"] = rnd(dbias)
     scales = acc.result(tensors["lse"], backward) if acc is not None else {}
+    if acc is not None and "dbias" in tensors and "dbias" not in scales:  # no key: no term at all
+        scales["dbias"] = torch.zeros((), dtype=compute, device=dev)
     if round_to is not None:  # already rounded: the cast is exact (dsinks stays fp32, as the sinks are)
         keep = {"dsinks": torch.float32, "dbias": variant.bias.dtype if variant.bias is not None else None}
         tensors = {name: t.to(keep.get(name) or round_to) for name, t in tensors.items()}
@@ -332,7 +334,8 @@ class _ScaleAccumulator:
         if backward:
             if self.has_sink:
                 scales["dsinks"] = self.dsinks
-            scales["dbias"] = _amax0(self.dbias_terms) if self.dbias_terms is not None else torch.zeros_like(self.logit)
+            if self.dbias_terms is not None:
+                scales["dbias"] = _amax0(self.dbias_terms)
             scales["dq"] = self.dq
             scales["dk"] = _amax0(self.dk_cols.sum(2))
             scales["dv"] = _amax0(self.dv_cols.sum(2))

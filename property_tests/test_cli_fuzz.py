@@ -22,7 +22,7 @@ def test_sdpa_math_200_cases_pass_on_cpu(tmp_path):
     run = read_json(tmp_path / "run.json")
     assert run["schema"] == "faverify.run" and run["kernels"][0]["summary"]["passed"] == 200
     # sdpa-math returns no lse; its sinks cases add dsinks
-    assert {row["tensor"] for row in run["kernels"][0]["stats"]} == {"out", "dq", "dk", "dv", "dsinks"}
+    assert {row["tensor"] for row in run["kernels"][0]["stats"]} == {"out", "dq", "dk", "dv", "dsinks", "dbias"}
     assert run["kernels"][0]["gradcheck"][0]["checks"] == 8  # every 25th of 200
     assert "| sdpa-math" in (tmp_path / "run.md").read_text()
 
