@@ -162,8 +162,8 @@ def _hopper_variant(launch: Launch):
     (_use_hopper); it returns None elsewhere, and the variant forward runs."""
     @_on_their_device
     def run(q, k, v, var):
-        if var.alibi is not None or var.sinks is not None or var.bias is not None or var.blocks is not None \
-                or v.shape[-1] != q.shape[-1] or 0 in q.shape[:2] or k.shape[1] == 0:
+        if var.alibi is not None or var.sinks is not None or var.masked or v.shape[-1] != q.shape[-1] \
+                or 0 in q.shape[:2] or k.shape[1] == 0:
             return None
         b, sq, h, d = q.shape
         out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)

@@ -64,6 +64,11 @@ class Variant:
         return 1.0 if self.bias is not None else self.scale
 
     @property
+    def masked(self) -> bool:
+        """A bias or a block mask: the builds that load them (BIAS, BLOCKS), with tiles of their own."""
+        return self.bias is not None or self.blocks is not None
+
+    @property
     def qk_scale(self) -> float:
         """What turns the kernels' logits into base-2 exponents."""
         return self.raw * LOG2E
@@ -175,8 +180,7 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
         if rows is not None:
             rows[0].zero_(), rows[1].fill_(float("inf"))
         return out.zero_(), lse.fill_(float("-inf")), rows, splits
-    masked = var.bias is not None or var.blocks is not None
-    tile = _tile("fwd", q, dv, varlen, masked)
+    tile = _tile("fwd", q, dv, varlen, var.masked)
     # decode (a paged cache's few query rows) takes tiles of 16 rows; anything else the tile's, so that a
     # fuzz's many small seqlen_q compile no build of their own
     block_m = 16 if paged and sq <= 16 else tile.block_m
@@ -270,15 +274,14 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
     lse_strides = _lse_strides(lse, varlen)
     _LAUNCHED.append("bwd variant" + (" varlen" if varlen else ""))
     with quiet():
-        masked = var.bias is not None or var.blocks is not None
-        t = _tile("dkdv", q, dv, varlen, masked)
+        t = _tile("dkdv", q, dv, varlen, var.masked)
         _vbwd._dkdv_kernel[(triton.cdiv(sk, t.block_n), batch * hk)](
             q, k, v, dout, rowmax, log2l, delta, dk, dvv, *cu, alibi, *masks.pointers,
             *_qstrides(q, varlen), *_qstrides(k, varlen), *_qstrides(v, varlen), *_qstrides(dout, varlen),
             *_qstrides(dk, varlen), *_qstrides(dvv, varlen), *lse_strides, ab, *masks.scalars,
             hk, h // hk, sq, sk, d, dv, var.scale, var.qk_scale, **common,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
-        t = _tile("dq", q, dv, varlen, masked)
+        t = _tile("dq", q, dv, varlen, var.masked)
         _vbwd._dq_kernel[(triton.cdiv(sq, t.block_m), batch * h)](
             q, k, v, dout, rowmax, log2l, delta, dq, *cu, alibi, *masks.pointers, ds_full,
             *_qstrides(q, varlen), *_qstrides(k, varlen), *_qstrides(v, varlen), *_qstrides(dout, varlen),
