@@ -458,6 +458,12 @@ class Case:
                 + " ".join(flags))
 
 
+    def mask_kinds(self) -> tuple:
+        """What the case masks and adds by, in words ("padding mask", "min bias", "relative score_mod"): a
+        run counts its cases by them."""
+        return tuple(f"{value} {word}" for value, word in ((self.mask, "mask"), (self.bias, "bias"),
+                                                           (self.score_mod, "score_mod")) if value != "off")
+
     def _mask_flags(self) -> list:
         """"padding mask [1 1, 2 0] keys" and the like: a minimal failure reads as its pattern."""
         flags = []

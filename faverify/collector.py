@@ -64,6 +64,7 @@ class KernelStats:
     # regime / layout -> {cases run, failed}: which triggers the subject met, and which it failed on
     regimes: dict = field(default_factory=dict)
     layouts: dict = field(default_factory=dict)
+    masks: dict = field(default_factory=dict)  # the same per mask pattern, bias and score_mod (Case.mask_kinds)
     conventions: str = ""  # what the subject declares and the reference followed (conventions.Conventions)
     partial: Counter = field(default_factory=Counter)  # reason -> cases that passed on their forward alone
     # feature (or "dense") -> cases run, failed, and the largest error over allowed of any tensor
@@ -102,7 +103,9 @@ class KernelStats:
                 if usage == usage and not usage <= row["usage_max"]:
                     row["usage_max"] = usage
         if r.status != "skip":
-            for counts, key in ((self.regimes, r.case.regime), (self.layouts, r.case.layout)):
+            keys = [(self.regimes, r.case.regime), (self.layouts, r.case.layout)]
+            keys += [(self.masks, kind) for kind in r.case.mask_kinds()]
+            for counts, key in keys:
                 row = counts.setdefault(key, {"cases": 0, "failed": 0})
                 row["cases"] += 1
                 row["failed"] += int(r.failed)
@@ -188,7 +191,7 @@ class KernelStats:
                 "partial_reasons": dict(self.partial.most_common()), "per_device": dict(self.per_device),
                 "paths": dict(self.paths),  # in the order first taken: fwd before bwd
                 "features": {f: self.features[f] for f in ("dense",) + FEATURES if self.features[f]},
-                "regimes": self.regimes, "layouts": self.layouts,
+                "regimes": self.regimes, "layouts": self.layouts, "masks": self.masks,
                 "conventions": self.conventions,
                 "by_feature": {f: self.by_feature[f] for f in ("dense",) + FEATURES if f in self.by_feature},
                 "worker_restarts": self.restarts,

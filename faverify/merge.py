@@ -90,7 +90,7 @@ def _merged_kernel(name: str, shards: list) -> KernelStats:
         stats.per_device.update({f"{label} {d}": n for d, n in s.get("per_device", {}).items()})
         stats.paths.update(s.get("paths", {}))
         stats.features.update(s.get("features", {}))
-        for counts, field in ((stats.regimes, "regimes"), (stats.layouts, "layouts")):
+        for counts, field in ((stats.regimes, "regimes"), (stats.layouts, "layouts"), (stats.masks, "masks")):
             for key, v in s.get(field, {}).items():
                 row = counts.setdefault(key, {"cases": 0, "failed": 0})
                 row["cases"] += v["cases"]

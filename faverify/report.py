@@ -173,12 +173,12 @@ def render(run: Run, style: str = "table") -> str:
                          for k in run.kernels if set(k["summary"].get("features", {})) - {"dense"})
     if features:
         out.append(("- " if style == "md" else "") + f"cases per feature (a case may use several): {features}")
-    for name in ("regimes", "layouts"):
+    for name, label in (("regimes", "regime"), ("layouts", "layout"), ("masks", "mask, bias and score_mod")):
         met = "; ".join(f"{k['summary']['kernel']}: " + ", ".join(
             f"{r} {v['cases']}" + (f" ({v['failed']} failed)" if v["failed"] else "")
             for r, v in sorted(k["summary"][name].items())) for k in run.kernels if k["summary"].get(name))
         if met:
-            out.append(("- " if style == "md" else "") + f"cases run per {name[:-1]}: {met}")
+            out.append(("- " if style == "md" else "") + f"cases run per {label}: {met}")
     warmed = "; ".join(f"{k['summary']['kernel']}: {w['cases']} cases in {w['seconds']:.1f} s"
                        for k in run.kernels if (w := k["summary"].get("warmup", {})).get("cases"))
     if warmed:

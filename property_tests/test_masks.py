@@ -166,8 +166,13 @@ def test_the_fuzz_draws_masks_and_biases_for_sdpa_math_and_counts_them(tmp_path)
     r = cli("fuzz", "--kernel", "sdpa-math", "--iters", "60", "--device", "cpu", "--no-db", "--no-isolate",
             "--dtype", "fp32,bf16", "--features", "mask,bias,bias_grad", "--json", tmp_path / "run.json")
     assert r.exit_code == 0, r.stdout[-2000:]
-    counted = json.loads((tmp_path / "run.json").read_text())["kernels"][0]["summary"]["features"]
-    assert {"mask", "bias", "bias_grad"} <= set(counted), counted
+    summary = json.loads((tmp_path / "run.json").read_text())["kernels"][0]["summary"]
+    assert {"mask", "bias", "bias_grad"} <= set(summary["features"]), summary["features"]
+    # and per pattern: what the masks and biases were, in the summary and in the report
+    kinds = summary["masks"]
+    assert any(k.endswith(" mask") for k in kinds) and any(k.endswith(" bias") for k in kinds), kinds
+    assert sum(v["cases"] for k, v in kinds.items() if k.endswith(" mask")) == summary["by_feature"]["mask"]["cases"]
+    assert "cases run per mask, bias and score_mod: sdpa-math: " in r.stdout + r.stderr
 
 
 @pytest.mark.slow
