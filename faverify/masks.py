@@ -129,19 +129,25 @@ def draw_bias(case: Case, device, g: torch.Generator) -> torch.Tensor | None:
     return bias.to(dtype)
 
 
+def window_keep(sq: int, sk: int, left: int | None, right: int | None, device) -> torch.Tensor:
+    """bool [sq, sk]: the keys row i sees under a window aligned bottom-right, diag - left <= j <= diag +
+    right with diag = i + sk - sq (None: no bound on that side; causal is right 0)."""
+    rows = torch.arange(sq, device=device)[:, None] + (sk - sq)
+    cols = torch.arange(sk, device=device)[None, :]
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if right is not None:
+        keep &= cols <= rows + right
+    if left is not None:
+        keep &= cols >= rows - left
+    return keep
+
+
 def dead_keys(case: Case, keep: torch.Tensor) -> torch.Tensor:
     """bool [b, sk, hk]: keys no row of any query head of their kv head may see (under the mask, causal
     and windows): where mask_nan puts NaN in k and v. Under the broadcast layout (one key store for every
     batch element and kv head) only keys dead in all of them."""
     b, h, hk, sq, sk = case.batch, case.nheads, case.nheads_k, case.seqlen_q, case.seqlen_k
-    rows = torch.arange(sq, device=keep.device)[:, None] + (sk - sq)
-    cols = torch.arange(sk, device=keep.device)[None, :]
-    left, right = case.bounds
-    seen = keep.expand(b, h, sq, sk).clone()
-    if right is not None:
-        seen &= cols <= rows + right
-    if left is not None:
-        seen &= cols >= rows - left
+    seen = keep.expand(b, h, sq, sk) & window_keep(sq, sk, *case.bounds, keep.device)
     dead = ~seen.reshape(b, hk, h // hk, sq, sk).any(dim=2).any(dim=2)  # [b, hk, sk]
     if case.layout == "broadcast":
         dead = dead.all(dim=0, keepdim=True).all(dim=1, keepdim=True).expand(b, hk, sk)

@@ -238,9 +238,10 @@ def variant_keywords(case: Case, extras: dict, caps: Capabilities | None = None)
         kwargs["num_splits"] = case.splits
     if "mask" in used:
         form = (caps or Capabilities(mask=True)).mask_form(case)
-        kwargs.update({"attn_mask": {"attn_mask": extras["attn_mask"]}, "mask_mod": {"mask_mod": extras["mask_mod"]},
-                       "block_mask": {"block_mask": extras.get("block_mask"), "block_size": case.mask_block},
-                       None: {}}[form])
+        if form == "block_mask":
+            kwargs.update(block_mask=extras["block_mask"], block_size=case.mask_block)
+        elif form is not None:  # attn_mask or mask_mod: extras holds each by its keyword
+            kwargs[form] = extras[form]
     if "bias" in used:
         kwargs["attn_mask"] = extras["bias"]
     if "score_mod" in used:

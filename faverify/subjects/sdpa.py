@@ -104,8 +104,9 @@ def _with_causal(attn_mask, sq: int, sk: int):
     """The case's attn_mask with the bottom-right causal mask folded in: a bool one and-ed, a float one
     -inf above the diagonal (masked_fill: a bias's gradient stays the caller's where it is kept)."""
     import torch
-    rows = torch.arange(sq, device=attn_mask.device)[:, None] + (sk - sq)
-    keep = torch.arange(sk, device=attn_mask.device)[None, :] <= rows
+
+    from faverify.masks import window_keep
+    keep = window_keep(sq, sk, None, 0, attn_mask.device)
     if attn_mask.dtype == torch.bool:
         return attn_mask & keep
     return attn_mask.masked_fill(~keep, float("-inf"))
@@ -120,6 +121,7 @@ def _variant_mask(qt, kt, vt, causal, softmax_scale, window_size, softcap, alibi
     the variants of a 16-bit kernel are the other subjects' to show)."""
     import torch
 
+    from faverify.masks import window_keep
     b, h, sq, d = qt.shape
     sk = kt.shape[2]
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
@@ -138,11 +140,7 @@ def _variant_mask(qt, kt, vt, causal, softmax_scale, window_size, softcap, alibi
     left, right = window_size if window_size is not None else (-1, -1)
     if causal:
         right = 0 if right < 0 else min(right, 0)
-    hidden = torch.zeros(sq, sk, dtype=torch.bool, device=qt.device)
-    if right >= 0:
-        hidden |= cols > rows + right
-    if left >= 0:
-        hidden |= cols < rows - left
+    hidden = ~window_keep(sq, sk, None if left < 0 else left, None if right < 0 else right, qt.device)
     if attn_mask is not None:  # the case's own: a bool keep-mask or a float bias
         if attn_mask.dtype == torch.bool:
             hidden = hidden | ~attn_mask
