@@ -192,12 +192,13 @@ def test_the_warm_up_compiles_each_common_variant_build_once(kind):
     from faverify.kernels.triton.common import BLOCK_DS, block_d
     from faverify.kernels.triton.subject import variant_warmup_cases
     warm = variant_warmup_cases(("bf16", "fp16"), kind)
-    builds = {(c.dtype, block_d(c.head_dim), c.softcap > 0, c.seqlen_q <= 16, c.window, c.causal, c.alibi, c.bias,
-               c.bias_grad, c.mask) for c in warm}
-    hopper = 2 * 2 * 4 if kind == "triton" else 0  # dtypes x head dims 64, 128 x its switch sets
-    # per padded head dim, dtype and softcap: the paged decode's and prefill's tiles; for triton, the plain
-    # build, a bias's with and without its gradient, and a block mask's
-    each = {"triton": 4, "triton-varlen": 1, "triton-paged": 2}[kind]
+    builds = {(c.dtype, block_d(c.head_dim), c.head_dim == block_d(c.head_dim), c.softcap > 0, c.seqlen_q <= 16,
+               c.window, c.causal, c.alibi, c.sinks, c.bias, c.bias_grad, c.mask) for c in warm}
+    hopper = 2 * 2 * 8 if kind == "triton" else 0  # dtypes x head dims 64, 128 x its switch sets
+    # per padded head dim, dtype and softcap, the fast build and the generic one: the paged decode's and
+    # prefill's tiles; for triton, the plain build, and (generic) a bias's with and without its gradient,
+    # and a block mask's
+    each = {"triton": 2 + 3, "triton-varlen": 2, "triton-paged": 4}[kind]
     assert len(builds) == len(warm) == len(BLOCK_DS) * 2 * 2 * each + hopper
     subject = resolve(kind)
     assert all(subject.unsupported(c, DEVICE) is None for c in warm), [subject.unsupported(c, DEVICE) for c in warm]
@@ -206,8 +207,9 @@ def test_the_warm_up_compiles_each_common_variant_build_once(kind):
 
 
 # The Hopper forward's variants (interface._hopper_variant): windows crossing tiles at both ends, rows that
-# see no key, one key per row, a cap that bends, the third consumer of d64's 192-row blocks, a head dim
-# padded to 128, fp16 and bf16; the backward is the variant kernels' on its row statistics.
+# see no key, one key per row, a cap that bends, ALiBi per head and per batch, sinks about the rows' lse and
+# far above it (all weight on the sink), all four at once, the third consumer of d64's 192-row blocks, a
+# head dim padded to 128, fp16 and bf16; the backward is the variant kernels' on its row statistics.
 HOPPER = {
     "window-both-bounds": Case(1, 300, 333, 2, 1, 64, dtype="bf16", window=(100, 20), seed=21),
     "window-causal-empty-rows": Case(2, 257, 200, 4, 2, 128, dtype="fp16", causal=True, window=(64, -1), seed=22),
@@ -216,6 +218,12 @@ HOPPER = {
     "window-0-0-softcap": Case(1, 400, 129, 2, 1, 64, dtype="bf16", window=(0, 0), softcap=3.0, seed=25),
     "window-wide-d112": Case(1, 1000, 1000, 1, 1, 112, dtype="bf16", window=(3, 200), seed=26),
     "window-left-only-long": Case(1, 2048, 4096, 2, 2, 128, dtype="bf16", window=(300, -1), seed=27),
+    "alibi-causal": Case(1, 300, 333, 4, 2, 128, dtype="bf16", causal=True, alibi="head", seed=28),
+    "alibi-per-batch-window": Case(2, 200, 170, 2, 1, 64, dtype="fp16", window=(40, 7), alibi="batch-head", seed=29),
+    "sinks-around": Case(1, 257, 300, 2, 2, 128, dtype="bf16", sinks="around", seed=30),
+    "sinks-above-causal-empty-rows": Case(1, 300, 200, 2, 1, 64, dtype="bf16", causal=True, sinks="above", seed=31),
+    "all-four": Case(1, 400, 500, 2, 2, 128, dtype="fp16", window=(64, 16), softcap=4.0, alibi="head", sinks="below",
+                     seed=32),
 }
 
 
@@ -223,9 +231,9 @@ HOPPER = {
 @pytest.mark.skipif(not HAS_GPU or torch.cuda.get_device_capability()[0] != 9,
                     reason="the Hopper forward runs on sm_90 only")
 @pytest.mark.parametrize("name", list(HOPPER))
-def test_the_hopper_forward_runs_windows_and_softcap_right_against_fp64(name):
+def test_the_hopper_forward_runs_its_variants_right_against_fp64(name):
     r = _passes(resolve("triton"), HOPPER[name])
-    assert "fwd hopper variant" in r.paths and "bwd variant" in r.paths, r.paths
+    assert "fwd hopper variant" in r.paths and any(p.startswith("bwd variant") for p in r.paths), r.paths
     assert {"out", "lse", "dq", "dk", "dv"} <= set(r.metrics)
 
 
@@ -233,13 +241,14 @@ def test_the_hopper_forward_runs_windows_and_softcap_right_against_fp64(name):
 @pytest.mark.skipif(not HAS_GPU or torch.cuda.get_device_capability()[0] != 9,
                     reason="the Hopper forward runs on sm_90 only")
 def test_the_hopper_forward_declines_what_it_does_not_run():
-    """ALiBi, sinks, v's own head dim and fp32 go to the variant forward; Launch(hopper=False) too."""
+    """v's own head dim, fp32 and a bias go to the variant forward."""
     import dataclasses
     base = HOPPER["window-both-bounds"]
-    for case in (dataclasses.replace(base, alibi="head"), dataclasses.replace(base, sinks="around"),
-                 dataclasses.replace(base, head_dim_v=32), dataclasses.replace(base, dtype="fp32")):
+    for case in (dataclasses.replace(base, head_dim_v=32), dataclasses.replace(base, dtype="fp32"),
+                 dataclasses.replace(base, bias="normal")):
         r = _passes(resolve("triton"), case)
-        assert "fwd variant" in r.paths and "fwd hopper variant" not in r.paths, (case, r.paths)
+        assert any(p.startswith("fwd variant") for p in r.paths) and "fwd hopper variant" not in r.paths, \
+            (case, r.paths)
 
 
 @pytest.mark.gpu
@@ -286,7 +295,9 @@ def test_the_warm_up_launches_every_variant_build_a_fuzz_draws(kind, monkeypatch
     seen: set = set()
     monkeypatch.setattr(variant_interface, "SHARED_PADDING", True)
     for module, name in ((variant_forward, "_fwd_kernel"), (variant_forward, "_combine_kernel"),
-                         (variant_backward, "_dkdv_kernel"), (variant_backward, "_dq_kernel")):
+                         (variant_backward, "_dkdv_kernel"), (variant_backward, "_dq_kernel"),
+                         (variant_forward, "_fwd_kernel_fast"), (variant_backward, "_dkdv_kernel_fast"),
+                         (variant_backward, "_dq_kernel_fast")):
         monkeypatch.setattr(module, name, _Recorder(name, seen))
     subject = resolve(kind)
     dtypes = ("bf16", "fp16")

@@ -163,6 +163,12 @@ HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, ru
     ("hopper-softcap-no-cap", "softcap", "s = tanh(s * cap_scale)",
      "the Hopper forward's softcap keeps tanh without multiplying the cap back: every logit in [-1, 1]",
      "the cap enters twice, once divided and once multiplied, and the second is easy to drop", ("softcap",)),
+    ("hopper-alibi-top-left", "hopper-alibi", "s = s - slope * gl.abs(dist - diag).to(gl.float32)",
+     "the Hopper forward's ALiBi drops the seqlen_k - seqlen_q offset: distances measured top-left",
+     "as alibi-top-left, in the Hopper forward's copy of the bias", ("alibi",)),
+    ("hopper-sink-not-in-sum", "hopper-sink", "total = gl.where(seen, l_i * to_top, 0.0)",
+     "the Hopper forward leaves the sink out of the softmax's denominator (and of lse)",
+     "as sink-not-in-sum, in the Hopper forward's copy of the normalization", ("sinks",)),
 ))
 
 # The variant kernels (variant_forward.py, variant_backward.py, variant_interface.py): a bug of each class the

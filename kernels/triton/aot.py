@@ -51,7 +51,8 @@ class Variant:
             return f"{self.kernel} {self.dtype} D{self.block_d} {self.switches}"
         if self.kernel in VARIANT_KERNELS:
             dv = f" DV{self.block_dv}" if self.block_dv and self.block_dv != self.block_d else ""
-            return f"{self.kernel} {self.dtype} D{self.block_d}{dv} {self.switches or 'plain'}"
+            build = " fast" if self.even_d and self.kernel != "vcombine" else ""
+            return f"{self.kernel} {self.dtype} D{self.block_d}{dv} {self.switches or 'plain'}{build}"
         return (f"{self.kernel} {self.dtype} D{self.block_d} {'causal' if self.causal else 'full'}"
                 f"{'' if self.even_d else ' odd-d'}")
 
@@ -64,17 +65,19 @@ SWITCH_SETS = {"vfwd": ("", "softcap", "varlen+softcap", "paged+split+softcap", 
                "vdkdv": ("", "varlen+softcap", "bias+blocks"), "vdq": ("", "varlen+softcap", "bias+blocks+dbias")}
 
 
-HOPPER_SWITCH_SETS = ("window", "softcap", "window+softcap")
+HOPPER_SWITCH_SETS = ("window", "softcap", "window+softcap", "alibi", "sinks", "window+softcap+alibi+sinks")
 
 
 def variant_kernel_variants() -> list:
-    """Head dims always masked and q/k and v padded alike (variant_interface._dims), so even_d is False and
-    block_dv is block_d for all of them."""
+    """q/k and v padded alike (variant_interface._dims), so block_dv is block_d for all of them; even_d
+    names the fast build (head dims unmasked, the streamed tensors aligned: variant_interface.fast_build),
+    its absence the generic one."""
     out = []
     for dtype, bd in (("bf16", 64), ("bf16", 128), ("fp32", 64)):
-        out += [Variant(k, dtype, bd, False, False, bd, sw) for k, sets in SWITCH_SETS.items() for sw in sets]
+        out += [Variant(k, dtype, bd, False, even, bd, sw) for k, sets in SWITCH_SETS.items() for sw in sets
+                for even in ((False, True) if dtype == "bf16" and "bias" not in sw else (False,))]
     out += [Variant("vfwd", "fp16", 128, False, False, 128, sw) for sw in SWITCH_SETS["vfwd"][:2]]
-    out += [Variant(k, "bf16", 256, False, False, 256, "") for k in SWITCH_SETS]
+    out += [Variant(k, "bf16", 256, False, even, 256, "") for k in SWITCH_SETS for even in (False, True)]
     out += [Variant("vcombine", "bf16", 0, False, True, bdv, "") for bdv in (64, 128)]
     return out
 
@@ -104,11 +107,11 @@ def _signature(fn, dtype: str, constants: dict) -> dict:
     for name in fn.arg_names:
         if name in constants:
             sig[name] = "constexpr"
-        elif name in ("Lse", "Delta", "Rowmax", "Log2l"):
+        elif name in ("Lse", "Delta", "Rowmax", "Log2l", "Alibi", "Sinks"):
             sig[name] = "*fp32"
         elif name[0].isupper():
             sig[name] = f"*{dtype}"
-        elif name in ("qk_scale", "softmax_scale", "init", "cap_scale", "inv_cap_scale"):
+        elif name in ("qk_scale", "softmax_scale", "init", "cap_scale", "inv_cap_scale", "bias_unit"):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
@@ -155,7 +158,8 @@ def _hopper_source(v: Variant, capability: int):
     tile = configs.hopper_tile(v.block_d, "softcap" in v.switches)
     constants, options = launch(tile)
     on = set(v.switches.split("+")) - {""}
-    constants.update(CAUSAL=v.causal, BLOCK_D=v.block_d, WINDOW="window" in on, SOFTCAP="softcap" in on)
+    constants.update(CAUSAL=v.causal, BLOCK_D=v.block_d, WINDOW="window" in on, SOFTCAP="softcap" in on,
+                     ALIBI="alibi" in on, SINKS="sinks" in on)
     fn = _fwd_hopper_aligned  # the build bench's shapes take: seqlens multiples of 16, specialized on that
     signature = _signature(fn, v.dtype, constants)
     dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[v.dtype]
@@ -194,29 +198,33 @@ def _triton_source(v: Variant, capability: int):
 
 
 def _variant_source(v: Variant, capability: int):
-    """(source, options, tile) of a variant kernel as variant_interface launches it: the generic build (no
-    divisibility declared: every runtime argument is unspecialized), its configs.variant tile."""
+    """(source, options, tile) of a variant kernel as variant_interface launches it, with its configs.variant
+    tile: the generic build (no divisibility declared: every runtime argument is unspecialized), or with
+    even_d the fast one (the streamed tensors' pointers and strides declared divisible by 16)."""
     from triton.compiler import ASTSource
 
     from faverify.kernels.triton import configs
-    from faverify.kernels.triton.variant_backward import _dkdv_kernel, _dq_kernel
-    from faverify.kernels.triton.variant_forward import _combine_kernel, _fwd_kernel
+    from faverify.kernels.triton import variant_backward as vb
+    from faverify.kernels.triton import variant_forward as vf
+    from faverify.kernels.triton.common import STREAMED
     from faverify.kernels.triton.variant_interface import SPLIT_BLOCK
+
+    fast = v.even_d and v.kernel != "vcombine"
 
     on = set(v.switches.split("+")) - {""}
     if v.kernel == "vcombine":
-        fn, constants, tile = _combine_kernel, {"BLOCK_M": 16, "BLOCK_DV": v.block_dv, "INTERPRETED": False}, None
+        fn, constants, tile = vf._combine_kernel, {"BLOCK_M": 16, "BLOCK_DV": v.block_dv, "INTERPRETED": False}, None
         options = {"num_warps": 4, "num_stages": 1}
         pointers = {name: "*fp32" for name in ("OutSplits", "LseSplits", "Lse")} | {"Out": f"*{v.dtype}"}
     else:
         kind = v.kernel[1:]
         tile = configs.variant(kind, max(v.block_d, v.block_dv), ELEM[v.dtype], "varlen" in on,
-                               bool(on & {"bias", "blocks"}))
+                               bool(on & {"bias", "blocks"}), fast)
         constants = dict(SOFTCAP="softcap" in on, VARLEN="varlen" in on, BIAS="bias" in on, BLOCKS="blocks" in on,
                          BLOCK_M=tile.block_m,
-                         BLOCK_N=tile.block_n, BLOCK_D=v.block_d, BLOCK_DV=v.block_dv, EVEN_D=False,
-                         EVEN_DV=False, INTERPRETED=False, IEEE=v.dtype == "fp32")
-        fn = {"fwd": _fwd_kernel, "dkdv": _dkdv_kernel, "dq": _dq_kernel}[kind]
+                         BLOCK_N=tile.block_n, BLOCK_D=v.block_d, BLOCK_DV=v.block_dv, EVEN_D=fast,
+                         EVEN_DV=fast, INTERPRETED=False, IEEE=v.dtype == "fp32")
+        fn = {"fwd": vf._fwd_kernel, "dkdv": vb._dkdv_kernel, "dq": vb._dq_kernel}[kind]
         if kind == "dq":
             constants["DBIAS"] = "dbias" in on
         if kind == "fwd":
@@ -240,7 +248,8 @@ def _variant_source(v: Variant, capability: int):
             signature[name] = "fp32"
         else:
             signature[name] = "i32"
-    return ASTSource(fn, signature, constants, {}), options, str(tile) if tile else "M16"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if fast and name in STREAMED}
+    return ASTSource(fn, signature, constants, attrs), options, str(tile) if tile else "M16"
 
 
 def compile_variant(v: Variant, capability: int) -> dict:

@@ -71,6 +71,28 @@ def generic_args(fn) -> list:
             if p.annotation is inspect.Parameter.empty or "constexpr" not in str(p.annotation)]
 
 
+def aligned(*tensors) -> bool:
+    """All strides multiples of 16 and all pointers 16-byte aligned: the fast, specialized builds apply."""
+    return all(t.data_ptr() % 16 == 0 and all(s % 16 == 0 for s in t.stride()[:-1]) for t in tensors)
+
+
+# The tensors a variant kernel streams tile by tile (q, k, v, dO, out, the gradients): their pointers and
+# strides, by the kernels' argument names
+STREAMED = {"Q", "K", "V", "Out", "DO", "DK", "DV", "DQ"} | {
+    f"stride_{t}{axis}" for t in ("q", "k", "v", "o", "d", "dk", "dv", "dq") for axis in ("b", "s", "h")} | {
+    "stride_osplit"}
+
+
+def streamed_args(fn) -> list:
+    """do_not_specialize of a variant kernel's fast build: every runtime argument but the pointers and
+    strides of the tensors it streams (STREAMED), which are specialized as divisible by 16 when `aligned`
+    holds for those tensors. That vectorizes their loads: the generic build loads 2 bytes at a time (dk/dv
+    at head dim 128: 80 scalar 16-bit loads in its PTX, no vector load; the fast build 16 vector loads of
+    16 bytes and no scalar one, sm_90). Sizes, windows and the other tensors (bias, block mask, block
+    table, ALiBi slopes) stay unspecialized, so the shapes a fuzz draws share one build."""
+    return [name for name in generic_args(fn) if name not in STREAMED]
+
+
 def seq_strides(t, varlen: bool = False) -> tuple:
     """(batch, seq, head) strides of a [b, s, h, d] tensor (the last dim is contiguous: validated), or of
     varlen's packed [total, h, d] (no batch stride); a paged pool [pages, page_size, h, d] gives its page

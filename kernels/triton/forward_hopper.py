@@ -208,12 +208,15 @@ def _producer(load, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.con
 
 @gluon.jit
 def _softmax(s, m_i, l_i, j, full_lo, full_hi, offs_m, offs_n, seqlen_k, diag, left, right, qk_scale, cap_scale,
-             inv_cap_scale, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, WINDOW: gl.constexpr,
-             SOFTCAP: gl.constexpr):
+             inv_cap_scale, slope, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, WINDOW: gl.constexpr,
+             SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
     """One key tile j of the online softmax, forward.py's numerics (with variant_forward.variant_scores'
-    softcap and window): returns p, alpha, l and the new max."""
+    softcap, ALiBi and window): returns p, alpha, l and the new max."""
     if SOFTCAP:  # in raw units, as variant_scores: (cap / scale) tanh(s scale / cap)
         s = tanh(s * cap_scale) * inv_cap_scale  # [mutant site: softcap]
+    if ALIBI:  # - (slope / scale) |i + diag - j|, as variant_scores
+        dist = offs_m[:, None] + diag - (j * BLOCK_N + offs_n)[None, :]
+        s = s - slope * gl.abs(dist).to(gl.float32)  # [mutant site: hopper-alibi]
     if WINDOW:
         if (j < full_lo) | (j >= full_hi):  # tiles that cross a window bound or hold the seqlen_k tail
             cols = j * BLOCK_N + offs_n
@@ -248,9 +251,9 @@ def _release(k_ready, k_empty, v_ready, v_empty, it, STAGES: gl.constexpr):
 @gluon.jit
 def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
               CONSUMERS: gl.constexpr, GROUP: gl.constexpr, WHICH: gl.constexpr, WINDOW: gl.constexpr,
-              SOFTCAP: gl.constexpr):
+              SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, SINKS: gl.constexpr):
     smem, bars, o_desc, Lse, Rowmax, Log2l, seqlen_q, seqlen_k, diag, nheads, n_m, n_bh, qk_scale, init, \
-        left, right, cap_scale, inv_cap_scale = run
+        left, right, cap_scale, inv_cap_scale, Alibi, Sinks, stride_ab, bias_unit = run
     q_smem, k_smem, v_smem, o_smem = smem
     q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars
     dtype: gl.constexpr = q_smem.dtype
@@ -290,6 +293,9 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
         # a consumer whose rows all lie past seqlen_q (in the last query block) computes nothing: its tiles
         # are skipped too, which leaves the SM's tensor cores to the consumers with rows
         n_mine = gl.where(first < seqlen_q, n_mine, 0)  # [mutant site: idle-consumer]
+        slope = 0.0
+        if ALIBI:  # the head's slope in raw units (variant_interface.Variant.runtime's bias_unit: 1 / scale)
+            slope = gl.load(Alibi + (bh // nheads) * stride_ab + bh % nheads) * bias_unit
         offs_m = first + gl.arange(0, HALF, layout=s_rows)
         m_i = gl.zeros([HALF], gl.float32, s_rows) + init
         l_i = gl.zeros([HALF], gl.float32, s_rows)
@@ -310,8 +316,8 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
             mbarrier.arrive(k_empty.index(stage), count=1)
             p, alpha, l_i, m_i = _softmax(s, m_i, l_i, mine_lo, full_lo, full_hi, offs_m, offs_n, seqlen_k, diag,
-                                          left, right, qk_scale, cap_scale, inv_cap_scale, CAUSAL, BLOCK_N, WINDOW,
-                                          SOFTCAP)
+                                          left, right, qk_scale, cap_scale, inv_cap_scale, slope, CAUSAL, BLOCK_N,
+                                          WINDOW, SOFTCAP, ALIBI)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             for j in range(1, n_mine):
                 stage = (it + j) % STAGES
@@ -323,8 +329,8 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
                 s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # q k^T in; p v may still run
                 mbarrier.arrive(k_empty.index(stage), count=1)
                 p, alpha, l_i, m_i = _softmax(s, m_i, l_i, mine_lo + j, full_lo, full_hi, offs_m, offs_n, seqlen_k,
-                                              diag, left, right, qk_scale, cap_scale, inv_cap_scale, CAUSAL, BLOCK_N,
-                                              WINDOW, SOFTCAP)
+                                              diag, left, right, qk_scale, cap_scale, inv_cap_scale, slope, CAUSAL,
+                                              BLOCK_N, WINDOW, SOFTCAP, ALIBI)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
                 mbarrier.arrive(v_empty.index(prev), count=1)
                 acc = acc * gl.convert_layout(alpha, o_rows)[:, None]  # [mutant site: rescale]
@@ -343,14 +349,30 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
         done += 1
 
         seen = l_i > 0.0
-        log2l = gl.log2(gl.where(seen, l_i, 1.0))
-        lse = gl.where(seen, (m_i * qk_scale + log2l) * LN2, float("-inf"))
+        if SINKS:  # the sink z enters the normalization, as variant_forward._fwd's ending, in raw units
+            m_raw = gl.where(seen, m_i, float("-inf"))
+            z_raw = gl.load(Sinks + bh % nheads)
+            top = gl.maximum(m_raw, z_raw)
+            top = gl.where(top == float("-inf"), 0.0, top)
+            to_top = gl.exp2((m_raw - top) * qk_scale)
+            total = gl.where(seen, l_i * to_top, 0.0) + gl.exp2((z_raw - top) * qk_scale)  # [mutant site: hopper-sink]
+            some = total > 0.0
+            log2_total = gl.log2(gl.where(some, total, 1.0))
+            lse = gl.where(some, (top * qk_scale + log2_total) * LN2, float("-inf"))
+            log2l = log2_total + (top - m_raw) * qk_scale
+            scale_rows = to_top / gl.where(some, total, 1.0)
+        else:
+            log2l = gl.log2(gl.where(seen, l_i, 1.0))
+            lse = gl.where(seen, (m_i * qk_scale + log2l) * LN2, float("-inf"))
         rows = bh.to(gl.int64) * seqlen_q + offs_m
         in_q = offs_m < seqlen_q
         gl.store(Rowmax + rows, gl.where(seen, m_i, 0.0), mask=in_q)
         gl.store(Log2l + rows, gl.where(seen, log2l, float("inf")), mask=in_q)
         gl.store(Lse + rows, lse, mask=in_q)
-        out = acc / gl.convert_layout(gl.where(seen, l_i, 1.0), o_rows)[:, None]
+        if SINKS:
+            out = acc * gl.convert_layout(scale_rows, o_rows)[:, None]
+        else:
+            out = acc / gl.convert_layout(gl.where(seen, l_i, 1.0), o_rows)[:, None]
         # out stages through shared memory for the TMA store, which clips at the bounds; the store of the
         # last block may still be reading it, and runs while this block computed
         tma.store_wait(pendings=0)
@@ -360,11 +382,13 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
     tma.store_wait(pendings=0)
 
 
-def _fwd_source(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l,  #
+def _fwd_source(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l, Alibi, Sinks,  #
                 n_bh, nheads, group, seqlen_q, seqlen_k, qk_scale, init, left, right, cap_scale, inv_cap_scale,  #
+                stride_ab, bias_unit,  # ALiBi slopes' batch stride (0: per head), and 1 / scale
                 CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
                 CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, GROUP: gl.constexpr,
-                WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False):
+                WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
+                SINKS: gl.constexpr = False):
     """q, k, v, out through host-made descriptors of their [b, s, h, d] tensors (boxes [1, rows, 1, BLOCK_D],
     zero-filled past seqlen and head_dim). Persistent: program p runs query blocks p, p + grid, ... of the
     launch's _schedule, so the next block's q and first key tiles load while this one's epilogue runs."""
@@ -396,18 +420,23 @@ def _fwd_source(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l,  #
 
     # the default partition (num_warps = 4) is consumer 0; workers: the other consumers, then the producer
     run = (smem, bars, o_desc, Lse, Rowmax, Log2l, seqlen_q, seqlen_k, diag, nheads, n_m, n_bh, qk_scale, init,
-           left, right, cap_scale, inv_cap_scale)
+           left, right, cap_scale, inv_cap_scale, Alibi, Sinks, stride_ab, bias_unit)
     load = (q_desc, k_desc, v_desc, smem, bars, seqlen_k, diag, left, right, nheads, group, n_m, n_bh)
     # (tuples in variables: constexprs stay out of them, Gluon 3.6 would make them tensors)
     if CONSUMERS == 2:
-        gl.warp_specialize([(_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 0, WINDOW, SOFTCAP)),
-                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 1, WINDOW, SOFTCAP)),
+        gl.warp_specialize([(_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 0, WINDOW, SOFTCAP,
+                                        ALIBI, SINKS)),
+                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 1, WINDOW, SOFTCAP,
+                                        ALIBI, SINKS)),
                             (_producer, (load, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, CAUSAL, WINDOW))],
                            [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
-        gl.warp_specialize([(_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 0, WINDOW, SOFTCAP)),
-                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 1, WINDOW, SOFTCAP)),
-                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 2, WINDOW, SOFTCAP)),
+        gl.warp_specialize([(_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 0, WINDOW, SOFTCAP,
+                                        ALIBI, SINKS)),
+                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 1, WINDOW, SOFTCAP,
+                                        ALIBI, SINKS)),
+                            (_consumer, (run, CAUSAL, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, 2, WINDOW, SOFTCAP,
+                                        ALIBI, SINKS)),
                             (_producer, (load, BLOCK_N, BLOCK_D, STAGES, CONSUMERS, GROUP, CAUSAL, WINDOW))],
                            [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
@@ -418,7 +447,8 @@ def _fwd_source(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l,  #
 # Leaving all five unspecialized cost 7-9% at d64 causal 4096 on the H200, all of it from the seqlens
 # (devtools/hopper_specialize.py at 0e6d4fa, 2026-11-30; docs/measurements.md). So seqlens both multiples of
 # 16 take a build specialized on them (one pattern), any other pair the build specialized on nothing.
-_HEADS = ["n_bh", "nheads", "group", "left", "right"]  # and the window's bounds: runtime values, as in
+_HEADS = ["n_bh", "nheads", "group", "left", "right", "stride_ab", "Alibi", "Sinks"]  # and the window's
+# bounds, the ALiBi slopes' batch stride and the slopes' and sinks' pointers: runtime values, as in
 # variant_forward.py
 ALIGNED = ("seqlen_q", "seqlen_k")  # the sizes _fwd_hopper_aligned is specialized on (aot.py declares them)
 _fwd_hopper_aligned = gluon.jit(do_not_specialize=_HEADS)(_fwd_source)

@@ -15,6 +15,7 @@ from faverify.kernels.triton import forward_hopper as _fwd_hopper
 from faverify.kernels.triton import variant_interface as _var
 from faverify.kernels.constants import INIT_VALUE
 from faverify.kernels.triton.common import INTERPRET, LAUNCHED as _LAUNCHED, LOG2E, NO_BOUND, block_d, quiet
+from faverify.kernels.triton.common import aligned as _aligned
 from faverify.kernels.triton.common import seq_strides as _strides
 from faverify.kernels.triton.common import take_paths  # noqa: F401  (the subject's Subject.paths)
 from faverify.kernels.validate import check_inputs, check_kvcache, check_masks, check_variant, check_varlen
@@ -45,13 +46,10 @@ DEFAULT = Launch()
 # The code paths a launch can take (common.LAUNCHED logs them, take_paths hands them over)
 PATHS = ("fwd hopper", "fwd hopper variant", "fwd triton-tma", "fwd triton", "fwd triton generic", "fwd none (empty)",
          "bwd triton", "bwd triton generic", "bwd none (empty)",
-         "fwd variant", "fwd variant varlen", "fwd variant paged", "fwd variant paged split",
-         "fwd variant none (empty)", "bwd variant", "bwd variant varlen", "bwd variant none (empty)")
-
-
-def _aligned(*tensors) -> bool:
-    """All strides multiples of 16 and all pointers 16-byte aligned: the fast, specialized builds apply."""
-    return all(t.data_ptr() % 16 == 0 and all(s % 16 == 0 for s in t.stride()[:-1]) for t in tensors)
+         "fwd variant none (empty)", "bwd variant none (empty)") + tuple(
+    # the variant kernels' fast and generic builds (variant_interface.fast_build)
+    path + build for path in ("fwd variant", "fwd variant varlen", "fwd variant paged", "fwd variant paged split",
+                              "bwd variant", "bwd variant varlen") for build in ("", " generic"))
 
 
 def _build(name: str, *tensors):
@@ -149,21 +147,22 @@ def _hopper(q, k, v, out, lse, rows, tile, var, launch: Launch) -> None:
     constants, options = _fwd_hopper.launch(tile)
     runtime = var.runtime()
     window = var.left != NO_BOUND or (var.right not in (0, NO_BOUND))
+    alibi, stride_ab, sinks = var.tensors(q) if var.alibi is not None or var.sinks is not None else (lse, 0, lse)
     _fwd_hopper.kernel(sq, sk)[_fwd_hopper.grid(tile, sq, b * h, launch.programs)](
-        *_fwd_hopper.descriptors(q, k, v, out, tile, bd), lse, *rows, b * h, h, h // hk, sq, sk,
+        *_fwd_hopper.descriptors(q, k, v, out, tile, bd), lse, *rows, alibi, sinks, b * h, h, h // hk, sq, sk,
         var.scale * LOG2E, INIT_VALUE[var.init], runtime["left"], runtime["right"], runtime["cap_scale"],
-        runtime["inv_cap_scale"], CAUSAL=var.right == 0 and not window, BLOCK_D=bd, WINDOW=window, SOFTCAP=var.softcap > 0,
+        runtime["inv_cap_scale"], stride_ab, runtime["bias_unit"], CAUSAL=var.right == 0 and not window, BLOCK_D=bd,
+        WINDOW=window, SOFTCAP=var.softcap > 0, ALIBI=var.alibi is not None, SINKS=var.sinks is not None,
         **constants, **options)
 
 
 def _hopper_variant(launch: Launch):
     """A forward for variant_interface.attention that runs a variant on the Hopper forward where it can:
-    windows and softcap, no ALiBi or sinks, v's head dim q's, 16-bit on sm_90 with TMA-aligned tensors
-    (_use_hopper); it returns None elsewhere, and the variant forward runs."""
+    windows, softcap, ALiBi and sinks, no bias or block mask, v's head dim q's, 16-bit on sm_90 with
+    TMA-aligned tensors (_use_hopper); it returns None elsewhere, and the variant forward runs."""
     @_on_their_device
     def run(q, k, v, var):
-        if var.alibi is not None or var.sinks is not None or var.masked or v.shape[-1] != q.shape[-1] \
-                or 0 in q.shape[:2] or k.shape[1] == 0:
+        if var.masked or v.shape[-1] != q.shape[-1] or 0 in q.shape[:2] or k.shape[1] == 0:
             return None
         b, sq, h, d = q.shape
         out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)

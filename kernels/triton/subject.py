@@ -72,11 +72,12 @@ def warmup_cases(dtypes: tuple) -> list:
 
 def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
     """One small case per common build of the variant kernels (variant_forward.py: a build per dtype, padded
-    head dim and switches SOFTCAP, VARLEN, PAGED; windows, causal, ALiBi and sinks are runtime values, q/k
-    and v share one padding): each padded head dim, softcap on or off, with ALiBi (which keeps the case
-    off the Hopper forward); the paged decode's tiles of 16 query rows and its prefill's; for triton the
-    bias and block-mask builds, and the Hopper forward's window and softcap builds
-    (interface._hopper_variant) at its head dims."""
+    head dim and switches SOFTCAP, VARLEN, PAGED, fast or generic; windows, causal, ALiBi and sinks are
+    runtime values, q/k and v share one padding): each padded head dim, softcap on or off, the head dim
+    that fills its padding (the fast build, variant_interface.fast_build) and one less (the generic); the
+    paged decode's tiles of 16 query rows and its prefill's; for triton the bias and block-mask builds
+    (generic whatever the head dim), and the Hopper forward's builds (interface._hopper_variant) at its head dims. (At those, 16-bit
+    and aligned, triton's forward is the Hopper one: its variant forward's fast build runs on other GPUs.)"""
     from faverify.case import Case
     from faverify.kernels.triton.common import BLOCK_DS
 
@@ -84,33 +85,37 @@ def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
     for bd in BLOCK_DS:
         for dtype in dtypes:
             for softcap, extras in ((0.0, False), (5.0, True)):
-                common = dict(nheads=2, nheads_k=1, head_dim=bd, dtype=dtype, window=(16, -1), softcap=softcap,
-                              alibi="head")
-                if kind == "triton-paged":
-                    out += [Case(batch=1, seqlen_q=sq, seqlen_k=97, cache_seqlens=(97,), page_size=16, splits=2,
-                                 **common) for sq in (1, 97)]
-                elif kind == "triton-varlen":
-                    out.append(Case(batch=1, seqlen_q=97, seqlen_k=97, seqlens=((97, 97),),
-                                    sinks="around" if extras else "off", **common))
-                else:
-                    out.append(Case(batch=1, seqlen_q=97, seqlen_k=97, sinks="around" if extras else "off", **common))
-                    # the builds with a bias (BIAS; DBIAS in dq when it requires grad; a bool mask runs as
-                    # one) and with a block mask (BLOCKS)
-                    out += [Case(batch=1, seqlen_q=97, seqlen_k=97, **common, **masks) for masks in (
-                        dict(bias="normal", bias_grad=True), dict(bias="normal"),
-                        dict(mask="block", mask_block=16, mask_rate=50, mask_shape="shared"))]
+                for head_dim in (bd, bd - 1):
+                    common = dict(nheads=2, nheads_k=1, head_dim=head_dim, dtype=dtype, window=(16, -1),
+                                  softcap=softcap, alibi="head")
+                    if kind == "triton-paged":
+                        out += [Case(batch=1, seqlen_q=sq, seqlen_k=97, cache_seqlens=(97,), page_size=16, splits=2,
+                                     **common) for sq in (1, 97)]
+                    elif kind == "triton-varlen":
+                        out.append(Case(batch=1, seqlen_q=97, seqlen_k=97, seqlens=((97, 97),),
+                                        sinks="around" if extras else "off", **common))
+                    else:
+                        out.append(Case(batch=1, seqlen_q=97, seqlen_k=97, sinks="around" if extras else "off",
+                                        **common))
+                        # the builds with a bias (BIAS; DBIAS in dq when it requires grad; a bool mask runs
+                        # as one) and with a block mask (BLOCKS)
+                        out += [Case(batch=1, seqlen_q=97, seqlen_k=97, **common, **masks) for masks in (
+                            dict(bias="normal", bias_grad=True), dict(bias="normal"),
+                            dict(mask="block", mask_block=16, mask_rate=50, mask_shape="shared"))
+                            if head_dim == bd]
     if kind == "triton":
         out += hopper_variant_warmup_cases(dtypes)
     return out
 
 
 def hopper_variant_warmup_cases(dtypes: tuple) -> list:
-    """The Hopper forward's variant builds (forward_hopper.py's WINDOW, SOFTCAP; CAUSAL orders the blocks
-    where no window is set) at its head dims, 16-bit, seqlens that are no multiples of 16 (the build
-    specialized on nothing; forward_hopper.kernel)."""
+    """The Hopper forward's variant builds (forward_hopper.py's WINDOW, SOFTCAP, ALIBI, SINKS; CAUSAL orders
+    the blocks where no window is set) at its head dims, 16-bit, seqlens that are no multiples of 16 (the
+    build specialized on nothing; forward_hopper.kernel)."""
     from faverify.case import Case
     switches = (dict(window=(16, 3)), dict(softcap=5.0), dict(softcap=5.0, causal=True),
-                dict(window=(16, -1), softcap=5.0))
+                dict(window=(16, -1), softcap=5.0), dict(alibi="head"), dict(alibi="head", causal=True),
+                dict(sinks="around"), dict(sinks="around", causal=True))
     return [Case(batch=1, seqlen_q=97, seqlen_k=97, nheads=2, nheads_k=1, head_dim=bd, dtype=dtype, **sw)
             for bd in (64, 128) for dtype in dtypes if dtype in ("bf16", "fp16") for sw in switches]
 

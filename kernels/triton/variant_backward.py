@@ -16,7 +16,7 @@ variant forward's switches:
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import cast, generic_args, load_rows, mm, row_stats, saturate
+from faverify.kernels.triton.common import cast, generic_args, load_rows, mm, row_stats, saturate, streamed_args
 from faverify.kernels.triton.variant_forward import extra_scores, variant_scores, visible_tiles
 
 
@@ -223,5 +223,8 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ, CuQ, CuK, Alibi, Bias, Blocks, DB
              cast(dq, DQ.dtype.element_ty, INTERPRETED), mask=(offs_m < seqlen_q)[:, None] & (offs_d < head_dim)[None, :])
 
 
+# the generic and the fast build of each (variant_forward.py's two builds)
 _dkdv_kernel = triton.jit(do_not_specialize=generic_args(_dkdv))(_dkdv)
 _dq_kernel = triton.jit(do_not_specialize=generic_args(_dq))(_dq)
+_dkdv_kernel_fast = triton.jit(do_not_specialize=streamed_args(_dkdv))(_dkdv)
+_dq_kernel_fast = triton.jit(do_not_specialize=streamed_args(_dq))(_dq)

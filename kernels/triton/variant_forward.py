@@ -30,7 +30,7 @@ it nothing:
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import LN2, LOG2E, cast, generic_args, load_rows, mm, tanh
+from faverify.kernels.triton.common import LN2, LOG2E, cast, generic_args, load_rows, mm, streamed_args, tanh
 
 LOG2E_ = tl.constexpr(LOG2E)  # a global a kernel may read (Triton takes only constexpr globals)
 
@@ -301,7 +301,10 @@ def _combine(OutSplits, LseSplits, Out, Lse,  #
     tl.store(Lse + off_b * stride_eb + off_h * stride_eh + offs_m, lse, mask=rows_ok)
 
 
-# One build per set of compile-time switches, specialized on no runtime value (common.generic_args): the
-# variants' shapes, windows and page sizes vary case by case and must not each cost a compile.
+# Two builds per set of compile-time switches: the generic one specialized on no runtime value
+# (common.generic_args: the variants' shapes, windows and page sizes vary case by case and must not each
+# cost a compile), and the fast one, specialized only on the streamed tensors' alignment
+# (common.streamed_args), for head dims that fill their padding (variant_interface.fast_build).
 _fwd_kernel = triton.jit(do_not_specialize=generic_args(_fwd))(_fwd)
+_fwd_kernel_fast = triton.jit(do_not_specialize=streamed_args(_fwd))(_fwd)
 _combine_kernel = triton.jit(do_not_specialize=generic_args(_combine))(_combine)

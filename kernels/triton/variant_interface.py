@@ -12,7 +12,7 @@ from faverify.kernels.triton import configs
 from faverify.kernels.triton import variant_backward as _vbwd
 from faverify.kernels.triton import variant_forward as _vfwd
 from faverify.kernels.constants import INIT_VALUE
-from faverify.kernels.triton.common import INTERPRET, LAUNCHED as _LAUNCHED, LOG2E, NO_BOUND, block_d, quiet
+from faverify.kernels.triton.common import INTERPRET, LAUNCHED as _LAUNCHED, LOG2E, NO_BOUND, aligned, block_d, quiet
 from faverify.kernels.triton.common import seq_strides as _qstrides
 
 # Split-KV cuts the keys into whole blocks of this many (case.split_ranges' block): a multiple of every
@@ -134,17 +134,29 @@ def padding(d: int, dv: int) -> tuple:
     return block_d(d), block_d(dv)
 
 
-def _tile(kind: str, q, dv: int, varlen: bool = False, masked: bool = False) -> configs.Tile:
-    return configs.variant(kind, max(block_d(q.shape[-1]), block_d(dv)), q.element_size(), varlen, masked)
+def fast_build(var: Variant, q, v, *tensors) -> bool:
+    """Whether a launch takes the kernels' fast build (common.streamed_args): head dims that fill their
+    padding (q/k's and v's: EVEN_D, no head-dim mask), the streamed tensors aligned, and no bias or block
+    mask (whose builds keep small tiles of their own, configs._MASKED). Anything else takes the generic
+    build, which masks the head dims whatever they are: one build then serves every head dim of a padding
+    and every layout."""
+    bd, bdv = padding(q.shape[-1], v.shape[-1])
+    return not var.masked and q.shape[-1] == bd and v.shape[-1] == bdv and aligned(q, v, *tensors)
 
 
-def _dims(d: int, dv: int, q, emulate) -> dict:
-    """The head-dim constants. The head dims are always masked (EVEN_D False): the variant kernels are
-    built unspecialized, so no load is vectorized anyway, and a mask that is all true changes no value;
-    one build then serves every head dim of a padding."""
+def _tile(kind: str, q, dv: int, varlen: bool = False, masked: bool = False, fast: bool = False) -> configs.Tile:
+    return configs.variant(kind, max(block_d(q.shape[-1]), block_d(dv)), q.element_size(), varlen, masked, fast)
+
+
+def _dims(d: int, dv: int, q, emulate, fast: bool) -> dict:
+    """The head-dim constants: the head dims unmasked in the fast build (fast_build), masked in the generic."""
     bd, bdv = padding(d, dv)
-    return dict(BLOCK_D=bd, BLOCK_DV=bdv, EVEN_D=False, EVEN_DV=False,
+    return dict(BLOCK_D=bd, BLOCK_DV=bdv, EVEN_D=fast, EVEN_DV=fast,
                 INTERPRETED=INTERPRET if emulate is None else emulate, IEEE=q.dtype == torch.float32)
+
+
+def _build(module, name: str, fast: bool):
+    return getattr(module, name + "_fast" if fast else name)
 
 
 def _lse_strides(lse: torch.Tensor, varlen: bool) -> tuple:
@@ -180,16 +192,17 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
         if rows is not None:
             rows[0].zero_(), rows[1].fill_(float("inf"))
         return out.zero_(), lse.fill_(float("-inf")), rows, splits
-    tile = _tile("fwd", q, dv, varlen, var.masked)
+    target_out, target_lse = splits if split else (out, lse)
+    fast = fast_build(var, q, v, k, target_out)
+    tile = _tile("fwd", q, dv, varlen, var.masked, fast)
     # decode (a paged cache's few query rows) takes tiles of 16 rows; anything else the tile's, so that a
     # fuzz's many small seqlen_q compile no build of their own
     block_m = 16 if paged and sq <= 16 else tile.block_m
-    dims = _dims(d, dv, q, emulate)
+    dims = _dims(d, dv, q, emulate, fast)
     dummy = torch.empty(0, dtype=torch.int32, device=q.device)
     f32 = torch.empty(0, dtype=torch.float32, device=q.device)
     alibi, stride_ab, sinks = var.tensors(q)
     masks, switches = var.masks(q)
-    target_out, target_lse = splits if split else (out, lse)
     if split:
         o_strides = (target_out.stride(1), target_out.stride(2), target_out.stride(3), target_out.stride(0))
         l_strides = (target_lse.stride(1), target_lse.stride(2), target_lse.stride(0))
@@ -198,10 +211,11 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
         l_strides = _lse_strides(lse, varlen) + (0,)
     # paged pools are [pages, page_size, hk, d]: their page stride takes the batch stride's place
     k_strides, v_strides = _qstrides(k, varlen), _qstrides(v, varlen)
-    _LAUNCHED.append("fwd variant" + (" varlen" if varlen else " paged" if paged else "") + (" split" if split else ""))
+    _LAUNCHED.append("fwd variant" + (" varlen" if varlen else " paged" if paged else "") + (" split" if split else "")
+                     + ("" if fast else " generic"))
     grid = (triton.cdiv(sq, block_m), batch * h, max(1, num_splits))
     with quiet():
-        _vfwd._fwd_kernel[grid](
+        _build(_vfwd, "_fwd_kernel", fast)[grid](
             q, k, v, target_out, target_lse, *(rows if rows is not None else (f32, f32)),
             cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
             block_table if paged else dummy, cache_seqlens if paged else dummy, alibi, sinks, *masks.pointers,
@@ -265,24 +279,25 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
         return dq, dk, dvv, dsinks, _dbias(ds_full, var.bias) if bias_grad else None
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    dims = _dims(d, dv, q, emulate)
+    fast = fast_build(var, q, v, k, dout, dq, dk, dvv)
+    dims = _dims(d, dv, q, emulate, fast)
     dummy = torch.empty(0, dtype=torch.int32, device=q.device)
     alibi, ab, _ = var.tensors(q)
     masks, switches = var.masks(q)
     cu = (cu_seqlens_q, cu_seqlens_k) if varlen else (dummy, dummy)
     common = dict(**var.runtime(), **var.switches(), VARLEN=varlen, **switches, **dims)
     lse_strides = _lse_strides(lse, varlen)
-    _LAUNCHED.append("bwd variant" + (" varlen" if varlen else ""))
+    _LAUNCHED.append("bwd variant" + (" varlen" if varlen else "") + ("" if fast else " generic"))
     with quiet():
-        t = _tile("dkdv", q, dv, varlen, var.masked)
-        _vbwd._dkdv_kernel[(triton.cdiv(sk, t.block_n), batch * hk)](
+        t = _tile("dkdv", q, dv, varlen, var.masked, fast)
+        _build(_vbwd, "_dkdv_kernel", fast)[(triton.cdiv(sk, t.block_n), batch * hk)](
             q, k, v, dout, rowmax, log2l, delta, dk, dvv, *cu, alibi, *masks.pointers,
             *_qstrides(q, varlen), *_qstrides(k, varlen), *_qstrides(v, varlen), *_qstrides(dout, varlen),
             *_qstrides(dk, varlen), *_qstrides(dvv, varlen), *lse_strides, ab, *masks.scalars,
             hk, h // hk, sq, sk, d, dv, var.scale, var.qk_scale, **common,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
-        t = _tile("dq", q, dv, varlen, var.masked)
-        _vbwd._dq_kernel[(triton.cdiv(sq, t.block_m), batch * h)](
+        t = _tile("dq", q, dv, varlen, var.masked, fast)
+        _build(_vbwd, "_dq_kernel", fast)[(triton.cdiv(sq, t.block_m), batch * h)](
             q, k, v, dout, rowmax, log2l, delta, dq, *cu, alibi, *masks.pointers, ds_full,
             *_qstrides(q, varlen), *_qstrides(k, varlen), *_qstrides(v, varlen), *_qstrides(dout, varlen),
             *_qstrides(dq, varlen), *lse_strides, ab, *masks.scalars,
