@@ -314,3 +314,20 @@ def test_the_warm_up_launches_every_variant_build_a_fuzz_draws(kind, monkeypatch
     drawn = builds(draw_cases(plan))
     warmed = builds(variant_warmup_cases(dtypes, kind))
     assert {b[0] for b in drawn} >= {"_fwd_kernel"} and drawn <= warmed, sorted(drawn - warmed)
+
+
+def test_the_softcap_derivative_keeps_its_precision_where_the_cap_saturates():
+    """common.tanh_slope against FP64 over |x| up to 40: 1 - tanh^2 from an fp32 tanh is 0 past |x| = 9,
+    where the derivative is still 6e-8 (a fuzz case with softcap 5 and logits 30x normal lost dq and dk
+    there); the slope must keep fp32's relative precision down to e^-80, and the tanh its own."""
+    from property_tests.triton_probes import tanh_slope_probe
+
+    x = torch.cat([torch.linspace(-40, 40, 1001), torch.tensor([0.0, 0.2499, 0.25, 9.0, -9.0, 17.3])])
+    x = torch.nn.functional.pad(x, (0, 1024 - x.numel())).to(DEVICE)
+    t, d = torch.empty_like(x), torch.empty_like(x)
+    tanh_slope_probe[(1,)](x, t, d, N=1024)
+    exact_t = torch.tanh(x.double())
+    exact_d = 1.0 / torch.cosh(x.double()) ** 2
+    assert ((t.double() - exact_t).abs() <= 4e-7 * exact_t.abs().clamp(min=1e-30)).all()
+    rel = (d.double() - exact_d).abs() / exact_d
+    assert rel.max() < 1e-5, (rel.max(), x[rel.argmax()])

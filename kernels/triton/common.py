@@ -224,15 +224,31 @@ NO_BOUND = 1 << 30
 
 
 @triton.jit
-def tanh(x):
-    """tanh in fp32 from exp2 alone (the interpreter has no libdevice, and both builds must agree): an odd
-    Taylor polynomial below |x| = 0.25, where 1 - 2 / (e^2x + 1) would cancel to a few bits, and
-    (1 - e^-2|x|) / (1 + e^-2|x|) above, whose numerator is then >= 0.39 (a relative error near 1e-7)."""
-    a = tl.abs(x)
+def _tanh_abs(a):
+    """(tanh a, e^-2a) for a >= 0 (tanh says how)."""
     t = tl.math.exp2(a * -2.8853900817779268)  # e^(-2|x|)
     big = (1.0 - t) / (1.0 + t)
     x2 = a * a
     small = a * (1.0 + x2 * (-1.0 / 3 + x2 * (2.0 / 15 + x2 * (-17.0 / 315 + x2 * (62.0 / 2835 + x2 * (
         -1382.0 / 155925 + x2 * (21844.0 / 6081075)))))))
-    y = tl.where(a < 0.25, small, big)
+    return tl.where(a < 0.25, small, big), t
+
+
+@triton.jit
+def tanh(x):
+    """tanh in fp32 from exp2 alone (the interpreter has no libdevice, and both builds must agree): an odd
+    Taylor polynomial below |x| = 0.25, where 1 - 2 / (e^2x + 1) would cancel to a few bits, and
+    (1 - e^-2|x|) / (1 + e^-2|x|) above, whose numerator is then >= 0.39 (a relative error near 1e-7)."""
+    y, _ = _tanh_abs(tl.abs(x))
     return tl.where(x < 0, -y, y)
+
+
+@triton.jit
+def tanh_slope(x):
+    """(tanh x, 1 - tanh^2 x): the derivative from 4 e^-2|x| / (1 + e^-2|x|)^2 above |x| = 0.25, not from
+    1 - tanh^2, which cancels where tanh nears 1 (past |x| = 9 tanh rounds to 1 in fp32 and 1 - tanh^2 to 0
+    while the derivative is 6e-8; softcap's backward lost dq and dk there, 6x the error allowed)."""
+    a = tl.abs(x)
+    y, t = _tanh_abs(a)
+    slope = tl.where(a < 0.25, 1.0 - y * y, 4.0 * t / ((1.0 + t) * (1.0 + t)))
+    return tl.where(x < 0, -y, y), slope

@@ -46,7 +46,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, m_ptr, l2_ptr, delta_ptr, stride_
         do = load_rows(do_base + start_m * stride_ds, offs_m, seqlen_q,
                        (offs_dv < head_dim_v)[None, :], ROWS_ALONG_0=True, MASK_ROWS=MASK, EVEN_D=EVEN_DV)
         m, l2, delta = row_stats(m_ptr, l2_ptr, delta_ptr, offs_m, seqlen_q, MASK)
-        sT, thT = variant_scores(mm(k, qT, INTERPRETED, IEEE), offs_m[None, :], offs_n[:, None], seqlen_k, diag,
+        sT, dcapT = variant_scores(mm(k, qT, INTERPRETED, IEEE), offs_m[None, :], offs_n[:, None], seqlen_k, diag,
                                  left, right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP)
         sT = extra_scores(sT, offs_m[None, :], offs_n[:, None], seqlen_q, seqlen_k, bias, stride_bm, stride_bn,
                           bias_scale, blocks, stride_km, stride_kn, mask_block, BIAS=BIAS, BLOCKS=BLOCKS)
@@ -54,7 +54,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, m_ptr, l2_ptr, delta_ptr, stride_
         dv += mm(cast(pT, do.dtype, INTERPRETED), do, INTERPRETED, IEEE)
         dsT = pT * (mm(v, tl.trans(do), INTERPRETED, IEEE) - delta[None, :])
         if SOFTCAP:
-            dsT = dsT * (1.0 - thT * thT)  # [mutant site: softcap-derivative]
+            dsT = dsT * dcapT  # [mutant site: softcap-derivative]
         dk += mm(cast(saturate(dsT, qT.dtype), qT.dtype, INTERPRETED), tl.trans(qT), INTERPRETED, IEEE)
     return dk, dv
 
@@ -143,7 +143,7 @@ def _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs,  #
                        (offs_d < head_dim)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
         vT = load_rows(v_base + start_n * stride_vs, cols, seqlen_k,
                        (offs_dv < head_dim_v)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_DV)
-        s, th = variant_scores(mm(q, kT, INTERPRETED, IEEE), offs_m[:, None], cols[None, :], seqlen_k, diag, left,
+        s, dcap = variant_scores(mm(q, kT, INTERPRETED, IEEE), offs_m[:, None], cols[None, :], seqlen_k, diag, left,
                                right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP)
         s = extra_scores(s, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, bias, stride_bm, stride_bn,
                          bias_scale, blocks, stride_km, stride_kn, mask_block, BIAS=BIAS, BLOCKS=BLOCKS)
@@ -153,7 +153,7 @@ def _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs,  #
             tl.store(dbias + offs_m[:, None].to(tl.int64) * stride_gm + cols[None, :], ds,
                      mask=(offs_m[:, None] < seqlen_q) & (cols[None, :] < seqlen_k))
         if SOFTCAP:
-            ds = ds * (1.0 - th * th)
+            ds = ds * dcap
         dq += mm(cast(saturate(ds, kT.dtype), kT.dtype, INTERPRETED), tl.trans(kT), INTERPRETED, IEEE)
     return dq
 

@@ -30,7 +30,7 @@ it nothing:
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import LN2, LOG2E, cast, generic_args, load_rows, mm, streamed_args, tanh
+from faverify.kernels.triton.common import LN2, LOG2E, cast, generic_args, load_rows, mm, streamed_args, tanh_slope
 
 LOG2E_ = tl.constexpr(LOG2E)  # a global a kernel may read (Triton takes only constexpr globals)
 
@@ -84,17 +84,18 @@ def variant_scores(qk, i, j, seqlen_k, diag, left, right, slope, cap_scale, inv_
     does): softcap (cap / scale) tanh(qk scale / cap), then ALiBi - (slope / scale) |i + diag - j| (the
     slope comes divided by the scale), then the masks: keys of the sequence, inside the window. i, j: query
     and key indices broadcast to qk's shape (the forward and dq pass [M, 1] and [1, N], dk/dv the
-    transpose). Returns (s, tanh): the tanh gives softcap's derivative 1 - tanh^2 to the backward.
+    transpose). Returns (s, softcap's derivative 1 - tanh^2), the second for the backward
+    (common.tanh_slope says how it keeps its precision where the cap saturates).
     ALiBi is always applied: without it the slope is 0, and qk - 0 * |.| is qk exactly (one build less)."""
-    th = qk
+    dcap = qk
     if SOFTCAP:
-        th = tanh(qk * cap_scale)
+        th, dcap = tanh_slope(qk * cap_scale)
         qk = th * inv_cap_scale
     qk = qk - slope * tl.abs(i + diag - j).to(tl.float32)  # [mutant site: alibi-offset]
     if MASK:
         keep = (j < seqlen_k) & (j >= i + diag - left) & (j <= i + diag + right)  # [mutant site: window-bound]
         qk = tl.where(keep, qk, float("-inf"))
-    return qk, th
+    return qk, dcap
 
 
 @triton.jit
