@@ -54,6 +54,14 @@ _CHUNK_BUDGET = {"cpu": 64 << 20, "cuda": 1 << 30}  # bytes for one chunk's [row
 _TEMPORARIES = 6  # s, p, dp, ds and two products alive at once
 
 
+def _sech2(u):
+    """softcap's derivative d tanh(u) / du = 4 e^-2|u| / (1 + e^-2|u|)^2: 1 - tanh^2 cancels where tanh
+    rounds to 1 (past |u| = 19 in FP64), which made the reference's dq and dk exactly 0 where the derivative
+    is still e^-38 and more."""
+    e = torch.exp(-2 * u.abs())
+    return 4 * e / ((1 + e) * (1 + e))
+
+
 def bytes_needed(b: int, sq: int, sk: int, h: int, hk: int, d: int, elem: int, device: str, backward: bool) -> int:
     """About how much memory one case takes on its device: the inputs and the subject's outputs in their
     dtype (a few copies), the reference's FP64 tensors (q, dO, out, dq over sq; k, v over sk; dk and dv per
@@ -129,8 +137,9 @@ def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales)
             Qc = Q[:, :, :, i0:i1]
             s = rnd(rnd(Qc @ K.transpose(-1, -2)) * scale)  # [b, hk, g, c, sk]
             if cap > 0:
-                tanh = torch.tanh(rnd(s / cap))
-                s = rnd(cap * tanh)
+                u = rnd(s / cap)
+                s = rnd(cap * torch.tanh(u))
+                cap_slope = rnd(_sech2(u))
             offset = sk - sq if variant.offset is None else variant.offset
             diag = torch.arange(i0, i1, device=dev)[:, None] + offset  # each row's diagonal key
             if slopes is not None:
@@ -188,14 +197,14 @@ def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales)
                     acc.add_dbias(variant.bias.shape, i0, i1, p * (dp.abs() + (dOc * o).abs().sum(-1, keepdim=True))
                                   * (mod_slope.abs() if mod_slope is not None else 1.0))
             if cap > 0:
-                ds = rnd(ds * rnd(1 - tanh * tanh))
+                ds = rnd(ds * cap_slope)
             ds = rnd(ds * scale)
             dq[:, :, :, i0:i1] = rnd(ds @ K)
             dk_heads += ds.transpose(-1, -2) @ Qc
             dv_heads += p.transpose(-1, -2) @ dOc
             if acc is not None:
                 D_terms = (dOc * o).abs().sum(dim=-1, keepdim=True)
-                slope = (1 - tanh * tanh) if cap > 0 else mod_slope.abs() if mod_slope is not None else None
+                slope = cap_slope if cap > 0 else mod_slope.abs() if mod_slope is not None else None
                 acc.add_backward(i0, i1, p, dp, D_terms, slope,
                                  p_sink / torch.where(seen, l, ones) if sink is not None else None)
 

@@ -1,3 +1,4 @@
+import math
 import warnings
 
 import pytest
@@ -174,3 +175,18 @@ def test_naive_baseline_is_worse_than_fp32_but_close():
             assert lo < err < hi, (dtype, name, err)
     b32 = naive(*x.tensors(), x.dout, causal=False, scale=c.scale)
     assert (b32["out"].double() - ref["out"]).abs().max() < 1e-5
+
+
+def test_the_softcap_gradient_is_exact_where_the_cap_saturates():
+    """One query, keys at q.k = +25 and -25, cap 1: both capped logits round to +-1 (tanh(25) is 1 in FP64),
+    yet the softmax is not saturated, and dq = sum_j dS_j sech^2(s_j) k_j = 2 * 25 * P0 P1 * 4 e^-50, about
+    4e-20. From 1 - tanh^2 it would be exactly 0."""
+    from faverify.reference import Variant, reference
+    q = torch.ones(1, 1, 1, 1, dtype=torch.float64)
+    k = torch.tensor([25.0, -25.0], dtype=torch.float64).reshape(1, 2, 1, 1)
+    v = torch.tensor([1.0, 0.0], dtype=torch.float64).reshape(1, 2, 1, 1)
+    ref, _ = reference(q, k, v, torch.ones(1, 1, 1, 1, dtype=torch.float64), causal=False, scale=1.0,
+                       variant=Variant(softcap=1.0))
+    p0 = math.exp(1.0) / (math.exp(1.0) + math.exp(-1.0))
+    expected = 2 * 25 * p0 * (1 - p0) * 4 * math.exp(-50)
+    assert float(ref["dq"].reshape(())) == pytest.approx(expected, rel=1e-9, abs=0)
