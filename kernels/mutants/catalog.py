@@ -209,7 +209,7 @@ VARIANT_MUTANTS = (
              "the sink is left out of the softmax's denominator (and of lse)",
              "the sink has no value, so it is easy to forget it still normalizes", ("sinks",)),
     Mutant("block-mask-read-at-tile-size", "variant_forward.py", "block-size",
-           "keep = tl.load(blocks + (i // 64) * stride_km + (j // 64) * stride_kn, mask=ok, other=0)",
+           "return tl.load(blocks + (i // 64) * stride_km + (j // 64) * stride_kn, mask=ok, other=0)",
            "the block mask is read at the kernel's own block of 64 rows and keys, not at block_size",
            "block masks are often built at the kernel's tile size, and a mask of 64-blocks hides the bug",
            cases=dict(features=("mask",), masks=("block",))),

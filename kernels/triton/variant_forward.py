@@ -41,21 +41,28 @@ def extra_scores(s, i, j, seqlen_q, seqlen_k, bias, stride_bm, stride_bn, bias_s
     """The bias and the block mask on logits s (i, j: query and key indices broadcast to s's shape; bias and
     blocks: their (batch, head)'s base pointers). With a bias the raw logits are scaled first (bias_scale is
     the softmax scale; variant_interface.Variant.raw says why), and every later step works in those units."""
-    ok = (i < seqlen_q) & (j < seqlen_k)
     if BIAS:
+        ok = (i < seqlen_q) & (j < seqlen_k)
         add = tl.load(bias + i.to(tl.int64) * stride_bm + j * stride_bn, mask=ok, other=0.0).to(tl.float32)
         s = s * bias_scale + add
     if BLOCKS:
-        keep = tl.load(blocks + (i // mask_block) * stride_km + (j // mask_block) * stride_kn, mask=ok, other=0)  # [mutant site: block-size]
+        keep = block_keep(blocks, stride_km, stride_kn, i, j, seqlen_q, seqlen_k, mask_block)
         s = tl.where(keep != 0, s, float("-inf"))
     return s
 
 
 @triton.jit
+def block_keep(blocks, stride_km, stride_kn, i, j, seqlen_q, seqlen_k, mask_block):
+    """The block mask's entry of each (query i, key j): element (i, j) reads block (i // n, j // n); 0 past
+    the sequences' ends."""
+    ok = (i < seqlen_q) & (j < seqlen_k)
+    return tl.load(blocks + (i // mask_block) * stride_km + (j // mask_block) * stride_kn, mask=ok, other=0)  # [mutant site: block-size]
+
+
+@triton.jit
 def any_block(blocks, stride_km, stride_kn, i, j, seqlen_q, seqlen_k, mask_block):
     """Whether a tile of queries i and keys j keeps any element under the block mask."""
-    ok = (i < seqlen_q) & (j < seqlen_k)
-    keep = tl.load(blocks + (i // mask_block) * stride_km + (j // mask_block) * stride_kn, mask=ok, other=0)
+    keep = block_keep(blocks, stride_km, stride_kn, i, j, seqlen_q, seqlen_k, mask_block)
     return tl.max(keep.to(tl.int32)) > 0
 
 
