@@ -12,7 +12,9 @@
 #   memory     [ 90] the seqlen-65536 memory test alone
 #   variants   [240] the variant kernels' tests (property_tests/test_triton_variants.py: the Hopper forward's
 #                    windows and softcap among them)
-#   fuzz       [240] faverify fuzz --kernel triton --iters 10000 --dtype bf16,fp16 --mode both
+#   fuzz       [560] faverify fuzz --kernel triton --iters 10000 --dtype bf16,fp16 --mode both (masks and biases
+#                    in the draw: about 11 cases/s on the H200, 2476 cases in 240 s; a box does not hold 10000)
+#   fuzz-variants [300] the same, 4000 cases drawing only windows, softcap, ALiBi, sinks and v's head dim
 #   fuzz-ragged [400] the same for triton-varlen and triton-paged, 200 s each
 #   fuzz-ragged-full [560] triton-varlen at 10000 cases beside shard 0/2 of triton-paged's 10000, side by side
 #                    (a paged case pages a cache of up to 2^17 keys: 10000 take two boxes; faverify merge)
@@ -76,7 +78,10 @@ for step in $steps; do
     variants) run variants 240 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -rfs \
       property_tests/test_triton_variants.py ;;
     memory) run memory 90 "MiB|passed|failed" python3 -m pytest -q -p no:cacheprovider -s property_tests/test_memory.py ;;
-    fuzz) fuzz fuzz 240 triton 10000 ;;
+    fuzz) fuzz fuzz 560 triton 10000 ;;
+    fuzz-variants) run fuzz-variants 300 "passed|failed|cases/s|warm-up|code path|minimal case|signature|interrupted" \
+      python3 -m faverify fuzz --kernel triton --iters 4000 --features window,softcap,alibi,sinks,head_dim_v \
+      --dtype bf16,fp16 --mode both --no-db --json "$out/fuzz-variants.json" ;;
     fuzz-ragged) fuzz fuzz-varlen 200 triton-varlen 10000; fuzz fuzz-paged 200 triton-paged 10000 ;;
     fuzz-ragged-full)
       fuzz fuzz-varlen 560 triton-varlen 10000 &
