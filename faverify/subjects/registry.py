@@ -23,6 +23,15 @@ def _combine() -> Subject:
     return make()
 
 
+def _library(name: str) -> Subject:
+    """The adapters of kernel libraries faverify does not ship: each loads where its package imports."""
+    if name == "flash-attn-4":
+        from faverify.subjects.flash_attn_4 import make
+    else:
+        from faverify.subjects.flashinfer import make
+    return make()
+
+
 def _cuda(name: str) -> Subject:
     from faverify.kernels.cuda.subject import make
     return make(name)
@@ -35,6 +44,8 @@ _BUILTIN["flex"] = lambda: _flex()
 _BUILTIN["combine"] = lambda: _combine()
 for _name in ("cuda", "cuda-simt"):
     _BUILTIN[_name] = lambda n=_name: _cuda(n)
+for _name in ("flash-attn-4", "flashinfer"):
+    _BUILTIN[_name] = lambda n=_name: _library(n)
 
 
 def builtin_names() -> tuple:

@@ -1,0 +1,55 @@
+"""flash-attn 4 (FlashAttention's CuTe-DSL kernels, the `flash_attn.cute` package of the flash-attn-4 wheel)
+as a subject: present where the package imports (a Hopper or Blackwell GPU), an EnvironmentProblem naming
+the import error elsewhere (`faverify kernels` lists it as unavailable, with that reason).
+
+Its vocabulary is flash-attn's but for a few words, translated here: a window side with no bound is None
+(translate.flash_attn_4_window), the sinks are `learnable_sink` (a logit per head in the scaled logits'
+units, as faverify's), a varlen batch is cu_seqlens with max_seqlen, and a paged cache is `page_table`
+with `seqused_k` through flash_attn_varlen_func, q staying [batch, seqlen_q, heads, d]. lse comes back
+as faverify's ([b, h, sq]; varlen [h, total]), natural log (conventions "flash-attn-4"). No ALiBi (the
+library has none), 16-bit only, head dims multiples of 8 up to 256 (its _validate_head_dims on sm_90);
+anything else is Unsupported, counted as skipped with the reason.
+"""
+from __future__ import annotations
+
+from faverify.errors import EnvironmentProblem, Unsupported
+from faverify.subjects.base import Capabilities, Subject
+from faverify.subjects.translate import flash_attn_4_window
+
+ALIGNMENT = 8  # head dims the library takes: multiples of 16 bytes of a 16-bit element
+
+
+def _library():
+    try:
+        from flash_attn import cute
+    except Exception as e:  # ImportError, or the CuTe DSL failing to find CUDA
+        raise EnvironmentProblem(f"flash-attn-4: flash_attn.cute does not import here ({type(e).__name__}: "
+                                 f"{e}); it is the flash-attn-4 wheel, for Hopper and Blackwell GPUs") from e
+    return cute
+
+
+def flash_attn_4(q, k, v, *, causal: bool, softmax_scale=None, window_size=(-1, -1), softcap: float = 0.0,
+                 sinks=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                 block_table=None, cache_seqlens=None):
+    """faverify's keywords (flash-attn's) -> flash_attn.cute's call; (out, lse)."""
+    d, dv = q.shape[-1], v.shape[-1]
+    if d % ALIGNMENT or dv % ALIGNMENT:
+        raise Unsupported(f"flash-attn-4: head dims must be multiples of {ALIGNMENT} (q/k {d}, v {dv})")
+    cute = _library()
+    common = dict(softmax_scale=softmax_scale, causal=causal, window_size=flash_attn_4_window(tuple(window_size)),
+                  learnable_sink=sinks, softcap=float(softcap or 0.0), return_lse=True)
+    if cu_seqlens_q is not None:
+        return cute.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                           max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **common)
+    if block_table is not None:  # q [b, sq, h, d] against the pools, sequence b's keys through its row
+        return cute.flash_attn_varlen_func(q, k, v, seqused_k=cache_seqlens, page_table=block_table, **common)
+    return cute.flash_attn_func(q, k, v, **common)
+
+
+def make() -> Subject:
+    cute = _library()
+    caps = Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",), min_head_dim=ALIGNMENT, max_head_dim=256, lse=True,
+                        window=True, softcap=True, sinks=True, head_dim_v=True, varlen=True, paged=True,
+                        conventions="flash-attn-4")
+    return Subject(name="flash-attn-4", fn=flash_attn_4, caps=caps,
+                   description=f"flash-attn 4 (flash_attn.cute {getattr(cute, '__version__', '?')}), CuTe-DSL kernels")

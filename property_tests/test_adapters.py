@@ -1,0 +1,107 @@
+"""The flash-attn-4 and flashinfer adapters (faverify/subjects/flash_attn_4.py, flashinfer.py): where their
+package does not import, a clear error; where it does, each case translated into the library's vocabulary.
+The translation is checked on the CPU with stand-ins that keep the libraries' calling conventions
+(property_tests/fake_libraries.py) and judged against FP64 by the verdict, as a GPU fuzz would judge the
+libraries themselves; a stand-in off by one convention (lse in the wrong base) must fail there."""
+import dataclasses
+import math
+import sys
+
+import pytest
+
+from faverify.case import Case
+from faverify.errors import EnvironmentProblem
+from faverify.runner import evaluate
+from faverify.subjects import resolve
+from property_tests import fake_libraries
+
+
+def _on_cpu(subject):
+    """The subject declared for the CPU too: the stand-ins run anywhere."""
+    return dataclasses.replace(subject, caps=dataclasses.replace(subject.caps, devices=("cpu", "cuda")))
+
+
+@pytest.fixture
+def fake_fa4(monkeypatch):
+    calls = []
+    package = type(sys)("flash_attn")
+    package.cute = fake_libraries.flash_attn_cute(calls)
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", package.cute)
+    return calls
+
+
+@pytest.fixture
+def fake_flashinfer(monkeypatch):
+    calls = []
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_libraries.flashinfer(calls))
+    return calls
+
+
+@pytest.mark.parametrize("name,module", [("flash-attn-4", "flash_attn"), ("flashinfer", "flashinfer")])
+def test_an_adapter_whose_package_does_not_import_says_so(name, module, monkeypatch):
+    monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
+    with pytest.raises(EnvironmentProblem) as e:
+        resolve(name)
+    assert name in str(e.value) and "does not import here" in str(e.value)
+
+
+FA4_CASES = {
+    "dense-causal-gqa": Case(2, 37, 53, 4, 2, 64, dtype="bf16", causal=True, seed=1),
+    "window-both": Case(1, 90, 70, 2, 1, 32, dtype="fp16", window=(9, 4), seed=2),
+    "window-left-causal": Case(1, 64, 64, 2, 2, 64, dtype="bf16", causal=True, window=(5, -1), seed=3),
+    "softcap-sinks": Case(1, 40, 41, 2, 1, 64, dtype="bf16", softcap=3.0, sinks="around", seed=4),
+    "head-dim-v": Case(1, 20, 30, 2, 2, 64, dtype="bf16", head_dim_v=32, seed=5),
+    "varlen": Case(3, 30, 40, 2, 1, 64, dtype="bf16", seqlens=((30, 40), (0, 5), (12, 3)), causal=True, seed=6),
+    "paged": Case(2, 3, 45, 2, 1, 64, dtype="bf16", cache_seqlens=(45, 13), page_size=8, pages="random", seed=7),
+}
+
+
+@pytest.mark.parametrize("name", list(FA4_CASES))
+def test_flash_attn_4_cases_translate_to_its_calls_and_pass_against_fp64(name, fake_fa4):
+    case = FA4_CASES[name]
+    r = evaluate(_on_cpu(resolve("flash-attn-4")), case, "cpu", mode="fwd")
+    assert r.status == "pass", (r.status, r.reason)
+    call = fake_fa4[-1]
+    assert call["kind"] == case.kind if case.kind in ("varlen", "paged") else call["kind"] == "dense"
+    assert call["window_size"] == tuple(None if w < 0 else w for w in case.window)
+
+
+def test_flash_attn_4_skips_a_head_dim_it_does_not_take(fake_fa4):
+    r = evaluate(_on_cpu(resolve("flash-attn-4")), Case(1, 8, 8, 1, 1, 36, dtype="bf16"), "cpu", mode="fwd")
+    assert r.status == "skip" and "multiples of 8" in r.reason, r.reason
+    assert not fake_fa4
+
+
+FLASHINFER_CASES = {
+    "dense-causal-gqa": Case(2, 37, 53, 4, 2, 64, dtype="bf16", causal=True, seed=1),
+    "window-left": Case(1, 90, 70, 2, 1, 128, dtype="fp16", window=(9, -1), seed=2),
+    "window-left-causal": Case(1, 64, 64, 2, 2, 64, dtype="bf16", causal=True, window=(5, 3), seed=3),
+    "softcap": Case(1, 40, 41, 2, 1, 64, dtype="bf16", softcap=3.0, seed=4),
+    "varlen": Case(3, 30, 40, 2, 1, 64, dtype="bf16", seqlens=((30, 40), (2, 5), (12, 3)), causal=True, seed=6),
+}
+
+
+@pytest.mark.parametrize("name", list(FLASHINFER_CASES))
+def test_flashinfer_cases_translate_to_its_calls_and_pass_against_fp64(name, fake_flashinfer):
+    case = FLASHINFER_CASES[name]
+    r = evaluate(_on_cpu(resolve("flashinfer")), case, "cpu", mode="fwd")
+    assert r.status == "pass", (r.status, r.reason)
+    assert fake_flashinfer[-1]["window_left"] == case.window[0]
+
+
+def test_flashinfer_skips_what_it_cannot_express(fake_flashinfer):
+    subject = _on_cpu(resolve("flashinfer"))
+    right = evaluate(subject, Case(1, 16, 16, 1, 1, 64, dtype="bf16", window=(4, 2)), "cpu", mode="fwd")
+    odd = evaluate(subject, Case(1, 16, 16, 1, 1, 96, dtype="bf16"), "cpu", mode="fwd")
+    assert right.status == "skip" and "right bound (2) without causal" in right.reason, right.reason
+    assert odd.status == "skip" and "head dims 96" in odd.reason, odd.reason
+
+
+def test_a_flashinfer_lse_in_the_wrong_base_fails(monkeypatch):
+    """The verdict reads FlashInfer's lse in base 2 (conventions preset 'flashinfer'): a library returning
+    natural logs under that preset is a failure of lse, not a pass."""
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_libraries.flashinfer([], lse_base=math.e))
+    r = evaluate(_on_cpu(resolve("flashinfer")), Case(1, 16, 20, 2, 1, 64, dtype="bf16", seed=3), "cpu", mode="fwd")
+    assert r.status == "fail" and "lse" in r.reason, (r.status, r.reason)
+
