@@ -127,7 +127,10 @@ def test_kernels_lists_the_builtins():
     assert r.exit_code == 0
     for name in ("sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "triton"):
         assert name in r.stdout
-    assert "unavailable" not in r.stdout
+    # every subject faverify ships loads; the adapters of other libraries only where their package imports
+    unavailable = [line for line in r.stdout.splitlines() if " unavailable " in line]
+    assert all(line.split()[0] in ("flash-attn-4", "flashinfer") and "does not import here" in line
+               for line in unavailable), unavailable
 
 
 @pytest.mark.parametrize("value", ["window=-1", "softcap=0", "softcap=x", "blocks", ""])

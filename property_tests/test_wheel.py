@@ -61,7 +61,10 @@ def test_golden_verify_and_kernels_from_the_wheel(installed):
     r = _run([bin_dir / "faverify", "golden", "verify", "--kernel", "sdpa-math", "--device", "cpu"], cwd=elsewhere)
     assert r.returncode == 0 and f"{len(CASES)} of {len(CASES)} golden cases pass" in r.stderr, r.stderr[-3000:]
     r = _run([bin_dir / "faverify", "kernels"], cwd=elsewhere)
-    assert r.returncode == 0 and "triton" in r.stdout and "unavailable" not in r.stdout, r.stdout + r.stderr
+    # every subject faverify ships loads from the wheel (the library adapters need their own packages)
+    unavailable = [line.split()[0] for line in r.stdout.splitlines() if " unavailable " in line]
+    assert r.returncode == 0 and "triton" in r.stdout and set(unavailable) <= {"flash-attn-4", "flashinfer"}, \
+        r.stdout + r.stderr
 
 
 @pytest.mark.slow

@@ -228,23 +228,31 @@ _MASKED = {(4, "fwd"): Tile(16, 32, 8, 1), (2, 64, "dkdv"): Tile(16, 32, 8, 2), 
 # differ: at 128 dk/dv M32 N128 w8 s1 (276 and 201 TF/s for the whole backward; M64 N128 w8 291 and 165),
 # dq M128 N64 w8 s3, the forward M128 N64 w8 s3 (406 and 183; M64 N64 w4 366 and 190); at 64 dk/dv M32 N128
 # w4 (228 and 120), dq M128 N64 w8 s3, the forward M64 N64 w4 (258 and 143). Some spill (the AOT report:
-# up to 840 bytes of stack, dk/dv with varlen and softcap on sm_80) and still ran faster than the tiles that do not: the generic build's tiles gave
-# 22-30 TF/s backward. At 256 (not swept) M32 N64 w8 for the forward and dq, which spill nothing, and the
+# up to 816 bytes of stack, dq with varlen and softcap on sm_80; _FAST_SM80 below) and still ran faster
+# than the tiles that do not: the generic build's tiles gave 22-30 TF/s backward. At 256 (not swept) M32 N64 w8 for the forward and dq, which spill nothing, and the
 # generic build's dk/dv tile.
 _FAST = {64: {"fwd": Tile(64, 64, 4, 2), "dkdv": Tile(32, 128, 4, 2), "dq": Tile(128, 64, 8, 3)},
          128: {"fwd": Tile(128, 64, 8, 3), "dkdv": Tile(32, 128, 8, 1), "dq": Tile(128, 64, 8, 3)},
          256: {"fwd": Tile(32, 64, 8, 2), "dkdv": _VARIANT_WIDE["dkdv"], "dq": Tile(32, 64, 8, 2)}}
+# On sm_80 (no such GPU to time here) dk/dv's M32 N128 at 128 kept 3432 bytes of stack with varlen and
+# softcap (720 without): M16 N128 w8 s1 keeps 72-152 there (the AOT report, 2026-12-03)
+_FAST_SM80 = {(128, "dkdv"): Tile(16, 128, 8, 1)}
 
 
-def variant(kind: str, block_d: int, elem: int, varlen: bool = False, masked: bool = False, fast: bool = False) -> Tile:
+def variant(kind: str, block_d: int, elem: int, varlen: bool = False, masked: bool = False, fast: bool = False,
+            capability_major: int = 9) -> Tile:
     """The tile of a variant kernel; block_d the larger padded head dim of q/k and v; varlen: the build
-    for packed sequences (cu_seqlens); masked: a build with a bias or a block mask; fast: the fast build."""
+    for packed sequences (cu_seqlens); masked: a build with a bias or a block mask; fast: the fast build,
+    for a GPU of this compute capability."""
     if INTERPRET:
         return _INTERPRETED[kind]
     if masked and ((elem, kind) in _MASKED or (elem, block_d, kind) in _MASKED):
         return _MASKED.get((elem, kind)) or _MASKED[(elem, block_d, kind)]
     if fast and elem == 2:
-        return _FAST[max(64, block_d)][kind]
+        padded = max(64, block_d)
+        if capability_major < 9 and (padded, kind) in _FAST_SM80:
+            return _FAST_SM80[(padded, kind)]
+        return _FAST[padded][kind]
     if elem == 4:  # fp32's CUDA-core products (_fp32); dk/dv's M16 N32 spilled 176 bytes at 64 on sm_90
         return Tile(16, 16, 8, 1) if kind == "dkdv" else _fp32(kind, block_d)
     if block_d > 128:

@@ -145,7 +145,9 @@ def fast_build(var: Variant, q, v, *tensors) -> bool:
 
 
 def _tile(kind: str, q, dv: int, varlen: bool = False, masked: bool = False, fast: bool = False) -> configs.Tile:
-    return configs.variant(kind, max(block_d(q.shape[-1]), block_d(dv)), q.element_size(), varlen, masked, fast)
+    major = torch.cuda.get_device_capability(q.device)[0] if q.is_cuda else 9
+    return configs.variant(kind, max(block_d(q.shape[-1]), block_d(dv)), q.element_size(), varlen, masked, fast,
+                           major)
 
 
 def _dims(d: int, dv: int, q, emulate, fast: bool) -> dict:
