@@ -134,20 +134,46 @@ def test_parallel_fuzz_warms_up_before_its_cases():
     assert stats.cases == 7 and stats.summary()["warmup"]["cases"] == 2  # warm-up cases are not counted
 
 
+def _warm_up_of(monkeypatch, cases):
+    """warmup_cases over a subject whose warm-up is `cases(dtypes)`."""
+    import faverify.subjects as subjects
+    from faverify.subjects.base import Capabilities, Subject
+
+    subject = Subject("x", fn=None, caps=Capabilities(dtypes=("bf16", "fp16", "fp32")), warmup=cases)
+    monkeypatch.setattr(subjects, "resolve", lambda name: subject)
+
+
 def test_warm_up_covers_the_gradient_checks_dtype(monkeypatch):
     """The gradient check runs the subject in fp32 where it can: a fuzz of bf16 and fp16 that checks
     gradients also meets the fp32 variants, so its warm-up must compile them."""
-    import faverify.subjects as subjects
     from faverify.plan import FuzzPlan
     from faverify.parallel import warmup_cases
     from faverify.strategies import limits_for
-    from faverify.subjects.base import Capabilities, Subject
 
-    subject = Subject("x", fn=None, caps=Capabilities(dtypes=("bf16", "fp16", "fp32")), warmup=lambda d: [d])
-    monkeypatch.setattr(subjects, "resolve", lambda name: subject)
+    _warm_up_of(monkeypatch, lambda dtypes: [Case(1, 8, 8, 1, 1, 16, dtype=d) for d in dtypes])
     plan = FuzzPlan(iters=1, seed=0, dtypes=("bf16", "fp16"), limits=limits_for("cpu"), database=None)
-    assert warmup_cases("x", plan) == [("bf16", "fp16", "fp32")]
-    assert warmup_cases("x", dataclasses.replace(plan, gradcheck_every=0)) == [("bf16", "fp16")]
+    assert [c.dtype for c in warmup_cases("x", plan)] == ["bf16", "fp16", "fp32"]
+    assert [c.dtype for c in warmup_cases("x", dataclasses.replace(plan, gradcheck_every=0))] == ["bf16", "fp16"]
+
+
+def test_warm_up_compiles_only_the_features_the_plan_draws(monkeypatch):
+    """A warm-up case whose features the plan does not draw would compile a build no case launches (a dense
+    fuzz, or a mutant narrowed to one feature, paid for every variant's); the batch layouts (varlen, paged,
+    splits) are the subject's own and always kept."""
+    from faverify.plan import FuzzPlan
+    from faverify.parallel import warmup_cases
+    from faverify.strategies import limits_for
+
+    dense, window = Case(1, 8, 8, 1, 1, 16), Case(1, 8, 8, 1, 1, 16, window=(2, 0))
+    biased = Case(1, 8, 8, 1, 1, 16, window=(2, 0), bias="normal")
+    paged = Case(1, 1, 8, 1, 1, 16, cache_seqlens=(8,), page_size=4, splits=2, window=(2, 0))
+    _warm_up_of(monkeypatch, lambda dtypes: [dense, window, biased, paged])
+    plan = FuzzPlan(iters=1, seed=0, dtypes=("bf16",), limits=limits_for("cpu"), database=None, gradcheck_every=0)
+    assert warmup_cases("x", plan) == [dense]
+    assert warmup_cases("x", dataclasses.replace(plan, features=("window",))) == [dense, window, paged]
+    assert warmup_cases("x", dataclasses.replace(plan, features=("window", "bias"))) == [dense, window, biased, paged]
+    narrowed = dataclasses.replace(plan, features=("window", "bias"), narrow={"features": ("window",)})
+    assert warmup_cases("x", narrowed) == [dense, window, paged]
 
 
 def test_cases_streamed_from_a_thread_are_the_seeds_cases():

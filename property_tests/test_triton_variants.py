@@ -193,12 +193,14 @@ def test_the_warm_up_compiles_each_common_variant_build_once(kind):
     from faverify.kernels.triton.subject import variant_warmup_cases
     warm = variant_warmup_cases(("bf16", "fp16"), kind)
     builds = {(c.dtype, block_d(c.head_dim), c.head_dim == block_d(c.head_dim), c.softcap > 0, c.seqlen_q <= 16,
-               c.window, c.causal, c.alibi, c.sinks, c.bias, c.bias_grad, c.mask) for c in warm}
-    hopper = 2 * 2 * 8 if kind == "triton" else 0  # dtypes x head dims 64, 128 x its switch sets
+               c.window, c.causal, c.alibi, c.sinks, c.bias, c.bias_dtype, c.bias_grad, c.mask) for c in warm}
+    # dtypes x head dims 64, 128 x its switch sets: 15 sets of window, softcap, ALiBi and sinks, the 7
+    # without a window causal or not
+    hopper = 2 * 2 * (15 + 7) if kind == "triton" else 0
     # per padded head dim, dtype and softcap, the fast build and the generic one: the paged decode's and
-    # prefill's tiles; for triton, the plain build, and (generic) a bias's with and without its gradient,
-    # and a block mask's
-    each = {"triton": 2 + 3, "triton-varlen": 2, "triton-paged": 4}[kind]
+    # prefill's tiles; for triton, the plain build, and (generic) a bias's in the inputs' dtype and in
+    # fp32, each with and without its gradient, and a block mask's
+    each = {"triton": 2 + 5, "triton-varlen": 2, "triton-paged": 4}[kind]
     assert len(builds) == len(warm) == len(BLOCK_DS) * 2 * 2 * each + hopper
     subject = resolve(kind)
     assert all(subject.unsupported(c, DEVICE) is None for c in warm), [subject.unsupported(c, DEVICE) for c in warm]
@@ -266,9 +268,10 @@ def test_the_paged_kernel_reads_pages_past_two_to_the_31_elements():
 
 
 class _Recorder:
-    """A kernel that runs nothing and records the build a launch would compile: the dtype of its first
-    tensor, its compile-time arguments (ALL_CAPS) and launch options; not the runtime values passed by
-    keyword (a window's bounds, the softcap's scales)."""
+    """A kernel that runs nothing and records the build a launch would compile: the dtype of each tensor
+    (Triton compiles per pointer type: a bias in fp32 and one in the inputs' dtype are two builds), its
+    compile-time arguments (ALL_CAPS) and launch options; not the runtime values passed by keyword (a
+    window's bounds, the softcap's scales)."""
 
     def __init__(self, name: str, seen: set):
         self.name, self.seen = name, seen
@@ -276,7 +279,8 @@ class _Recorder:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             build = {k: v for k, v in kwargs.items() if k.isupper() or k in ("num_warps", "num_stages")}
-            self.seen.add((self.name, str(args[0].dtype), tuple(sorted(build.items()))))
+            dtypes = tuple(str(a.dtype) for a in args if isinstance(a, torch.Tensor))
+            self.seen.add((self.name, dtypes, tuple(sorted(build.items()))))
         return launch
 
 

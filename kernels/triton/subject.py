@@ -1,6 +1,7 @@
 """The `triton` subject: the bundled Triton kernels under test."""
 from __future__ import annotations
 
+import itertools
 import os
 import torch
 
@@ -78,7 +79,7 @@ def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
     paged decode's tiles of 16 query rows and its prefill's; for triton the bias and block-mask builds
     (generic whatever the head dim), and the Hopper forward's builds (interface._hopper_variant) at its head dims. (At those, 16-bit
     and aligned, triton's forward is the Hopper one: its variant forward's fast build runs on other GPUs.)"""
-    from faverify.case import Case
+    from faverify.case import BIAS_DTYPES, Case
     from faverify.kernels.triton.common import BLOCK_DS
 
     out = []
@@ -98,9 +99,10 @@ def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
                         out.append(Case(batch=1, seqlen_q=97, seqlen_k=97, sinks="around" if extras else "off",
                                         **common))
                         # the builds with a bias (BIAS; DBIAS in dq when it requires grad; a bool mask runs
-                        # as one) and with a block mask (BLOCKS)
+                        # as an fp32 one), a build per dtype of the bias pointer, and with a block mask (BLOCKS)
                         out += [Case(batch=1, seqlen_q=97, seqlen_k=97, **common, **masks) for masks in (
-                            dict(bias="normal", bias_grad=True), dict(bias="normal"),
+                            *(dict(bias="normal", bias_grad=grad, bias_dtype=bias_dtype)
+                              for bias_dtype in BIAS_DTYPES for grad in (True, False)),
                             dict(mask="block", mask_block=16, mask_rate=50, mask_shape="shared"))
                             if head_dim == bd]
     if kind == "triton":
@@ -109,13 +111,16 @@ def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
 
 
 def hopper_variant_warmup_cases(dtypes: tuple) -> list:
-    """The Hopper forward's variant builds (forward_hopper.py's WINDOW, SOFTCAP, ALIBI, SINKS; CAUSAL orders
-    the blocks where no window is set) at its head dims, 16-bit, seqlens that are no multiples of 16 (the
+    """The Hopper forward's variant builds (forward_hopper.py's WINDOW, SOFTCAP, ALIBI, SINKS, each set of
+    them a build a fuzz draws; CAUSAL orders the blocks where no window is set) at its head dims, 16-bit, seqlens that are no multiples of 16 (the
     build specialized on nothing; forward_hopper.kernel)."""
     from faverify.case import Case
-    switches = (dict(window=(16, 3)), dict(softcap=5.0), dict(softcap=5.0, causal=True),
-                dict(window=(16, -1), softcap=5.0), dict(alibi="head"), dict(alibi="head", causal=True),
-                dict(sinks="around"), dict(sinks="around", causal=True))
+    switches = []
+    for window, softcap, alibi, sinks in itertools.product((False, True), repeat=4):
+        on = dict(window=(16, 3) if window else (-1, -1), softcap=5.0 if softcap else 0.0,
+                  alibi="head" if alibi else "off", sinks="around" if sinks else "off")
+        if window or softcap or alibi or sinks:  # none: the dense forward's build (warmup_cases)
+            switches += [on] if window else [on, dict(on, causal=True)]  # a window leaves CAUSAL unset
     return [Case(batch=1, seqlen_q=97, seqlen_k=97, nheads=2, nheads_k=1, head_dim=bd, dtype=dtype, **sw)
             for bd in (64, 128) for dtype in dtypes if dtype in ("bf16", "fp16") for sw in switches]
 
