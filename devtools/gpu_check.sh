@@ -13,7 +13,9 @@
 #   variants   [240] the variant kernels' tests (property_tests/test_triton_variants.py: the Hopper forward's
 #                    windows and softcap among them)
 #   fuzz       [560] faverify fuzz --kernel triton --iters 10000 --dtype bf16,fp16 --mode both (masks and biases
-#                    in the draw: about 11 cases/s on the H200, 2476 cases in 240 s; a box does not hold 10000)
+#                    in the draw: on the H200 a warm-up of 406 cases, 147 s, then about 80 cases/s)
+#   census     [300] devtools/compile_census.py triton 600 after a 16-case fuzz has filled Triton's cache: the
+#                    builds compiled after the warm-up (each one a compile in every worker) and a case's phases
 #   fuzz-variants [300] the same, 4000 cases drawing only windows, softcap, ALiBi, sinks and v's head dim
 #   fuzz-ragged [400] the same for triton-varlen and triton-paged, 200 s each
 #   fuzz-ragged-full [560] triton-varlen at 10000 cases beside shard 0/2 of triton-paged's 10000, side by side
@@ -79,6 +81,9 @@ for step in $steps; do
       property_tests/test_triton_variants.py ;;
     memory) run memory 90 "MiB|passed|failed" python3 -m pytest -q -p no:cacheprovider -s property_tests/test_memory.py ;;
     fuzz) fuzz fuzz 560 triton 10000 ;;
+    census)
+      python3 -m faverify fuzz --kernel triton --iters 16 --dtype bf16,fp16 --mode both --no-db >"$out/census-warm.log" 2>&1
+      run census 300 "^warm-up|cases:|phase|builds compiled|^-- " python3 devtools/compile_census.py triton 600 ;;
     fuzz-variants) run fuzz-variants 300 "passed|failed|cases/s|warm-up|code path|minimal case|signature|interrupted" \
       python3 -m faverify fuzz --kernel triton --iters 4000 --features window,softcap,alibi,sinks,head_dim_v \
       --dtype bf16,fp16 --mode both --no-db --json "$out/fuzz-variants.json" ;;
