@@ -87,19 +87,104 @@ def flash_attn_cute(calls: list) -> types.ModuleType:
 
 
 def flashinfer(calls: list, lse_base: float = 2.0) -> types.ModuleType:
-    """flashinfer.single_prefill_with_kv_cache: NHD [tokens, heads, d], sm_scale, window_left (left bound
-    only), logits_soft_cap, return_lse with lse [tokens, heads] in base lse_base (FlashInfer's is 2)."""
+    """flashinfer's single_prefill_with_kv_cache, BatchPrefillWithRaggedKVCacheWrapper,
+    BatchPrefillWithPagedKVCacheWrapper and BatchDecodeWithPagedKVCacheWrapper: NHD [tokens, heads, d],
+    sm_scale, window_left (left bound only), logits_soft_cap, causal bottom-right per request, return_lse
+    with lse [tokens, heads] in base lse_base (FlashInfer's is 2); a paged cache read only through the CSR
+    page table the wrapper was planned with (indptr, indices, last page's length). Each call's keywords are
+    appended to `calls`, with the API's name as "api"."""
+    def to_base(lse):
+        return (lse / math.log(lse_base)).transpose(0, 1)
+
+    def attend(q, k, v, plan):
+        left = plan.get("window_left", -1)
+        out, lse = _attend(q, k, v, plan.get("sm_scale") or q.shape[-1] ** -0.5, plan.get("causal", False),
+                           left if left >= 0 else None, None, plan.get("logits_soft_cap") or 0.0)
+        return out, to_base(lse)
+
     def single_prefill_with_kv_cache(q, k, v, causal=False, kv_layout="NHD", sm_scale=None, window_left=-1,
                                      logits_soft_cap=None, return_lse=False, **rest):
         assert kv_layout == "NHD" and q.dim() == 3
-        calls.append(dict(window_left=window_left, causal=causal, logits_soft_cap=logits_soft_cap, **rest))
-        scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
-        out, lse = _attend(q, k, v, scale, causal, window_left if window_left >= 0 else None, None,
-                           logits_soft_cap or 0.0)
-        lse = (lse / math.log(lse_base)).transpose(0, 1)
+        calls.append(dict(api="single prefill", window_left=window_left, causal=causal,
+                          logits_soft_cap=logits_soft_cap, **rest))
+        out, lse = attend(q, k, v, dict(causal=causal, sm_scale=sm_scale, window_left=window_left,
+                                        logits_soft_cap=logits_soft_cap))
         return (out, lse) if return_lse else out
+
+    def page_rows(plan, r):
+        """Request r's keys as (page, slot) pairs of the pools, from the CSR page table alone."""
+        pages = plan["indices"][int(plan["indptr"][r]):int(plan["indptr"][r + 1])].long()
+        n = (len(pages) - 1) * plan["page_size"] + int(plan["last_page_len"][r])
+        assert 1 <= int(plan["last_page_len"][r]) <= plan["page_size"]
+        t = torch.arange(n)
+        return pages[t // plan["page_size"]], t % plan["page_size"]
+
+    class _Wrapper:
+        def __init__(self, workspace, kv_layout="NHD", **rest):
+            assert kv_layout == "NHD" and workspace.dtype == torch.uint8
+            self.plan_args = None
+
+        def _planned(self, api, **plan):
+            calls.append(dict(api=api, **plan))
+            self.plan_args = plan
+
+    class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
+        def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo=None,
+                 causal=False, window_left=-1, logits_soft_cap=None, sm_scale=None, **rest):
+            assert qo_indptr.dtype == kv_indptr.dtype == torch.int32
+            self._planned("batch prefill ragged", qo_indptr=qo_indptr, kv_indptr=kv_indptr, causal=causal,
+                          window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, **rest)
+
+        def run(self, q, k, v, return_lse=False):
+            p = self.plan_args
+            assert q.shape[0] == int(p["qo_indptr"][-1]), "q must hold qo_indptr[-1] tokens"
+            out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
+            lse = torch.full((q.shape[0], q.shape[1]), float("-inf"), device=q.device)
+            for r in range(len(p["qo_indptr"]) - 1):
+                (q0, q1), (k0, k1) = ((int(c[r]), int(c[r + 1])) for c in (p["qo_indptr"], p["kv_indptr"]))
+                out[q0:q1], lse[q0:q1] = attend(q[q0:q1], k[k0:k1], v[k0:k1], p)
+            return (out, lse) if return_lse else out
+
+    class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
+        def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
+                 num_kv_heads, head_dim_qk, page_size, head_dim_vo=None, causal=False, window_left=-1,
+                 logits_soft_cap=None, sm_scale=None, **rest):
+            self._planned("batch prefill paged", qo_indptr=qo_indptr, indptr=paged_kv_indptr,
+                          indices=paged_kv_indices, last_page_len=paged_kv_last_page_len, page_size=page_size,
+                          causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap,
+                          sm_scale=sm_scale, **rest)
+
+        def run(self, q, paged_kv_cache, return_lse=False):
+            p, (k_pool, v_pool) = self.plan_args, paged_kv_cache
+            out = q.new_zeros(q.shape[0], q.shape[1], v_pool.shape[3])
+            lse = torch.full((q.shape[0], q.shape[1]), float("-inf"), device=q.device)
+            for r in range(len(p["qo_indptr"]) - 1):
+                q0, q1 = int(p["qo_indptr"][r]), int(p["qo_indptr"][r + 1])
+                pages, slots = page_rows(p, r)
+                out[q0:q1], lse[q0:q1] = attend(q[q0:q1], k_pool[pages, slots], v_pool[pages, slots], p)
+            return (out, lse) if return_lse else out
+
+    class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
+        def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, **kwargs):
+            self._planned("batch decode paged", indptr=indptr, indices=indices, last_page_len=last_page_len,
+                          page_size=page_size, **kwargs)
+
+        def run(self, q, paged_kv_cache, return_lse=False):
+            p, (k_pool, v_pool) = self.plan_args, paged_kv_cache
+            assert q.dim() == 3, "decode takes q [batch, heads, d]"
+            outs, lses = [], []
+            for r in range(q.shape[0]):
+                pages, slots = page_rows(p, r)
+                o, lse = attend(q[r:r + 1], k_pool[pages, slots], v_pool[pages, slots], dict(p, causal=False))
+                outs.append(o[0])
+                lses.append(lse[0])
+            out, lse = torch.stack(outs), torch.stack(lses)
+            return (out, lse) if return_lse else out
 
     module = types.ModuleType("flashinfer")
     module.single_prefill_with_kv_cache = single_prefill_with_kv_cache
+    module.BatchPrefillWithRaggedKVCacheWrapper = BatchPrefillWithRaggedKVCacheWrapper
+    module.BatchPrefillWithPagedKVCacheWrapper = BatchPrefillWithPagedKVCacheWrapper
+    module.BatchDecodeWithPagedKVCacheWrapper = BatchDecodeWithPagedKVCacheWrapper
     module.__version__ = "fake"
     return module

@@ -79,14 +79,25 @@ FLASHINFER_CASES = {
     "window-left-causal": Case(1, 64, 64, 2, 2, 64, dtype="bf16", causal=True, window=(5, 3), seed=3),
     "softcap": Case(1, 40, 41, 2, 1, 64, dtype="bf16", softcap=3.0, seed=4),
     "varlen": Case(3, 30, 40, 2, 1, 64, dtype="bf16", seqlens=((30, 40), (2, 5), (12, 3)), causal=True, seed=6),
+    "varlen-tail-window": Case(2, 30, 40, 4, 2, 128, dtype="fp16", seqlens=((30, 40), (7, 25)), tail=5,
+                               window=(6, -1), softcap=4.0, seed=8),
+    "paged-prefill": Case(2, 3, 45, 2, 1, 64, dtype="bf16", cache_seqlens=(45, 13), page_size=8, pages="random",
+                          causal=True, seed=7),
+    "paged-decode": Case(3, 1, 40, 8, 2, 128, dtype="bf16", cache_seqlens=(40, 1, 17), page_size=16,
+                         pages="random", window=(9, -1), seed=9),
 }
+FLASHINFER_API = {"varlen": "batch prefill ragged", "paged": "batch prefill paged", "dense": "single prefill"}
 
 
 @pytest.mark.parametrize("name", list(FLASHINFER_CASES))
 def test_flashinfer_cases_translate_to_its_calls_and_pass_against_fp64(name, fake_flashinfer):
+    """Each kind of case through the API a serving engine calls for it (a paged cache with one query token
+    a request through the decode wrapper), its outputs judged against FP64."""
     case = FLASHINFER_CASES[name]
     r = evaluate(_on_cpu(resolve("flashinfer")), case, "cpu", mode="fwd")
     assert r.status == "pass", (r.status, r.reason)
+    api = "batch decode paged" if case.kind == "paged" and case.seqlen_q == 1 else FLASHINFER_API[case.kind]
+    assert fake_flashinfer[-1]["api"] == api and r.paths == [api], (fake_flashinfer[-1]["api"], r.paths)
     assert fake_flashinfer[-1]["window_left"] == case.window[0]
 
 
@@ -94,8 +105,11 @@ def test_flashinfer_skips_what_it_cannot_express(fake_flashinfer):
     subject = _on_cpu(resolve("flashinfer"))
     right = evaluate(subject, Case(1, 16, 16, 1, 1, 64, dtype="bf16", window=(4, 2)), "cpu", mode="fwd")
     odd = evaluate(subject, Case(1, 16, 16, 1, 1, 96, dtype="bf16"), "cpu", mode="fwd")
+    empty = evaluate(subject, Case(2, 1, 20, 2, 1, 64, dtype="bf16", cache_seqlens=(20, 0), page_size=4), "cpu",
+                     mode="fwd")
     assert right.status == "skip" and "right bound (2) without causal" in right.reason, right.reason
     assert odd.status == "skip" and "head dims 96" in odd.reason, odd.reason
+    assert empty.status == "skip" and "empty cache" in empty.reason, empty.reason
 
 
 def test_a_flashinfer_lse_in_the_wrong_base_fails(monkeypatch):
