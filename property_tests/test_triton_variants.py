@@ -301,7 +301,8 @@ def test_the_warm_up_launches_every_variant_build_a_fuzz_draws(kind, monkeypatch
     for module, name in ((variant_forward, "_fwd_kernel"), (variant_forward, "_combine_kernel"),
                          (variant_backward, "_dkdv_kernel"), (variant_backward, "_dq_kernel"),
                          (variant_forward, "_fwd_kernel_fast"), (variant_backward, "_dkdv_kernel_fast"),
-                         (variant_backward, "_dq_kernel_fast")):
+                         (variant_backward, "_dq_kernel_fast"), (variant_forward, "_decode_kernel"),
+                         (variant_forward, "_decode_kernel_fast")):
         monkeypatch.setattr(module, name, _Recorder(name, seen))
     subject = resolve(kind)
     dtypes = ("bf16", "fp16")
@@ -335,3 +336,37 @@ def test_the_softcap_derivative_keeps_its_precision_where_the_cap_saturates():
     assert ((t.double() - exact_t).abs() <= 4e-7 * exact_t.abs().clamp(min=1e-30)).all()
     rel = (d.double() - exact_d).abs() / exact_d
     assert rel.max() < 1e-5, (rel.max(), x[rel.argmax()])
+
+
+DECODE_CASES = {  # paged caches with a few query rows a sequence: GQA groups packed into the decode tile
+    "gqa8-decode": Case(2, 1, 45, 8, 1, 64, dtype="bf16", cache_seqlens=(45, 13), page_size=8, pages="random",
+                        seed=7),
+    "gqa4-window-softcap-alibi-splits": Case(3, 1, 150, 8, 2, 128, dtype="fp16", cache_seqlens=(150, 1, 77),
+                                             page_size=16, pages="random", window=(9, -1), softcap=5.0,
+                                             alibi="head", seed=9, splits=3),
+    # a tile's rows are (head, query) pairs: group and seqlen_q with a common factor, where a mapping that
+    # is no bijection (row r as head r % group and query r % seqlen_q) leaves pairs uncomputed
+    "gqa4-two-queries-causal": Case(1, 2, 50, 8, 2, 64, dtype="bf16", cache_seqlens=(50,), page_size=16,
+                                    causal=True, seed=11),
+    "gqa3-five-queries-causal-window": Case(2, 5, 70, 6, 2, 40, dtype="bf16", cache_seqlens=(70, 0), page_size=7,
+                                            causal=True, window=(3, 2), alibi="batch-head", seed=3, splits=2),
+    "gqa16-rows-past-one-tile": Case(1, 3, 33, 16, 1, 32, dtype="bf16", cache_seqlens=(33,), page_size=1,
+                                     head_dim_v=64, seed=5),
+    "mha-16-rows-fp32": Case(1, 16, 100, 4, 4, 64, dtype="fp32", cache_seqlens=(100,), page_size=16, causal=True,
+                             seed=4),
+}
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("name", list(DECODE_CASES))
+def test_the_packed_decode_matches_fp64_and_so_does_the_per_head_path(name, packed, monkeypatch):
+    """variant_interface.PACKED_DECODE: a paged cache's few query rows go to the decode kernel, which packs
+    the query heads of a kv head into one tile (rows past one tile, GQA 1 to 16, windows, softcap, ALiBi,
+    splits, an empty cache, pages of 1 and 7 keys); without it, to the per-head forward. Both against
+    FP64, on any device."""
+    from faverify.kernels.triton import variant_interface
+    monkeypatch.setattr(variant_interface, "PACKED_DECODE", packed)
+    r = evaluate(resolve("triton-paged"), DECODE_CASES[name], DEVICE, mode="fwd")
+    assert r.status == "pass", (r.status, r.reason)
+    assert r.paths and all(p.startswith("fwd variant decode" if packed else "fwd variant paged") for p in r.paths), \
+        r.paths

@@ -32,7 +32,7 @@ KERNELS = ("fwd", "dkdv", "dq", "preprocess")
 HOPPER_KERNEL = "fwd-hopper"  # the Hopper forward (forward_hopper.py): sm_90 only, 16-bit, head dims 64 and 128
 
 
-VARIANT_KERNELS = ("vfwd", "vdkdv", "vdq", "vcombine")  # variant_forward.py, variant_backward.py
+VARIANT_KERNELS = ("vfwd", "vdkdv", "vdq", "vcombine", "vdecode")  # variant_forward.py, variant_backward.py
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,10 @@ def variant_kernel_variants() -> list:
     out += [Variant("vfwd", "fp16", 128, False, False, 128, sw) for sw in SWITCH_SETS["vfwd"][:2]]
     out += [Variant(k, "bf16", 256, False, even, 256, "") for k in SWITCH_SETS for even in (False, True)]
     out += [Variant("vcombine", "bf16", 0, False, True, bdv, "") for bdv in (64, 128)]
+    # the paged decode with a GQA group packed in its rows (variant_forward._decode): split, with softcap
+    out += [Variant("vdecode", "bf16", bd, False, even, bd, "split+softcap") for bd in (64, 128, 256)
+            for even in (False, True)]
+    out += [Variant("vdecode", "fp32", 64, False, False, 64, "split")]
     return out
 
 
@@ -216,6 +220,16 @@ def _variant_source(v: Variant, capability: int):
         fn, constants, tile = vf._combine_kernel, {"BLOCK_M": 16, "BLOCK_DV": v.block_dv, "INTERPRETED": False}, None
         options = {"num_warps": 4, "num_stages": 1}
         pointers = {name: "*fp32" for name in ("OutSplits", "LseSplits", "Lse")} | {"Out": f"*{v.dtype}"}
+    elif v.kernel == "vdecode":
+        fn, tile = vf._decode_kernel, configs.decode(ELEM[v.dtype], fast)
+        constants = dict(SOFTCAP="softcap" in on, SPLIT_BLOCK=SPLIT_BLOCK if "split" in on else 0,
+                         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_D=v.block_d, BLOCK_DV=v.block_dv,
+                         EVEN_D=fast, EVEN_DV=fast, INTERPRETED=False, IEEE=v.dtype == "fp32")
+        options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
+        pointers = {name: "*fp32" for name in ("Lse", "Alibi", "Sinks")}
+        pointers.update({name: "*i32" for name in ("BlockTable", "CacheSeqlens")})
+        if "split" in on:
+            pointers["Out"] = "*fp32"  # the split partials
     else:
         kind = v.kernel[1:]
         tile = configs.variant(kind, max(v.block_d, v.block_dv), ELEM[v.dtype], "varlen" in on,

@@ -49,7 +49,8 @@ PATHS = ("fwd hopper", "fwd hopper variant", "fwd triton-tma", "fwd triton", "fw
          "fwd variant none (empty)", "bwd variant none (empty)") + tuple(
     # the variant kernels' fast and generic builds (variant_interface.fast_build)
     path + build for path in ("fwd variant", "fwd variant varlen", "fwd variant paged", "fwd variant paged split",
-                              "bwd variant", "bwd variant varlen") for build in ("", " generic"))
+                              "fwd variant decode", "fwd variant decode split", "bwd variant", "bwd variant varlen")
+    for build in ("", " generic"))
 
 
 def _build(name: str, *tensors):

@@ -155,6 +155,45 @@ def _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride
     return acc, l_i, m_i
 
 
+@triton.jit
+def split_keys(lo, full_lo, full_hi, hi, split, seqlen_k, num_splits, SPLIT_BLOCK: tl.constexpr):
+    """visible_tiles' ranges cut to split `split`'s keys [split * per, (split + 1) * per), per = ceil(
+    ceil(seqlen_k / SPLIT_BLOCK) / num_splits) * SPLIT_BLOCK (flash-attn's cut, whole blocks)."""
+    per = tl.maximum(1, tl.cdiv(tl.cdiv(seqlen_k, SPLIT_BLOCK), num_splits)) * SPLIT_BLOCK  # [mutant site: split-cut]
+    lo = tl.minimum(tl.maximum(lo, split * per), (split + 1) * per)
+    hi = tl.maximum(tl.minimum(hi, (split + 1) * per), lo)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def finish_rows(acc, l_i, m_i, z_raw, qk_scale, BIAS: tl.constexpr):
+    """The rows' normalization, with each row's sink z_raw (raw units; -inf without sinks): (out, lse,
+    log2 l for the backward's P = exp2((s - m) c - log2l), whether the row saw a key).
+
+    The sink z enters here: l' = l e^(m - M) + e^(z - M), M = max(m, z). Kept in raw units (z / scale),
+    each difference taken before the scale, as in the loop: m c - M c could be contracted into an fma
+    that leaves m's rounding error, 2^17 at logits of 1e12, and 2^that is inf. Without sinks z is -inf,
+    M = m, and every step is exact (l * 1, + 0, acc * 1): the bits of a plain softmax."""
+    seen = l_i > 0.0
+    m_raw = tl.where(seen, m_i, float("-inf"))
+    top = tl.maximum(m_raw, z_raw)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    to_top = tl.math.exp2((m_raw - top) * qk_scale)
+    keys = tl.where(seen, l_i * to_top, 0.0)
+    total = keys + tl.math.exp2((z_raw - top) * qk_scale)  # [mutant site: sink-in-sum]
+    some = total > 0.0
+    out = acc * to_top[:, None] / tl.where(some, total, 1.0)[:, None]
+    log2_total = tl.math.log2(tl.where(some, total, 1.0))
+    if BIAS:  # top * qk_scale overflows for a row of finfo.min biases; qk_scale * LN2 is 1 in these units
+        lse = tl.where(some, top * (qk_scale * LN2) + log2_total * LN2, float("-inf"))
+    else:
+        lse = tl.where(some, (top * qk_scale + log2_total) * LN2, float("-inf"))
+    log2l = log2_total + (top - m_raw) * qk_scale
+    return out, lse, log2l, seen
+
+
 def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, Alibi, Sinks, Bias, Blocks,  #
          stride_qb, stride_qs, stride_qh,  #
          stride_kb, stride_ks, stride_kh,  # paged: stride_kb is the page's
@@ -215,11 +254,7 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, A
     diag = seqlen_k - seqlen_q
     lo, full_lo, full_hi, hi = visible_tiles(start_m * BLOCK_M, BLOCK_M, diag - left, diag + right, seqlen_k, BLOCK_N)
     if SPLIT_BLOCK > 0:  # this split's keys only (whole blocks of SPLIT_BLOCK, a multiple of BLOCK_N)
-        per = tl.maximum(1, tl.cdiv(tl.cdiv(seqlen_k, SPLIT_BLOCK), num_splits)) * SPLIT_BLOCK  # [mutant site: split-cut]
-        lo = tl.minimum(tl.maximum(lo, split * per), (split + 1) * per)
-        hi = tl.maximum(tl.minimum(hi, (split + 1) * per), lo)
-        full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-        full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)
+        lo, full_lo, full_hi, hi = split_keys(lo, full_lo, full_hi, hi, split, seqlen_k, num_splits, SPLIT_BLOCK)
     # the tiles that cross the lower bound, those inside the window, those that cross the upper bound or
     # hold the seqlen_k tail
     acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
@@ -241,26 +276,7 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, A
                            PAGED=PAGED, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
                            INTERPRETED=INTERPRETED, IEEE=IEEE)
 
-    # The sink z enters here: l' = l e^(m - M) + e^(z - M), M = max(m, z). Kept in raw units (z / scale),
-    # each difference taken before the scale, as in the loop: m c - M c could be contracted into an fma
-    # that leaves m's rounding error, 2^17 at logits of 1e12, and 2^that is inf. Without sinks z is -inf,
-    # M = m, and every step is exact (l * 1, + 0, acc * 1): the bits of a plain softmax.
-    seen = l_i > 0.0
-    m_raw = tl.where(seen, m_i, float("-inf"))
-    z_raw = tl.load(Sinks + off_h)  # raw units already (Variant.tensors says why)
-    top = tl.maximum(m_raw, z_raw)
-    top = tl.where(top == float("-inf"), 0.0, top)
-    to_top = tl.math.exp2((m_raw - top) * qk_scale)
-    keys = tl.where(seen, l_i * to_top, 0.0)
-    total = keys + tl.math.exp2((z_raw - top) * qk_scale)  # [mutant site: sink-in-sum]
-    some = total > 0.0
-    out = acc * to_top[:, None] / tl.where(some, total, 1.0)[:, None]
-    log2_total = tl.math.log2(tl.where(some, total, 1.0))
-    if BIAS:  # top * qk_scale overflows for a row of finfo.min biases; qk_scale * LN2 is 1 in these units
-        lse = tl.where(some, top * (qk_scale * LN2) + log2_total * LN2, float("-inf"))
-    else:
-        lse = tl.where(some, (top * qk_scale + log2_total) * LN2, float("-inf"))
-    log2l = log2_total + (top - m_raw) * qk_scale  # the backward's P = exp2((s - m) c - log2l)
+    out, lse, log2l, seen = finish_rows(acc, l_i, m_i, tl.load(Sinks + off_h), qk_scale, BIAS=BIAS)
     rows = split * stride_lsplit + off_b * stride_lb + off_h * stride_lh + bos_q + offs_m
     in_seq = offs_m < seqlen_q
     if STATS:  # the backward's row statistics (backward.py says why m and log2 l, not lse)
@@ -270,6 +286,87 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, A
     o_ptrs = (Out + split * stride_osplit + off_b * stride_ob + (bos_q + offs_m[:, None]) * stride_os
               + off_h * stride_oh + offs_dv[None, :])
     o_ok = in_seq[:, None]
+    if not EVEN_DV:
+        o_ok = o_ok & (offs_dv < head_dim_v)[None, :]
+    tl.store(o_ptrs, cast(out, Out.dtype.element_ty, INTERPRETED), mask=o_ok)
+
+
+def _decode(Q, K, V, Out, Lse, BlockTable, CacheSeqlens, Alibi, Sinks,  #
+            stride_qb, stride_qs, stride_qh,  #
+            stride_kb, stride_ks, stride_kh,  # the pools': stride_kb is the page's
+            stride_vb, stride_vs, stride_vh,  #
+            stride_ob, stride_os, stride_oh, stride_osplit,  #
+            stride_lb, stride_lh, stride_lsplit,  #
+            stride_ab, stride_tb,  #
+            nheads_k, group, seqlen_q, head_dim, head_dim_v, page_size, num_splits,  #
+            qk_scale, init, left, right, cap_scale, inv_cap_scale, bias_unit,  #
+            SOFTCAP: tl.constexpr, SPLIT_BLOCK: tl.constexpr,  #
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,  #
+            EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    """Decode against a paged cache with the query heads of one kv head packed into a tile's rows: row r
+    of program (row block, (b, kv head hk), split) is query i = r % seqlen_q of head hk * group + r //
+    seqlen_q. Each key tile is read once for the whole GQA group, where _fwd reads it once per query head
+    (group times) and fills 1 of its 16 rows at seqlen_q 1. The numerics are _fwd's, row by row: the
+    same logits (variant_scores with each row's query index and ALiBi slope), the same running softmax
+    (_inner), the same normalization with each row's sink (finish_rows). No bias or block mask: a paged
+    cache takes none."""
+    off_bh = tl.program_id(1)
+    split = tl.program_id(2)
+    off_b = (off_bh // nheads_k).to(tl.int64)
+    off_hk = (off_bh % nheads_k).to(tl.int64)
+    seqlen_k = tl.load(CacheSeqlens + off_b)
+    n_rows = group * seqlen_q
+    offs_r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_rows = offs_r < n_rows
+    offs_i = offs_r % seqlen_q  # each row's query index, and its head
+    offs_h = off_hk * group + tl.minimum(offs_r, n_rows - 1) // seqlen_q  # row-major: a head's queries together
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q_ptrs = Q + off_b * stride_qb + offs_i[:, None] * stride_qs + offs_h[:, None] * stride_qh + offs_d[None, :]
+    q = load_rows(q_ptrs, offs_r, n_rows, (offs_d < head_dim)[None, :], ROWS_ALONG_0=True, MASK_ROWS=True,
+                  EVEN_D=EVEN_D)
+    k_base = K + off_hk * stride_kh
+    v_base = V + off_hk * stride_vh
+    table = BlockTable + off_b * stride_tb
+    slope = tl.load(Alibi + off_b * stride_ab + offs_h) * bias_unit  # 0 without ALiBi
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + init
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    diag = seqlen_k - seqlen_q
+    # the keys some row sees: query 0's lower bound to query seqlen_q - 1's upper one; every row sees those
+    # between query seqlen_q - 1's lower bound and query 0's upper one, whole tiles of them unmasked
+    lo = tl.maximum(diag - left, 0) // BLOCK_N * BLOCK_N
+    hi = tl.maximum(tl.minimum(seqlen_q + diag + right, seqlen_k), lo)
+    full_lo = tl.minimum(tl.maximum((tl.maximum(seqlen_q - 1 + diag - left, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N,
+                                    lo), hi)
+    full_hi = tl.maximum(tl.minimum(tl.minimum(diag + right + 1, seqlen_k) // BLOCK_N * BLOCK_N, hi), full_lo)
+    if SPLIT_BLOCK > 0:
+        lo, full_lo, full_hi, hi = split_keys(lo, full_lo, full_hi, hi, split, seqlen_k, num_splits, SPLIT_BLOCK)
+    acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
+                           stride_vs, lo, full_lo, offs_i, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_q,
+                           seqlen_k, diag, left, right, slope[:, None], qk_scale, cap_scale, inv_cap_scale, Alibi, 0,
+                           0, 1.0, Alibi, 0, 0, 1, MASK=True, SOFTCAP=SOFTCAP, PAGED=True, BIAS=False,
+                           BLOCKS=False, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED,
+                           IEEE=IEEE)
+    acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
+                           stride_vs, full_lo, full_hi, offs_i, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
+                           seqlen_q, seqlen_k, diag, left, right, slope[:, None], qk_scale, cap_scale, inv_cap_scale,
+                           Alibi, 0, 0, 1.0, Alibi, 0, 0, 1, MASK=False, SOFTCAP=SOFTCAP, PAGED=True, BIAS=False,
+                           BLOCKS=False, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED,
+                           IEEE=IEEE)
+    acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
+                           stride_vs, full_hi, hi, offs_i, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_q,
+                           seqlen_k, diag, left, right, slope[:, None], qk_scale, cap_scale, inv_cap_scale, Alibi, 0,
+                           0, 1.0, Alibi, 0, 0, 1, MASK=True, SOFTCAP=SOFTCAP, PAGED=True, BIAS=False,
+                           BLOCKS=False, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED,
+                           IEEE=IEEE)
+    z_raw = tl.load(Sinks + offs_h)
+    out, lse, _, _ = finish_rows(acc, l_i, m_i, z_raw, qk_scale, BIAS=False)
+    tl.store(Lse + split * stride_lsplit + off_b * stride_lb + offs_h * stride_lh + offs_i, lse, mask=in_rows)
+    o_ptrs = (Out + split * stride_osplit + off_b * stride_ob + offs_i[:, None] * stride_os
+              + offs_h[:, None] * stride_oh + offs_dv[None, :])
+    o_ok = in_rows[:, None]
     if not EVEN_DV:
         o_ok = o_ok & (offs_dv < head_dim_v)[None, :]
     tl.store(o_ptrs, cast(out, Out.dtype.element_ty, INTERPRETED), mask=o_ok)
@@ -316,3 +413,5 @@ def _combine(OutSplits, LseSplits, Out, Lse,  #
 _fwd_kernel = triton.jit(do_not_specialize=generic_args(_fwd))(_fwd)
 _fwd_kernel_fast = triton.jit(do_not_specialize=streamed_args(_fwd))(_fwd)
 _combine_kernel = triton.jit(do_not_specialize=generic_args(_combine))(_combine)
+_decode_kernel = triton.jit(do_not_specialize=generic_args(_decode))(_decode)
+_decode_kernel_fast = triton.jit(do_not_specialize=streamed_args(_decode))(_decode)

@@ -4,6 +4,7 @@ uses a variant."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 import triton
@@ -20,6 +21,12 @@ from faverify.kernels.triton.common import seq_strides as _qstrides
 # and the CPU's caches are small, and blocks of 32 give the splits of a cache of a few hundred keys
 # several blocks each.
 SPLIT_BLOCK = 32 if INTERPRET else 64
+# A paged cache's few query rows (seqlen_q <= DECODE_ROWS) run the decode kernel (variant_forward._decode),
+# which packs the query heads of a kv head into one tile and reads each key tile once for them all. It
+# has not run on a GPU yet: there it is taken only with FAVERIFY_PACKED_DECODE=1; the interpreter takes it
+# unless FAVERIFY_PACKED_DECODE=0.
+DECODE_ROWS = 16
+PACKED_DECODE = os.environ.get("FAVERIFY_PACKED_DECODE", "1" if INTERPRET else "0") == "1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +203,11 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
         return out.zero_(), lse.fill_(float("-inf")), rows, splits
     target_out, target_lse = splits if split else (out, lse)
     fast = fast_build(var, q, v, k, target_out)
+    if paged and sq <= DECODE_ROWS and PACKED_DECODE and not var.masked and rows is None:
+        _decode(q, k, v, var, block_table, cache_seqlens, target_out, target_lse, num_splits, fast, emulate)
+        if split:
+            combine(*splits, out, lse, emulate=emulate)
+        return out, lse, rows, splits
     tile = _tile("fwd", q, dv, varlen, var.masked, fast)
     # decode (a paged cache's few query rows) takes tiles of 16 rows; anything else the tile's, so that a
     # fuzz's many small seqlen_q compile no build of their own
@@ -231,6 +243,32 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
     if split:
         combine(*splits, out, lse, emulate=emulate)
     return out, lse, rows, splits
+
+
+def _decode(q, k, v, var: Variant, block_table, cache_seqlens, out, lse, num_splits: int, fast: bool, emulate) -> None:
+    """Launch variant_forward._decode: q [b, sq, h, d] against pools [pages, page_size, hk, d]; out and lse
+    are the outputs' (num_splits 0) or the split partials' ([splits, b, sq, h, dv], [splits, b, h, sq])."""
+    batch, sq, h, d = q.shape
+    hk, dv = k.shape[2], v.shape[3]
+    split = num_splits > 0
+    if split:
+        o_strides = (out.stride(1), out.stride(2), out.stride(3), out.stride(0))
+        l_strides = (lse.stride(1), lse.stride(2), lse.stride(0))
+    else:
+        o_strides = (out.stride(0), out.stride(1), out.stride(2), 0)
+        l_strides = (lse.stride(0), lse.stride(1), 0)
+    alibi, stride_ab, sinks = var.tensors(q)
+    tile = configs.decode(q.element_size(), fast)
+    _LAUNCHED.append("fwd variant decode" + (" split" if split else "") + ("" if fast else " generic"))
+    grid = (triton.cdiv(sq * (h // hk), tile.block_m), batch * hk, max(1, num_splits))
+    with quiet():
+        _build(_vfwd, "_decode_kernel", fast)[grid](
+            q, k, v, out, lse, block_table, cache_seqlens, alibi, sinks,
+            q.stride(0), q.stride(1), q.stride(2), *_qstrides(k, False), *_qstrides(v, False), *o_strides, *l_strides,
+            stride_ab, block_table.stride(0), hk, h // hk, sq, d, dv, k.shape[1], max(1, num_splits),
+            var.qk_scale, var.init_value, **var.runtime(), **var.switches(), SPLIT_BLOCK=SPLIT_BLOCK if split else 0,
+            BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps, num_stages=tile.num_stages,
+            **_dims(d, dv, q, emulate, fast))
 
 
 def combine(out_splits, lse_splits, out, lse, emulate=None) -> None:
