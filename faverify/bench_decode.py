@@ -73,7 +73,7 @@ def _splits(subject: Subject, case: Case, device) -> int:
     from faverify.kernels.triton.interface import num_splits_for
     device = torch.device(device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-    return num_splits_for(case.batch, case.nheads, case.seqlen_q, case.seqlen_k, sms)
+    return num_splits_for(case.batch, case.nheads, case.seqlen_q, case.seqlen_k, sms, case.nheads_k)
 
 
 def time_row(subject: Subject, config: DecodeConfig, device, peak: float) -> dict:

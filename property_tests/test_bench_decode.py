@@ -33,7 +33,7 @@ def test_a_paged_subject_is_timed_paged_and_split_by_its_rule_the_others_contigu
     config = DecodeConfig("fp32", 16, 64, 16, tokens=128)  # batch 2
     paged = bench_decode.time_row(resolve("triton-paged"), config, "cpu", peak=1e12)
     assert paged["validated"] == "pass" and paged["layout"] == "paged" and paged["page_size"] == 16
-    assert paged["splits"] == num_splits_for(config.batch, 32, 1, 64, 8)
+    assert paged["splits"] == num_splits_for(config.batch, 32, 1, 64, 8, 4)
     assert paged["cache_tbps"] == pytest.approx(config.cache_bytes(4) / 0.5e-3 * 1e-12)
     assert paged["of_copy"] == pytest.approx(paged["cache_tbps"])  # peak 1 TB/s
     dense = bench_decode.time_row(resolve("triton"), config, "cpu", peak=1e12)

@@ -128,6 +128,20 @@ def test_the_split_rule_fills_the_sms_and_no_more():
     assert num_splits_for(1, 1, 1, 0, 132) == 1
 
 
+def test_the_split_rule_counts_the_packed_decode_s_programs(monkeypatch):
+    """Where the decode kernel packs a GQA group into its rows, a program is a (batch, kv head, tile of 16
+    rows): 32 query heads over 4 kv heads at seqlen_q 1 are 4 programs, 33 splits on 132 SMs, where 32
+    per-head programs take 5."""
+    from faverify.kernels.triton import variant_interface
+    from faverify.kernels.triton.interface import num_splits_for
+    monkeypatch.setattr(variant_interface, "PACKED_DECODE", True)
+    assert num_splits_for(1, 32, 1, 1 << 17, 132, 4) == 33
+    assert num_splits_for(1, 32, 4, 1 << 17, 132, 4) == 17  # 8 x 4 rows a kv head: 2 tiles each
+    assert num_splits_for(1, 32, 17, 1 << 17, 132, 4) == 5  # past DECODE_ROWS: per head
+    monkeypatch.setattr(variant_interface, "PACKED_DECODE", False)
+    assert num_splits_for(1, 32, 1, 1 << 17, 132, 4) == 5
+
+
 def _inputs():
     q = torch.randn(2, 8, 4, 16, device=DEVICE)
     return q, torch.randn(2, 8, 2, 16, device=DEVICE), torch.randn(2, 8, 2, 16, device=DEVICE)

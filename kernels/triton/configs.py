@@ -108,7 +108,7 @@ def decode(elem: int, fast: bool) -> Tile:
     build, whose loads are element by element, and fp32 take 16 (at 32 keys the generic build kept 168-272
     bytes of stack at head dims 128 and 256; the AOT report). Not yet timed on a GPU."""
     if INTERPRET:
-        return Tile(16, 32, 4, 1)
+        return Tile(16, 32, 4, 1)  # M: variant_interface.DECODE_TILE
     return Tile(16, 64, 4, 2) if fast and elem == 2 else Tile(16, 16, 4, 1)
 
 

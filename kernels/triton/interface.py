@@ -304,11 +304,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     return (out, lse) if return_lse else out
 
 
-def num_splits_for(batch: int, nheads: int, seqlen_q: int, max_cache: int, sms: int) -> int:
-    """The split count flash_attn_with_kvcache chooses: split the keys only while the (batch, head, query
-    tile) programs fill less than the GPU's SMs, into enough splits to fill them, no more than the cache
-    has blocks of SPLIT_BLOCK keys, and at most 64 (the combine reads every split of a row)."""
-    programs = batch * nheads * -(-max(seqlen_q, 1) // 64)
+def num_splits_for(batch: int, nheads: int, seqlen_q: int, max_cache: int, sms: int, nheads_k: int = 0) -> int:
+    """The split count flash_attn_with_kvcache chooses: split the keys only while the programs fill less
+    than the GPU's SMs, into enough splits to fill them, no more than the cache has blocks of SPLIT_BLOCK
+    keys, and at most 64 (the combine reads every split of a row). A program is a (batch, head, tile of 64
+    queries), or, where the decode kernel packs a GQA group into its rows (variant_interface.packs_decode;
+    nheads_k given), a (batch, kv head, tile of DECODE_TILE rows)."""
+    if nheads_k and _var.packs_decode(seqlen_q):
+        programs = batch * nheads_k * -(-max(seqlen_q, 1) * (nheads // nheads_k) // _var.DECODE_TILE)
+    else:
+        programs = batch * nheads * -(-max(seqlen_q, 1) // 64)
     if programs >= sms:
         return 1
     blocks = max(1, -(-max_cache // _var.SPLIT_BLOCK))
@@ -335,7 +340,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cau
                   batch=q.shape[0])
     if num_splits == 0:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 8
-        num_splits = num_splits_for(q.shape[0], q.shape[2], q.shape[1], int(cache_seqlens.max()) if q.shape[0] else 0, sms)
+        num_splits = num_splits_for(q.shape[0], q.shape[2], q.shape[1], int(cache_seqlens.max()) if q.shape[0] else 0, sms,
+                                    k_cache.shape[2])
     var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, None)
     with torch.no_grad():
         out, lse, _, splits = _var.forward(q, k_cache, v_cache, var, block_table=block_table,

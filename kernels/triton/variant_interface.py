@@ -26,7 +26,13 @@ SPLIT_BLOCK = 32 if INTERPRET else 64
 # has not run on a GPU yet: there it is taken only with FAVERIFY_PACKED_DECODE=1; the interpreter takes it
 # unless FAVERIFY_PACKED_DECODE=0.
 DECODE_ROWS = 16
+DECODE_TILE = 16  # the rows of its tile (configs.decode)
 PACKED_DECODE = os.environ.get("FAVERIFY_PACKED_DECODE", "1" if INTERPRET else "0") == "1"
+
+
+def packs_decode(seqlen_q: int) -> bool:
+    """Whether a paged forward of seqlen_q query rows (no bias, no row statistics) runs the decode kernel."""
+    return PACKED_DECODE and seqlen_q <= DECODE_ROWS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +209,7 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
         return out.zero_(), lse.fill_(float("-inf")), rows, splits
     target_out, target_lse = splits if split else (out, lse)
     fast = fast_build(var, q, v, k, target_out)
-    if paged and sq <= DECODE_ROWS and PACKED_DECODE and not var.masked and rows is None:
+    if paged and packs_decode(sq) and not var.masked and rows is None:
         _decode(q, k, v, var, block_table, cache_seqlens, target_out, target_lse, num_splits, fast, emulate)
         if split:
             combine(*splits, out, lse, emulate=emulate)
