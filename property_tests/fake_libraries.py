@@ -10,9 +10,10 @@ import types
 import torch
 
 
-def _attend(q, k, v, scale, causal, left, right, softcap=0.0, sink=None):
+def _attend(q, k, v, scale, causal, left, right, softcap=0.0, sink=None, alibi=None):
     """One sequence: q [sq, h, d], k [sk, hk, d], v [sk, hk, dv]; bounds None where unbounded, bottom-right
-    aligned. (out [sq, h, dv], natural lse [h, sq])."""
+    aligned; alibi: slopes [h], a bias -slope |i + sk - sq - j| after the softcap. (out [sq, h, dv], natural
+    lse [h, sq])."""
     sq, h, _ = q.shape
     sk, hk, dv = v.shape
     g = h // hk
@@ -22,6 +23,8 @@ def _attend(q, k, v, scale, causal, left, right, softcap=0.0, sink=None):
         s = softcap * torch.tanh(s / softcap)
     i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
     j = torch.arange(sk, device=q.device)[None, :]
+    if alibi is not None:
+        s = s - alibi.float()[:, None, None] * (i - j).abs()
     if causal:
         right = 0 if right is None else min(right, 0)
     keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
@@ -186,5 +189,74 @@ def flashinfer(calls: list, lse_base: float = 2.0) -> types.ModuleType:
     module.BatchPrefillWithRaggedKVCacheWrapper = BatchPrefillWithRaggedKVCacheWrapper
     module.BatchPrefillWithPagedKVCacheWrapper = BatchPrefillWithPagedKVCacheWrapper
     module.BatchDecodeWithPagedKVCacheWrapper = BatchDecodeWithPagedKVCacheWrapper
+    module.__version__ = "fake"
+    return module
+
+
+def flash_attn_2_and_3(calls: list, version: int) -> types.ModuleType:
+    """flash-attn 2's flash_attn package (version 2) or flash-attn 3's flash_attn_interface (3):
+    flash_attn_func, flash_attn_varlen_func (lse [h, total]) and flash_attn_with_kvcache (flash-attn 2's
+    block_table, flash-attn 3's page_table; return_softmax_lse). window_size -1 for no bound; alibi_slopes
+    [h] or [b, h] (flash-attn 2). lse natural, +inf on a row that sees no key in flash-attn 2 (its
+    convention), -inf in flash-attn 3. Each call's keywords are appended to `calls` with "api"."""
+    def bounds(window_size):
+        return tuple(None if w < 0 else w for w in window_size)
+
+    def lse_of(lse):
+        return lse.masked_fill(torch.isneginf(lse), float("inf")) if version == 2 else lse
+
+    def slopes(alibi_slopes, b):
+        if alibi_slopes is None:
+            return None
+        return alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes
+
+    def scale_of(q, softmax_scale):
+        return softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+
+    def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                        alibi_slopes=None, deterministic=False, return_attn_probs=False):
+        calls.append(dict(api="func", window_size=window_size, causal=causal))
+        res = [_attend(q[b], k[b], v[b], scale_of(q, softmax_scale), causal, *bounds(window_size), softcap,
+                       alibi=slopes(alibi_slopes, b)) for b in range(q.shape[0])]
+        out, lse = torch.stack([r[0] for r in res]), lse_of(torch.stack([r[1] for r in res]))
+        return (out, lse, None) if return_attn_probs else out
+
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                               softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                               deterministic=False, return_attn_probs=False):
+        calls.append(dict(api="varlen", window_size=window_size, causal=causal))
+        outs, lses = [], []
+        for b in range(len(cu_seqlens_q) - 1):
+            (q0, q1), (k0, k1) = ((int(c[b]), int(c[b + 1])) for c in (cu_seqlens_q, cu_seqlens_k))
+            o, lse = _attend(q[q0:q1], k[k0:k1], v[k0:k1], scale_of(q, softmax_scale), causal, *bounds(window_size),
+                             softcap, alibi=slopes(alibi_slopes, b))
+            outs.append(o)
+            lses.append(lse)
+        total = int(cu_seqlens_q[-1])
+        out = torch.cat(outs + [q.new_zeros(q.shape[0] - total, q.shape[1], v.shape[2])])
+        lse = torch.cat(lses + [torch.full((q.shape[1], q.shape[0] - total), float("-inf"), device=q.device)], dim=1)
+        return (out, lse_of(lse), None) if return_attn_probs else out
+
+    def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
+                                page_table=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                alibi_slopes=None, num_splits=0, return_softmax_lse=False, **rest):
+        table = block_table if version == 2 else page_table
+        assert table is not None and (block_table is None or version == 2) and (page_table is None or version == 3)
+        calls.append(dict(api="with_kvcache", window_size=window_size, causal=causal))
+        page = k_cache.shape[1]
+        outs, lses = [], []
+        for b in range(q.shape[0]):
+            t = torch.arange(int(cache_seqlens[b]), device=q.device)
+            rows = table[b, t // page].long()
+            o, lse = _attend(q[b], k_cache[rows, t % page], v_cache[rows, t % page], scale_of(q, softmax_scale),
+                             causal, *bounds(window_size), softcap, alibi=slopes(alibi_slopes, b))
+            outs.append(o)
+            lses.append(lse)
+        out, lse = torch.stack(outs), lse_of(torch.stack(lses))
+        return (out, lse) if return_softmax_lse else out
+
+    module = types.ModuleType("flash_attn" if version == 2 else "flash_attn_interface")
+    module.flash_attn_func, module.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
+    module.flash_attn_with_kvcache = flash_attn_with_kvcache
     module.__version__ = "fake"
     return module

@@ -38,7 +38,17 @@ def fake_flashinfer(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("name,module", [("flash-attn-4", "flash_attn"), ("flashinfer", "flashinfer")])
+@pytest.fixture(params=[2, 3])
+def fake_fa23(request, monkeypatch):
+    """flash-attn 2's flash_attn package or flash-attn 3's flash_attn_interface: (subject name, calls)."""
+    calls = []
+    module = fake_libraries.flash_attn_2_and_3(calls, request.param)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return ("flash-attn" if request.param == 2 else "flash-attn-3"), calls
+
+
+@pytest.mark.parametrize("name,module", [("flash-attn-4", "flash_attn"), ("flashinfer", "flashinfer"),
+                                         ("flash-attn", "flash_attn"), ("flash-attn-3", "flash_attn_interface")])
 def test_an_adapter_whose_package_does_not_import_says_so(name, module, monkeypatch):
     monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
     with pytest.raises(EnvironmentProblem) as e:
@@ -119,3 +129,58 @@ def test_a_flashinfer_lse_in_the_wrong_base_fails(monkeypatch):
     r = evaluate(_on_cpu(resolve("flashinfer")), Case(1, 16, 20, 2, 1, 64, dtype="bf16", seed=3), "cpu", mode="fwd")
     assert r.status == "fail" and "lse" in r.reason, (r.status, r.reason)
 
+
+
+FA23_CASES = {
+    "dense-causal-gqa": Case(2, 37, 53, 4, 2, 64, dtype="bf16", causal=True, seed=1),
+    "rows-without-keys": Case(1, 40, 17, 2, 1, 64, dtype="fp16", causal=True, seed=2),  # lse +inf in FA2
+    "window-softcap": Case(1, 64, 70, 2, 2, 64, dtype="bf16", window=(5, 3), softcap=4.0, seed=3),
+    "alibi": Case(2, 20, 30, 4, 2, 32, dtype="bf16", alibi="batch-head", causal=True, seed=4),
+    "varlen": Case(3, 30, 40, 2, 1, 64, dtype="bf16", seqlens=((30, 40), (0, 5), (12, 3)), tail=3, causal=True,
+                   seed=6),
+    "paged": Case(2, 3, 300, 2, 1, 64, dtype="bf16", cache_seqlens=(300, 13), page_size=256, pages="random", seed=7),
+}
+FA23_API = {"dense": "func", "varlen": "varlen", "paged": "with_kvcache"}
+
+
+@pytest.mark.parametrize("name", list(FA23_CASES))
+def test_flash_attn_2_and_3_cases_translate_and_pass_against_fp64(name, fake_fa23):
+    """Each kind of case through flash-attn's function for it, forward and backward where it has one, and
+    lse read by the version's conventions (flash-attn 2's +inf on rows that see no key); ALiBi is flash-attn
+    2's only (skipped on 3, with the reason)."""
+    subject_name, calls = fake_fa23
+    case = FA23_CASES[name]
+    r = evaluate(_on_cpu(resolve(subject_name)), case, "cpu")
+    if case.alibi != "off" and subject_name == "flash-attn-3":
+        assert r.status == "skip" and "alibi" in r.reason, (r.status, r.reason)
+        return
+    assert r.status == "pass", (r.status, r.reason)
+    assert calls[-1]["api"] == FA23_API[case.kind] and r.paths and r.paths[0].startswith(FA23_API[case.kind])
+    assert ("dq" in r.metrics) == (case.kind != "paged")  # with_kvcache has no backward
+
+
+def test_flash_attn_2_s_lse_convention_is_what_the_verdict_reads(monkeypatch):
+    """Read under flash-attn 3's conventions, flash-attn 2's +inf lse on a row that sees no key fails: the
+    preset is what makes it pass, not a loose verdict."""
+    module = fake_libraries.flash_attn_2_and_3([], 2)
+    monkeypatch.setitem(sys.modules, "flash_attn", module)
+    subject = _on_cpu(resolve("flash-attn"))
+    wrong = dataclasses.replace(subject, caps=dataclasses.replace(subject.caps, conventions="flash-attn-3"))
+    r = evaluate(wrong, FA23_CASES["rows-without-keys"], "cpu", mode="fwd")
+    assert r.status == "fail" and "lse" in r.reason, (r.status, r.reason)
+
+
+def test_flash_attn_skips_what_it_cannot_take(fake_fa23):
+    subject_name, calls = fake_fa23
+    subject = _on_cpu(resolve(subject_name))
+    dv = evaluate(subject, Case(1, 8, 8, 1, 1, 64, dtype="bf16", head_dim_v=32), "cpu", mode="fwd")
+    assert dv.status == "skip" and "head_dim_v" in dv.reason, dv.reason
+    small_page = evaluate(subject, Case(1, 1, 20, 2, 1, 64, dtype="bf16", cache_seqlens=(20,), page_size=16), "cpu",
+                          mode="fwd")
+    if subject_name == "flash-attn":
+        assert small_page.status == "skip" and "page" in small_page.reason, small_page.reason
+    else:
+        assert small_page.status == "pass", small_page.reason
+    odd = evaluate(subject, Case(1, 8, 8, 1, 1, 36, dtype="bf16"), "cpu", mode="fwd")
+    assert (odd.status == "skip" and "multiples of 8" in odd.reason) if subject_name == "flash-attn-3" else \
+        odd.status == "pass", (odd.status, odd.reason)

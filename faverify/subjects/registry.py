@@ -25,6 +25,9 @@ def _combine() -> Subject:
 
 def _library(name: str) -> Subject:
     """The adapters of kernel libraries faverify does not ship: each loads where its package imports."""
+    if name in ("flash-attn", "flash-attn-3"):
+        from faverify.subjects.flash_attn import make as make_flash_attn
+        return make_flash_attn(name)
     if name == "flash-attn-4":
         from faverify.subjects.flash_attn_4 import make
     else:
@@ -44,7 +47,8 @@ _BUILTIN["flex"] = lambda: _flex()
 _BUILTIN["combine"] = lambda: _combine()
 for _name in ("cuda", "cuda-simt"):
     _BUILTIN[_name] = lambda n=_name: _cuda(n)
-for _name in ("flash-attn-4", "flashinfer"):
+LIBRARIES = ("flash-attn", "flash-attn-3", "flash-attn-4", "flashinfer")
+for _name in LIBRARIES:
     _BUILTIN[_name] = lambda n=_name: _library(n)
 
 
