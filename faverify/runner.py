@@ -75,7 +75,8 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
     tolerance = tolerance or Tolerance()
     start = time.perf_counter()
     clock = _Clock(device)
-    subject.take_paths()  # whatever ran before this case is not its
+    subject.take_paths()  # whatever ran (or compiled: a warm-up) before this case is not its
+    subject.take_compile_seconds()
     raised = (Exception, SystemExit, KeyboardInterrupt) if in_worker else (Exception, SystemExit)
     result = _evaluate(subject, case, device, mode, tolerance, clock, stored, raised, repeat)
     if torch.device(device).type == "cuda" and case.kind == "paged" and case.pool:

@@ -27,6 +27,7 @@ KINDS = {"triton": dict(sinks=True, init_modes=("-inf", "-1e30"), mask=True, blo
 
 
 def _wrap(name: str, interface, description: str, kind: str = "triton") -> Subject:
+    from faverify.kernels.triton import compile_clock
     from faverify.kernels.triton.common import INTERPRET
 
     if kind == "triton":
@@ -42,8 +43,10 @@ def _wrap(name: str, interface, description: str, kind: str = "triton") -> Subje
     extra = dict(split_block=interface._var.SPLIT_BLOCK) if kind == "triton-paged" else {}
     caps = Capabilities(devices=("cpu",) if INTERPRET else ("cuda",), lse=True, **VARIANTS, **KINDS[kind], **extra)
     mode = "under the Triton interpreter (CPU)" if INTERPRET else "compiled for the GPU"
+    compile_clock.install()
     return Subject(name=name, fn=fn, caps=caps, description=f"{description}, {mode}",
-                   warmup=None if INTERPRET else WARMUPS[kind], paths=interface.take_paths)
+                   warmup=None if INTERPRET else WARMUPS[kind], paths=interface.take_paths,
+                   compile_seconds=compile_clock.take)
 
 
 def warmup_cases(dtypes: tuple) -> list:
