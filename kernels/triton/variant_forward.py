@@ -67,7 +67,7 @@ def any_block(blocks, stride_km, stride_kn, i, j, seqlen_q, seqlen_k, mask_block
 
 
 @triton.jit
-def visible_tiles(start, SIZE: tl.constexpr, lo_off, hi_off, length, TILE: tl.constexpr):
+def visible_tiles(start, SIZE, lo_off, hi_off, length, TILE: tl.constexpr):
     """For the block of SIZE indices x from `start`, each seeing the indices y in [x + lo_off, x + hi_off]
     of [0, length): (lo, full_lo, full_hi, hi), tiles of TILE from lo. Tiles in [lo, full_lo) and
     [full_hi, hi) are seen by some x of the block (masked); [full_lo, full_hi) by every x, whole (no mask);
@@ -194,6 +194,28 @@ def finish_rows(acc, l_i, m_i, z_raw, qk_scale, BIAS: tl.constexpr):
     return out, lse, log2l, seen
 
 
+@triton.jit
+def _visible(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride_ks, stride_vp, stride_vs,  #
+             lo, full_lo, full_hi, hi, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_q, seqlen_k,  #
+             diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale,  #
+             bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block,  #
+             SOFTCAP: tl.constexpr, PAGED: tl.constexpr, BIAS: tl.constexpr, BLOCKS: tl.constexpr,  #
+             BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,  #
+             INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    """_inner over visible_tiles' ranges: the tiles that cross the lower bound (masked), those inside the
+    window (unmasked), those that cross the upper bound or hold the seqlen_k tail (masked)."""
+    for r in tl.static_range(3):
+        start = lo if r == 0 else full_lo if r == 1 else full_hi
+        end = full_lo if r == 0 else full_hi if r == 1 else hi
+        acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride_ks, stride_vp,
+                               stride_vs, start, end, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_q,
+                               seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, bias,
+                               stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block,
+                               MASK=r != 1, SOFTCAP=SOFTCAP, PAGED=PAGED, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_N=BLOCK_N,
+                               EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
+    return acc, l_i, m_i
+
+
 def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, Alibi, Sinks, Bias, Blocks,  #
          stride_qb, stride_qs, stride_qh,  #
          stride_kb, stride_ks, stride_kh,  # paged: stride_kb is the page's
@@ -255,27 +277,12 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, A
     lo, full_lo, full_hi, hi = visible_tiles(start_m * BLOCK_M, BLOCK_M, diag - left, diag + right, seqlen_k, BLOCK_N)
     if SPLIT_BLOCK > 0:  # this split's keys only (whole blocks of SPLIT_BLOCK, a multiple of BLOCK_N)
         lo, full_lo, full_hi, hi = split_keys(lo, full_lo, full_hi, hi, split, seqlen_k, num_splits, SPLIT_BLOCK)
-    # the tiles that cross the lower bound, those inside the window, those that cross the upper bound or
-    # hold the seqlen_k tail
-    acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
-                           stride_vs, lo, full_lo, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_q,
-                           seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, bias, stride_bm,
-                           stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block, MASK=True, SOFTCAP=SOFTCAP,
-                           PAGED=PAGED, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
-                           INTERPRETED=INTERPRETED, IEEE=IEEE)
-    acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
-                           stride_vs, full_lo, full_hi, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
-                           seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, bias,
-                           stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block, MASK=False,
-                           SOFTCAP=SOFTCAP, PAGED=PAGED, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
-                           EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
-    acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
-                           stride_vs, full_hi, hi, offs_m, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_q,
-                           seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, bias, stride_bm,
-                           stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block, MASK=True, SOFTCAP=SOFTCAP,
-                           PAGED=PAGED, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
-                           INTERPRETED=INTERPRETED, IEEE=IEEE)
-
+    acc, l_i, m_i = _visible(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
+                             stride_vs, lo, full_lo, full_hi, hi, offs_m, offs_n, offs_d, offs_dv, head_dim,
+                             head_dim_v, seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale,
+                             inv_cap_scale, bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn,
+                             mask_block, SOFTCAP=SOFTCAP, PAGED=PAGED, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_N=BLOCK_N,
+                             EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
     out, lse, log2l, seen = finish_rows(acc, l_i, m_i, tl.load(Sinks + off_h), qk_scale, BIAS=BIAS)
     rows = split * stride_lsplit + off_b * stride_lb + off_h * stride_lh + bos_q + offs_m
     in_seq = offs_m < seqlen_q
@@ -334,33 +341,16 @@ def _decode(Q, K, V, Out, Lse, BlockTable, CacheSeqlens, Alibi, Sinks,  #
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     diag = seqlen_k - seqlen_q
-    # the keys some row sees: query 0's lower bound to query seqlen_q - 1's upper one; every row sees those
-    # between query seqlen_q - 1's lower bound and query 0's upper one, whole tiles of them unmasked
-    lo = tl.maximum(diag - left, 0) // BLOCK_N * BLOCK_N
-    hi = tl.maximum(tl.minimum(seqlen_q + diag + right, seqlen_k), lo)
-    full_lo = tl.minimum(tl.maximum((tl.maximum(seqlen_q - 1 + diag - left, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N,
-                                    lo), hi)
-    full_hi = tl.maximum(tl.minimum(tl.minimum(diag + right + 1, seqlen_k) // BLOCK_N * BLOCK_N, hi), full_lo)
+    # the keys some row sees, and those every row sees, of queries 0 .. seqlen_q - 1 (whatever their head)
+    lo, full_lo, full_hi, hi = visible_tiles(0, seqlen_q, diag - left, diag + right, seqlen_k, BLOCK_N)
     if SPLIT_BLOCK > 0:
         lo, full_lo, full_hi, hi = split_keys(lo, full_lo, full_hi, hi, split, seqlen_k, num_splits, SPLIT_BLOCK)
-    acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
-                           stride_vs, lo, full_lo, offs_i, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_q,
-                           seqlen_k, diag, left, right, slope[:, None], qk_scale, cap_scale, inv_cap_scale, Alibi, 0,
-                           0, 1.0, Alibi, 0, 0, 1, MASK=True, SOFTCAP=SOFTCAP, PAGED=True, BIAS=False,
-                           BLOCKS=False, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED,
-                           IEEE=IEEE)
-    acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
-                           stride_vs, full_lo, full_hi, offs_i, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
-                           seqlen_q, seqlen_k, diag, left, right, slope[:, None], qk_scale, cap_scale, inv_cap_scale,
-                           Alibi, 0, 0, 1.0, Alibi, 0, 0, 1, MASK=False, SOFTCAP=SOFTCAP, PAGED=True, BIAS=False,
-                           BLOCKS=False, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED,
-                           IEEE=IEEE)
-    acc, l_i, m_i = _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
-                           stride_vs, full_hi, hi, offs_i, offs_n, offs_d, offs_dv, head_dim, head_dim_v, seqlen_q,
-                           seqlen_k, diag, left, right, slope[:, None], qk_scale, cap_scale, inv_cap_scale, Alibi, 0,
-                           0, 1.0, Alibi, 0, 0, 1, MASK=True, SOFTCAP=SOFTCAP, PAGED=True, BIAS=False,
-                           BLOCKS=False, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED,
-                           IEEE=IEEE)
+    acc, l_i, m_i = _visible(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kb, stride_ks, stride_vb,
+                             stride_vs, lo, full_lo, full_hi, hi, offs_i, offs_n, offs_d, offs_dv, head_dim,
+                             head_dim_v, seqlen_q, seqlen_k, diag, left, right, slope[:, None], qk_scale, cap_scale,
+                             inv_cap_scale, Alibi, 0, 0, 1.0, Alibi, 0, 0, 1, SOFTCAP=SOFTCAP, PAGED=True, BIAS=False,
+                             BLOCKS=False, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED,
+                             IEEE=IEEE)
     z_raw = tl.load(Sinks + offs_h)
     out, lse, _, _ = finish_rows(acc, l_i, m_i, z_raw, qk_scale, BIAS=False)
     tl.store(Lse + split * stride_lsplit + off_b * stride_lb + offs_h * stride_lh + offs_i, lse, mask=in_rows)
