@@ -108,8 +108,12 @@ def _time(fn) -> float:
 
 
 def time_row(subject: Subject, config: Config, device, *, modes=("fwd", "bwd"), tune: bool = False) -> dict:
-    """Validate, optionally tune (bundled Triton kernels), then time one subject on one configuration."""
+    """Validate, optionally tune (bundled Triton kernels), then time one subject on one configuration; a
+    subject without a backward (FlashInfer) times its forward only, and its row says so."""
     row = {"kernel": subject.name, **dataclasses.asdict(config), "batch": config.batch, "nheads": config.nheads}
+    if "bwd" in modes and not subject.caps.backward:
+        modes = tuple(m for m in modes if m != "bwd")
+        row["note"] = "forward only: the subject has no backward"
     check = evaluate(subject, config.case(small=True), device, mode="both" if "bwd" in modes else "fwd")
     row["validated"] = check.status
     if check.status != "pass":
@@ -190,10 +194,22 @@ def _fastest(candidates: list, run) -> object:
     return min(timed, key=lambda p: p[0])[1]
 
 
+# Other libraries' kernels a run may time beside ours (the adapters): each row's speed against theirs of
+# the same configuration and variant, where the run has it
+ANCHORS = ("flash-attn-4", "flash-attn-3", "flash-attn", "flashinfer")
+
+
+def anchors(rows: list) -> list:
+    """The ANCHORS the run timed: a column each."""
+    timed = {r["kernel"] for r in rows}
+    return [a for a in ANCHORS if a in timed]
+
+
 def ratios(rows: list) -> list:
     """Add each row's ratio to sdpa-flash and sdpa-cudnn measured in the same run (their dense rows: a
-    variant's speed against dense attention's), and a variant row's time over the same subject's dense
-    row's and speed against flex's row of the same variant."""
+    variant's speed against dense attention's) and to each anchor library's row of the same variant, and
+    a variant row's time over the same subject's dense row's and speed against flex's row of the same
+    variant."""
     def key(r, kernel=None, variant=None):
         return (kernel or r["kernel"], r["dtype"], r["head_dim"], r["causal"], r["seqlen"],
                 variant or r.get("variant", "dense"))
@@ -207,6 +223,10 @@ def ratios(rows: list) -> list:
                 b = by_key.get(key(r, kernel=base, variant="dense"))
                 theirs = b.get(f"{mode}_tflops") if b else None
                 r[f"{mode}_vs_{base}"] = mine / theirs if mine and theirs else math.nan
+            for anchor in anchors(rows):
+                a = by_key.get(key(r, kernel=anchor))
+                theirs = a.get(f"{mode}_tflops") if a and a is not r else None
+                r[f"{mode}_vs_{anchor}"] = mine / theirs if mine and theirs else math.nan
             if r.get("variant", "dense") != "dense":
                 ms, dense_ms = r.get(f"{mode}_ms"), dense.get(f"{mode}_ms") if dense else None
                 r[f"{mode}_time_vs_dense"] = ms / dense_ms if ms and dense_ms else math.nan
@@ -225,7 +245,7 @@ VARIANT_HEADERS = HEADERS[:5] + ["variant"] + HEADERS[5:8] + ["time / dense", "v
 
 def table_rows(rows: list) -> list:
     from faverify.report import fmt
-    variants = _varied(rows)
+    variants, others = _varied(rows), anchors(rows)
     out = []
     for r in rows:
         row = [r["kernel"], r["dtype"], str(r["head_dim"]), "yes" if r["causal"] else "no", str(r["seqlen"])]
@@ -233,6 +253,7 @@ def table_rows(rows: list) -> list:
         for mode in ("fwd", "bwd"):
             row += [fmt(r.get(f"{mode}_tflops"), ".1f"), fmt(r.get(f"{mode}_vs_sdpa-flash"), ".2f"),
                     fmt(r.get(f"{mode}_vs_sdpa-cudnn"), ".2f")]
+            row += [fmt(r.get(f"{mode}_vs_{a}"), ".2f") for a in others]
             row += [fmt(r.get(f"{mode}_time_vs_dense"), ".2f"), fmt(r.get(f"{mode}_vs_flex"), ".2f")] if variants else []
         out.append(row + [r["validated"], " ".join(f"{k}:{v}" for k, v in r.get("tiles", {}).items())
                           or r.get("note", "")])
@@ -245,7 +266,14 @@ def _varied(rows: list) -> bool:
 
 
 def headers(rows: list) -> list:
-    return VARIANT_HEADERS if _varied(rows) else HEADERS
+    """HEADERS, with the variant's columns if a row is of one, and after each direction's "vs cudnn" a
+    column per anchor library the run timed."""
+    names = VARIANT_HEADERS if _varied(rows) else HEADERS
+    extra = [f"vs {a}" for a in anchors(rows)]
+    out = []
+    for name in names:
+        out += [name] + (extra if name == "vs cudnn" else [])
+    return out
 
 
 def markdown(rows: list, command: str, environment: list, interrupted: bool = False) -> str:

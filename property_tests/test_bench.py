@@ -67,3 +67,12 @@ def test_a_backward_that_retains_its_graph_is_timed_alone(monkeypatch):
     monkeypatch.setattr(bench, "_time", lambda fn: (fn(), fn(), 2.5)[-1])
     row = bench.time_row(resolve("sdpa-math"), bench.Config("fp32", 16, True, 64), "cpu")
     assert row["bwd_ms"] == 2.5 and row["fwd_ms"] == 2.5 and "bwd_timing" not in row, row
+
+
+def test_a_subject_without_a_backward_is_timed_forward_only_and_says_so(monkeypatch):
+    monkeypatch.setattr(bench, "_time", lambda fn: (fn(), 1.5)[-1])
+    math = resolve("sdpa-math")
+    forward_only = dataclasses.replace(math, name="forward-only", caps=dataclasses.replace(math.caps, backward=False))
+    row = bench.time_row(forward_only, bench.Config("fp32", 16, True, 64), "cpu")
+    assert row["validated"] == "pass" and row["fwd_ms"] == 1.5 and "bwd_ms" not in row, row
+    assert row["note"] == "forward only: the subject has no backward"

@@ -184,3 +184,18 @@ def test_bench_variants_count_their_pairs_and_compare_with_dense_and_flex():
     assert [r[5] for r in table_rows(rows)] == ["dense", "window=256", "window=256", "dense"]
     titles = [c["title"] for c in _charts(bench_markdown(rows, "bench", ["GPUs: test"]))]
     assert any("window=256" in t for t in titles) and any("window" not in t for t in titles)
+
+
+def test_bench_rows_compare_with_each_library_the_run_timed():
+    """With flash-attn-4 (an anchor library, bench.ANCHORS) in the run, every row gets its speed against
+    flash-attn-4's row of the same configuration and variant, a column per direction; without it, none."""
+    from faverify.bench import headers, ratios, table_rows
+    rows = [dict(_bench_row(k, 1024, f, b, causal=True), variant="dense")
+            for k, f, b in (("triton", 400.0, 300.0), ("flash-attn-4", 500.0, 600.0), ("sdpa-cudnn", 450.0, 520.0))]
+    rows = ratios(rows)
+    assert rows[0]["fwd_vs_flash-attn-4"] == pytest.approx(0.8) and rows[0]["bwd_vs_flash-attn-4"] == pytest.approx(0.5)
+    assert math.isnan(rows[1]["fwd_vs_flash-attn-4"])  # itself
+    head = headers(rows)
+    assert head.count("vs flash-attn-4") == 2 and len(head) == len(table_rows(rows)[0])
+    assert table_rows(rows)[0][head.index("vs flash-attn-4")] == "0.80"
+    assert "vs flash-attn-4" not in headers(ratios([r for r in rows if r["kernel"] != "flash-attn-4"]))
