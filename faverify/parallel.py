@@ -11,7 +11,7 @@ from typing import Callable
 from hypothesis import Phase, given, seed
 from hypothesis.errors import Flaky
 
-from faverify.case import BATCH_FEATURES, Case
+from faverify.case import Case
 from faverify.collector import Failure, KernelStats
 from faverify.isolation import Task
 from faverify.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings
@@ -226,14 +226,13 @@ def shrink_all(plan: FuzzPlan, pending: list, workers: list, shrunk: dict) -> No
 
 def warmup_cases(name: str, plan: FuzzPlan) -> list:
     """The subject's warm-up cases for the plan's dtypes, and for the gradient check's dtype (fp32 where
-    the subject has it) when the plan runs the check; only those whose features the plan draws (a dense
-    fuzz compiles no variant build), the batch layouts being the subject's own."""
+    the subject has it) when the plan runs the check, and for the features the plan draws (a dense fuzz
+    compiles no variant build)."""
     from faverify.gradcheck import dtype_for
     from faverify.subjects import resolve
     subject = resolve(name)
     if subject.warmup is None:
         return []
     extra = dtype_for(subject) if plan.gradcheck_every > 0 else None
-    drawn = set(plan.case_args()["features"]) | set(BATCH_FEATURES)
-    return [c for c in subject.warmup(tuple(dict.fromkeys(plan.dtypes + ((extra,) if extra else ()))))
-            if set(c.features()) <= drawn]
+    return list(subject.warmup(tuple(dict.fromkeys(plan.dtypes + ((extra,) if extra else ()))),
+                               tuple(plan.case_args()["features"])))

@@ -208,14 +208,11 @@ def test_the_warm_up_compiles_each_common_variant_build_once(kind):
     warm = variant_warmup_cases(("bf16", "fp16"), kind)
     builds = {(c.dtype, block_d(c.head_dim), c.head_dim == block_d(c.head_dim), c.softcap > 0, c.seqlen_q <= 16,
                c.window, c.causal, c.alibi, c.sinks, c.bias, c.bias_dtype, c.bias_grad, c.mask) for c in warm}
-    # dtypes x head dims 64, 128 x its switch sets: 15 sets of window, softcap, ALiBi and sinks, the 7
-    # without a window causal or not
-    hopper = 2 * 2 * (15 + 7) if kind == "triton" else 0
     # per padded head dim, dtype and softcap, the fast build and the generic one: the paged decode's and
     # prefill's tiles; for triton, the plain build, and (generic) a bias's in the inputs' dtype and in
     # fp32, each with and without its gradient, and a block mask's
     each = {"triton": 2 + 5, "triton-varlen": 2, "triton-paged": 4}[kind]
-    assert len(builds) == len(warm) == len(BLOCK_DS) * 2 * 2 * each + hopper
+    assert len(builds) == len(warm) == len(BLOCK_DS) * 2 * 2 * each
     subject = resolve(kind)
     assert all(subject.unsupported(c, DEVICE) is None for c in warm), [subject.unsupported(c, DEVICE) for c in warm]
     small = next(c for c in warm if c.head_dim == 16 and c.softcap > 0 and c.alibi != "off")
@@ -384,3 +381,25 @@ def test_the_packed_decode_matches_fp64_and_so_does_the_per_head_path(name, pack
     assert r.status == "pass", (r.status, r.reason)
     assert r.paths and all(p.startswith("fwd variant decode" if packed else "fwd variant paged") for p in r.paths), \
         r.paths
+
+
+def test_the_warm_up_compiles_only_what_the_drawn_features_need():
+    """subject.for_features: a fuzz that draws no feature warms the dense kernels only; one that draws
+    windows warms no softcap, bias or block-mask build, and its cases keep the window but drop ALiBi (a
+    runtime value: no build of its own); the Hopper forward's builds (its window, ALiBi and sinks are
+    compile-time) only for switch sets wholly drawn: 15 sets of window, softcap, ALiBi and sinks, the 7
+    without a window causal or not, at head dims 64 and 128 and each 16-bit dtype."""
+    from faverify.case import FEATURES
+    from faverify.kernels.triton.subject import WARMUPS, hopper_variant_warmup_cases
+    dtypes = ("bf16", "fp16")
+    assert len(hopper_variant_warmup_cases(dtypes)) == 2 * 2 * (15 + 7)
+    everything = WARMUPS["triton"](dtypes, FEATURES)
+    dense = WARMUPS["triton"](dtypes, ())
+    assert dense and all(c.features() == () for c in dense) and len(dense) < len(everything)
+    windows = WARMUPS["triton"](dtypes, ("window",))
+    assert {c.features() for c in windows} == {(), ("window",)}
+    assert len(WARMUPS["triton"](dtypes, ("window",))) < len(WARMUPS["triton"](dtypes, ("window", "softcap")))
+    assert len({c for c in everything}) == len(everything)  # no case twice
+    paged = WARMUPS["triton-paged"](dtypes, ("paged",))
+    assert paged and all(set(c.features()) <= {"paged", "splits"} for c in paged)
+    assert all(c.softcap == 0 for c in paged)

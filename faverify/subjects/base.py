@@ -163,11 +163,12 @@ class Subject:
     fn: Callable
     caps: Capabilities
     description: str = ""
-    # Cases that together make the subject compile every variant it can run for the given dtypes (a JIT
-    # compiles per set of compile-time constants). A parallel fuzz runs them first, spread over its
-    # workers, so each variant compiles once and lands in the on-disk cache before the cases start,
-    # instead of every worker compiling every variant itself. None: nothing to compile ahead.
-    warmup: Callable[[tuple], list] | None = None
+    # warmup(dtypes, features): cases that together make the subject compile every variant it can run for
+    # the given dtypes and drawn features (a JIT compiles per set of compile-time constants; a feature the
+    # fuzz does not draw needs no build). A parallel fuzz runs them first, spread over its workers, so each
+    # variant compiles once and lands in the on-disk cache before the cases start, instead of every worker
+    # compiling every variant itself. None: nothing to compile ahead.
+    warmup: Callable[[tuple, tuple], list] | None = None
     # The code paths its kernels took since the last call, which starts a new list (e.g. ["fwd hopper",
     # "bwd triton"]): each case reports them, a fuzz counts the cases per path. None: not told.
     paths: Callable[[], list] | None = None

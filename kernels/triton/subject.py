@@ -1,6 +1,7 @@
 """The `triton` subject: the bundled Triton kernels under test."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import torch
@@ -80,8 +81,7 @@ def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
     runtime values, q/k and v share one padding): each padded head dim, softcap on or off, the head dim
     that fills its padding (the fast build, variant_interface.fast_build) and one less (the generic); the
     paged decode's tiles of 16 query rows and its prefill's; for triton the bias and block-mask builds
-    (generic whatever the head dim), and the Hopper forward's builds (interface._hopper_variant) at its head dims. (At those, 16-bit
-    and aligned, triton's forward is the Hopper one: its variant forward's fast build runs on other GPUs.)"""
+    (generic whatever the head dim). The Hopper forward's builds are hopper_variant_warmup_cases'."""
     from faverify.case import BIAS_DTYPES, Case
     from faverify.kernels.triton.common import BLOCK_DS
 
@@ -108,15 +108,13 @@ def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
                               for bias_dtype in BIAS_DTYPES for grad in (True, False)),
                             dict(mask="block", mask_block=16, mask_rate=50, mask_shape="shared"))
                             if head_dim == bd]
-    if kind == "triton":
-        out += hopper_variant_warmup_cases(dtypes)
     return out
 
 
 def hopper_variant_warmup_cases(dtypes: tuple) -> list:
     """The Hopper forward's variant builds (forward_hopper.py's WINDOW, SOFTCAP, ALIBI, SINKS, each set of
-    them a build a fuzz draws; CAUSAL orders the blocks where no window is set) at its head dims, 16-bit, seqlens that are no multiples of 16 (the
-    build specialized on nothing; forward_hopper.kernel)."""
+    them a build a fuzz draws; CAUSAL orders the blocks where no window is set) at its head dims, 16-bit,
+    seqlens that are no multiples of 16 (the build specialized on nothing; forward_hopper.kernel)."""
     from faverify.case import Case
     switches = []
     for window, softcap, alibi, sinks in itertools.product((False, True), repeat=4):
@@ -128,9 +126,35 @@ def hopper_variant_warmup_cases(dtypes: tuple) -> list:
             for bd in (64, 128) for dtype in dtypes if dtype in ("bf16", "fp16") for sw in switches]
 
 
-WARMUPS = {"triton": lambda dtypes: warmup_cases(dtypes) + variant_warmup_cases(dtypes),
-           "triton-varlen": lambda dtypes: variant_warmup_cases(dtypes, "triton-varlen"),
-           "triton-paged": lambda dtypes: variant_warmup_cases(dtypes, "triton-paged")}
+# The variant features the variant kernels take as runtime values, with no build of their own: a warm-up
+# case wears them only to reach those kernels. Every other feature is a compile-time switch (softcap, a
+# bias, a block mask) or the subject's batch layout; the Hopper forward compiles its window, ALiBi and
+# sinks as well.
+RUNTIME_FEATURES = {"window": (-1, -1), "alibi": "off", "sinks": "off", "head_dim_v": None}
+
+
+def for_features(cases: list, features: tuple, runtime: tuple = tuple(RUNTIME_FEATURES)) -> list:
+    """The warm-up cases a fuzz drawing `features` needs: the runtime features it does not draw turned off
+    (a case may then take the dense kernels, whose warm-up it is), and the cases that still use a feature
+    it does not draw left out. The batch layouts (varlen, paged, splits) are the subject's own."""
+    from faverify.case import BATCH_FEATURES
+    drawn = set(features) | set(BATCH_FEATURES)
+    out: list = []
+    for case in cases:
+        off = {f: RUNTIME_FEATURES[f] for f in runtime if f in case.features() and f not in drawn}
+        case = dataclasses.replace(case, **off) if off else case
+        if set(case.features()) <= drawn and case not in out:
+            out.append(case)
+    return out
+
+
+WARMUPS = {"triton": lambda dtypes, features: (
+               for_features(warmup_cases(dtypes) + variant_warmup_cases(dtypes), features)
+               + for_features(hopper_variant_warmup_cases(dtypes), features, runtime=())),
+           "triton-varlen": lambda dtypes, features: for_features(variant_warmup_cases(dtypes, "triton-varlen"),
+                                                                  features),
+           "triton-paged": lambda dtypes, features: for_features(variant_warmup_cases(dtypes, "triton-paged"),
+                                                                 features)}
 
 
 DESCRIPTIONS = {"triton": "bundled FlashAttention-2 in Triton, dense and every variant",
