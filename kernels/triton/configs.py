@@ -101,6 +101,9 @@ def tuning_candidates(kind: str, block_d: int, elem: int, capability_major: int 
 _INTERPRETED = {"fwd": Tile(64, 32, 4, 1), "dkdv": Tile(32, 64, 4, 1), "dq": Tile(64, 32, 4, 1)}
 
 
+DECODE_TILE = 16  # the decode kernel's rows: a GQA group's query heads (times its few queries), packed
+
+
 def decode(elem: int, fast: bool) -> Tile:
     """The tile of the paged decode kernel (variant_forward._decode): 16 rows (a GQA group's query heads,
     packed), keys in tiles that divide the split block (variant_interface.SPLIT_BLOCK). The 16-bit fast
@@ -108,8 +111,8 @@ def decode(elem: int, fast: bool) -> Tile:
     build, whose loads are element by element, and fp32 take 16 (at 32 keys the generic build kept 168-272
     bytes of stack at head dims 128 and 256; the AOT report). Not yet timed on a GPU."""
     if INTERPRET:
-        return Tile(16, 32, 4, 1)  # M: variant_interface.DECODE_TILE
-    return Tile(16, 64, 4, 2) if fast and elem == 2 else Tile(16, 16, 4, 1)
+        return Tile(DECODE_TILE, 32, 4, 1)
+    return Tile(DECODE_TILE, 64, 4, 2) if fast and elem == 2 else Tile(DECODE_TILE, 16, 4, 1)
 
 
 def _fp32(kind: str, block_d: int) -> Tile:

@@ -309,9 +309,9 @@ def num_splits_for(batch: int, nheads: int, seqlen_q: int, max_cache: int, sms: 
     than the GPU's SMs, into enough splits to fill them, no more than the cache has blocks of SPLIT_BLOCK
     keys, and at most 64 (the combine reads every split of a row). A program is a (batch, head, tile of 64
     queries), or, where the decode kernel packs a GQA group into its rows (variant_interface.packs_decode;
-    nheads_k given), a (batch, kv head, tile of DECODE_TILE rows)."""
+    nheads_k given), a (batch, kv head, tile of configs.DECODE_TILE rows)."""
     if nheads_k and _var.packs_decode(seqlen_q):
-        programs = batch * nheads_k * -(-max(seqlen_q, 1) * (nheads // nheads_k) // _var.DECODE_TILE)
+        programs = batch * nheads_k * -(-max(seqlen_q, 1) * (nheads // nheads_k) // configs.DECODE_TILE)
     else:
         programs = batch * nheads * -(-max(seqlen_q, 1) // 64)
     if programs >= sms:

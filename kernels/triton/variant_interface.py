@@ -26,7 +26,6 @@ SPLIT_BLOCK = 32 if INTERPRET else 64
 # has not run on a GPU yet: there it is taken only with FAVERIFY_PACKED_DECODE=1; the interpreter takes it
 # unless FAVERIFY_PACKED_DECODE=0.
 DECODE_ROWS = 16
-DECODE_TILE = 16  # the rows of its tile (configs.decode)
 PACKED_DECODE = os.environ.get("FAVERIFY_PACKED_DECODE", "1" if INTERPRET else "0") == "1"
 
 
@@ -209,8 +208,15 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
         return out.zero_(), lse.fill_(float("-inf")), rows, splits
     target_out, target_lse = splits if split else (out, lse)
     fast = fast_build(var, q, v, k, target_out)
+    if split:  # (batch, seq, head, split) strides of the partials, (batch, head, split) of their lse
+        o_strides = (target_out.stride(1), target_out.stride(2), target_out.stride(3), target_out.stride(0))
+        l_strides = (target_lse.stride(1), target_lse.stride(2), target_lse.stride(0))
+    else:
+        o_strides = _qstrides(out, varlen) + (0,)
+        l_strides = _lse_strides(lse, varlen) + (0,)
     if paged and packs_decode(sq) and not var.masked and rows is None:
-        _decode(q, k, v, var, block_table, cache_seqlens, target_out, target_lse, num_splits, fast, emulate)
+        _decode(q, k, v, var, block_table, cache_seqlens, target_out, target_lse, o_strides + l_strides,
+                num_splits, fast, emulate)
         if split:
             combine(*splits, out, lse, emulate=emulate)
         return out, lse, rows, splits
@@ -223,12 +229,6 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
     f32 = torch.empty(0, dtype=torch.float32, device=q.device)
     alibi, stride_ab, sinks = var.tensors(q)
     masks, switches = var.masks(q)
-    if split:
-        o_strides = (target_out.stride(1), target_out.stride(2), target_out.stride(3), target_out.stride(0))
-        l_strides = (target_lse.stride(1), target_lse.stride(2), target_lse.stride(0))
-    else:
-        o_strides = _qstrides(out, varlen) + (0,)
-        l_strides = _lse_strides(lse, varlen) + (0,)
     # paged pools are [pages, page_size, hk, d]: their page stride takes the batch stride's place
     k_strides, v_strides = _qstrides(k, varlen), _qstrides(v, varlen)
     _LAUNCHED.append("fwd variant" + (" varlen" if varlen else " paged" if paged else "") + (" split" if split else "")
@@ -251,18 +251,14 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
     return out, lse, rows, splits
 
 
-def _decode(q, k, v, var: Variant, block_table, cache_seqlens, out, lse, num_splits: int, fast: bool, emulate) -> None:
+def _decode(q, k, v, var: Variant, block_table, cache_seqlens, out, lse, strides: tuple, num_splits: int, fast: bool,
+            emulate) -> None:
     """Launch variant_forward._decode: q [b, sq, h, d] against pools [pages, page_size, hk, d]; out and lse
-    are the outputs' (num_splits 0) or the split partials' ([splits, b, sq, h, dv], [splits, b, h, sq])."""
+    are the outputs' (num_splits 0) or the split partials' ([splits, b, sq, h, dv], [splits, b, h, sq]),
+    strides theirs as forward() passes them to _fwd."""
     batch, sq, h, d = q.shape
     hk, dv = k.shape[2], v.shape[3]
     split = num_splits > 0
-    if split:
-        o_strides = (out.stride(1), out.stride(2), out.stride(3), out.stride(0))
-        l_strides = (lse.stride(1), lse.stride(2), lse.stride(0))
-    else:
-        o_strides = (out.stride(0), out.stride(1), out.stride(2), 0)
-        l_strides = (lse.stride(0), lse.stride(1), 0)
     alibi, stride_ab, sinks = var.tensors(q)
     tile = configs.decode(q.element_size(), fast)
     _LAUNCHED.append("fwd variant decode" + (" split" if split else "") + ("" if fast else " generic"))
@@ -270,7 +266,7 @@ def _decode(q, k, v, var: Variant, block_table, cache_seqlens, out, lse, num_spl
     with quiet():
         _build(_vfwd, "_decode_kernel", fast)[grid](
             q, k, v, out, lse, block_table, cache_seqlens, alibi, sinks,
-            q.stride(0), q.stride(1), q.stride(2), *_qstrides(k, False), *_qstrides(v, False), *o_strides, *l_strides,
+            q.stride(0), q.stride(1), q.stride(2), *_qstrides(k, False), *_qstrides(v, False), *strides,
             stride_ab, block_table.stride(0), hk, h // hk, sq, d, dv, k.shape[1], max(1, num_splits),
             var.qk_scale, var.init_value, **var.runtime(), **var.switches(), SPLIT_BLOCK=SPLIT_BLOCK if split else 0,
             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps, num_stages=tile.num_stages,
