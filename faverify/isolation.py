@@ -153,6 +153,10 @@ class Worker:
                     return failure(self.kernel, case, "crash", f"the worker could not load the subject: {payload}",
                                    "crash", self.device)
                 result = CaseResult.from_dict(payload)
+                if self.ready and result.seconds:
+                    # the round trip less the worker's own time on the case: sending the case, returning
+                    # its result (tensors' metrics, not tensors), and this process's turn to collect it
+                    result.phases["transfer"] = max(0.0, time.monotonic() - self.sent_at - result.seconds)
                 if result.status == "crash":
                     self.stop()
                 return result

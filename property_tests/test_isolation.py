@@ -1,6 +1,7 @@
 """Crash isolation: a subject that kills its process or hangs is a failing case, and the run finishes."""
 import dataclasses
 import json
+import time
 
 import pytest
 
@@ -38,11 +39,17 @@ def test_worker_results_match_in_process_results():
     case = Case(2, 33, 17, 4, 2, 40, dtype="fp16", causal=True, seed=3)
     w = Worker("sdpa-math", "cpu", "both", Tolerance().to_dict(), timeout=60)
     try:
+        start = time.monotonic()
         remote = w.evaluate(case)
+        again = w.evaluate(case)
+        round_trip = time.monotonic() - start
     finally:
         w.stop()
     local = evaluate(resolve("sdpa-math"), case, "cpu")
     assert remote.status == local.status == "pass"
+    # the round trip beyond the worker's own time on the case is the case's "transfer" phase
+    assert 0 < again.phases["transfer"] and again.phases["transfer"] + again.seconds < round_trip
+    assert "transfer" not in local.phases
     assert json.dumps({t: m.max_abs for t, m in remote.metrics.items()}) == \
         json.dumps({t: m.max_abs for t, m in local.metrics.items()})
 
