@@ -54,7 +54,7 @@ _CHUNK_BUDGET = {"cpu": 64 << 20, "cuda": 1 << 30}  # bytes for one chunk's [row
 _TEMPORARIES = 6  # s, p, dp, ds and two products alive at once
 
 
-def _sech2(u):
+def sech2(u):
     """softcap's derivative d tanh(u) / du = 4 e^-2|u| / (1 + e^-2|u|)^2: 1 - tanh^2 cancels where tanh
     rounds to 1 (past |u| = 19 in FP64), which made the reference's dq and dk exactly 0 where the derivative
     is still e^-38 and more."""
@@ -139,7 +139,7 @@ def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales)
             if cap > 0:
                 u = rnd(s / cap)
                 s = rnd(cap * torch.tanh(u))
-                cap_slope = rnd(_sech2(u))
+                cap_slope = rnd(sech2(u))
             offset = sk - sq if variant.offset is None else variant.offset
             diag = torch.arange(i0, i1, device=dev)[:, None] + offset  # each row's diagonal key
             if slopes is not None:
