@@ -216,6 +216,14 @@ class Subject:
         return result, None, None
 
 
+def drain(log: list) -> list:
+    """What a subject appended to its path log since the last call, the log emptied (an adapter's
+    Subject.paths: functools.partial(drain, its log))."""
+    taken = list(log)
+    log.clear()
+    return taken
+
+
 def variant_keywords(case: Case, extras: dict, caps: Capabilities | None = None) -> dict:
     """The keywords of the variant features the case uses, and only those (a dense case calls a subject
     exactly as before); a mask in the form the subject takes (Capabilities.mask_form)."""
@@ -274,5 +282,5 @@ def takes_init(fn: Callable) -> bool:
         return False
 
 
-__all__ = ["Capabilities", "Subject", "Unsupported", "INITS", "KEYWORDS", "missing_keywords", "takes_init",
+__all__ = ["Capabilities", "Subject", "Unsupported", "INITS", "KEYWORDS", "drain", "missing_keywords", "takes_init",
            "variant_keywords"]

@@ -16,8 +16,10 @@ the verdict reads them.
 """
 from __future__ import annotations
 
+import functools
+
 from faverify.errors import EnvironmentProblem, Unsupported
-from faverify.subjects.base import Capabilities, Subject
+from faverify.subjects.base import Capabilities, Subject, drain
 
 FA2_PAGE = 256  # flash-attn 2's paged KV: a page holds a multiple of this many keys
 LAUNCHED: list = []  # the function each call took, in order (Subject.paths)
@@ -83,12 +85,6 @@ def flash_attn_call(lib, version: int):
     return fn
 
 
-def _take_paths() -> list:
-    taken = list(LAUNCHED)
-    LAUNCHED.clear()
-    return taken
-
-
 def make(name: str) -> Subject:
     lib = _library(name)
     version = 2 if name == "flash-attn" else 3
@@ -96,6 +92,6 @@ def make(name: str) -> Subject:
                         max_head_dim=256, lse=True, window=True, softcap=True, alibi=version == 2, varlen=True,
                         paged=True, page_sizes=(FA2_PAGE,) if version == 2 else None,
                         conventions=f"flash-attn-{version}")
-    return Subject(name=name, fn=flash_attn_call(lib, version), caps=caps, paths=_take_paths,
+    return Subject(name=name, fn=flash_attn_call(lib, version), caps=caps, paths=functools.partial(drain, LAUNCHED),
                    description=f"flash-attn {getattr(lib, '__version__', version)}: flash_attn_func, varlen and "
                                "with_kvcache (paged, forward only)")

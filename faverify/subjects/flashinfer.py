@@ -17,10 +17,12 @@ not yet checked on a GPU); head dims 64, 128 and 256, q/k's and v's alike.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from faverify.errors import EnvironmentProblem, Unsupported
-from faverify.subjects.base import Capabilities, Subject
+from faverify.subjects.base import Capabilities, Subject, drain
 from faverify.subjects.translate import flashinfer_paged, flashinfer_window
 
 HEAD_DIMS = (64, 128, 256)
@@ -116,16 +118,10 @@ def flashinfer_attention(q, k, v, *, causal: bool, softmax_scale=None, window_si
     return _dense(flashinfer, q, k, v, softmax_scale, causal, window_left, cap)
 
 
-def _take_paths() -> list:
-    taken = list(LAUNCHED)
-    LAUNCHED.clear()
-    return taken
-
-
 def make() -> Subject:
     flashinfer = _library()
     caps = Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",), min_head_dim=64, max_head_dim=256, lse=True,
                         backward=False, window=True, softcap=True, varlen=True, paged=True, conventions="flashinfer")
-    return Subject(name="flashinfer", fn=flashinfer_attention, caps=caps, paths=_take_paths,
+    return Subject(name="flashinfer", fn=flashinfer_attention, caps=caps, paths=functools.partial(drain, LAUNCHED),
                    description=f"FlashInfer {getattr(flashinfer, '__version__', '?')}: single prefill, batch "
                                "prefill (ragged and paged KV), batch decode (paged KV); forward only")
