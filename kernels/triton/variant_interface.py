@@ -223,7 +223,7 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
     tile = _tile("fwd", q, dv, varlen, var.masked, fast)
     # decode (a paged cache's few query rows) takes tiles of 16 rows; anything else the tile's, so that a
     # fuzz's many small seqlen_q compile no build of their own
-    block_m = 16 if paged and sq <= 16 else tile.block_m
+    block_m = configs.DECODE_TILE if paged and sq <= DECODE_ROWS else tile.block_m
     dims = _dims(d, dv, q, emulate, fast)
     dummy = torch.empty(0, dtype=torch.int32, device=q.device)
     f32 = torch.empty(0, dtype=torch.float32, device=q.device)
