@@ -36,9 +36,8 @@
 #                    256, 1024, 4096, softcap 30, ALiBi and sinks (a variant's time against dense, speed
 #                    against flex)
 #   bench-decode [240] faverify bench --decode: triton-paged against sdpa-flash, sdpa-cudnn and flex, bf16 d128,
-#                    caches 4k..128k, GQA 8, pages 16 and 64 (the cache read's bandwidth); then triton-paged
-#                    alone with FAVERIFY_PACKED_DECODE=1 (the decode kernel that packs a GQA group in its rows)
-#   fuzz-decode [300] FAVERIFY_PACKED_DECODE=1: triton-paged at 3000 cases, and the decode kernel's tests
+#                    caches 4k..128k, GQA 8, pages 16 and 64 (the cache read's bandwidth; 32 s on the H200)
+#   fuzz-decode [300] triton-paged at 3000 cases (most through the decode kernel), and the decode kernel's tests
 #   bench-cuda [150] the same for cuda
 #   doctor     [200] faverify doctor --level full
 #   sanitize   [240] compute-sanitizer memcheck and racecheck on devtools/sanitize_cases.py
@@ -123,11 +122,9 @@ for step in $steps; do
     mutants-full) run mutants-full 540 "^killed|^control|SURVIVED|NOT " python3 -m faverify mutants --iters 1000 \
       --json "$out/mutants-full.json" ;;
     bench-decode) run bench-decode 240 "^triton|^sdpa|^flex|copy|passed|failed" python3 -m faverify bench --decode \
-      --headdims 128 --dtype bf16 --json "$out/bench-decode.json"
-      FAVERIFY_PACKED_DECODE=1 run bench-decode-packed 120 "^triton|copy|passed|failed" python3 -m faverify bench \
-        --decode --kernel triton-paged --headdims 128 --dtype bf16 --json "$out/bench-decode-packed.json" ;;
+      --headdims 128 --dtype bf16 --json "$out/bench-decode.json" ;;
     fuzz-decode)
-      FAVERIFY_PACKED_DECODE=1 run fuzz-decode 240 "passed|failed|cases/s|warm-up|code path|minimal case|signature|interrupted" \
+      run fuzz-decode 240 "passed|failed|cases/s|warm-up|code path|minimal case|signature|interrupted" \
         python3 -m faverify fuzz --kernel triton-paged --iters 3000 --dtype bf16,fp16 --mode both --no-db \
         --json "$out/fuzz-decode.json"
       run decode-tests 60 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -rfs \

@@ -21,10 +21,12 @@ class Mutant:
     # None: every case runs it. A default fuzz on an H200 sends about 1 case in 8 to the Hopper forward:
     # 100 cases of each of its mutants reached it 0 to 4 times (H200, 2026-11), too few to test the verdicts.
     cases: dict | None = None
+    # the code paths that run the mutated code, where that is not every path of the file (_PATH_OF)
+    paths: tuple | None = None
 
     def reaches(self, path: str) -> bool:
-        """Whether a case that took this code path (interface.PATHS) ran the mutated file's code."""
-        return path.startswith(_PATH_OF[self.file])  # a prefix or a tuple of them
+        """Whether a case that took this code path (interface.PATHS) ran the mutated code."""
+        return path.startswith(self.paths or _PATH_OF[self.file])  # a prefix or a tuple of them
 
 
 # the prefix of interface.PATHS each kernel file's code runs under ("" : the launcher, every path)
@@ -173,9 +175,9 @@ HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, ru
 
 # The variant kernels (variant_forward.py, variant_backward.py, variant_interface.py): a bug of each class the
 # trackers of flash-attn, FlashInfer and vLLM show for the features, each fuzzed on cases that draw its feature.
-def _variant(name, file, site, new, bug, why, features, subject="triton", always_split=False):
+def _variant(name, file, site, new, bug, why, features, subject="triton", always_split=False, paths=None):
     ragged = subject != "triton"
-    return Mutant(name, file, site, new, bug, why, subject=subject,
+    return Mutant(name, file, site, new, bug, why, subject=subject, paths=paths,
                   cases=dict(features=features, **({"ragged_only": True} if ragged else {}),
                              **({"always_split": True} if always_split else {})))
 
@@ -240,6 +242,12 @@ VARIANT_MUTANTS = (
              "keys per split rounded down: the last split stops before the cache's end",
              "cache lengths that are multiples of splits x block hide it", ("paged", "splits"), "triton-paged",
              always_split=True),  # a case without splits never runs the cut
+    _variant("decode-rows-mixed-layouts", "variant_forward.py", "decode-rows", "offs_i = offs_r // group",
+             "the decode kernel takes a tile row's query index from the layout with a query's heads together "
+             "(r // group) and its head from the layout with a head's queries together (r // seqlen_q)",
+             "the two layouts agree at seqlen_q 1 and at group 1, the decodes most tests run; speculative "
+             "decoding's few query rows under GQA tell them apart", ("paged",), "triton-paged",
+             paths=("fwd variant decode",)),
 )
 MUTANTS = MUTANTS + HOPPER_MUTANTS + VARIANT_MUTANTS
 

@@ -325,7 +325,7 @@ def _decode(Q, K, V, Out, Lse, BlockTable, CacheSeqlens, Alibi, Sinks,  #
     n_rows = group * seqlen_q
     offs_r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_rows = offs_r < n_rows
-    offs_i = offs_r % seqlen_q  # each row's query index, and its head
+    offs_i = offs_r % seqlen_q  # each row's query index, and its head [mutant site: decode-rows]
     offs_h = off_hk * group + tl.minimum(offs_r, n_rows - 1) // seqlen_q  # row-major: a head's queries together
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)

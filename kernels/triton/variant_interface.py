@@ -22,11 +22,10 @@ from faverify.kernels.triton.common import seq_strides as _qstrides
 # several blocks each.
 SPLIT_BLOCK = 32 if INTERPRET else 64
 # A paged cache's few query rows (seqlen_q <= DECODE_ROWS) run the decode kernel (variant_forward._decode),
-# which packs the query heads of a kv head into one tile and reads each key tile once for them all. It
-# has not run on a GPU yet: there it is taken only with FAVERIFY_PACKED_DECODE=1; the interpreter takes it
-# unless FAVERIFY_PACKED_DECODE=0.
+# which packs the query heads of a kv head into one tile and reads each key tile once for them all.
+# FAVERIFY_PACKED_DECODE=0 sends them to the per-head forward instead (an A/B switch for bench and tests).
 DECODE_ROWS = 16
-PACKED_DECODE = os.environ.get("FAVERIFY_PACKED_DECODE", "1" if INTERPRET else "0") == "1"
+PACKED_DECODE = os.environ.get("FAVERIFY_PACKED_DECODE", "1") == "1"
 
 
 def packs_decode(seqlen_q: int) -> bool:
