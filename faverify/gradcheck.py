@@ -40,6 +40,7 @@ class GradCheck:
     passed: bool
     skipped: bool
     reason: str
+    error: str = ""  # the exception's type where the subject raised in the check
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -92,6 +93,13 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
             minus, _, _ = loss([t - h * e for t, e in zip(base, direction)])
     except (Unsupported, ValueError, NotImplementedError) as e:
         return _skip(dtype, f"{type(e).__name__}: {e}")
+    except (MemoryError, torch.OutOfMemoryError) as e:  # workers beside this one took it, as in runner._evaluate
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return _skip(dtype, f"out of memory for the check ({type(e).__name__})")
+    except Exception as e:  # the subject's failure in the check's dtype (flex: no kernel fits in fp32 at d192)
+        return GradCheck(dtype, h, 0.0, 0.0, math.inf, allowed, False, False,
+                         f"{dtype}: the subject raised {type(e).__name__}: {e}", error=type(e).__name__)
     grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(grads, base)]
     analytic = sum((gr.double() * e.double()).sum() for gr, e in zip(grads, direction))
     magnitude = sum((gr.double().abs()).sum() for gr in grads)

@@ -95,7 +95,8 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
         if not result.gradcheck["passed"] and not result.gradcheck["skipped"]:
             result.status = "fail"
             result.reason = "gradient check: " + result.gradcheck["reason"]
-            result.signatures = ["gradcheck"]
+            error = result.gradcheck.get("error")
+            result.signatures = [f"gradcheck:error:{error}" if error else "gradcheck"]
     result.seconds = time.perf_counter() - start
     result.phases = clock.laps
     result.device = str(device)

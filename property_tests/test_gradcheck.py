@@ -63,3 +63,20 @@ def test_a_forward_without_an_autograd_graph_is_skipped_not_a_crash():
         return correct(q, k, v, causal=causal, softmax_scale=softmax_scale).detach()
     g = directional(Subject("detached", detached, Capabilities()), Case(1, 8, 8, 1, 1, 16), torch.device("cpu"))
     assert g.skipped and "no autograd graph" in g.reason
+
+
+def test_a_subject_that_raises_in_the_checks_dtype_fails_the_check_not_the_worker():
+    """A kernel that passes in the case's dtype but raises in the check's (flex on the H200: no Triton
+    config fits the shared memory in fp32 at head dim 192) is a failing check with the subject's message
+    and a signature of its own, as a forward that raises is, not an exception out of the case."""
+    from faverify.runner import evaluate
+
+    def fp32_out_of_resources(q, k, v, *, causal, softmax_scale):
+        if q.dtype == torch.float32:
+            raise RuntimeError("No valid triton configs: out of resource")
+        return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    s = Subject("no-fp32-kernel", fp32_out_of_resources, Capabilities())
+    r = evaluate(s, Case(1, 16, 16, 1, 1, 16, dtype="bf16", seed=1), torch.device("cpu"), gradcheck=True)
+    assert r.status == "fail" and r.signatures == ["gradcheck:error:RuntimeError"], (r.status, r.signatures)
+    assert "fp32: the subject raised RuntimeError: No valid triton configs" in r.reason, r.reason
+    assert r.gradcheck["error"] == "RuntimeError" and not r.gradcheck["passed"]
