@@ -124,6 +124,7 @@ def time_row(subject: Subject, config: Config, device, *, modes=("fwd", "bwd"), 
     x = make_inputs(case, device, requires_grad=True)
     if tune and subject.name == "triton":
         row["tiles"] = _tune_triton(x, case)
+    subject.take_paths()  # the validation's and the tuning's launches are not the timed ones
     try:
         if "fwd" in modes:
             with torch.no_grad():
@@ -134,6 +135,8 @@ def time_row(subject: Subject, config: Config, device, *, modes=("fwd", "bwd"), 
             row.update(bwd_ms=ms, bwd_tflops=config.flops("bwd") / ms * 1e-9)
     except (RuntimeError, ValueError, NotImplementedError) as e:
         row["note"] = f"{type(e).__name__}: {str(e)[:200]}"
+    # which kernels the timed calls ran (a variant the Hopper forward declines times the portable one)
+    row["paths"] = sorted(set(subject.take_paths()))
     return row
 
 
@@ -236,7 +239,7 @@ def ratios(rows: list) -> list:
 
 
 HEADERS = ["kernel", "dtype", "d", "causal", "seqlen", "fwd TF/s", "vs flash", "vs cudnn", "bwd TF/s", "vs flash",
-           "vs cudnn", "FP64 check", "tiles / note"]
+           "vs cudnn", "FP64 check", "tiles / note / code paths"]
 # with variants: after seqlen the variant, and after each direction's ratios its time over the dense row's
 # and its speed against flex's
 VARIANT_HEADERS = HEADERS[:5] + ["variant"] + HEADERS[5:8] + ["time / dense", "vs flex"] + HEADERS[8:11] + \
@@ -256,7 +259,7 @@ def table_rows(rows: list) -> list:
             row += [fmt(r.get(f"{mode}_vs_{a}"), ".2f") for a in others]
             row += [fmt(r.get(f"{mode}_time_vs_dense"), ".2f"), fmt(r.get(f"{mode}_vs_flex"), ".2f")] if variants else []
         out.append(row + [r["validated"], " ".join(f"{k}:{v}" for k, v in r.get("tiles", {}).items())
-                          or r.get("note", "")])
+                          or r.get("note") or ", ".join(r.get("paths", []))])
     return out
 
 

@@ -99,6 +99,7 @@ def time_row(subject: Subject, config: DecodeConfig, device, peak: float) -> dic
         return row
     row["splits"] = case.splits
     x = make_inputs(case, device)
+    subject.take_paths()  # the validation's launches are not the timed ones
     try:
         with torch.no_grad():
             ms = _time(lambda: subject(x.q, x.k, x.v, case, x.extras()))
@@ -106,7 +107,7 @@ def time_row(subject: Subject, config: DecodeConfig, device, peak: float) -> dic
         row["note"] = f"{type(e).__name__}: {str(e)[:200]}"
         return row
     tbps = config.cache_bytes(x.q.element_size()) / (ms * 1e-3) * 1e-12
-    row.update(ms=ms, cache_tbps=tbps, of_copy=tbps * 1e12 / peak)
+    row.update(ms=ms, cache_tbps=tbps, of_copy=tbps * 1e12 / peak, paths=sorted(set(subject.take_paths())))
     return row
 
 
@@ -124,7 +125,7 @@ def ratios(rows: list) -> list:
 
 
 HEADERS = ["kernel", "dtype", "d", "cache", "batch", "page", "splits", "ms", "cache TB/s", "of copy", "vs sdpa-flash",
-           "vs flex", "FP64 check", "note"]
+           "vs flex", "FP64 check", "note / code paths"]
 
 
 def table_rows(rows: list) -> list:
@@ -132,4 +133,5 @@ def table_rows(rows: list) -> list:
     return [[r["kernel"], r["dtype"], str(r["head_dim"]), str(r["cache_len"]), str(r["batch"]),
              str(r["page_size"] or "-"), str(r.get("splits", "-")), fmt(r.get("ms"), ".3f"),
              fmt(r.get("cache_tbps"), ".2f"), fmt(r.get("of_copy"), ".2f"), fmt(r.get("vs_sdpa-flash"), ".2f"),
-             fmt(r.get("vs_flex"), ".2f"), r["validated"], r.get("note", "")] for r in rows]
+             fmt(r.get("vs_flex"), ".2f"), r["validated"], r.get("note") or ", ".join(r.get("paths", []))]
+            for r in rows]

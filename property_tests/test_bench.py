@@ -76,3 +76,23 @@ def test_a_subject_without_a_backward_is_timed_forward_only_and_says_so(monkeypa
     row = bench.time_row(forward_only, bench.Config("fp32", 16, True, 64), "cpu")
     assert row["validated"] == "pass" and row["fwd_ms"] == 1.5 and "bwd_ms" not in row, row
     assert row["note"] == "forward only: the subject has no backward"
+
+
+def test_a_row_names_the_code_paths_its_timed_calls_ran_and_only_those(monkeypatch):
+    """A variant the Hopper forward declines is timed on the portable kernels: the row says which ran. The
+    validation's launches (with grad, here) are not the timed ones (under no_grad)."""
+    monkeypatch.setattr(bench, "_time", lambda fn: (fn(), fn(), 1.0)[-1])
+    math, launched = resolve("sdpa-math"), []
+
+    def fn(q, k, v, **kwargs):
+        launched.append("fwd timed" if not torch.is_grad_enabled() else "fwd validated")
+        return math.fn(q, k, v, **kwargs)
+
+    def paths():
+        taken = list(launched)
+        launched.clear()
+        return taken
+    subject = dataclasses.replace(math, name="with-paths", fn=fn, paths=paths)
+    row = bench.time_row(subject, bench.Config("fp32", 16, True, 64), "cpu", modes=("fwd",))
+    assert row["validated"] == "pass" and row["paths"] == ["fwd timed"], row
+    assert bench.table_rows([row])[0][-1] == "fwd timed"

@@ -36,6 +36,9 @@ def test_a_paged_subject_is_timed_paged_and_split_by_its_rule_the_others_contigu
     assert paged["splits"] == num_splits_for(config.batch, 32, 1, 64, 8, 4)
     assert paged["cache_tbps"] == pytest.approx(config.cache_bytes(4) / 0.5e-3 * 1e-12)
     assert paged["of_copy"] == pytest.approx(paged["cache_tbps"])  # peak 1 TB/s
+    # the kernels the timed call ran, in the row and its table's last column: the packed decode
+    assert paged["paths"] == ["fwd variant decode split"], paged["paths"]
+    assert bench_decode.table_rows([paged])[0][-1] == "fwd variant decode split"
     dense = bench_decode.time_row(resolve("triton"), config, "cpu", peak=1e12)
     assert dense["validated"] == "pass" and dense["layout"] == "contiguous" and dense["page_size"] == 0
     assert timed[0][0].shape == timed[1][0].shape == (config.batch, 1, 32, 16)
