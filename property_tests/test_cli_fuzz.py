@@ -88,6 +88,8 @@ def test_database_replays_a_failure_first(tmp_path):
     (("fuzz", "--bogus-flag"), "No such option"),
     (("fuzz", "--dtype", "fp8"), "--dtype='fp8'"),
     (("fuzz", "--iters", "0"), "--iters=0: must be >= 1"),
+    (("fuzz", "--max-seqlen", "0"), "--max-seqlen=0: must be >= 1"),
+    (("mutants", "--max-seqlen", "0", "--device", "cpu"), "--max-seqlen=0: must be >= 1"),
     (("fuzz", "--iters", "many"), "many"),
     (("fuzz", "--device", "tpu"), "--device='tpu'"),
     (("fuzz", "--factor", "out=abc"), "--factor"),

@@ -62,6 +62,12 @@ def check_shrink_budget(budget: int) -> None:
 
 
 TimeoutOpt = Annotated[float, typer.Option(help="Seconds one case may take before its worker is killed")]
+MaxSeqlenOpt = Annotated[Optional[int], typer.Option(help="Longest seqlen drawn (default 256 on CPU, 2048 on GPU)")]
+
+
+def check_max_seqlen(max_seqlen: Optional[int]) -> None:
+    if max_seqlen is not None and max_seqlen < 1:
+        raise UsageError("--max-seqlen", max_seqlen, "must be >= 1")
 
 
 def tolerance_from(factor: Optional[str], atol: Optional[str], tight: Optional[str] = None):

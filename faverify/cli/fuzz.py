@@ -7,9 +7,9 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import (AtolOpt, TightOpt, DeviceOpt, FactorOpt, Mode, TimeoutOpt, check_shrink_budget,
-                                 check_timeout, check_writable, progress_bar, progress_factory, say,
-                                 tolerance_from)
+from faverify.cli.common import (AtolOpt, TightOpt, DeviceOpt, FactorOpt, MaxSeqlenOpt, Mode, TimeoutOpt,
+                                 check_max_seqlen, check_shrink_budget, check_timeout, check_writable, progress_bar,
+                                 progress_factory, say, tolerance_from)
 from faverify.case import LAYOUTS, REGIMES
 from faverify.errors import EnvironmentProblem, UsageError
 from faverify.signals import held, sigterm_interrupts
@@ -24,7 +24,7 @@ def fuzz(
     dtype: Annotated[str, typer.Option(help="Comma separated: bf16, fp16, fp32")] = "bf16,fp16",
     mode: Annotated[Mode, typer.Option(help="Check the forward (out, lse), the backward (dq, dk, dv) or both")] = Mode.both,
     device: DeviceOpt = "auto",
-    max_seqlen: Annotated[Optional[int], typer.Option(help="Longest seqlen drawn (default 256 on CPU, 2048 on GPU)")] = None,
+    max_seqlen: MaxSeqlenOpt = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the full results as JSON")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="Write the report as Markdown")] = None,
     features: Annotated[Optional[str], typer.Option(help="Variant features drawn, comma separated: window, softcap, "
@@ -68,8 +68,7 @@ def fuzz(
         raise UsageError("--seed", seed, "must be in 0..2^63-1")
     if gradcheck_every < 0:
         raise UsageError("--gradcheck-every", gradcheck_every, "must be >= 0")
-    if max_seqlen is not None and max_seqlen < 1:
-        raise UsageError("--max-seqlen", max_seqlen, "must be >= 1")
+    check_max_seqlen(max_seqlen)
     check_shrink_budget(shrink_budget)
     if workers is not None and workers < 1:
         raise UsageError("--workers", workers, "must be >= 1")

@@ -8,8 +8,8 @@ import typer
 
 from faverify.case import Case
 from faverify.cli.app import app
-from faverify.cli.common import (DeviceOpt, TimeoutOpt, check_shrink_budget, check_timeout, check_writable,
-                                 progress_bar, progress_factory)
+from faverify.cli.common import (DeviceOpt, MaxSeqlenOpt, TimeoutOpt, check_max_seqlen, check_shrink_budget,
+                                 check_timeout, check_writable, progress_bar, progress_factory)
 from faverify.errors import UsageError
 from faverify.signals import held, sigterm_interrupts
 
@@ -21,6 +21,7 @@ def mutants(
     seed: Annotated[int, typer.Option()] = 0,
     dtype: Annotated[str, typer.Option(help="Comma separated: bf16, fp16, fp32")] = "bf16,fp16",
     device: DeviceOpt = "auto",
+    max_seqlen: MaxSeqlenOpt = None,
     only: Annotated[Optional[str], typer.Option(help="Comma separated mutant names (default: all)")] = None,
     shrink_budget: Annotated[int, typer.Option(help="Evaluations spent shrinking each kill")] = 40,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON")] = None,
@@ -52,6 +53,7 @@ def mutants(
     if control_iters is not None and control_iters < 1:
         raise UsageError("--control-iters", control_iters, "must be >= 1")
     check_timeout(timeout)
+    check_max_seqlen(max_seqlen)
     check_shrink_budget(shrink_budget)
     check_writable("--json", json_path)
     names = [n.strip() for n in (only or ",".join(BY_NAME)).split(",") if n.strip()]
@@ -73,7 +75,7 @@ def mutants(
         jobs = min(8, max(1, cores() // 2)) if on_gpu else 1
     if workers is None:
         workers = devices.default_workers(targets[0])
-    plan = FuzzPlan(iters=iters, seed=seed, dtypes=dtypes, limits=limits_for(targets[0].type),
+    plan = FuzzPlan(iters=iters, seed=seed, dtypes=dtypes, limits=limits_for(targets[0].type, max_seqlen),
                     database=None, shrink_budget=shrink_budget)
     isolate = on_gpu if isolate is None else isolate
     if jobs > 1 and not isolate:
