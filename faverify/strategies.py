@@ -87,14 +87,17 @@ def seqlens(*, max_seqlen: int) -> st.SearchStrategy[int]:
 def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes: tuple = REGIMES,
           layouts: tuple = LAYOUTS, inits: tuple = INITS, causal: bool | None = None,
           head_dims: tuple = HEAD_DIMS, exact_head_dims: bool = False, features: tuple = (),
-          always_split: bool = False, ragged_only: bool = False, masks: tuple = MASKS[1:]) -> Case:
+          always_split: bool = False, ragged_only: bool = False, masks: tuple = MASKS[1:],
+          speculative: bool = False) -> Case:
     """A Case within `limits`. Arguments narrow the choices; each must be a non-empty subset. Head dims
     are drawn from head_dims or anywhere between its least and largest, or only from it (exact).
     features: the variant features (case.FEATURES) drawn, each on or off per case, after every dense
     field, so a dense draw is the same whatever the features; each shrinks to off. "varlen" and "paged"
     replace the batch by sequences of their own lengths (ragged); always_split: every case has splits
     (a split-KV combine's cases); ragged_only: every case varlen or paged (of those in features); masks:
-    the mask patterns drawn when features has "mask" (case.MASKS)."""
+    the mask patterns drawn when features has "mask" (case.MASKS); speculative: GQA groups of 2 or more
+    and, for paged cases, 2 to 16 query rows (a speculative decode: a packed decode tile then holds
+    several queries of several heads)."""
     for name, chosen, allowed in (("dtypes", dtypes, DTYPES), ("regimes", regimes, REGIMES),
                                   ("layouts", layouts, LAYOUTS), ("inits", inits, INITS)):
         if not chosen or not set(chosen) <= set(allowed):
@@ -112,8 +115,9 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
         head_dim = draw(st.sampled_from(head_dims))
     else:
         head_dim = draw(st.one_of(st.sampled_from(head_dims), st.integers(min(head_dims), max(head_dims))))
-    nheads_k = draw(st.integers(1, max(1, min(4, limits.max_heads))))
-    group = draw(st.sampled_from([g for g in GROUPS if g * nheads_k <= limits.max_heads] or [1]))
+    least = 2 if speculative else 1  # the group
+    nheads_k = draw(st.integers(1, max(1, min(4, limits.max_heads // least))))
+    group = draw(st.sampled_from([g for g in GROUPS if least <= g and g * nheads_k <= limits.max_heads] or [1]))
     nheads = nheads_k * group
     cap = max(1, min(limits.max_seqlen, limits.max_elements // (nheads * head_dim)))
     seqlen_q = draw(seqlens(max_seqlen=cap))
@@ -136,7 +140,7 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
         del variant["sinks"]  # split-KV partials take no sinks (a sink belongs to no key range)
     kinds = tuple(k for k in ("varlen", "paged") if k in features)
     # drawn only when asked for, so a draw without them is the same as it always was
-    shape = draw(ragged(kinds, dense, limits, cap, ragged_only=ragged_only)) if kinds else {}
+    shape = draw(ragged(kinds, dense, limits, cap, ragged_only=ragged_only, speculative=speculative)) if kinds else {}
     if always_split or "splits" in features:
         choices = SPLITS if always_split else (1,) + SPLITS
         shape["splits"] = draw(st.sampled_from(choices))
@@ -200,7 +204,8 @@ def _lengths(cap: int) -> st.SearchStrategy[int]:
 
 
 @st.composite
-def ragged(draw, kinds: tuple, dense: dict, limits: Limits, cap: int, ragged_only: bool = False) -> dict:
+def ragged(draw, kinds: tuple, dense: dict, limits: Limits, cap: int, ragged_only: bool = False,
+           speculative: bool = False) -> dict:
     """The fields of a varlen or a paged batch (or none: dense, what it shrinks to). Varlen: 1 to
     2 * max_batch sequences, each (seqlen_q, seqlen_k) from _lengths, one of them maybe as long as a dense
     case may be, and a tail. Paged: a decode step (1..16 queries) or the dense draw's seqlen_q against
@@ -219,7 +224,7 @@ def ragged(draw, kinds: tuple, dense: dict, limits: Limits, cap: int, ragged_onl
             pairs[0][0] = 1  # at least one query row
         return dict(batch=n, seqlen_q=max(p[0] for p in pairs), seqlen_k=max(p[1] for p in pairs),
                     seqlens=tuple(map(tuple, pairs)), tail=draw(st.sampled_from(TAILS)), layout="contiguous")
-    seqlen_q = draw(st.one_of(st.integers(1, 16), st.just(dense["seqlen_q"])))
+    seqlen_q = draw(st.integers(2, 16) if speculative else st.one_of(st.integers(1, 16), st.just(dense["seqlen_q"])))
     # the values are drawn as a padded [n, longest, hk, d] batch: 32 dense cases' worth at most
     longest = max(min(limits.max_cache, 32 * limits.max_elements // (n * heads * d)), limits.max_seqlen)
     caches = [draw(_lengths(each)) for _ in range(n)]

@@ -163,6 +163,23 @@ def test_gpu_limits_draw_now_and_then_a_pool_past_32_bit_offsets():
     assert max(c.seqlen_k for c in seen) > GPU_LIMITS.max_seqlen  # long caches too
 
 
+@pytest.mark.parametrize("limits", [CPU_LIMITS, GPU_LIMITS], ids=["cpu-limits", "gpu-limits"])
+def test_a_speculative_draw_is_paged_decodes_of_several_queries_under_gqa(limits):
+    """speculative (the packed decode's mutant draws only these): every case a paged decode of 2 to 16
+    query rows with a GQA group of 2 or more; groups and row counts vary, within the limits' heads."""
+    seen = []
+
+    @seed(3)
+    @settings(max_examples=150, database=None)
+    @given(cases(limits=limits, features=("paged",), ragged_only=True, speculative=True))
+    def draw(case):
+        seen.append(case)
+    draw()
+    assert all(c.kind == "paged" and 2 <= c.seqlen_q <= 16 and c.nheads // c.nheads_k >= 2
+               and c.nheads <= limits.max_heads for c in seen)
+    assert len({c.nheads // c.nheads_k for c in seen}) >= 2 and len({c.seqlen_q for c in seen}) >= 8
+
+
 def _fuzz(kernel, tmp_path, *extra, iters=60):
     path = tmp_path / f"{kernel.rpartition(':')[2]}.json"
     r = cli("fuzz", "--kernel", kernel, "--iters", str(iters), "--device", "cpu", "--no-db", "--no-isolate",

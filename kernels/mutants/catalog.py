@@ -175,11 +175,13 @@ HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, ru
 
 # The variant kernels (variant_forward.py, variant_backward.py, variant_interface.py): a bug of each class the
 # trackers of flash-attn, FlashInfer and vLLM show for the features, each fuzzed on cases that draw its feature.
-def _variant(name, file, site, new, bug, why, features, subject="triton", always_split=False, paths=None):
+def _variant(name, file, site, new, bug, why, features, subject="triton", always_split=False, paths=None,
+             speculative=False):
     ragged = subject != "triton"
     return Mutant(name, file, site, new, bug, why, subject=subject, paths=paths,
                   cases=dict(features=features, **({"ragged_only": True} if ragged else {}),
-                             **({"always_split": True} if always_split else {})))
+                             **({"always_split": True} if always_split else {}),
+                             **({"speculative": True} if speculative else {})))
 
 
 VARIANT_MUTANTS = (
@@ -247,7 +249,7 @@ VARIANT_MUTANTS = (
              "(r // group) and its head from the layout with a head's queries together (r // seqlen_q)",
              "the two layouts agree at seqlen_q 1 and at group 1, the decodes most tests run; speculative "
              "decoding's few query rows under GQA tell them apart", ("paged",), "triton-paged",
-             paths=("fwd variant decode",)),
+             paths=("fwd variant decode",), speculative=True),  # only those run it wrong
 )
 MUTANTS = MUTANTS + HOPPER_MUTANTS + VARIANT_MUTANTS
 
