@@ -25,12 +25,21 @@ def _check_in_process(device, subject: str = "triton"):
     from faverify.runner import evaluate
     from faverify.subjects import resolve
     unmutated = resolve(subject)
-    return lambda case, tolerance: evaluate(unmutated, case, device, tolerance=tolerance)
+    return lambda case, tolerance, mode: evaluate(unmutated, case, device, mode=mode, tolerance=tolerance)
+
+
+def control_mode(signature: str) -> str:
+    """What the unmutated kernels must pass on a kill's minimal case for the kill to be the mutant's: the
+    forward alone where the mutant failed a forward tensor (out, lse, their split partials), the backward
+    costing twice the forward under the interpreter; forward and backward otherwise."""
+    from faverify.runner import MODES
+    tensor = signature.partition(":")[0]
+    return "fwd" if tensor in MODES["fwd"] or tensor.removesuffix("_splits") in MODES["fwd"] else "both"
 
 
 def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, timeout: float,
          progress_factory=lambda kernel: (lambda r: None), check=None) -> dict:
-    """Fuzz one mutant until its first failure; the row of the report. check(case, tolerance): the
+    """Fuzz one mutant until its first failure; the row of the report. check(case, tolerance, mode): the
     unmutated kernels' result on a case (default: evaluated in this process)."""
     from faverify.case import Case
     from faverify.kernels.mutants.build import source
@@ -63,7 +72,8 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, 
     failures = kernel["failures"]
     minimal = failures[0]["minimal"] if failures else None
     check = check or _check_in_process(devices[0], mutant.subject)
-    control_there = check(Case.from_dict(minimal["case"]), tolerance) if minimal else None
+    mode = control_mode(failures[0]["signature"]) if failures else "both"
+    control_there = check(Case.from_dict(minimal["case"]), tolerance, mode) if minimal else None
     attributable = control_there is not None and not control_there.failed
     killed = bool(failures) and attributable
     return {
@@ -75,7 +85,7 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, 
         "minimal_case": minimal["case"] if minimal else None,
         "reason": minimal["reason"][:300] if minimal else "",
         "reproducer": failures[0]["reproducer"] if failures else "",
-        "control_on_minimal_case": control_there.status if control_there else None,
+        "control_on_minimal_case": control_there.status if control_there else None, "control_mode": mode,
         "seconds": round(time.perf_counter() - start, 1),
         "interrupted": bool(result.settings.get("interrupted")),
     }
@@ -173,16 +183,19 @@ def run_mutants(names: list, plan: FuzzPlan, devices: list, *, tolerance, isolat
     else:
         rows, interrupted = [], False
         from faverify.kernels.mutants.catalog import BY_NAME
-        control_workers_by_subject: dict = {}  # the unmutated subject behind each mutant, one worker each
+        # the unmutated subject behind each mutant, a worker per mode it is checked in (control_mode)
+        control_workers_by_subject: dict = {}
 
         def check_with(subject: str):
             if not isolate:
                 return None
-            if subject not in control_workers_by_subject:
-                control_workers_by_subject[subject] = Worker(subject, str(devices[0]), "both", tolerance.to_dict(),
-                                                             timeout)
-            worker = control_workers_by_subject[subject]
-            return lambda case, tol: worker.evaluate(case)
+
+            def check(case, tol, mode):
+                if (subject, mode) not in control_workers_by_subject:
+                    control_workers_by_subject[subject, mode] = Worker(subject, str(devices[0]), mode,
+                                                                       tolerance.to_dict(), timeout)
+                return control_workers_by_subject[subject, mode].evaluate(case)
+            return check
         try:
             for name in names:
                 rows.append(kill(name, plan, devices, tolerance=tolerance, isolate=isolate, timeout=timeout,
