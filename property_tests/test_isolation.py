@@ -12,11 +12,12 @@ from property_tests.cli_helpers import cli, read_json
 
 
 def test_a_faulting_subject_is_a_crash_and_the_run_goes_on(tmp_path):
-    r = cli("fuzz", "--kernel", "property_tests.planted:segfaults", "--iters", "12", "--device", "cpu",
-            "--shrink-budget", "4", "--json", tmp_path / "run.json")
+    """Each crash costs a new worker (seconds to import torch): 6 cases, half of them causal, 2 shrink steps."""
+    r = cli("fuzz", "--kernel", "property_tests.planted:segfaults", "--iters", "6", "--device", "cpu",
+            "--shrink-budget", "2", "--json", tmp_path / "run.json")
     assert r.exit_code == 1, r.stderr
     run = read_json(tmp_path / "run.json")["kernels"][0]
-    assert run["summary"]["cases"] == 12  # every case ran, before and after the crashes
+    assert run["summary"]["cases"] == 6  # every case ran, before and after the crashes
     assert run["summary"]["crashed"] >= 1 and run["summary"]["passed"] >= 1
     assert run["summary"]["worker_restarts"] >= 1
     crash = [f for f in run["failures"] if f["signature"] == "crash"][0]
@@ -24,13 +25,14 @@ def test_a_faulting_subject_is_a_crash_and_the_run_goes_on(tmp_path):
 
 
 def test_a_hanging_subject_times_out_and_the_run_goes_on(tmp_path):
-    r = cli("fuzz", "--kernel", "property_tests.planted:hangs", "--iters", "10", "--device", "cpu",
-            "--max-seqlen", "200", "--timeout", "3", "--shrink-budget", "3", "--json", tmp_path / "run.json")
+    """Each hang costs the timeout and a new worker: 4 cases (2 of them hang) and one shrink step."""
+    r = cli("fuzz", "--kernel", "property_tests.planted:hangs", "--iters", "4", "--device", "cpu",
+            "--max-seqlen", "200", "--timeout", "2", "--shrink-budget", "1", "--json", tmp_path / "run.json")
     assert r.exit_code == 1, r.stderr
     run = read_json(tmp_path / "run.json")["kernels"][0]
-    assert run["summary"]["cases"] == 10 and run["summary"]["timed_out"] >= 1
+    assert run["summary"]["cases"] == 4 and 1 <= run["summary"]["timed_out"] < 4
     hang = [f for f in run["failures"] if f["signature"] == "timeout"][0]
-    assert hang["minimal"]["case"]["seqlen_q"] > 100 and "no result within 3 s" in hang["minimal"]["reason"]
+    assert hang["minimal"]["case"]["seqlen_q"] > 100 and "no result within 2 s" in hang["minimal"]["reason"]
 
 
 def test_worker_results_match_in_process_results():
