@@ -38,6 +38,8 @@
 #   bench-decode [240] faverify bench --decode: triton-paged against sdpa-flash, sdpa-cudnn and flex, bf16 d128,
 #                    caches 4k..128k, GQA 8, pages 16 and 64 (the cache read's bandwidth; 32 s on the H200)
 #   fuzz-decode [300] triton-paged at 3000 cases (most through the decode kernel), and the decode kernel's tests
+#   decode-sweep [300] devtools/decode_sweep.py: the decode kernel's tiles (16 rows; 16, 32 or 64 keys a step,
+#                    2-8 warps, 1-3 stages) and split counts (half, the rule's, twice) on bench --decode's shapes
 #   bench-cuda [150] the same for cuda
 #   doctor     [200] faverify doctor --level full
 #   sanitize   [240] compute-sanitizer memcheck and racecheck on devtools/sanitize_cases.py
@@ -129,6 +131,8 @@ for step in $steps; do
         --json "$out/fuzz-decode.json"
       run decode-tests 60 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -rfs \
         property_tests/test_triton_variants.py -k packed_decode ;;
+    decode-sweep) run decode-sweep 300 "^device|^d[0-9]" python3 devtools/decode_sweep.py \
+      --json "$out/decode-sweep.json" ;;
     bench) run bench 150 "^triton|^sdpa|passed|failed" python3 -m faverify bench --kernel triton --headdims 64,128 \
       --seqlens 4096,16384 --dtype bf16,fp16 --no-tune --json "$out/bench.json" ;;
     bench-variants) run bench-variants 300 "^triton|^flex|passed|failed" python3 -m faverify bench \
@@ -142,7 +146,7 @@ for step in $steps; do
         run "sanitize-$tool" 120 "ERROR SUMMARY|hazard|error" compute-sanitizer --tool "$tool" \
           python3 devtools/sanitize_cases.py
       done ;;
-    *) echo "unknown step: $step (steps: tests gpu variants masks memory floor fuzz fuzz-masks fuzz-ragged fuzz-cuda fuzz-sdpa fuzz-ragged-full fuzz-paged-rest mutants mutants-full bench bench-variants bench-decode bench-cuda doctor sanitize)"
+    *) echo "unknown step: $step (steps: tests gpu variants masks memory floor fuzz fuzz-masks fuzz-ragged fuzz-cuda fuzz-sdpa fuzz-ragged-full fuzz-paged-rest fuzz-decode mutants mutants-full bench bench-variants bench-decode decode-sweep bench-cuda doctor sanitize)"
        exit 2 ;;
   esac
 done

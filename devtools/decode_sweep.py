@@ -1,0 +1,93 @@
+"""Time the packed decode kernel (variant_forward._decode) over tile candidates and split counts on
+`faverify bench --decode`'s configurations (GQA 8, batch x cache = 131072 tokens, pages in a random order),
+in one process, next to the default tile (configs.decode) and the split rule's count (num_splits_for).
+GPU only: under the interpreter it runs, slowly, with --tokens small.
+
+    python3 devtools/decode_sweep.py [--headdims 128] [--dtype bf16] [--pages 16,64]
+                                     [--caches 4096,16384,65536,131072] [--splits 0.5,1,2] [--tokens N] [--json F]
+
+--splits: multiples of the rule's split count. Each candidate's out is compared with the default's (max
+abs difference, printed): a tile and a split count change the order of sums, not the result. The cache
+read's bandwidth is over the device copy bandwidth measured first, as bench --decode reports it.
+"""
+import argparse
+import itertools
+import json
+
+import torch
+
+from faverify import bench_decode
+from faverify.bench import _time
+from faverify.inputs import make_inputs
+from faverify.kernels.triton import configs, variant_interface
+from faverify.kernels.triton.configs import Tile
+from faverify.subjects import resolve
+
+# keys a step must divide the split block (variant_interface.SPLIT_BLOCK: a split boundary is a tile's)
+KEYS = (16, 32, 64)
+WARPS = (2, 4, 8)
+STAGES = (1, 2, 3)
+
+
+def candidates() -> list:
+    return [Tile(configs.DECODE_TILE, n, w, s) for n, w, s in itertools.product(KEYS, WARPS, STAGES)
+            if variant_interface.SPLIT_BLOCK % n == 0]
+
+
+def run(cfg, splits: int, tile, device):
+    """(ms, out) of triton-paged on the configuration, with `tile` for the decode kernel (None: default)."""
+    subject = resolve("triton-paged")
+    case = cfg.case(paged=True, splits=splits)
+    x = make_inputs(case, device)
+    default = configs.decode
+    if tile is not None:
+        configs.decode = lambda elem, fast: tile
+    try:
+        with torch.no_grad():
+            out = subject(x.q, x.k, x.v, case, x.extras())[0].float()
+            ms = _time(lambda: subject(x.q, x.k, x.v, case, x.extras()))
+        paths = sorted(set(subject.take_paths()))
+    finally:
+        configs.decode = default
+    return ms, out, paths
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--headdims", default="128")
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--pages", default="16,64")
+    p.add_argument("--caches", default=",".join(map(str, bench_decode.CACHE_LENS)))
+    p.add_argument("--splits", default="0.5,1,2")
+    p.add_argument("--tokens", type=int, default=bench_decode.DECODE_TOKENS)
+    p.add_argument("--json")
+    a = p.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    peak = bench_decode.copy_bandwidth(device) if device.type == "cuda" else 1e12
+    print(f"device copy bandwidth {peak / 1e12:.2f} TB/s; default tile: configs.decode")
+    rows = []
+    for d, n, page in itertools.product(map(int, a.headdims.split(",")), map(int, a.caches.split(",")),
+                                        map(int, a.pages.split(","))):
+        cfg = bench_decode.DecodeConfig(a.dtype, d, n, page, tokens=a.tokens)
+        rule = bench_decode._splits(resolve("triton-paged"), cfg.case(paged=True), device)
+        base_ms, base_out, base_paths = run(cfg, rule, None, device)
+        elem = torch.finfo(getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}.get(a.dtype, "float32"))).bits // 8
+        for mult, tile in itertools.product(map(float, a.splits.split(",")), [None] + candidates()):
+            splits = max(1, min(64, round(rule * mult)))
+            ms, out, paths = (base_ms, base_out, base_paths) if tile is None and splits == rule else \
+                run(cfg, splits, tile, device)
+            tbps = cfg.cache_bytes(elem) / (ms * 1e-3)
+            row = dict(head_dim=d, cache=n, batch=cfg.batch, page=page, splits=splits, rule_splits=rule,
+                       tile=str(tile or "default"), ms=ms, tbps=tbps / 1e12, of_copy=tbps / peak,
+                       vs_default=base_ms / ms, max_abs_diff=float((out - base_out).abs().max()), paths=paths)
+            rows.append(row)
+            print(f"d{d} cache {n} b{cfg.batch} page {page} splits {splits:3d} {row['tile']:>32}  {ms:8.3f} ms  "
+                  f"{row['tbps']:.2f} TB/s ({row['of_copy']:.2f})  x{row['vs_default']:.2f}  "
+                  f"diff {row['max_abs_diff']:.2e}  {','.join(paths)}", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
