@@ -34,7 +34,7 @@ def control_mode(signature: str) -> str:
     costing twice the forward under the interpreter; forward and backward otherwise."""
     from faverify.runner import MODES
     tensor = signature.partition(":")[0]
-    return "fwd" if tensor in MODES["fwd"] or tensor.removesuffix("_splits") in MODES["fwd"] else "both"
+    return "fwd" if tensor.removesuffix("_splits") in MODES["fwd"] else "both"
 
 
 def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, timeout: float,
