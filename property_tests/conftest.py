@@ -25,6 +25,9 @@ HAS_GPU = torch.cuda.is_available()
 
 AOT_TEST = "test_every_variant_compiles_for_sm80_and_sm90"
 CUDA_COMPILE_TEST = "test_every_cu_file_compiles_for_sm80_and_sm90_without_spills"
+MUTANTS_TEST = "test_every_mutant_is_killed_and_the_control_passes"
+# test_mutants.py's full run (its docstring says why these settings), in a folder of its own
+MUTANTS_ARGS = ["--iters", "100", "--control-iters", "20", "--shrink-budget", "1", "--workers", "2"]
 
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: start the background compiles only when their tests run
@@ -33,28 +36,56 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
             item.add_marker(skip_gpu)
-    # Compiling every Triton variant, and every .cu file, takes minutes of CPU: start both now, beside the
-    # rest of the suite; the tests collect the results.
+    # Compiling every Triton variant, and every .cu file, takes minutes of CPU, and the full mutants run
+    # (one mutant after another, on one core) about 6: start them now, beside the rest of the suite, which
+    # mostly keeps one core busy; the tests collect the results.
     names = {item.name for item in items}
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     if AOT_TEST in names:
         config._faverify_aot = _background(["faverify.kernels.triton.aot", "--jobs", str(os.cpu_count() or 2)], env)
     if CUDA_COMPILE_TEST in names:
         config._faverify_cuda = _background(["faverify.kernels.cuda.compile_report"], env)
+    if MUTANTS_TEST in names:
+        import tempfile
+        folder = tempfile.mkdtemp(prefix="faverify-mutants-")
+        config._faverify_mutants_json = os.path.join(folder, "mutants.json")
+        config._faverify_mutants = _background(
+            ["faverify", "mutants", *MUTANTS_ARGS, "--device", "cuda" if HAS_GPU else "cpu",
+             "--json", config._faverify_mutants_json], dict(os.environ), cwd=folder)
 
 
-def _background(module_args: list, env: dict):
+def pytest_unconfigure(config):
+    """A background run whose test did not collect it (the session stopped first) ends with the session."""
+    for attribute in ("_faverify_aot", "_faverify_cuda", "_faverify_mutants"):
+        proc = getattr(config, attribute, None)
+        if proc is not None and proc.poll() is None:
+            import signal
+            os.killpg(proc.pid, signal.SIGKILL)  # its worker processes too: it leads a session of its own
+            proc.wait()
+
+
+def _background(module_args: list, env: dict, cwd: str | None = None):
+    """The module run in a session of its own, its output into files: a pipe nobody reads until the test
+    collects it would stall a run that prints more than the pipe holds."""
     import subprocess
     import sys
-    return subprocess.Popen([sys.executable, "-m", *module_args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    import tempfile
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([sys.executable, "-m", *module_args], stdout=out, stderr=err, text=True, env=env,
+                            cwd=cwd, start_new_session=True)
+    proc.files = (out, err)
+    return proc
 
 
 def _collect(request, attribute: str, what: str):
     proc = getattr(request.config, attribute, None)
     assert proc is not None, f"the {what} was not started at collection"
-    out, err = proc.communicate(timeout=1800)
-    return proc.returncode, out, err
+    proc.wait(timeout=1800)
+    texts = []
+    for f in proc.files:
+        f.seek(0)
+        texts.append(f.read())
+    return proc.returncode, *texts
 
 
 @pytest.fixture
@@ -67,6 +98,12 @@ def aot_compile(request):
 def cuda_compile(request):
     """(returncode, stdout, stderr) of the CUDA compile report started at collection."""
     return _collect(request, "_faverify_cuda", "CUDA compile report")
+
+
+@pytest.fixture
+def mutants_run(request):
+    """(returncode, stdout, stderr, path of its JSON report) of the full mutants run started at collection."""
+    return (*_collect(request, "_faverify_mutants", "full mutants run"), request.config._faverify_mutants_json)
 
 
 @pytest.fixture

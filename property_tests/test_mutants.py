@@ -99,17 +99,16 @@ def test_parallel_mutants_need_worker_processes():
 
 
 @pytest.mark.slow
-def test_every_mutant_is_killed_and_the_control_passes(tmp_path):
-    """CI's budget: 100 cases per mutant (split-count-floor took 18-29: only caches whose key blocks the
-    split count does not divide show it), 20 for the control (the unmutated kernels' own fuzz tests take
-    more; the 200-case fuzz of `faverify mutants --iters 200` is the full run), one mutant after another
-    in this process, where Hypothesis steers each
-    case toward the edge of its tolerance (the up-front draw of job processes left pv-fp16-accumulation and
-    dsinks-wrong-sign alive at 60 cases), one shrink step (a kill needs the failure, not its minimal case);
-    the control on two workers, which the second core runs once the background compiles are done."""
-    r = cli("mutants", "--iters", "100", "--control-iters", "20", "--device", DEVICE, "--shrink-budget", "1",
-            "--workers", "2", "--json", tmp_path / "m.json")
-    report = read_json(tmp_path / "m.json")
+def test_every_mutant_is_killed_and_the_control_passes(mutants_run):
+    """CI's budget (conftest.MUTANTS_ARGS; the run starts at collection, beside the rest of the suite): 100
+    cases per mutant (split-count-floor took 18-29: only caches whose key blocks the split count does not
+    divide show it), 20 for the control (the unmutated kernels' own fuzz tests take more; the 200-case fuzz
+    of `faverify mutants --iters 200` is the full run), one mutant after another in that process, where
+    Hypothesis steers each case toward the edge of its tolerance (the up-front draw of job processes left
+    pv-fp16-accumulation and dsinks-wrong-sign alive at 60 cases), one shrink step (a kill needs the
+    failure, not its minimal case); the control on two workers."""
+    returncode, out, err, path = mutants_run
+    report = read_json(path)
     assert len(report["mutants"]) == len([m for m in MUTANTS if applicable(m, torch.device(DEVICE))])
     survivors = [m["mutant"] for m in report["mutants"] if not m["killed"]]
     assert not survivors, survivors
@@ -117,7 +116,7 @@ def test_every_mutant_is_killed_and_the_control_passes(tmp_path):
     assert all(m["reached"] >= 1 for m in report["mutants"]), [(m["mutant"], m["reached"]) for m in report["mutants"]]
     assert report["control"]["failed"] == 0 and report["control"]["cases"] == 20, report["control"]
     assert report["median_cases_to_kill"] <= 50
-    assert r.exit_code == 0, r.stdout
+    assert returncode == 0, out[-3000:] + err[-3000:]
 
 
 def test_a_mutant_reaches_only_the_paths_of_its_file():
