@@ -4,13 +4,14 @@ in one process, next to the default tile (configs.decode) and the split rule's c
 GPU only: under the interpreter it runs, slowly, with --tokens small.
 
     python3 devtools/decode_sweep.py [--headdims 128] [--dtype bf16] [--pages 16,64]
-                                     [--caches 4096,16384,65536,131072] [--splits 0.5,1,2] [--tokens N] [--json F]
+                                     [--caches 4096,16384,65536,131072] [--splits 1,2,4,8,16,32] [--tokens N] [--json F]
 
---splits: multiples of the rule's split count. Each candidate's out is compared with the default's (max
-abs difference, printed): a tile and a split count change the order of sums, not the result. The cache
+--splits: multiples of the rule's split count (and MAX_SPLITS), timed with the default tile; then every tile
+at the fastest count. Each candidate's out is compared with the default's (max abs difference, printed): a tile and a split count change the order of sums, not the result. The cache
 read's bandwidth is over the device copy bandwidth measured first, as bench --decode reports it.
 """
 import argparse
+import dataclasses
 import itertools
 import json
 
@@ -18,6 +19,7 @@ import torch
 
 from faverify import bench_decode
 from faverify.bench import _time
+from faverify.case import MAX_SPLITS
 from faverify.inputs import make_inputs
 from faverify.kernels.triton import configs, variant_interface
 from faverify.kernels.triton.configs import Tile
@@ -34,11 +36,11 @@ def candidates() -> list:
             if variant_interface.SPLIT_BLOCK % n == 0]
 
 
-def run(cfg, splits: int, tile, device):
-    """(ms, out) of triton-paged on the configuration, with `tile` for the decode kernel (None: default)."""
+def run(cfg, x, splits: int, tile, device):
+    """(ms, out, paths) of triton-paged on the configuration's inputs x, cut into `splits`, with `tile` for the
+    decode kernel (None: the default)."""
     subject = resolve("triton-paged")
-    case = cfg.case(paged=True, splits=splits)
-    x = make_inputs(case, device)
+    case = dataclasses.replace(cfg.case(paged=True), splits=splits)
     default = configs.decode
     if tile is not None:
         configs.decode = lambda elem, fast: tile
@@ -58,7 +60,7 @@ def main() -> None:
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--pages", default="16,64")
     p.add_argument("--caches", default=",".join(map(str, bench_decode.CACHE_LENS)))
-    p.add_argument("--splits", default="0.5,1,2")
+    p.add_argument("--splits", default="1,2,4,8,16,32")
     p.add_argument("--tokens", type=int, default=bench_decode.DECODE_TOKENS)
     p.add_argument("--json")
     a = p.parse_args()
@@ -70,12 +72,12 @@ def main() -> None:
                                         map(int, a.pages.split(","))):
         cfg = bench_decode.DecodeConfig(a.dtype, d, n, page, tokens=a.tokens)
         rule = bench_decode._splits(resolve("triton-paged"), cfg.case(paged=True), device)
-        base_ms, base_out, base_paths = run(cfg, rule, None, device)
-        elem = torch.finfo(getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}.get(a.dtype, "float32"))).bits // 8
-        for mult, tile in itertools.product(map(float, a.splits.split(",")), [None] + candidates()):
-            splits = max(1, min(64, round(rule * mult)))
-            ms, out, paths = (base_ms, base_out, base_paths) if tile is None and splits == rule else \
-                run(cfg, splits, tile, device)
+        x = make_inputs(cfg.case(paged=True, splits=rule), device)
+        elem = x.q.element_size()
+        base_ms, base_out, _ = run(cfg, x, rule, None, device)
+
+        def record(splits, tile):
+            ms, out, paths = run(cfg, x, splits, tile, device)
             tbps = cfg.cache_bytes(elem) / (ms * 1e-3)
             row = dict(head_dim=d, cache=n, batch=cfg.batch, page=page, splits=splits, rule_splits=rule,
                        tile=str(tile or "default"), ms=ms, tbps=tbps / 1e12, of_copy=tbps / peak,
@@ -84,6 +86,12 @@ def main() -> None:
             print(f"d{d} cache {n} b{cfg.batch} page {page} splits {splits:3d} {row['tile']:>32}  {ms:8.3f} ms  "
                   f"{row['tbps']:.2f} TB/s ({row['of_copy']:.2f})  x{row['vs_default']:.2f}  "
                   f"diff {row['max_abs_diff']:.2e}  {','.join(paths)}", flush=True)
+            return row
+        # first the split count with the default tile, then every tile at the best count (MAX_SPLITS bounds both)
+        counts = sorted({max(1, min(MAX_SPLITS, round(rule * float(m)))) for m in a.splits.split(",")} | {MAX_SPLITS})
+        best = min((record(s, None) for s in counts), key=lambda r: r["ms"])["splits"]
+        for tile in candidates():
+            record(best, tile)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
