@@ -251,12 +251,15 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
     # the Hopper forward, for sm_90 only, as the launcher takes it there (configs.HOPPER)
     hopper = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith("fwd-hopper ")]
     # the dense builds may spill only at d64 causal: 24 bytes of stack, saved once per query block before
-    # the key-tile loop (docs/measurements.md, "Hopper forward"); a spill anywhere else is new, the window
-    # and softcap builds' among them (configs.HOPPER_SOFTCAP)
+    # the key-tile loop (docs/measurements.md, "Hopper forward"), and the ALiBi build at d64 32 bytes (its
+    # fp32 key positions; with them it took 1.36x dense's time on the H200, with integer distances converted
+    # element by element and no spill 1.61x); a spill anywhere else is new, the window and softcap builds'
+    # among them (configs.HOPPER_SOFTCAP)
     from faverify.kernels.triton.aot import HOPPER_SWITCH_SETS
     assert len(hopper) == 8 + 2 * len(HOPPER_SWITCH_SETS), hopper  # dense, and each switch set at d64 and d128
     assert all(row[1] == "sm_90" and row[-1].startswith("ok") for row in hopper), hopper
-    allowed = {row[0]: 24 if row[0].endswith(" D64 causal") else 0 for row in hopper}
+    allowed = {row[0]: 24 if row[0].endswith(" D64 causal") else 32 if row[0].endswith(" D64 alibi") else 0
+               for row in hopper}
     assert all(int(row[5]) <= allowed[row[0]] for row in hopper), [row[:6] for row in hopper]
     # the variant kernels' generic 16-bit builds spill nothing (configs.variant's tiles); fp32's as below
     varied = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()

@@ -215,8 +215,9 @@ def _softmax(s, m_i, l_i, j, full_lo, full_hi, offs_m, offs_n, seqlen_k, diag, l
     if SOFTCAP:  # in raw units, as variant_scores: (cap / scale) tanh(s scale / cap)
         s = tanh(s * cap_scale) * inv_cap_scale  # [mutant site: softcap]
     if ALIBI:  # - (slope / scale) |i + diag - j|, as variant_scores
-        dist = offs_m[:, None] + diag - (j * BLOCK_N + offs_n)[None, :]
-        s = s - slope * gl.abs(dist).to(gl.float32)  # [mutant site: hopper-alibi]
+        pos_q = (offs_m + diag).to(gl.float32)  # positions converted per row and per column (variant_scores)
+        pos_k = (j * BLOCK_N + offs_n).to(gl.float32)
+        s = s - slope * gl.abs(pos_q[:, None] - pos_k[None, :])  # [mutant site: hopper-alibi]
     if WINDOW:
         if (j < full_lo) | (j >= full_hi):  # tiles that cross a window bound or hold the seqlen_k tail
             cols = j * BLOCK_N + offs_n

@@ -98,7 +98,9 @@ def variant_scores(qk, i, j, seqlen_k, diag, left, right, slope, cap_scale, inv_
     if SOFTCAP:
         th, dcap = tanh_slope(qk * cap_scale)
         qk = th * inv_cap_scale
-    qk = qk - slope * tl.abs(i + diag - j).to(tl.float32)  # [mutant site: alibi-offset]
+    # the distance of positions converted to fp32 apart (i is [M, 1] or [1, M], j the other): M + N integer
+    # conversions, not M x N, which run at a fraction of an add's rate; exact below 2^24
+    qk = qk - slope * tl.abs((i + diag).to(tl.float32) - j.to(tl.float32))  # [mutant site: alibi-offset]
     if MASK:
         keep = (j < seqlen_k) & (j >= i + diag - left) & (j <= i + diag + right)  # [mutant site: window-bound]
         qk = tl.where(keep, qk, float("-inf"))
