@@ -150,8 +150,12 @@ def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -
 
 def check_kvcache(q, k_cache, cache_seqlens, block_table, num_splits) -> None:
     """cache_seqlens int32 [batch]; block_table int32 [batch, max_pages] with every entry a page of the
-    pool and enough pages for each sequence; num_splits an int >= 0 (0: chosen by the launcher). Costs one
-    copy of cache_seqlens and the block table to the host."""
+    pool and enough pages for each sequence; num_splits an int >= 0 (0: chosen by the launcher).
+
+    The entries are checked on the device, and one bool comes back to the host (a decode step's cache read
+    takes well under a millisecond: a host copy and a Python loop over the table took longer than the
+    kernel). Inside a CUDA graph capture nothing can come back: there the entries go unchecked, as in
+    flash-attn's launcher, and the calls made before the capture are what checks them."""
     batch, pages, page_size = q.shape[0], k_cache.shape[0], k_cache.shape[1]
     _int32_vector("cache_seqlens", cache_seqlens, q.device, batch)
     if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2 \
@@ -165,14 +169,25 @@ def check_kvcache(q, k_cache, cache_seqlens, block_table, num_splits) -> None:
         raise ValueError(f"block_table must be contiguous in its last dimension (stride {block_table.stride(-1)})")
     if page_size < 1:
         raise ValueError(f"k_cache must have page_size >= 1, got shape {tuple(k_cache.shape)}")
-    lengths, table = cache_seqlens.tolist(), block_table.tolist()
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0: chosen by the launcher), got {num_splits!r}")
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    max_pages = block_table.shape[1]
+    need = torch.div(cache_seqlens.to(torch.int64) + page_size - 1, page_size, rounding_mode="floor")
+    used = torch.arange(max_pages, device=q.device)[None, :] < need[:, None]
+    bad = ((cache_seqlens < 0) | (need > max_pages)).any() | (used & ((block_table < 0) | (block_table >= pages))).any()
+    if bool(bad):
+        _kvcache_error(cache_seqlens.tolist(), block_table.tolist(), max_pages, page_size, pages)
+
+
+def _kvcache_error(lengths: list, table: list, max_pages: int, page_size: int, pages: int) -> None:
+    """The first bad entry, named (check_kvcache found one)."""
     for b, n in enumerate(lengths):
         need = -(-n // page_size)
-        if n < 0 or need > block_table.shape[1]:
-            raise ValueError(f"cache_seqlens[{b}] = {n} must be in 0..{block_table.shape[1] * page_size} "
-                             f"(max_pages {block_table.shape[1]} x page_size {page_size})")
+        if n < 0 or need > max_pages:
+            raise ValueError(f"cache_seqlens[{b}] = {n} must be in 0..{max_pages * page_size} "
+                             f"(max_pages {max_pages} x page_size {page_size})")
         bad = [p for p in table[b][:need] if not 0 <= p < pages]
         if bad:
             raise ValueError(f"block_table[{b}] names page {bad[0]}, outside the pool's {pages} pages")
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(f"num_splits must be an int >= 0 (0: chosen by the launcher), got {num_splits!r}")

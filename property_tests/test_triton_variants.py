@@ -196,6 +196,9 @@ def test_bad_cache_arguments_are_refused_before_any_launch():
         with pytest.raises(ValueError) as e:
             flash_attn_with_kvcache(q, pool, pool, *args, **kwargs)
         assert message in str(e.value), str(e.value)
+    # entries past a sequence's pages are never read: any value may sit there (-1 here)
+    unused = torch.tensor([[0, 1], [2, -1]], dtype=torch.int32, device=DEVICE)
+    assert flash_attn_with_kvcache(q, pool, pool, lengths, unused).shape == q.shape
 
 
 @pytest.mark.parametrize("kind", ["triton", "triton-varlen", "triton-paged"])

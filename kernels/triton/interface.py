@@ -340,8 +340,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cau
                   batch=q.shape[0])
     if num_splits == 0:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 8
-        num_splits = num_splits_for(q.shape[0], q.shape[2], q.shape[1], int(cache_seqlens.max()) if q.shape[0] else 0, sms,
-                                    k_cache.shape[2])
+        # the longest cache the table can hold, not cache_seqlens' largest: known without reading the device
+        # (a call stays free of host syncs, and capturable in a CUDA graph)
+        num_splits = num_splits_for(q.shape[0], q.shape[2], q.shape[1], block_table.shape[1] * k_cache.shape[1],
+                                    sms, k_cache.shape[2])
     var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, None)
     with torch.no_grad():
         out, lse, _, splits = _var.forward(q, k_cache, v_cache, var, block_table=block_table,
