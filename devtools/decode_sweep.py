@@ -7,8 +7,10 @@ GPU only: under the interpreter it runs, slowly, with --tokens small.
                                      [--caches 4096,16384,65536,131072] [--splits 1,2,4,8,16,32] [--tokens N] [--json F]
 
 --splits: multiples of the rule's split count (and MAX_SPLITS), timed with the default tile; then every tile
-at the fastest count. Each candidate's out is compared with the default's (max abs difference, printed): a tile and a split count change the order of sums, not the result. The cache
-read's bandwidth is over the device copy bandwidth measured first, as bench --decode reports it.
+at the fastest count. Each call is timed replaying a CUDA graph, as bench --decode times it (bench.graphed:
+a call's host work outlasts the kernel). Each candidate's out is compared with the default's (max abs
+difference, printed): a tile and a split count change the order of sums, not the result. The cache read's
+bandwidth is over the device copy bandwidth measured first, as bench --decode reports it.
 """
 import argparse
 import dataclasses
@@ -18,7 +20,7 @@ import json
 import torch
 
 from faverify import bench_decode
-from faverify.bench import _time
+from faverify.bench import _time, graphed
 from faverify.case import MAX_SPLITS
 from faverify.inputs import make_inputs
 from faverify.kernels.triton import configs, variant_interface
@@ -47,7 +49,7 @@ def run(cfg, x, splits: int, tile, device):
     try:
         with torch.no_grad():
             out = subject(x.q, x.k, x.v, case, x.extras())[0].float()
-            ms = _time(lambda: subject(x.q, x.k, x.v, case, x.extras()))
+            ms = _time(graphed(lambda: subject(x.q, x.k, x.v, case, x.extras()), device)[0])
         paths = sorted(set(subject.take_paths()))
     finally:
         configs.decode = default

@@ -107,6 +107,55 @@ def _time(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def graphed(fn, device) -> tuple:
+    """(what to time, how): on a GPU, the replay of a CUDA graph that captured one call of fn, which times
+    the GPU's work without the host's cost of a call (argument checks, allocations, launches: a serving
+    engine captures its decode steps this way); where capture fails, or there is no GPU, fn itself, the
+    reason in `how`. fn runs once on a side stream first (compiles and the allocator's pools stay out of
+    the capture), with torch's sync debug mode raising: a call that waits on the device cannot be
+    captured, and is not tried (a failed capture can leave the default CUDA generator marked as capturing;
+    _release_generator undoes that)."""
+    if torch.device(device).type != "cuda":
+        return fn, "eager"
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    mode = torch.cuda.get_sync_debug_mode()
+    try:
+        with torch.cuda.stream(stream):
+            torch.cuda.set_sync_debug_mode("error")
+            fn()
+    except RuntimeError as e:
+        torch.cuda.set_sync_debug_mode(mode)
+        torch.cuda.synchronize()
+        return fn, f"eager (a call waits on the device: {str(e)[:120]})"
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
+        torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as e:  # noqa: BLE001 - a subject's capture may fail any way; it is then timed eagerly
+        torch.cuda.synchronize()
+        _release_generator(device)
+        return fn, f"eager (CUDA graph capture failed: {type(e).__name__}: {str(e)[:120]})"
+    return graph.replay, "cuda graph"
+
+
+def _release_generator(device) -> None:
+    """Give the device's default generator a fresh state with its seed: a capture that failed before its
+    end leaves the generator's state marked as capturing, and every later random draw on the device
+    raises ("Offset increment outside graph capture")."""
+    index = torch.device(device).index
+    generator = torch.cuda.default_generators[torch.cuda.current_device() if index is None else index]
+    try:
+        fresh = torch.Generator(device=generator.device)
+        fresh.manual_seed(generator.initial_seed())
+        generator.graphsafe_set_state(fresh.graphsafe_get_state())
+    except RuntimeError:  # a torch without graph-safe generator states; make_inputs draws with generators of its own
+        pass
+
+
 def time_row(subject: Subject, config: Config, device, *, modes=("fwd", "bwd"), tune: bool = False) -> dict:
     """Validate, optionally tune (bundled Triton kernels), then time one subject on one configuration; a
     subject without a backward (FlashInfer) times its forward only, and its row says so."""
@@ -126,10 +175,13 @@ def time_row(subject: Subject, config: Config, device, *, modes=("fwd", "bwd"), 
         row["tiles"] = _tune_triton(x, case)
     subject.take_paths()  # the validation's and the tuning's launches are not the timed ones
     try:
-        if "fwd" in modes:
+        if "fwd" in modes:  # replayed from a CUDA graph: a short window's forward is shorter than a call's host work
             with torch.no_grad():
-                ms = _time(lambda: subject(x.q, x.k, x.v, case, x.extras()))
+                timed, row["fwd_timing"] = graphed(lambda: subject(x.q, x.k, x.v, case, x.extras()), device)
+                ms = _time(timed)
             row.update(fwd_ms=ms, fwd_tflops=config.flops("fwd") / ms * 1e-9)
+            if row["fwd_timing"].startswith("eager ("):
+                row["note"] = "forward " + row["fwd_timing"]
         if "bwd" in modes:
             ms = _time_backward(subject, x, case, row)
             row.update(bwd_ms=ms, bwd_tflops=config.flops("bwd") / ms * 1e-9)

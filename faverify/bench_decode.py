@@ -6,7 +6,10 @@ heads over 4 kv heads) and batch * L = DECODE_TOKENS, so every configuration rea
 random order, as a cache that has run a while holds them; its split count its own rule, the SMs and the
 cache length: kernels/triton/interface.num_splits_for); any other subject reads the same keys as
 contiguous [batch, L, 4, d] tensors, the dense path. Each configuration passes the FP64 verdict on a
-smaller instance (batch 1, the same L and heads) before it is timed.
+smaller instance (batch 1, the same L and heads) before it is timed. A call is timed as a serving engine
+runs its decode steps, replayed from a CUDA graph (bench.graphed): the GPU's time, without the host's cost
+of a call, which is of the order of the whole cache read here; a subject whose call cannot be captured is
+timed eagerly, and its row says so.
 
 The figure of merit is the bandwidth of the cache read: cache bytes / time, and its fraction of the
 device's copy bandwidth measured in the same run (a device-to-device copy of 2 GiB: read plus write bytes
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from faverify.bench import _time
+from faverify.bench import _time, graphed
 from faverify.case import Case
 from faverify.runner import evaluate
 from faverify.subjects.base import Subject
@@ -102,12 +105,15 @@ def time_row(subject: Subject, config: DecodeConfig, device, peak: float) -> dic
     subject.take_paths()  # the validation's launches are not the timed ones
     try:
         with torch.no_grad():
-            ms = _time(lambda: subject(x.q, x.k, x.v, case, x.extras()))
+            timed, row["timing"] = graphed(lambda: subject(x.q, x.k, x.v, case, x.extras()), device)
+            ms = _time(timed)
     except (RuntimeError, ValueError, NotImplementedError) as e:
         row["note"] = f"{type(e).__name__}: {str(e)[:200]}"
         return row
     tbps = config.cache_bytes(x.q.element_size()) / (ms * 1e-3) * 1e-12
     row.update(ms=ms, cache_tbps=tbps, of_copy=tbps * 1e12 / peak, paths=sorted(set(subject.take_paths())))
+    if row["timing"].startswith("eager ("):
+        row["note"] = row["timing"]
     return row
 
 

@@ -30,16 +30,20 @@ def test_a_paged_subject_is_timed_paged_and_split_by_its_rule_the_others_contigu
         timed.append(fn())
         return 0.5
     monkeypatch.setattr(bench_decode, "_time", fake_time)
+    # the call itself is timed, not a CUDA graph's replay (which returns nothing): bench.graphed as without a GPU
+    monkeypatch.setattr(bench_decode, "graphed", lambda fn, device: (fn, "eager"))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     config = DecodeConfig("fp32", 16, 64, 16, tokens=128)  # batch 2
-    paged = bench_decode.time_row(resolve("triton-paged"), config, "cpu", peak=1e12)
+    paged = bench_decode.time_row(resolve("triton-paged"), config, device, peak=1e12)
     assert paged["validated"] == "pass" and paged["layout"] == "paged" and paged["page_size"] == 16
-    assert paged["splits"] == num_splits_for(config.batch, 32, 1, 64, 8, 4)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else 8
+    assert paged["splits"] == num_splits_for(config.batch, 32, 1, 64, sms, 4)
     assert paged["cache_tbps"] == pytest.approx(config.cache_bytes(4) / 0.5e-3 * 1e-12)
     assert paged["of_copy"] == pytest.approx(paged["cache_tbps"])  # peak 1 TB/s
     # the kernels the timed call ran, in the row and its table's last column: the packed decode
     assert paged["paths"] == ["fwd variant decode split"], paged["paths"]
     assert bench_decode.table_rows([paged])[0][-1] == "fwd variant decode split"
-    dense = bench_decode.time_row(resolve("triton"), config, "cpu", peak=1e12)
+    dense = bench_decode.time_row(resolve("triton"), config, device, peak=1e12)
     assert dense["validated"] == "pass" and dense["layout"] == "contiguous" and dense["page_size"] == 0
     assert timed[0][0].shape == timed[1][0].shape == (config.batch, 1, 32, 16)
 
@@ -79,3 +83,47 @@ def test_bench_decode_on_the_gpu_writes_rows_with_bandwidth(tmp_path):
     assert 0.5e12 < report["copy_tbps"] * 1e12 < 10e12
     ours = [row for row in report["rows"] if row["kernel"] == "triton-paged"]
     assert ours and all(row["validated"] == "pass" and row["cache_tbps"] > 0 for row in ours), ours
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_decode_is_timed_from_a_cuda_graph_and_a_call_that_cannot_be_captured_eagerly():
+    """bench.graphed: the replay runs the captured kernels on the captured buffers (a q changed in place
+    changes the graph's out as a fresh call's); a call that syncs with the host cannot be captured, and
+    is timed eagerly with the reason."""
+    from faverify.bench import graphed
+    from faverify.inputs import make_inputs
+    from faverify.subjects import resolve
+    subject = resolve("triton-paged")
+    config = DecodeConfig("bf16", 128, 4096, 16, tokens=8192)
+    case = config.case(paged=True, splits=4)
+    x = make_inputs(case, "cuda")
+    outs = []
+    with torch.no_grad():
+        replay, how = graphed(lambda: outs.append(subject(x.q, x.k, x.v, case, x.extras())[0]), "cuda")
+        assert how == "cuda graph"
+        x.q.mul_(-1.5)
+        replay()
+        torch.cuda.synchronize()
+        fresh = subject(x.q, x.k, x.v, case, x.extras())[0]
+        assert torch.equal(outs[-1], fresh)  # the last append is the capture's: its buffer holds the replay's out
+
+        def syncs():
+            return subject(x.q, x.k, x.v, case, x.extras())[0].sum().item()
+        timed, how = graphed(syncs, "cuda")
+        assert timed is syncs and how.startswith("eager (a call waits on the device"), how
+
+        def queries():  # no sync, but a query of the stream, which a capture refuses
+            torch.cuda.current_stream().query()
+            return subject(x.q, x.k, x.v, case, x.extras())[0]
+        timed, how = graphed(queries, "cuda")
+    assert timed is queries and how.startswith("eager (CUDA graph capture failed"), how
+    assert torch.randn(4, device="cuda").isfinite().all()  # the default generator draws again
+
+
+def test_without_a_gpu_a_call_is_timed_as_it_is():
+    from faverify.bench import graphed
+
+    def fn():
+        return 1
+    assert graphed(fn, "cpu") == (fn, "eager")
