@@ -38,8 +38,10 @@
 #   bench-decode [240] faverify bench --decode: triton-paged against sdpa-flash, sdpa-cudnn and flex, bf16 d128,
 #                    caches 4k..128k, GQA 8, pages 16 and 64 (the cache read's bandwidth; 32 s on the H200)
 #   fuzz-decode [300] triton-paged at 3000 cases (most through the decode kernel), and the decode kernel's tests
-#   decode-sweep [300] devtools/decode_sweep.py: the decode kernel's tiles (16 rows; 16, 32 or 64 keys a step,
-#                    2-8 warps, 1-3 stages) and split counts (half, the rule's, twice) on bench --decode's shapes
+#   decode-sweep [300] devtools/decode_sweep.py: split counts (the rule's times 1-32, and 64) with the default
+#                    tile, then the decode kernel's tiles (16 rows; 16, 32 or 64 keys a step, 2-8 warps, 1-3
+#                    stages) at the fastest, on bench --decode's shapes, replayed from CUDA graphs (58 s on the
+#                    H200 for caches 4096 and 131072)
 #   bench-cuda [150] the same for cuda
 #   doctor     [200] faverify doctor --level full
 #   sanitize   [240] compute-sanitizer memcheck and racecheck on devtools/sanitize_cases.py
