@@ -111,10 +111,10 @@ def graphed(fn, device) -> tuple:
     """(what to time, how): on a GPU, the replay of a CUDA graph that captured one call of fn, which times
     the GPU's work without the host's cost of a call (argument checks, allocations, launches: a serving
     engine captures its decode steps this way); where capture fails, or there is no GPU, fn itself, the
-    reason in `how`. fn runs once on a side stream first (compiles and the allocator's pools stay out of
-    the capture), with torch's sync debug mode raising: a call that waits on the device cannot be
-    captured, and is not tried (a failed capture can leave the default CUDA generator marked as capturing;
-    _release_generator undoes that)."""
+    reason in `how`. fn runs on a side stream first, once as it is (compiles and the allocator's pools stay
+    out of the capture), then once with torch's sync debug mode raising: a call that waits on the device
+    cannot be captured, and is not tried (a failed capture can leave the default CUDA generator marked as
+    capturing; _release_generator undoes that)."""
     if torch.device(device).type != "cuda":
         return fn, "eager"
     stream = torch.cuda.Stream()
@@ -122,11 +122,12 @@ def graphed(fn, device) -> tuple:
     mode = torch.cuda.get_sync_debug_mode()
     try:
         with torch.cuda.stream(stream):
+            fn()
             torch.cuda.set_sync_debug_mode("error")
             fn()
     except RuntimeError as e:
-        torch.cuda.set_sync_debug_mode(mode)
-        torch.cuda.synchronize()
+        if "synchronizing" not in str(e):  # torch's words for a call that waits on the device
+            raise
         return fn, f"eager (a call waits on the device: {str(e)[:120]})"
     finally:
         torch.cuda.set_sync_debug_mode(mode)
