@@ -47,7 +47,8 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, m_ptr, l2_ptr, delta_ptr, stride_
                        (offs_dv < head_dim_v)[None, :], ROWS_ALONG_0=True, MASK_ROWS=MASK, EVEN_D=EVEN_DV)
         m, l2, delta = row_stats(m_ptr, l2_ptr, delta_ptr, offs_m, seqlen_q, MASK)
         sT, dcapT = variant_scores(mm(k, qT, INTERPRETED, IEEE), offs_m[None, :], offs_n[:, None], seqlen_k, diag,
-                                 left, right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP)
+                                 left, right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP,
+                                 FP32_DIST=False)
         sT = extra_scores(sT, offs_m[None, :], offs_n[:, None], seqlen_q, seqlen_k, bias, stride_bm, stride_bn,
                           bias_scale, blocks, stride_km, stride_kn, mask_block, BIAS=BIAS, BLOCKS=BLOCKS)
         pT = tl.math.exp2(tl.minimum((sT - m[None, :]) * qk_scale, 0.0) - l2[None, :])
@@ -144,7 +145,8 @@ def _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs,  #
         vT = load_rows(v_base + start_n * stride_vs, cols, seqlen_k,
                        (offs_dv < head_dim_v)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_DV)
         s, dcap = variant_scores(mm(q, kT, INTERPRETED, IEEE), offs_m[:, None], cols[None, :], seqlen_k, diag, left,
-                               right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP)
+                               right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP,
+                               FP32_DIST=False)
         s = extra_scores(s, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, bias, stride_bm, stride_bn,
                          bias_scale, blocks, stride_km, stride_kn, mask_block, BIAS=BIAS, BLOCKS=BLOCKS)
         p = tl.math.exp2(tl.minimum((s - m[:, None]) * qk_scale, 0.0) - l2[:, None])

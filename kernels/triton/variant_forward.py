@@ -86,21 +86,27 @@ def visible_tiles(start, SIZE, lo_off, hi_off, length, TILE: tl.constexpr):
 
 @triton.jit
 def variant_scores(qk, i, j, seqlen_k, diag, left, right, slope, cap_scale, inv_cap_scale,
-                   MASK: tl.constexpr, SOFTCAP: tl.constexpr):
+                   MASK: tl.constexpr, SOFTCAP: tl.constexpr, FP32_DIST: tl.constexpr):
     """The variants' logits in raw q.k units (the kernels scale after subtracting the max, as forward.py
     does): softcap (cap / scale) tanh(qk scale / cap), then ALiBi - (slope / scale) |i + diag - j| (the
     slope comes divided by the scale), then the masks: keys of the sequence, inside the window. i, j: query
     and key indices broadcast to qk's shape (the forward and dq pass [M, 1] and [1, N], dk/dv the
     transpose). Returns (s, softcap's derivative 1 - tanh^2), the second for the backward
     (common.tanh_slope says how it keeps its precision where the cap saturates).
-    ALiBi is always applied: without it the slope is 0, and qk - 0 * |.| is qk exactly (one build less)."""
+    ALiBi is always applied: without it the slope is 0, and qk - 0 * |.| is qk exactly (one build less).
+    FP32_DIST: the distance from positions converted to fp32 apart (i is [M, 1] or [1, M], j the other):
+    M + N integer conversions, not M x N, which run at a fraction of an add's rate (the forward's ALiBi
+    took 1.22 -> 1.15 of dense's time at d128 on the H200); the same value, exact below 2^24. The backward
+    keeps the integer distance: there it changed nothing on the H200, and its registers spilled on sm_80."""
     dcap = qk
     if SOFTCAP:
         th, dcap = tanh_slope(qk * cap_scale)
         qk = th * inv_cap_scale
-    # the distance of positions converted to fp32 apart (i is [M, 1] or [1, M], j the other): M + N integer
-    # conversions, not M x N, which run at a fraction of an add's rate; exact below 2^24
-    qk = qk - slope * tl.abs((i + diag).to(tl.float32) - j.to(tl.float32))  # [mutant site: alibi-offset]
+    if FP32_DIST:
+        dist = tl.abs((i + diag).to(tl.float32) - j.to(tl.float32))
+    else:
+        dist = tl.abs(i + diag - j).to(tl.float32)
+    qk = qk - slope * dist  # [mutant site: alibi-offset]
     if MASK:
         keep = (j < seqlen_k) & (j >= i + diag - left) & (j <= i + diag + right)  # [mutant site: window-bound]
         qk = tl.where(keep, qk, float("-inf"))
@@ -142,7 +148,8 @@ def _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride
             k = load_rows(k_ptrs, cols, seqlen_k, (offs_d < head_dim)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK,
                           EVEN_D=EVEN_D)
             s, _ = variant_scores(mm(q, k, INTERPRETED, IEEE), offs_m[:, None], cols[None, :], seqlen_k, diag, left,
-                                  right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP)
+                                  right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP,
+                                  FP32_DIST=True)
             s = extra_scores(s, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, bias, stride_bm, stride_bn,
                              bias_scale, blocks, stride_km, stride_kn, mask_block, BIAS=BIAS, BLOCKS=BLOCKS)
             m_new = tl.maximum(m_i, tl.max(s, 1))
