@@ -3,7 +3,8 @@
 A variant is a kernel with its compile-time constants: dtype, padded head dim (16..256; fp16, whose code
 is bf16's but for the conversions, at 64 and 128), causal, and whether the head dim fills the padding
 (EVEN_D; the odd-head-dim path is compiled for bf16, it differs from the others only in masks), each with
-the tile its launcher picks by default. Pointers and strides are
+the tile its launcher picks by default; on sm_90 also the Hopper forward and each of its mutants
+(kernels/mutants). Pointers and strides are
 declared 16-byte aligned, as they are for contiguous inputs; so the 16-bit forward for sm_90 is the one
 that loads through tensor descriptors (TMA), as it runs there. For each variant: shared memory from the
 compiler, registers and stack frame from cuobjdump on the cubin (ptxas puts spilled registers in the
@@ -30,6 +31,9 @@ from faverify.kernels.triton.common import BLOCK_DS
 ELEM = {"fp16": 2, "bf16": 2, "fp32": 4}
 KERNELS = ("fwd", "dkdv", "dq", "preprocess")
 HOPPER_KERNEL = "fwd-hopper"  # the Hopper forward (forward_hopper.py): sm_90 only, 16-bit, head dims 64 and 128
+# a mutant of it (kernels/mutants/catalog.py, HOPPER_MUTANTS): they run on sm_90 only, so nowhere in CI; that
+# each compiles is what the CPU can check of them
+HOPPER_MUTANT_KERNEL = "fwd-hopper-mutant"
 
 
 VARIANT_KERNELS = ("vfwd", "vdkdv", "vdq", "vcombine", "vdecode")  # variant_forward.py, variant_backward.py
@@ -45,8 +49,12 @@ class Variant:
     # the variant kernels: v's padded head dim (0: block_d) and the compile-time switches on, "+"-joined
     block_dv: int = 0
     switches: str = ""
+    mutant: str = ""  # HOPPER_MUTANT_KERNEL's: the mutant's name
 
     def __str__(self) -> str:
+        if self.kernel == HOPPER_MUTANT_KERNEL:
+            return (f"{self.kernel} {self.mutant} {self.dtype} D{self.block_d} {'causal' if self.causal else 'full'}"
+                    f" {self.switches or 'dense'}")
         if self.kernel == HOPPER_KERNEL and self.switches:
             return f"{self.kernel} {self.dtype} D{self.block_d} {self.switches}"
         if self.kernel in VARIANT_KERNELS:
@@ -96,6 +104,7 @@ def variants(capability: int = 80) -> list:
         # the variants it takes (interface._hopper_variant): a window (both bounds), softcap, both
         out += [Variant(HOPPER_KERNEL, "bf16", block_d, False, True, switches=sw)
                 for block_d in (64, 128) for sw in HOPPER_SWITCH_SETS]
+        out += hopper_mutant_variants()
     for kernel in KERNELS:
         for dtype in ("bf16", "fp16", "fp32"):
             # fp16's code is bf16's but for its conversions: its builds at the head dims the speed rows use
@@ -104,6 +113,14 @@ def variants(capability: int = 80) -> list:
                     for even_d in ((True, False) if dtype == "bf16" else (True,)):
                         out.append(Variant(kernel, dtype, block_d, causal, even_d))
     return out + variant_kernel_variants()
+
+
+def hopper_mutant_variants() -> list:
+    """Each Hopper mutant's forward, causal and not, with the switches of the features it is fuzzed with (a
+    statement under a switch that is off is not compiled)."""
+    from faverify.kernels.mutants.catalog import HOPPER_MUTANTS
+    return [Variant(HOPPER_MUTANT_KERNEL, "bf16", 128, causal, True, switches="+".join(m.cases.get("features", ())),
+                    mutant=m.name) for m in HOPPER_MUTANTS for causal in (False, True)]
 
 
 def _signature(fn, dtype: str, constants: dict) -> dict:
@@ -157,8 +174,15 @@ def _hopper_source(v: Variant, capability: int):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from faverify.kernels.triton import configs
-    from faverify.kernels.triton.forward_hopper import ALIGNED, _fwd_hopper_aligned, box_layout, box_rows, launch
+    from faverify.kernels.triton import forward_hopper as module
 
+    if v.mutant:  # the mutated copy of forward_hopper.py (kernels/mutants/build.py)
+        import importlib
+
+        from faverify.kernels.mutants.build import load
+        module = importlib.import_module(load(v.mutant).__package__ + ".forward_hopper")
+    ALIGNED, _fwd_hopper_aligned, box_layout, box_rows, launch = (
+        module.ALIGNED, module._fwd_hopper_aligned, module.box_layout, module.box_rows, module.launch)
     tile = configs.hopper_tile(v.block_d, "softcap" in v.switches)
     constants, options = launch(tile)
     on = set(v.switches.split("+")) - {""}
@@ -272,8 +296,8 @@ def compile_variant(v: Variant, capability: int) -> dict:
 
     from faverify.kernels.triton import configs
 
-    build = _hopper_source if v.kernel == HOPPER_KERNEL else _variant_source if v.kernel in VARIANT_KERNELS \
-        else _triton_source
+    build = _hopper_source if v.kernel in (HOPPER_KERNEL, HOPPER_MUTANT_KERNEL) else \
+        _variant_source if v.kernel in VARIANT_KERNELS else _triton_source
     source, options, tile = build(v, capability)
     start = time.perf_counter()
     result = {"variant": str(v), **asdict(v), "sm": capability, "tile": tile}
