@@ -181,20 +181,18 @@ def _hopper_source(v: Variant, capability: int):
 
         from faverify.kernels.mutants.build import load
         module = importlib.import_module(load(v.mutant).__package__ + ".forward_hopper")
-    ALIGNED, _fwd_hopper_aligned, box_layout, box_rows, launch = (
-        module.ALIGNED, module._fwd_hopper_aligned, module.box_layout, module.box_rows, module.launch)
     tile = configs.hopper_tile(v.block_d, "softcap" in v.switches)
-    constants, options = launch(tile)
+    constants, options = module.launch(tile)
     on = set(v.switches.split("+")) - {""}
     constants.update(CAUSAL=v.causal, BLOCK_D=v.block_d, WINDOW="window" in on, SOFTCAP="softcap" in on,
                      ALIBI="alibi" in on, SINKS="sinks" in on)
-    fn = _fwd_hopper_aligned  # the build bench's shapes take: seqlens multiples of 16, specialized on that
+    fn = module._fwd_hopper_aligned  # the build bench's shapes take: seqlens multiples of 16, specialized on that
     signature = _signature(fn, v.dtype, constants)
     dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[v.dtype]
     # host-made descriptors (forward_hopper.descriptors)
-    for name, rows in zip(("q_desc", "k_desc", "v_desc", "o_desc"), box_rows(tile)):
-        signature[name] = f"tensordesc<{v.dtype}[1,{rows},1,{v.block_d}],{box_layout(rows, v.block_d, dtype)!r}>"
-    source = GluonASTSource(fn, signature, constants, _aligned_attrs(fn, constants, ALIGNED))
+    for name, rows in zip(("q_desc", "k_desc", "v_desc", "o_desc"), module.box_rows(tile)):
+        signature[name] = f"tensordesc<{v.dtype}[1,{rows},1,{v.block_d}],{module.box_layout(rows, v.block_d, dtype)!r}>"
+    source = GluonASTSource(fn, signature, constants, _aligned_attrs(fn, constants, module.ALIGNED))
     return source, options, str(tile)
 
 
