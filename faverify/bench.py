@@ -112,23 +112,26 @@ def graphed(fn, device) -> tuple:
     the GPU's work without the host's cost of a call (argument checks, allocations, launches: a serving
     engine captures its decode steps this way); where capture fails, or there is no GPU, fn itself, the
     reason in `how`. fn runs on a side stream first, once as it is (compiles and the allocator's pools stay
-    out of the capture), then once with torch's sync debug mode raising: a call that waits on the device
-    cannot be captured, and is not tried (a failed capture can leave the default CUDA generator marked as
-    capturing; _release_generator undoes that)."""
+    out of the capture), then once with torch's sync debug mode raising, which names the reason when the
+    capture then fails: a call that waits on the device outside a capture may not inside one (the bundled
+    kernels' block-table check reads the device only where it can), so the capture is tried either way. A
+    failed capture can leave the default CUDA generator marked as capturing; _release_generator undoes it."""
     if torch.device(device).type != "cuda":
         return fn, "eager"
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     mode = torch.cuda.get_sync_debug_mode()
+    waits = ""
     try:
         with torch.cuda.stream(stream):
             fn()
             torch.cuda.set_sync_debug_mode("error")
-            fn()
-    except RuntimeError as e:
-        if "synchronizing" not in str(e):  # torch's words for a call that waits on the device
-            raise
-        return fn, f"eager (a call waits on the device: {str(e)[:120]})"
+            try:
+                fn()
+            except RuntimeError as e:
+                if "synchronizing" not in str(e):  # torch's words for a call that waits on the device
+                    raise
+                waits = str(e)[:120]
     finally:
         torch.cuda.set_sync_debug_mode(mode)
         torch.cuda.current_stream().wait_stream(stream)
@@ -139,7 +142,9 @@ def graphed(fn, device) -> tuple:
     except Exception as e:  # noqa: BLE001 - a subject's capture may fail any way; it is then timed eagerly
         torch.cuda.synchronize()
         _release_generator(device)
-        return fn, f"eager (CUDA graph capture failed: {type(e).__name__}: {str(e)[:120]})"
+        why = f"a call waits on the device: {waits}" if waits else \
+            f"CUDA graph capture failed: {type(e).__name__}: {str(e)[:120]}"
+        return fn, f"eager ({why})"
     return graph.replay, "cuda graph"
 
 

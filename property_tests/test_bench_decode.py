@@ -89,8 +89,9 @@ def test_bench_decode_on_the_gpu_writes_rows_with_bandwidth(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_a_decode_is_timed_from_a_cuda_graph_and_a_call_that_cannot_be_captured_eagerly():
     """bench.graphed: the replay runs the captured kernels on the captured buffers (a q changed in place
-    changes the graph's out as a fresh call's); a call that syncs with the host cannot be captured, and
-    is timed eagerly with the reason."""
+    changes the graph's out as a fresh call's); the bundled decode, whose block-table check syncs outside
+    a capture only, is captured; a call that syncs with the host inside one too cannot be, and is timed
+    eagerly with the reason, as is one that a capture refuses for any other reason."""
     from faverify.bench import graphed
     from faverify.inputs import make_inputs
     from faverify.subjects import resolve
@@ -113,11 +114,12 @@ def test_a_decode_is_timed_from_a_cuda_graph_and_a_call_that_cannot_be_captured_
         timed, how = graphed(syncs, "cuda")
         assert timed is syncs and how.startswith("eager (a call waits on the device"), how
 
-        def queries():  # no sync, but a query of the stream, which a capture refuses
-            torch.cuda.current_stream().query()
+        def refuses():  # no sync: an error met only under capture
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("refused while capturing")
             return subject(x.q, x.k, x.v, case, x.extras())[0]
-        timed, how = graphed(queries, "cuda")
-    assert timed is queries and how.startswith("eager (CUDA graph capture failed"), how
+        timed, how = graphed(refuses, "cuda")
+    assert timed is refuses and how == "eager (CUDA graph capture failed: RuntimeError: refused while capturing)", how
     assert torch.randn(4, device="cuda").isfinite().all()  # the default generator draws again
 
 
