@@ -124,20 +124,23 @@ def test_the_split_rule_fills_the_sms_and_no_more():
     assert num_splits_for(1, 8, 1, 1 << 15, 132) == 17  # 8 programs: 17 splits fill 132 SMs
     assert num_splits_for(64, 32, 1, 1 << 15, 132) == 1  # 2048 programs fill them already
     assert num_splits_for(1, 1, 1, SPLIT_BLOCK * 3, 132) == 3  # no more splits than blocks of keys
-    assert num_splits_for(1, 1, 1, 1 << 20, 132) == 64  # at most 64
+    assert num_splits_for(1, 1, 1, 1 << 20, 132) == 128  # at most MAX_SPLITS
     assert num_splits_for(1, 1, 1, 0, 132) == 1
 
 
 def test_the_split_rule_counts_the_packed_decode_s_programs(monkeypatch):
     """Where the decode kernel packs a GQA group into its rows, a program is a (batch, kv head, tile of 16
-    rows): 32 query heads over 4 kv heads at seqlen_q 1 are 4 programs, 33 splits on 132 SMs, where 32
-    per-head programs take 5."""
+    rows), and the splits fill the 3 slots an SM has for them once: 32 query heads over 4 kv heads at
+    seqlen_q 1 are 4 programs, 99 splits on 132 SMs (396 programs, one wave), where 32 per-head programs
+    take 5 (one program an SM)."""
     from faverify.kernels.triton import variant_interface
     from faverify.kernels.triton.interface import num_splits_for
     monkeypatch.setattr(variant_interface, "PACKED_DECODE", True)
-    assert num_splits_for(1, 32, 1, 1 << 17, 132, 4) == 33
-    assert num_splits_for(1, 32, 4, 1 << 17, 132, 4) == 17  # 8 x 4 rows a kv head: 2 tiles each
+    assert num_splits_for(1, 32, 1, 1 << 17, 132, 4) == 99
+    assert num_splits_for(32, 32, 1, 1 << 12, 132, 4) == 3  # 128 programs: 384 in one wave, not 512 in two
+    assert num_splits_for(1, 32, 4, 1 << 17, 132, 4) == 49  # 8 x 4 rows a kv head: 2 tiles each
     assert num_splits_for(1, 32, 17, 1 << 17, 132, 4) == 5  # past DECODE_ROWS: per head
+    assert num_splits_for(128, 32, 1, 1 << 12, 132, 4) == 1  # 512 programs are more than a wave already
     monkeypatch.setattr(variant_interface, "PACKED_DECODE", False)
     assert num_splits_for(1, 32, 1, 1 << 17, 132, 4) == 5
 
@@ -384,6 +387,26 @@ def test_the_packed_decode_matches_fp64_and_so_does_the_per_head_path(name, pack
     assert r.status == "pass", (r.status, r.reason)
     assert r.paths and all(p.startswith("fwd variant decode" if packed else "fwd variant paged") for p in r.paths), \
         r.paths
+
+
+def test_the_decode_kernel_writes_every_split_partial(monkeypatch):
+    """The decode's split partials are allocated empty (a decode step launches no fill ahead of its kernel):
+    every entry must be the kernel's, those of splits that see no key included (out 0, lse -inf). Here
+    every float allocation comes filled with NaN, so an entry left unwritten poisons the partials' verdict
+    and the combined out."""
+    real = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = real(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    case = Case(2, 1, 100, 8, 2, 32, dtype="bf16", cache_seqlens=(100, 0), page_size=16, pages="random",
+                splits=9, seed=21)
+    r = evaluate(resolve("triton-paged"), case, DEVICE, mode="fwd")
+    assert r.status == "pass", (r.status, r.reason)
+    assert {"out", "lse", "out_splits", "lse_splits"} <= set(r.metrics)
+    assert r.paths and all(p.startswith("fwd variant decode split") for p in r.paths), r.paths
 
 
 def test_the_warm_up_compiles_only_what_the_drawn_features_need():

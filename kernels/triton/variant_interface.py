@@ -4,6 +4,7 @@ uses a variant."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import torch
@@ -117,9 +118,25 @@ class Variant:
         not in the other, and at logits near 1e12 the two differ by 2^17, whose exp2 is inf or 0 (lse inf,
         dsinks NaN on the H200 with every sink above logits of 1e11)."""
         h = q.shape[-2]
-        alibi = self.alibi if self.alibi is not None else torch.zeros(h, dtype=torch.float32, device=q.device)
-        sinks = self.sinks / self.raw if self.sinks is not None else torch.full((h,), float("-inf"), device=q.device)
+        alibi = self.alibi if self.alibi is not None else _filled(h, 0.0, q.device)
+        sinks = self.sinks / self.raw if self.sinks is not None else _filled(h, float("-inf"), q.device)
         return alibi, alibi.stride(0) if alibi.dim() == 2 else 0, sinks
+
+
+def _filled(n: int, value: float, device) -> torch.Tensor:
+    """A read-only fp32 vector of n values, kept from call to call: a decode step's kernel reads the whole
+    cache in about 0.1 ms on the H200, where each fill launched for it would cost a few microseconds. Made
+    afresh inside a CUDA graph capture, where a fill is only recorded and the tensor holds nothing until
+    the graph is replayed."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.full((n,), value, dtype=torch.float32, device=device)
+    return _kept(n, value, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _kept(n: int, value: float, device: torch.device) -> torch.Tensor:
+    return torch.full((n,), value, dtype=torch.float32, device=device)
 
 
 def broadcast_strides(t: torch.Tensor) -> tuple:
@@ -196,14 +213,21 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
         lse = torch.empty((batch, h, sq), dtype=torch.float32, device=q.device)
     rows = (torch.empty_like(lse), torch.empty_like(lse)) if stats else None
     split = num_splits > 0
+    decode = paged and packs_decode(sq) and not var.masked and rows is None
     splits = None
     if split:
-        splits = (torch.zeros((num_splits, batch, sq, h, dv), dtype=torch.float32, device=q.device),
-                  torch.full((num_splits, batch, h, sq), float("-inf"), dtype=torch.float32, device=q.device))
+        shapes = ((num_splits, batch, sq, h, dv), (num_splits, batch, h, sq))
+        if decode:  # the decode kernel writes every partial: a split that sees no key 0 and -inf
+            splits = tuple(torch.empty(shape, dtype=torch.float32, device=q.device) for shape in shapes)
+        else:  # _fwd writes each sequence's rows only, and the combine reads them all
+            splits = (torch.zeros(shapes[0], dtype=torch.float32, device=q.device),
+                      torch.full(shapes[1], float("-inf"), dtype=torch.float32, device=q.device))
     if q.numel() == 0 or batch == 0 or sq == 0:
         _LAUNCHED.append("fwd variant none (empty)")
         if rows is not None:
             rows[0].zero_(), rows[1].fill_(float("inf"))
+        if splits is not None:
+            splits[0].zero_(), splits[1].fill_(float("-inf"))
         return out.zero_(), lse.fill_(float("-inf")), rows, splits
     target_out, target_lse = splits if split else (out, lse)
     fast = fast_build(var, q, v, k, target_out)
@@ -213,7 +237,7 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
     else:
         o_strides = _qstrides(out, varlen) + (0,)
         l_strides = _lse_strides(lse, varlen) + (0,)
-    if paged and packs_decode(sq) and not var.masked and rows is None:
+    if decode:
         _decode(q, k, v, var, block_table, cache_seqlens, target_out, target_lse, o_strides + l_strides,
                 num_splits, fast, emulate)
         if split:
