@@ -4,7 +4,8 @@ in one process, next to the default tile (configs.decode) and the split rule's c
 GPU only: under the interpreter it runs, slowly, with --tokens small.
 
     python3 devtools/decode_sweep.py [--headdims 128] [--dtype bf16] [--pages 16,64]
-                                     [--caches 4096,16384,65536,131072] [--splits 1,2,4,8,16,32] [--tokens N] [--json F]
+                                     [--caches 4096,16384,65536,131072] [--splits 1,2,4,8,16,32] [--tokens N] [--no-tiles]
+                                     [--json F]
 
 --splits: multiples of the rule's split count (and MAX_SPLITS), timed with the default tile; then every tile
 at the fastest count. Each call is timed replaying a CUDA graph, as bench --decode times it (bench.graphed:
@@ -64,6 +65,7 @@ def main() -> None:
     p.add_argument("--caches", default=",".join(map(str, bench_decode.CACHE_LENS)))
     p.add_argument("--splits", default="1,2,4,8,16,32")
     p.add_argument("--tokens", type=int, default=bench_decode.DECODE_TOKENS)
+    p.add_argument("--no-tiles", action="store_true", help="time the split counts only")
     p.add_argument("--json")
     a = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -92,7 +94,7 @@ def main() -> None:
         # first the split count with the default tile, then every tile at the best count (MAX_SPLITS bounds both)
         counts = sorted({max(1, min(MAX_SPLITS, round(rule * float(m)))) for m in a.splits.split(",")} | {MAX_SPLITS})
         best = min((record(s, None) for s in counts), key=lambda r: r["ms"])["splits"]
-        for tile in candidates():
+        for tile in [] if a.no_tiles else candidates():
             record(best, tile)
     if a.json:
         with open(a.json, "w") as f:

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from faverify.errors import UsageError
+from faverify.kernels.constants import MAX_SPLITS
 
 DTYPES = ("bf16", "fp16", "fp32")
 # inputs.py draws each; "negative" and "lone-key" make rows whose every logit is far below zero (the bugs of
@@ -55,7 +56,6 @@ SCORE_MODS = ("off", "relative", "alibi", "softcap")
 # permutation with unused pages between them; the first sequence's full pages shared by the others (a
 # cached prefix)
 PAGE_ORDERS = ("in-order", "reverse", "random", "shared")
-MAX_SPLITS = 64
 # The variant fields and their "off" values: a case that leaves them off is dense attention, and its JSON
 # leaves them out, so a dense case prints as it always did.
 VARIANT_DEFAULTS = {"window": (-1, -1), "softcap": 0.0, "alibi": "off", "sinks": "off", "head_dim_v": None,

@@ -102,6 +102,10 @@ _INTERPRETED = {"fwd": Tile(64, 32, 4, 1), "dkdv": Tile(32, 64, 4, 1), "dq": Til
 
 
 DECODE_TILE = 16  # the decode kernel's rows: a GQA group's query heads (times its few queries), packed
+# Programs of the decode kernel's 16-bit tile an SM holds at once (154 registers a thread over 4 warps, 64 KB
+# of shared memory for its 2 stages; Nsight Compute on the H200): the split rule fills these slots once
+# (interface.num_splits_for). sm_80's 164 KB of shared memory holds 2.
+DECODE_PROGRAMS_PER_SM = 3
 
 
 def decode(elem: int, fast: bool) -> Tile:

@@ -13,7 +13,7 @@ from faverify.kernels.triton import backward as _bwd
 from faverify.kernels.triton import forward as _fwd
 from faverify.kernels.triton import forward_hopper as _fwd_hopper
 from faverify.kernels.triton import variant_interface as _var
-from faverify.kernels.constants import INIT_VALUE
+from faverify.kernels.constants import INIT_VALUE, MAX_SPLITS
 from faverify.kernels.triton.common import INTERPRET, LAUNCHED as _LAUNCHED, LOG2E, NO_BOUND, block_d, quiet
 from faverify.kernels.triton.common import aligned as _aligned
 from faverify.kernels.triton.common import seq_strides as _strides
@@ -305,19 +305,22 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
 
 
 def num_splits_for(batch: int, nheads: int, seqlen_q: int, max_cache: int, sms: int, nheads_k: int = 0) -> int:
-    """The split count flash_attn_with_kvcache chooses: split the keys only while the programs fill less
-    than the GPU's SMs, into enough splits to fill them, no more than the cache has blocks of SPLIT_BLOCK
-    keys, and at most 64 (the combine reads every split of a row). A program is a (batch, head, tile of 64
-    queries), or, where the decode kernel packs a GQA group into its rows (variant_interface.packs_decode;
-    nheads_k given), a (batch, kv head, tile of configs.DECODE_TILE rows)."""
+    """The split count flash_attn_with_kvcache chooses: split the keys only while the programs leave the GPU
+    idle, into no more splits than the cache has blocks of SPLIT_BLOCK keys, nor MAX_SPLITS. A program is a
+    (batch, head, tile of 64 queries), and the splits fill the SMs (at least one program each); or, where the
+    decode kernel packs a GQA group into its rows (variant_interface.packs_decode; nheads_k given), a (batch,
+    kv head, tile of configs.DECODE_TILE rows), and the splits fill the slots for them that the SMs hold
+    together (configs.DECODE_PROGRAMS_PER_SM) once, with no second wave. On the H200 (132 SMs, bench
+    --decode's caches of 4k to 128k keys at GQA 8) that was the fastest count of those timed, or within 3%
+    of it."""
+    blocks = max(1, -(-max_cache // _var.SPLIT_BLOCK))
     if nheads_k and _var.packs_decode(seqlen_q):
         programs = batch * nheads_k * -(-max(seqlen_q, 1) * (nheads // nheads_k) // configs.DECODE_TILE)
+        splits = sms * configs.DECODE_PROGRAMS_PER_SM // programs
     else:
         programs = batch * nheads * -(-max(seqlen_q, 1) // 64)
-    if programs >= sms:
-        return 1
-    blocks = max(1, -(-max_cache // _var.SPLIT_BLOCK))
-    return max(1, min(-(-sms // programs), blocks, 64))
+        splits = -(-sms // programs) if programs < sms else 1
+    return max(1, min(splits, blocks, MAX_SPLITS))
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, causal: bool = False,
