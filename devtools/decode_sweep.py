@@ -21,7 +21,7 @@ import json
 import torch
 
 from faverify import bench_decode
-from faverify.bench import _time, graphed
+from faverify.bench import time_forward
 from faverify.case import MAX_SPLITS
 from faverify.inputs import make_inputs
 from faverify.kernels.triton import configs, variant_interface
@@ -50,7 +50,7 @@ def run(cfg, x, splits: int, tile, device):
     try:
         with torch.no_grad():
             out = subject(x.q, x.k, x.v, case, x.extras())[0].float()
-            ms = _time(graphed(lambda: subject(x.q, x.k, x.v, case, x.extras()), device)[0])
+        ms, _ = time_forward(subject, x, case, device)
         paths = sorted(set(subject.take_paths()))
     finally:
         configs.decode = default

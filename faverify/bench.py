@@ -181,10 +181,8 @@ def time_row(subject: Subject, config: Config, device, *, modes=("fwd", "bwd"), 
         row["tiles"] = _tune_triton(x, case)
     subject.take_paths()  # the validation's and the tuning's launches are not the timed ones
     try:
-        if "fwd" in modes:  # replayed from a CUDA graph: a short window's forward is shorter than a call's host work
-            with torch.no_grad():
-                timed, row["fwd_timing"] = graphed(lambda: subject(x.q, x.k, x.v, case, x.extras()), device)
-                ms = _time(timed)
+        if "fwd" in modes:
+            ms, row["fwd_timing"] = time_forward(subject, x, case, device)
             row.update(fwd_ms=ms, fwd_tflops=config.flops("fwd") / ms * 1e-9)
             if row["fwd_timing"].startswith("eager ("):
                 row["note"] = "forward " + row["fwd_timing"]
@@ -196,6 +194,14 @@ def time_row(subject: Subject, config: Config, device, *, modes=("fwd", "bwd"), 
     # which kernels the timed calls ran (a variant the Hopper forward declines times the portable one)
     row["paths"] = sorted(set(subject.take_paths()))
     return row
+
+
+def time_forward(subject: Subject, x, case, device) -> tuple:
+    """(ms, how) of a forward call without gradients, replayed from a CUDA graph where it can be captured
+    (graphed): a short window's forward, or a decode step, is shorter than a call's host work."""
+    with torch.no_grad():
+        timed, how = graphed(lambda: subject(x.q, x.k, x.v, case, x.extras()), device)
+        return _time(timed), how
 
 
 def _time_backward(subject: Subject, x, case, row: dict) -> float:

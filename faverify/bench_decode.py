@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from faverify.bench import _time, graphed
+from faverify.bench import _time, time_forward
 from faverify.case import Case
 from faverify.runner import evaluate
 from faverify.subjects.base import Subject
@@ -104,9 +104,7 @@ def time_row(subject: Subject, config: DecodeConfig, device, peak: float) -> dic
     x = make_inputs(case, device)
     subject.take_paths()  # the validation's launches are not the timed ones
     try:
-        with torch.no_grad():
-            timed, row["timing"] = graphed(lambda: subject(x.q, x.k, x.v, case, x.extras()), device)
-            ms = _time(timed)
+        ms, row["timing"] = time_forward(subject, x, case, device)
     except (RuntimeError, ValueError, NotImplementedError) as e:
         row["note"] = f"{type(e).__name__}: {str(e)[:200]}"
         return row

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from faverify import bench_decode
+from faverify import bench, bench_decode
 from faverify.bench_decode import DecodeConfig
 from property_tests.cli_helpers import cli
 
@@ -29,9 +29,9 @@ def test_a_paged_subject_is_timed_paged_and_split_by_its_rule_the_others_contigu
     def fake_time(fn):  # one call, as do_bench's first would make, then a fixed 0.5 ms
         timed.append(fn())
         return 0.5
-    monkeypatch.setattr(bench_decode, "_time", fake_time)
+    monkeypatch.setattr(bench, "_time", fake_time)
     # the call itself is timed, not a CUDA graph's replay (which returns nothing): bench.graphed as without a GPU
-    monkeypatch.setattr(bench_decode, "graphed", lambda fn, device: (fn, "eager"))
+    monkeypatch.setattr(bench, "graphed", lambda fn, device: (fn, "eager"))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     config = DecodeConfig("fp32", 16, 64, 16, tokens=128)  # batch 2
     paged = bench_decode.time_row(resolve("triton-paged"), config, device, peak=1e12)
