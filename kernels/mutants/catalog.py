@@ -235,7 +235,7 @@ VARIANT_MUTANTS = (
              "the paged gather reads pages in pool order, ignoring the block table",
              "caches filled in order make the block table the identity", ("paged",), "triton-paged"),
     _variant("combine-nan-on-empty", "variant_forward.py", "combine-empty",
-             "out = acc / weight[:, None]",
+             "out = acc / weight",
              "the split combine divides 0 by 0 for a row that no split saw",
              "empty partials need more splits than key blocks, or a window, to appear", ("paged", "splits"),
              "triton-paged"),

@@ -233,13 +233,14 @@ def _variant_source(v: Variant, capability: int):
     from faverify.kernels.triton import variant_backward as vb
     from faverify.kernels.triton import variant_forward as vf
     from faverify.kernels.triton.common import STREAMED
-    from faverify.kernels.triton.variant_interface import SPLIT_BLOCK
+    from faverify.kernels.triton.variant_interface import COMBINE_SPLITS, SPLIT_BLOCK
 
     fast = v.even_d and v.kernel != "vcombine"
 
     on = set(v.switches.split("+")) - {""}
     if v.kernel == "vcombine":
-        fn, constants, tile = vf._combine_kernel, {"BLOCK_M": 16, "BLOCK_DV": v.block_dv, "INTERPRETED": False}, None
+        fn, tile = vf._combine_kernel, None
+        constants = {"BLOCK_S": COMBINE_SPLITS, "BLOCK_DV": v.block_dv, "INTERPRETED": False}
         options = {"num_warps": 4, "num_stages": 1}
         pointers = {name: "*fp32" for name in ("OutSplits", "LseSplits", "Lse")} | {"Out": f"*{v.dtype}"}
     elif v.kernel == "vdecode":

@@ -376,33 +376,39 @@ def _combine(OutSplits, LseSplits, Out, Lse,  #
              stride_ls, stride_lb, stride_lh,  # lse_splits [splits, b, h, s]
              stride_ob, stride_om, stride_oh, stride_eb, stride_eh,  # out [b, s, h, dv], lse [b, h, s]
              nheads, seqlen_q, head_dim_v, num_splits,  #
-             BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, INTERPRETED: tl.constexpr):
-    """lse = logsumexp_s lse_s, out = sum_s e^(lse_s - lse) out_s; partials that saw no key (lse_s = -inf,
-    out_s = 0) weigh nothing, and a row no split saw gives out 0, lse -inf."""
+             BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr, INTERPRETED: tl.constexpr):
+    """lse = logsumexp_s lse_s, out = sum_s e^(lse_s - lse) out_s for one row (program (row, b * h));
+    partials that saw no key (lse_s = -inf, out_s = 0) weigh nothing, and a row no split saw gives out 0,
+    lse -inf. BLOCK_S splits are read at once: a decode step's row has up to MAX_SPLITS partials, and
+    read one after another each would wait its own memory latency."""
     off_bh = tl.program_id(1)
     off_b = (off_bh // nheads).to(tl.int64)
     off_h = (off_bh % nheads).to(tl.int64)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    off_m = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
     offs_dv = tl.arange(0, BLOCK_DV)
-    rows_ok = offs_m < seqlen_q
-    ok = rows_ok[:, None] & (offs_dv < head_dim_v)[None, :]
-    lse_base = LseSplits + off_b * stride_lb + off_h * stride_lh + offs_m
-    out_base = OutSplits + off_b * stride_sb + offs_m[:, None] * stride_sm + off_h * stride_sh + offs_dv[None, :]
-    top = tl.zeros([BLOCK_M], dtype=tl.float32) + float("-inf")
-    for s in range(0, num_splits):
-        top = tl.maximum(top, tl.load(lse_base + s * stride_ls, mask=rows_ok, other=float("-inf")))
+    dv_ok = offs_dv < head_dim_v
+    lse_base = LseSplits + off_b * stride_lb + off_h * stride_lh + off_m
+    out_base = OutSplits + off_b * stride_sb + off_m * stride_sm + off_h * stride_sh + offs_dv[None, :]
+    top = float("-inf")
+    for s0 in range(0, num_splits, BLOCK_S):
+        top = tl.maximum(top, tl.max(tl.load(lse_base + (s0 + offs_s) * stride_ls, mask=s0 + offs_s < num_splits,
+                                             other=float("-inf")), 0))
     top = tl.where(top == float("-inf"), 0.0, top)
-    weight = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    for s in range(0, num_splits):
-        w = tl.math.exp2((tl.load(lse_base + s * stride_ls, mask=rows_ok, other=float("-inf")) - top) * LOG2E_)
-        acc += w[:, None] * tl.load(out_base + s * stride_ss, mask=ok, other=0.0)
-        weight += w
-    out = acc / tl.where(weight > 0.0, weight, 1.0)[:, None]  # [mutant site: combine-empty]
+    weight = 0.0
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        s_ok = s0 + offs_s < num_splits
+        w = tl.math.exp2((tl.load(lse_base + (s0 + offs_s) * stride_ls, mask=s_ok, other=float("-inf")) - top)
+                         * LOG2E_)
+        parts = tl.load(out_base + (s0 + offs_s)[:, None] * stride_ss, mask=s_ok[:, None] & dv_ok[None, :], other=0.0)
+        acc += tl.sum(w[:, None] * parts, 0)
+        weight += tl.sum(w, 0)
+    out = acc / tl.where(weight > 0.0, weight, 1.0)  # [mutant site: combine-empty]
     lse = tl.where(weight > 0.0, top + tl.math.log2(tl.where(weight > 0.0, weight, 1.0)) * LN2, float("-inf"))
-    tl.store(Out + off_b * stride_ob + offs_m[:, None] * stride_om + off_h * stride_oh + offs_dv[None, :],
-             cast(out, Out.dtype.element_ty, INTERPRETED), mask=ok)
-    tl.store(Lse + off_b * stride_eb + off_h * stride_eh + offs_m, lse, mask=rows_ok)
+    tl.store(Out + off_b * stride_ob + off_m * stride_om + off_h * stride_oh + offs_dv,
+             cast(out, Out.dtype.element_ty, INTERPRETED), mask=dv_ok)
+    tl.store(Lse + off_b * stride_eb + off_h * stride_eh + off_m, lse)
 
 
 # Two builds per set of compile-time switches: the generic one specialized on no runtime value

@@ -22,6 +22,7 @@ from faverify.kernels.triton.common import seq_strides as _qstrides
 # and the CPU's caches are small, and blocks of 32 give the splits of a cache of a few hundred keys
 # several blocks each.
 SPLIT_BLOCK = 32 if INTERPRET else 64
+COMBINE_SPLITS = 16  # the split partials the combine reads at once (variant_forward._combine)
 # A paged cache's few query rows (seqlen_q <= DECODE_ROWS) run the decode kernel (variant_forward._decode),
 # which packs the query heads of a kv head into one tile and reads each key tile once for them all.
 # FAVERIFY_PACKED_DECODE=0 sends them to the per-head forward instead (an A/B switch for bench and tests).
@@ -302,12 +303,11 @@ def combine(out_splits, lse_splits, out, lse, emulate=None) -> None:
     s, b, sq, h, dv = out_splits.shape
     if out_splits.numel() == 0:
         return
-    block_m = 16
     with quiet():
-        _vfwd._combine_kernel[(triton.cdiv(sq, block_m), b * h)](
+        _vfwd._combine_kernel[(sq, b * h)](
             out_splits, lse_splits, out, lse, *(out_splits.stride(i) for i in range(4)),
             *(lse_splits.stride(i) for i in range(3)), out.stride(0), out.stride(1), out.stride(2),
-            lse.stride(0), lse.stride(1), h, sq, dv, s, BLOCK_M=block_m, BLOCK_DV=block_d(dv),
+            lse.stride(0), lse.stride(1), h, sq, dv, s, BLOCK_S=COMBINE_SPLITS, BLOCK_DV=block_d(dv),
             INTERPRETED=INTERPRET if emulate is None else emulate)
 
 
