@@ -142,9 +142,8 @@ def graphed(fn, device) -> tuple:
     except Exception as e:  # noqa: BLE001 - a subject's capture may fail any way; it is then timed eagerly
         torch.cuda.synchronize()
         _release_generator(device)
-        why = f"a call waits on the device: {waits}" if waits else \
-            f"CUDA graph capture failed: {type(e).__name__}: {str(e)[:120]}"
-        return fn, f"eager ({why})"
+        failed = f"CUDA graph capture failed: {type(e).__name__}: {str(e)[:120]}"
+        return fn, f"eager (a call waits on the device: {waits}; {failed})" if waits else f"eager ({failed})"
     return graph.replay, "cuda graph"
 
 

@@ -409,6 +409,28 @@ def test_the_decode_kernel_writes_every_split_partial(monkeypatch):
     assert r.paths and all(p.startswith("fwd variant decode split") for p in r.paths), r.paths
 
 
+def test_the_no_alibi_and_no_sinks_vectors_are_kept_from_call_to_call():
+    from faverify.kernels.triton.variant_interface import _filled
+    zeros = _filled(6, 0.0, DEVICE)
+    assert zeros is _filled(6, 0.0, DEVICE) and (zeros == 0).all() and zeros.dtype == torch.float32
+    assert _filled(6, float("-inf"), DEVICE).isneginf().all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="CUDA graph capture needs a GPU")
+def test_a_vector_first_made_inside_a_cuda_graph_capture_is_not_kept(monkeypatch):
+    """Inside a capture the fill is only recorded: kept, the vector would hold nothing for a later eager
+    call until the graph were replayed."""
+    from faverify.kernels.triton import variant_interface
+    monkeypatch.setattr(variant_interface, "_KEPT", {})
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        variant_interface._filled(8, -1.5, "cuda")
+    assert not variant_interface._KEPT
+    outside = variant_interface._filled(8, -1.5, "cuda")
+    assert (outside == -1.5).all() and variant_interface._filled(8, -1.5, "cuda") is outside
+
+
 def test_the_warm_up_compiles_only_what_the_drawn_features_need():
     """subject.for_features: a fuzz that draws no feature warms the dense kernels only; one that draws
     windows warms no softcap, bias or block-mask build, and its cases keep the window but drop ALiBi (a
