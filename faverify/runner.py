@@ -79,9 +79,7 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
     subject.take_compile_seconds()
     raised = (Exception, SystemExit, KeyboardInterrupt) if in_worker else (Exception, SystemExit)
     result = _evaluate(subject, case, device, mode, tolerance, clock, stored, raised, repeat)
-    if torch.device(device).type == "cuda" and case.kind == "paged" and case.pool:
-        # a pool drawn huge (past 2^31 elements) stays in the caching allocator otherwise, and the
-        # device's other workers would find no memory free for their cases
+    if gives_back(case, device):
         torch.cuda.empty_cache()
     result.paths = subject.take_paths()
     compiling = subject.take_compile_seconds()
@@ -313,9 +311,25 @@ def judge_splits(case: Case, x: Inputs, splits, tolerance: Tolerance, caps) -> d
 CHECK_MEMORY_ABOVE = 256 << 20  # bytes: a smaller case is not worth asking the device how much is free
 
 
-def _too_big(case: Case, device: torch.device, backward: bool) -> str | None:
-    """Why the case cannot fit on the device (about what it would take, against what is free), or None.
-    A drawn case that does not fit is skipped with this reason; `repro` of one is exit 2."""
+# bytes: a GPU worker hands the memory of a case that took more back to the device (gives_back); twice the
+# reference's chunk of temporaries (1 GiB on a GPU), which every case's estimate counts whole
+GIVE_BACK_ABOVE = 2 << 30
+
+
+def gives_back(case: Case, device) -> bool:
+    """Whether a GPU worker hands the memory of a case it has run back to the device: one that took more
+    than GIVE_BACK_ABOVE, or drew a paged pool past 2^31 elements (emptying the cache syncs the device, not
+    worth it for the many small cases). The caching allocator keeps it
+    otherwise, and the workers beside this one find it taken: a 2000-case triton-paged fuzz on the H200
+    (6 workers, each keeping what its cases had taken) skipped 72 cases for memory, 0.1-29 GiB of
+    139 free when each was drawn."""
+    device = torch.device(device)
+    return device.type == "cuda" and (bool(case.kind == "paged" and case.pool)
+                                      or _bytes_needed(case, device, backward=True) > GIVE_BACK_ABOVE)
+
+
+def _bytes_needed(case: Case, device: torch.device, backward: bool) -> int:
+    """About the device memory a case takes: its tensors, the reference's and, paged, the pools."""
     from faverify.dtypes import TORCH
     from faverify.reference import bytes_needed
     itemsize = TORCH[case.dtype].itemsize
@@ -324,6 +338,13 @@ def _too_big(case: Case, device: torch.device, backward: bool) -> str | None:
     if case.kind == "paged":  # the pools, k and v, twice (the inputs and their untouched copy)
         pages = case.pool or case.pages_used + 1
         need += 2 * pages * case.page_size * case.nheads_k * (case.head_dim + case.dv) * itemsize
+    return need
+
+
+def _too_big(case: Case, device: torch.device, backward: bool) -> str | None:
+    """Why the case cannot fit on the device (about what it would take, against what is free), or None.
+    A drawn case that does not fit is skipped with this reason; `repro` of one is exit 2."""
+    need = _bytes_needed(case, device, backward)
     if need <= CHECK_MEMORY_ABOVE:
         return None
     free = free_memory(device)
