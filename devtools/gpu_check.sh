@@ -42,6 +42,8 @@
 #                    tile, then the decode kernel's tiles (16 rows; 16, 32 or 64 keys a step, 2-8 warps, 1-3
 #                    stages) at the fastest, on bench --decode's shapes, replayed from CUDA graphs (58 s on the
 #                    H200 for caches 4096 and 131072)
+#   decode-profile [120] devtools/decode_profile.py: each kernel's GPU time in a decode step of bench --decode's
+#                    shapes (torch.profiler over replays of the step's CUDA graph)
 #   bench-cuda [150] the same for cuda
 #   doctor     [200] faverify doctor --level full
 #   sanitize   [240] compute-sanitizer memcheck and racecheck on devtools/sanitize_cases.py
@@ -133,6 +135,7 @@ for step in $steps; do
         --json "$out/fuzz-decode.json"
       run decode-tests 60 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -rfs \
         property_tests/test_triton_variants.py -k packed_decode ;;
+    decode-profile) run decode-profile 120 "^d[0-9]" python3 devtools/decode_profile.py ;;
     decode-sweep) run decode-sweep 300 "^device|^d[0-9]" python3 devtools/decode_sweep.py \
       --json "$out/decode-sweep.json" ;;
     bench) run bench 150 "^triton|^sdpa|passed|failed" python3 -m faverify bench --kernel triton --headdims 64,128 \
