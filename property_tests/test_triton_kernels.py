@@ -227,15 +227,17 @@ def test_tensor_descriptors_only_where_strides_allow():
 
 
 @pytest.mark.slow
-def test_fuzz_60_cases_every_dtype_on_this_machine(tmp_path):
+def test_fuzz_30_cases_every_dtype_on_this_machine(tmp_path):
+    """30 cases, 10 a dtype on average: 60 took 144 s of a CI run on the 2-core machine, beside the
+    background compiles and the mutants run."""
     from faverify.kernels.triton.interface import PATHS
-    r = cli("fuzz", "--kernel", "triton", "--iters", "60", "--dtype", "bf16,fp16,fp32", "--device", DEVICE,
+    r = cli("fuzz", "--kernel", "triton", "--iters", "30", "--dtype", "bf16,fp16,fp32", "--device", DEVICE,
             "--workers", "2", "--json", tmp_path / "f.json", "--markdown", tmp_path / "f.md")
     assert r.exit_code == 0, r.stderr
     # every case that ran took one forward path, and the report counts them (fwd hopper among them on sm_90)
     summary = read_json(tmp_path / "f.json")["kernels"][0]["summary"]
     paths = summary["paths"]
-    assert set(paths) <= set(PATHS) and sum(n for p, n in paths.items() if p.startswith("fwd")) == 60, paths
+    assert set(paths) <= set(PATHS) and sum(n for p, n in paths.items() if p.startswith("fwd")) == 30, paths
     assert paths.get("fwd hopper", 0) > 0 or not _is_hopper(), paths
     assert "cases per code path" in (tmp_path / "f.md").read_text()
 
