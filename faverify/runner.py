@@ -319,10 +319,9 @@ GIVE_BACK_ABOVE = 2 << 30
 def gives_back(case: Case, device) -> bool:
     """Whether a GPU worker hands the memory of a case it has run back to the device: one that took more
     than GIVE_BACK_ABOVE, or drew a paged pool past 2^31 elements (emptying the cache syncs the device, not
-    worth it for the many small cases). The caching allocator keeps it
-    otherwise, and the workers beside this one find it taken: a 2000-case triton-paged fuzz on the H200
-    (6 workers, each keeping what its cases had taken) skipped 72 cases for memory, 0.1-29 GiB of
-    139 free when each was drawn."""
+    worth it for the many small cases). The caching allocator keeps it otherwise, and the workers beside
+    this one find it taken: a 2000-case triton-paged fuzz on the H200 (6 workers, each keeping what its
+    cases had taken) skipped 72 cases for memory, 0.1-29 GiB of 139 free when each was drawn."""
     device = torch.device(device)
     return device.type == "cuda" and (bool(case.kind == "paged" and case.pool)
                                       or _bytes_needed(case, device, backward=True) > GIVE_BACK_ABOVE)
