@@ -311,8 +311,8 @@ def num_splits_for(batch: int, nheads: int, seqlen_q: int, max_cache: int, sms: 
     decode kernel packs a GQA group into its rows (variant_interface.packs_decode; nheads_k given), a (batch,
     kv head, tile of configs.DECODE_TILE rows), and the splits fill the slots for them that the SMs hold
     together (configs.DECODE_PROGRAMS_PER_SM) once, with no second wave. On the H200 (132 SMs, bench
-    --decode's caches of 4k to 128k keys at GQA 8) that count was the fastest of those timed
-    (devtools/decode_sweep.py: 3 of 1-8 at 4k keys, 12 of 2-128 at 16k, 99 of 16-128 at 128k)."""
+    --decode's caches of 4k to 128k keys at GQA 8) that count was the fastest of the counts timed around
+    it (devtools/decode_sweep.py; docs/measurements.md, "Decode")."""
     blocks = max(1, -(-max_cache // _var.SPLIT_BLOCK))
     if nheads_k and _var.packs_decode(seqlen_q):
         programs = batch * nheads_k * -(-max(seqlen_q, 1) * (nheads // nheads_k) // configs.DECODE_TILE)
