@@ -73,10 +73,8 @@ def _splits(subject: Subject, case: Case, device) -> int:
     """The split count a split-KV subject is timed with: flash_attn_with_kvcache's rule."""
     if not subject.caps.splits:
         return 1
-    from faverify.kernels.triton.interface import num_splits_for
-    device = torch.device(device)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-    return num_splits_for(case.batch, case.nheads, case.seqlen_q, case.seqlen_k, sms, case.nheads_k)
+    from faverify.kernels.triton.interface import num_splits_for, sm_count
+    return num_splits_for(case.batch, case.nheads, case.seqlen_q, case.seqlen_k, sm_count(device), case.nheads_k)
 
 
 def time_row(subject: Subject, config: DecodeConfig, device, peak: float) -> dict:

@@ -304,6 +304,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     return (out, lse) if return_lse else out
 
 
+def sm_count(device) -> int:
+    """The SMs num_splits_for fills: the GPU's, or 8 under the interpreter (the CPU)."""
+    device = torch.device(device)
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+
+
 def num_splits_for(batch: int, nheads: int, seqlen_q: int, max_cache: int, sms: int, nheads_k: int = 0) -> int:
     """The split count flash_attn_with_kvcache chooses: split the keys only while the programs leave the GPU
     idle, into no more splits than the cache has blocks of SPLIT_BLOCK keys, nor MAX_SPLITS. A program is a
@@ -342,7 +348,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cau
     check_variant(q, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=None,
                   batch=q.shape[0])
     if num_splits == 0:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 8
+        sms = sm_count(q.device)
         # the longest cache the table can hold, not cache_seqlens' largest: known without reading the device
         # (a call stays free of host syncs, and capturable in a CUDA graph)
         num_splits = num_splits_for(q.shape[0], q.shape[2], q.shape[1], block_table.shape[1] * k_cache.shape[1],
