@@ -1,6 +1,6 @@
 """Crash isolation: subjects run in worker processes.
 
-A worker is a spawned process that resolves one subject and evaluates cases on one device. A CUDA fault
+A worker is a process (processes.start) that resolves one subject and evaluates cases on one device. A CUDA fault
 poisons the process's CUDA context and may kill it; a kernel may hang. Either way the parent records the
 case as a failure (status "crash" or "timeout", with the case), and the next case runs in a fresh worker.
 The run goes on.
@@ -13,6 +13,7 @@ import traceback
 from multiprocessing.connection import wait
 from typing import NamedTuple
 
+from faverify import processes
 from faverify.case import Case
 from faverify.runner import CaseResult, failure
 from faverify.scheduler import POLL_SECONDS
@@ -34,7 +35,7 @@ class Task(NamedTuple):
 
 def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1) -> None:
     """The worker's loop: (case, gradcheck, golden) in, CaseResult dict out, until None or a poisoned
-    context. The spawned process inherits this one's environment (TRITON_INTERPRET among it)."""
+    context. The worker has this one's environment (TRITON_INTERPRET among it): processes.start."""
     import signal
     # Ctrl-C reaches the whole process group; the parent stops the workers itself. So a KeyboardInterrupt
     # raised in here is the subject's own doing, and runner.evaluate reports it as its failure.
@@ -108,11 +109,9 @@ class Worker:
         self.restarts = 0
 
     def start(self) -> None:
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, self.kernel, self.device, self.mode, self.tolerance,
-                                                         self.repeat), daemon=True)
-        self.process.start()
+        parent, child = mp.Pipe()
+        self.process = processes.start(_serve, (child, self.kernel, self.device, self.mode, self.tolerance,
+                                                self.repeat), daemon=True)
         child.close()
         self.conn, self.ready, self.sent_at = parent, False, time.monotonic()
 

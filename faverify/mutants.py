@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 
+from faverify import processes
 from faverify.fuzz import run
 from faverify.plan import FuzzPlan
 
@@ -115,10 +116,8 @@ class MutantJob:
         self.name = ""
 
     def submit(self, name: str) -> None:
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
-        self.process = ctx.Process(target=_kill_job, args=(child, name, *self.args))
-        self.process.start()
+        parent, child = mp.Pipe()
+        self.process = processes.start(_kill_job, (child, name, *self.args))
         child.close()
         self.conn, self.name = parent, name
 

@@ -309,3 +309,31 @@ def test_failures_are_listed_in_drawing_order_whatever_order_the_workers_finish(
             "--workers", "2", "--shrink-budget", "0", "--gradcheck-every", "0", "--json", tmp_path / "r.json")
         listed.append([f["signature"] for f in read_json(tmp_path / "r.json")["kernels"][0]["failures"]])
     assert len(listed[0]) >= 3 and listed[0] == listed[1]
+
+
+def _report_environment(conn, name):
+    conn.send(__import__("os").environ.get(name))
+
+
+def test_a_worker_gets_the_environment_of_the_moment_it_starts(monkeypatch):
+    """Workers fork from a server started once (processes.start): a variable set after the server started
+    still reaches the next worker, and one removed is gone from it."""
+    import multiprocessing as mp
+
+    from faverify import processes
+
+    def ask(name):
+        parent, child = mp.Pipe()
+        process = processes.start(_report_environment, (child, name))
+        child.close()
+        answer = parent.recv()
+        process.join(30)
+        assert process.exitcode == 0
+        return answer
+
+    monkeypatch.setenv("FAVERIFY_TEST_PROBE", "before")
+    assert ask("FAVERIFY_TEST_PROBE") == "before"  # the server runs from here on
+    monkeypatch.setenv("FAVERIFY_TEST_PROBE", "after")
+    assert ask("FAVERIFY_TEST_PROBE") == "after"
+    monkeypatch.delenv("FAVERIFY_TEST_PROBE")
+    assert ask("FAVERIFY_TEST_PROBE") is None
