@@ -72,6 +72,7 @@ class KernelStats:
     restarts: int = 0  # worker processes started again after a crash or a timeout
     warmup_cases: int = 0  # unjudged cases run first so each compiled variant compiles once (parallel.warm_up)
     warmup_seconds: float = 0.0
+    memory_retried: int = 0  # cases skipped for memory beside other workers, run again alone (parallel.py)
     seconds: float = 0.0
     # the example store's cases, replayed before the draw (fuzz.replay): counted here alone
     replay: dict = field(default_factory=lambda: {"cases": 0, "failed": 0, "signatures": {}})
@@ -196,6 +197,7 @@ class KernelStats:
                 "by_feature": {f: self.by_feature[f] for f in ("dense",) + FEATURES if f in self.by_feature},
                 "worker_restarts": self.restarts,
                 "warmup": {"cases": self.warmup_cases, "seconds": round(self.warmup_seconds, 2)},
+                "memory_retried": self.memory_retried,
                 "replayed": {"cases": self.replay["cases"], "failed": self.replay["failed"],
                              "signatures": dict(self.replay["signatures"])},
                 "seconds": self.seconds, "cases_per_second": self.cases / self.seconds if self.seconds else 0.0,

@@ -106,6 +106,7 @@ def _merged_kernel(name: str, shards: list) -> KernelStats:
         stats.restarts += s.get("worker_restarts", 0)
         stats.warmup_cases += s.get("warmup", {}).get("cases", 0)
         stats.warmup_seconds += s.get("warmup", {}).get("seconds", 0.0)
+        stats.memory_retried += s.get("memory_retried", 0)
         stats.seconds += s.get("seconds", 0.0)  # the sum over shards: the work, not the wall time
         stats.phases.update({p: ms * s["cases"] / 1e3 for p, ms in s.get("ms_per_case", {}).items()})
         for key in ("cases", "failed"):

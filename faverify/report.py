@@ -184,6 +184,11 @@ def render(run: Run, style: str = "table") -> str:
     if warmed:
         out.append(("- " if style == "md" else "") + f"warm-up (compiling each variant once, included in "
                    f"seconds): {warmed}")
+    retried = "; ".join(f"{k['summary']['kernel']}: {n} cases" for k in run.kernels
+                        if (n := k["summary"].get("memory_retried", 0)))
+    if retried:
+        out.append(("- " if style == "md" else "") + "run again alone after the others, skipped for memory while "
+                   f"other workers held the device (their second verdict counts): {retried}")
     replayed = "; ".join(f"{k['summary']['kernel']}: {r['cases']} cases, {r['failed']} failed"
                          for k in run.kernels if (r := k["summary"].get("replayed", {})).get("cases"))
     if replayed:

@@ -227,6 +227,15 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     return CaseResult(name, case, "pass", forward_only, metrics)
 
 
+# The skips for memory (out of memory making a case's inputs or its reference, or too large for what was
+# free): on a GPU shared with other workers they say what those held at the time, not what the case needs
+MEMORY_SKIPS = ("out of memory ", "too large for this device")
+
+
+def skipped_for_memory(result: CaseResult) -> bool:
+    return result.status == "skip" and result.reason.startswith(MEMORY_SKIPS)
+
+
 # the reason a passing case carries when only its forward could be judged
 FORWARD_ONLY = "forward only: the subject's output has no autograd graph, so its backward was not run"
 PAGED_FORWARD = "paged cases are judged on the forward (decode kernels are forward-only)"

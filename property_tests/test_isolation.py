@@ -337,3 +337,40 @@ def test_a_worker_gets_the_environment_of_the_moment_it_starts(monkeypatch):
     assert ask("FAVERIFY_TEST_PROBE") == "after"
     monkeypatch.delenv("FAVERIFY_TEST_PROBE")
     assert ask("FAVERIFY_TEST_PROBE") is None
+
+
+def test_cases_skipped_for_memory_beside_other_workers_run_again_alone(tmp_path, monkeypatch):
+    """A case that found too little memory free while other workers ran (a shared GPU) runs again at the
+    end, on one worker per device: its second verdict counts, and the run says how many ran again. Here
+    every third case's first result is turned into such a skip; the run's verdicts are then the same as a
+    run without them."""
+    import dataclasses
+
+    from faverify.runner import skipped_for_memory
+    from faverify.scheduler import Pool
+    original = Pool.map
+    first_seen: set = set()
+
+    def crowded(self, items, on_result):
+        def maybe_skipped(i, r):
+            if r.status in ("pass", "fail") and i % 3 == 0 and i not in first_seen:
+                first_seen.add(i)
+                r = dataclasses.replace(r, status="skip", reason="out of memory making the inputs (OutOfMemoryError)",
+                                        metrics={}, signatures=[])
+                assert skipped_for_memory(r)
+            on_result(i, r)
+        original(self, items, maybe_skipped)
+
+    runs = []
+    for patch in (None, crowded):
+        if patch:
+            monkeypatch.setattr(Pool, "map", patch)
+        cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "12", "--device", "cpu", "--no-db",
+            "--workers", "2", "--shrink-budget", "0", "--gradcheck-every", "0", "--json", tmp_path / "r.json")
+        runs.append(read_json(tmp_path / "r.json")["kernels"][0])
+    plain, crowded_run = runs
+    assert len(first_seen) == 4
+    assert crowded_run["summary"]["memory_retried"] == 4 and plain["summary"]["memory_retried"] == 0
+    for key in ("cases", "passed", "failed", "skipped", "skip_reasons"):
+        assert crowded_run["summary"][key] == plain["summary"][key], key
+    assert [f["signature"] for f in crowded_run["failures"]] == [f["signature"] for f in plain["failures"]]
