@@ -66,6 +66,22 @@ def test_a_dense_case_runs_the_dense_kernels_and_a_variant_the_variant_kernels()
     assert set(interface.PATHS) >= {"fwd variant", "bwd variant", "fwd variant varlen", "fwd variant paged split"}
 
 
+def test_sinks_alone_take_the_dense_backward_and_beside_a_variant_the_variant_backward():
+    """With nothing but sinks, the sinks are in the forward's log2 l, so the dense backward kernels take the
+    gradients (variant_interface.backward), causal or not, GQA among them; dsinks is judged as before. A
+    variant beside the sinks keeps the variant kernels."""
+    subject = resolve("triton")
+    alone = (DENSE["sinks"], DENSE["sinks-row-without-keys-fp16"],
+             Case(1, 40, 70, 4, 2, 64, dtype="fp16", sinks="below", seed=8))
+    for case in alone:
+        r = _passes(subject, case)
+        backward = [p for p in r.paths if p.startswith("bwd")]
+        assert backward and all(p.startswith("bwd triton") for p in backward), (case, r.paths)
+        assert {"dq", "dk", "dv", "dsinks"} <= set(r.metrics)
+    r = _passes(subject, DENSE["sinks-tied-with-a-key-fp16"])  # v's own head dim beside them
+    assert any(p.startswith("bwd variant") for p in r.paths), r.paths
+
+
 @pytest.mark.skipif(HAS_GPU, reason="the GPU's dense kernels take other tiles (and TMA or the Hopper forward)")
 def test_the_variant_kernel_with_no_variant_gives_the_dense_kernels_bits():
     """Same algorithm, same tiles under the interpreter, same order of keys: with no-op variant values the
@@ -252,7 +268,8 @@ HOPPER = {
 @pytest.mark.parametrize("name", list(HOPPER))
 def test_the_hopper_forward_runs_its_variants_right_against_fp64(name):
     r = _passes(resolve("triton"), HOPPER[name])
-    assert "fwd hopper variant" in r.paths and any(p.startswith("bwd variant") for p in r.paths), r.paths
+    backward = "bwd triton" if name.startswith("sinks") else "bwd variant"  # sinks alone: the dense backward
+    assert "fwd hopper variant" in r.paths and any(p.startswith(backward) for p in r.paths), r.paths
     assert {"out", "lse", "dq", "dk", "dv"} <= set(r.metrics)
 
 

@@ -262,7 +262,8 @@ def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None =
     Returns out [batch, seqlen_q, nheads, head_dim_v] in the input dtype, and with return_lse also
     lse [batch, nheads, seqlen_q] float32 (natural log, of the capped logits and the sink; -inf for a row
     that sees no key, the sink's logit with sinks).
-    The dense case runs forward.py and backward.py; any variant the variant kernels (variant_forward.py).
+    The dense case runs forward.py and backward.py; any variant the variant kernels (variant_forward.py), but
+    for the backward of sinks alone: backward.py's, given the forward's rows (variant_interface.backward).
     """
     scale = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale, init=init, allow_cpu=INTERPRET,
                          device_hint=DEVICE_HINT, head_dim_v=True)

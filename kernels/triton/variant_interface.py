@@ -76,6 +76,13 @@ class Variant:
         return 1.0 if self.bias is not None else self.scale
 
     @property
+    def dense_backward(self) -> bool:
+        """Nothing but sinks, causal or not: the sinks are in log2 l already, so P, dS and dq, dk, dv are dense
+        attention's given the forward's rows, and the dense backward kernels compute them (backward)."""
+        return (self.left == NO_BOUND and self.right in (0, NO_BOUND) and not self.softcap and self.alibi is None
+                and not self.masked)
+
+    @property
     def masked(self) -> bool:
         """A bias or a block mask: the builds that load them (BIAS, BLOCKS), with tiles of their own."""
         return self.bias is not None or self.blocks is not None
@@ -174,10 +181,10 @@ def fast_build(var: Variant, q, v, *tensors) -> bool:
     return not var.masked and q.shape[-1] == bd and v.shape[-1] == bdv and aligned(q, v, *tensors)
 
 
-def _tile(kind: str, q, dv: int, varlen: bool = False, masked: bool = False, fast: bool = False) -> configs.Tile:
+def _tile(kind: str, q, dv: int, var: Variant, varlen: bool = False, fast: bool = False) -> configs.Tile:
     major = torch.cuda.get_device_capability(q.device)[0] if q.is_cuda else 9
-    return configs.variant(kind, max(block_d(q.shape[-1]), block_d(dv)), q.element_size(), varlen, masked, fast,
-                           major)
+    return configs.variant(kind, max(block_d(q.shape[-1]), block_d(dv)), q.element_size(), varlen, var.masked, fast,
+                           major, softcap=var.softcap > 0)
 
 
 def _dims(d: int, dv: int, q, emulate, fast: bool) -> dict:
@@ -245,7 +252,7 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
         if split:
             combine(*splits, out, lse, emulate=emulate)
         return out, lse, rows, splits
-    tile = _tile("fwd", q, dv, varlen, var.masked, fast)
+    tile = _tile("fwd", q, dv, var, varlen, fast)
     # decode (a paged cache's few query rows) takes tiles of 16 rows; anything else the tile's, so that a
     # fuzz's many small seqlen_q compile no build of their own
     block_m = configs.DECODE_TILE if paged and sq <= DECODE_ROWS else tile.block_m
@@ -343,6 +350,13 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
     if batch == 0 or sq == 0 or sk == 0 or q.numel() == 0:
         _LAUNCHED.append("bwd variant none (empty)")
         return dq, dk, dvv, dsinks, _dbias(ds_full, var.bias) if bias_grad else None
+    if var.dense_backward and not varlen and dv == d:
+        # the variant kernels' runtime bounds, slopes and switches cost them 15% of the dense kernels' speed at
+        # d128 seqlen 16384 on the H200 (docs/measurements.md, "Variant speed"), and sinks need none of them
+        from faverify.kernels.triton import interface  # which imports this module
+        dq, dk, dvv = interface.backward(dout, q, k, v, out, (rowmax.contiguous(), log2l.contiguous()), var.scale,
+                                         var.right == 0, launch=interface.Launch(emulate=emulate))
+        return dq, dk, dvv, dsinks, None
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     fast = fast_build(var, q, v, k, dout, dq, dk, dvv)
@@ -355,14 +369,14 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
     lse_strides = _lse_strides(lse, varlen)
     _LAUNCHED.append("bwd variant" + (" varlen" if varlen else "") + ("" if fast else " generic"))
     with quiet():
-        t = _tile("dkdv", q, dv, varlen, var.masked, fast)
+        t = _tile("dkdv", q, dv, var, varlen, fast)
         _build(_vbwd, "_dkdv_kernel", fast)[(triton.cdiv(sk, t.block_n), batch * hk)](
             q, k, v, dout, rowmax, log2l, delta, dk, dvv, *cu, alibi, *masks.pointers,
             *_qstrides(q, varlen), *_qstrides(k, varlen), *_qstrides(v, varlen), *_qstrides(dout, varlen),
             *_qstrides(dk, varlen), *_qstrides(dvv, varlen), *lse_strides, ab, *masks.scalars,
             hk, h // hk, sq, sk, d, dv, var.scale, var.qk_scale, **common,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
-        t = _tile("dq", q, dv, varlen, var.masked, fast)
+        t = _tile("dq", q, dv, var, varlen, fast)
         _build(_vbwd, "_dq_kernel", fast)[(triton.cdiv(sq, t.block_m), batch * h)](
             q, k, v, dout, rowmax, log2l, delta, dq, *cu, alibi, *masks.pointers, ds_full,
             *_qstrides(q, varlen), *_qstrides(k, varlen), *_qstrides(v, varlen), *_qstrides(dout, varlen),
