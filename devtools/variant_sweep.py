@@ -91,7 +91,6 @@ def main():
                   f"{cfg.flops('bwd') / generic[1] * 1e-9:.1f} TF/s", flush=True)
             rows.append({"d": d, "variant": name, "kind": "generic", "fwd_ms": generic[0], "bwd_ms": generic[1]})
             default = dict(configs._FAST[d])
-            configs._FAST_PLAIN.clear()  # each candidate stands for the tile of every set of switches
             for kind, tiles in CANDIDATES[d].items():
                 for tile in tiles:
                     configs._FAST[d] = {**default, kind: tile}

@@ -256,7 +256,7 @@ def _variant_source(v: Variant, capability: int):
     else:
         kind = v.kernel[1:]
         tile = configs.variant(kind, max(v.block_d, v.block_dv), ELEM[v.dtype], "varlen" in on,
-                               bool(on & {"bias", "blocks"}), fast, capability // 10, softcap="softcap" in on)
+                               bool(on & {"bias", "blocks"}), fast, capability // 10)
         constants = dict(SOFTCAP="softcap" in on, VARLEN="varlen" in on, BIAS="bias" in on, BLOCKS="blocks" in on,
                          BLOCK_M=tile.block_m,
                          BLOCK_N=tile.block_n, BLOCK_D=v.block_d, BLOCK_DV=v.block_dv, EVEN_D=fast,

@@ -243,8 +243,7 @@ _MASKED = {(4, "fwd"): Tile(16, 32, 8, 1), (2, 64, "dkdv"): Tile(16, 32, 8, 2), 
 # padding, so the streamed loads are vectorized and unmasked; no bias or block mask), by padded head dim:
 # the fastest of devtools/variant_sweep.py's candidates on the H200 with ALiBi and with softcap (bf16, seqlen
 # 16384, causal, 2026-12-03; docs/measurements.md, "Triton variant kernels"), one tile for both where they
-# differ: at 128 dk/dv M32 N128 w8 s1 (276 and 201 TF/s for the whole backward; M64 N128 w8 s2 291 and 165,
-# which _FAST_PLAIN takes where there is no softcap),
+# differ: at 128 dk/dv M32 N128 w8 s1 (276 and 201 TF/s for the whole backward; M64 N128 w8 291 and 165),
 # dq M128 N64 w8 s3, the forward M128 N64 w8 s3 (406 and 183; M64 N64 w4 366 and 190); at 64 dk/dv M32 N128
 # w4 (228 and 120), dq M128 N64 w8 s3, the forward M64 N64 w4 (258 and 143). Some spill (the AOT report:
 # up to 816 bytes of stack, dq with varlen and softcap on sm_80; _FAST_SM80 below) and still ran faster
@@ -256,16 +255,13 @@ _FAST = {64: {"fwd": Tile(64, 64, 4, 2), "dkdv": Tile(32, 128, 4, 2), "dq": Tile
 # On sm_80 (no such GPU to time here) dk/dv's M32 N128 at 128 kept 3432 bytes of stack with varlen and
 # softcap (720 without): M16 N128 w8 s1 keeps 72-152 there (the AOT report, 2026-12-03)
 _FAST_SM80 = {(128, "dkdv"): Tile(16, 128, 8, 1)}
-# Without softcap (ALiBi, windows, sinks beside a variant), on sm_90, not varlen (not swept): dk/dv's tile
-# that was faster with ALiBi and slower with softcap
-_FAST_PLAIN = {(128, "dkdv"): Tile(64, 128, 8, 2)}
 
 
 def variant(kind: str, block_d: int, elem: int, varlen: bool = False, masked: bool = False, fast: bool = False,
-            capability_major: int = 9, softcap: bool = False) -> Tile:
+            capability_major: int = 9) -> Tile:
     """The tile of a variant kernel; block_d the larger padded head dim of q/k and v; varlen: the build
     for packed sequences (cu_seqlens); masked: a build with a bias or a block mask; fast: the fast build,
-    for a GPU of this compute capability; softcap: the build with SOFTCAP on."""
+    for a GPU of this compute capability."""
     if INTERPRET:
         return _INTERPRETED[kind]
     if masked and ((elem, kind) in _MASKED or (elem, block_d, kind) in _MASKED):
@@ -274,8 +270,6 @@ def variant(kind: str, block_d: int, elem: int, varlen: bool = False, masked: bo
         padded = max(64, block_d)
         if capability_major < 9 and (padded, kind) in _FAST_SM80:
             return _FAST_SM80[(padded, kind)]
-        if capability_major == 9 and not (softcap or varlen) and (padded, kind) in _FAST_PLAIN:
-            return _FAST_PLAIN[(padded, kind)]
         return _FAST[padded][kind]
     if elem == 4:  # fp32's CUDA-core products (_fp32); dk/dv's M16 N32 spilled 176 bytes at 64 on sm_90
         return Tile(16, 16, 8, 1) if kind == "dkdv" else _fp32(kind, block_d)
