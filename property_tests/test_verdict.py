@@ -238,3 +238,29 @@ def test_a_subnormal_scale_does_not_divide_by_zero():
     values = {"max_abs": 0.0, "mean_abs": 0.0, "rmse": 0.0, "ref_max": 0.0, "max_ulp": 0.0, "nan": 0.0,
               "inf": 0.0, "masked_bad": 0.0, "baseline_max_abs": 1e-320, "worst": 0.0}
     assert judge(ErrorStats("out", values, 256 * 5e-324, 0.0, [0]), "bf16", Tolerance()).passed
+
+
+def test_dsinks_from_an_fp16_out_below_the_smallest_normal_passes_and_a_larger_error_fails():
+    """A kernel's D = rowsum(dO * O) reads its out rounded to its dtype, and an fp16 out's elements below the
+    smallest normal carry half a subnormal step of error whatever their size. A kernel exact but for that
+    rounding (here a sink that takes nearly all the weight, so out is near 1e-7) passes; dsinks ten times
+    the allowance off fails."""
+    from faverify.conventions import DEFAULT
+    from faverify.inputs import variant_of
+    from faverify.runner import judge as judge_case
+    case = Case(1, 8, 1, 1, 1, 40, dtype="fp16", window=(-1, 0), softmax_scale=2.0, sinks="around", seed=33)
+    x = make_inputs(case, "cpu")
+    q, k, v = x.tensors()
+    ref, _ = reference(q, k, v, x.dout, causal=case.causal, scale=case.scale, variant=variant_of(case, x, DEFAULT))
+    got = {t: ref[t].to(q.dtype) for t in ("out", "dq", "dk", "dv")}
+    got["lse"] = ref["lse"].float()
+    out = ref["out"].to(q.dtype).double()
+    assert 0 < out.abs().max() < torch.finfo(torch.float16).tiny  # the case is one of subnormal outs
+    D = (x.dout.double() * out).sum(-1).transpose(1, 2)  # [b, h, sq], from the rounded out
+    p_sink = torch.exp((x.sinks.double()[None, :, None] - ref["lse"].double()).clamp(max=0))
+    got["dsinks"] = (-(p_sink * D).sum((0, 2))).float()
+    tensors = ("out", "lse", "dq", "dk", "dv", "dsinks")
+    metric = judge_case(case, x, got, Tolerance(), tensors)["dsinks"]
+    assert metric.passed and metric.max_abs > 0, metric.reason
+    got["dsinks"] = got["dsinks"] + 10 * metric.allowed
+    assert not judge_case(case, x, got, Tolerance(), tensors)["dsinks"].passed
