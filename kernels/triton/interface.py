@@ -278,7 +278,8 @@ def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None =
         var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, sinks, init, attn_mask,
                               block_mask, block_size or 0)
         out, lse = _var.attention(q, k, v, var, emulate=launch.emulate,
-                                  launcher=None if INTERPRET else _hopper_variant(launch))
+                                  launcher=None if INTERPRET else _hopper_variant(launch),
+                                  dense_backward=functools.partial(backward, launch=launch))
     else:
         out, lse = FlashAttnFunction.apply(q, k, v, causal, scale, init, launch)  # [mutant site: apply]
     return (out, lse) if return_lse else out

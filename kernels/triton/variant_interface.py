@@ -76,7 +76,7 @@ class Variant:
         return 1.0 if self.bias is not None else self.scale
 
     @property
-    def dense_backward(self) -> bool:
+    def backward_is_dense(self) -> bool:
         """Nothing but sinks, causal or not: the sinks are in log2 l already, so P, dS and dq, dk, dv are dense
         attention's given the forward's rows, and the dense backward kernels compute them (backward)."""
         return (self.left == NO_BOUND and self.right in (0, NO_BOUND) and not self.softcap and self.alibi is None
@@ -181,10 +181,10 @@ def fast_build(var: Variant, q, v, *tensors) -> bool:
     return not var.masked and q.shape[-1] == bd and v.shape[-1] == bdv and aligned(q, v, *tensors)
 
 
-def _tile(kind: str, q, dv: int, var: Variant, varlen: bool = False, fast: bool = False) -> configs.Tile:
+def _tile(kind: str, q, dv: int, varlen: bool = False, masked: bool = False, fast: bool = False) -> configs.Tile:
     major = torch.cuda.get_device_capability(q.device)[0] if q.is_cuda else 9
-    return configs.variant(kind, max(block_d(q.shape[-1]), block_d(dv)), q.element_size(), varlen, var.masked, fast,
-                           major, softcap=var.softcap > 0)
+    return configs.variant(kind, max(block_d(q.shape[-1]), block_d(dv)), q.element_size(), varlen, masked, fast,
+                           major)
 
 
 def _dims(d: int, dv: int, q, emulate, fast: bool) -> dict:
@@ -252,7 +252,7 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
         if split:
             combine(*splits, out, lse, emulate=emulate)
         return out, lse, rows, splits
-    tile = _tile("fwd", q, dv, var, varlen, fast)
+    tile = _tile("fwd", q, dv, varlen, var.masked, fast)
     # decode (a paged cache's few query rows) takes tiles of 16 rows; anything else the tile's, so that a
     # fuzz's many small seqlen_q compile no build of their own
     block_m = configs.DECODE_TILE if paged and sq <= DECODE_ROWS else tile.block_m
@@ -320,8 +320,11 @@ def combine(out_splits, lse_splits, out, lse, emulate=None) -> None:
 
 
 def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None,
-             max_seqlen_q=None, max_seqlen_k=None, sinks_grad: bool = False, bias_grad: bool = False, emulate=None):
-    """dq, dk, dv, dsinks (None unless sinks_grad) and dbias (None unless bias_grad)."""
+             max_seqlen_q=None, max_seqlen_k=None, sinks_grad: bool = False, bias_grad: bool = False, emulate=None,
+             dense_backward=None):
+    """dq, dk, dv, dsinks (None unless sinks_grad) and dbias (None unless bias_grad). dense_backward: the
+    dense kernels' (dout, q, k, v, out, rows, scale, causal) -> (dq, dk, dv), interface.backward, for a
+    variant whose backward is dense attention's (Variant.backward_is_dense); None: these kernels always."""
     varlen = cu_seqlens_q is not None
     rowmax, log2l = rows
     h, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
@@ -350,12 +353,11 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
     if batch == 0 or sq == 0 or sk == 0 or q.numel() == 0:
         _LAUNCHED.append("bwd variant none (empty)")
         return dq, dk, dvv, dsinks, _dbias(ds_full, var.bias) if bias_grad else None
-    if var.dense_backward and not varlen and dv == d:
+    if dense_backward is not None and var.backward_is_dense and not varlen and dv == d:
         # the variant kernels' runtime bounds, slopes and switches cost them 15% of the dense kernels' speed at
         # d128 seqlen 16384 on the H200 (docs/measurements.md, "Variant speed"), and sinks need none of them
-        from faverify.kernels.triton import interface  # which imports this module
-        dq, dk, dvv = interface.backward(dout, q, k, v, out, (rowmax.contiguous(), log2l.contiguous()), var.scale,
-                                         var.right == 0, launch=interface.Launch(emulate=emulate))
+        dq, dk, dvv = dense_backward(dout, q, k, v, out, (rowmax.contiguous(), log2l.contiguous()), var.scale,
+                                     var.right == 0)
         return dq, dk, dvv, dsinks, None
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
@@ -369,14 +371,14 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
     lse_strides = _lse_strides(lse, varlen)
     _LAUNCHED.append("bwd variant" + (" varlen" if varlen else "") + ("" if fast else " generic"))
     with quiet():
-        t = _tile("dkdv", q, dv, var, varlen, fast)
+        t = _tile("dkdv", q, dv, varlen, var.masked, fast)
         _build(_vbwd, "_dkdv_kernel", fast)[(triton.cdiv(sk, t.block_n), batch * hk)](
             q, k, v, dout, rowmax, log2l, delta, dk, dvv, *cu, alibi, *masks.pointers,
             *_qstrides(q, varlen), *_qstrides(k, varlen), *_qstrides(v, varlen), *_qstrides(dout, varlen),
             *_qstrides(dk, varlen), *_qstrides(dvv, varlen), *lse_strides, ab, *masks.scalars,
             hk, h // hk, sq, sk, d, dv, var.scale, var.qk_scale, **common,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
-        t = _tile("dq", q, dv, var, varlen, fast)
+        t = _tile("dq", q, dv, varlen, var.masked, fast)
         _build(_vbwd, "_dq_kernel", fast)[(triton.cdiv(sq, t.block_m), batch * h)](
             q, k, v, dout, rowmax, log2l, delta, dq, *cu, alibi, *masks.pointers, ds_full,
             *_qstrides(q, varlen), *_qstrides(k, varlen), *_qstrides(v, varlen), *_qstrides(dout, varlen),
@@ -396,11 +398,11 @@ def _dbias(ds_full: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 
 class VariantFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sinks, bias, var, ragged, emulate, launcher):
+    def forward(ctx, q, k, v, sinks, bias, var, ragged, emulate, launcher, dense_backward):
         result = launcher(q, k, v, var) if launcher is not None else None
         out, lse, rows = result if result is not None else forward(q, k, v, var, **ragged, emulate=emulate)[:3]
         ctx.save_for_backward(q, k, v, out, lse, *rows)
-        ctx.var, ctx.ragged, ctx.emulate = var, ragged, emulate
+        ctx.var, ctx.ragged, ctx.emulate, ctx.dense_backward = var, ragged, emulate, dense_backward
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -410,17 +412,18 @@ class VariantFunction(torch.autograd.Function):
         sinks_grad = ctx.var.sinks is not None and ctx.needs_input_grad[3]
         bias_grad = ctx.var.bias is not None and ctx.needs_input_grad[4]
         dq, dk, dv, dsinks, dbias = backward(dout, q, k, v, out, lse, (rowmax, log2l), ctx.var, **ctx.ragged,
-                                             sinks_grad=sinks_grad, bias_grad=bias_grad, emulate=ctx.emulate)
-        return dq, dk, dv, dsinks, dbias, None, None, None, None
+                                             sinks_grad=sinks_grad, bias_grad=bias_grad, emulate=ctx.emulate,
+                                             dense_backward=ctx.dense_backward)
+        return dq, dk, dv, dsinks, dbias, None, None, None, None, None
 
 
-def attention(q, k, v, var: Variant, ragged: dict | None = None, emulate=None, launcher=None):
+def attention(q, k, v, var: Variant, ragged: dict | None = None, emulate=None, launcher=None, dense_backward=None):
     """out, lse through autograd (the sinks a leaf of their own when they require grad). launcher: a forward
     (q, k, v, var) -> (out, lse, (row max, log2 l)) or None, tried first (interface._hopper_variant: the
     Hopper forward where it runs the case); the backward is this module's either way, on the same row
-    statistics."""
+    statistics, but where dense_backward takes it (backward says when)."""
     sinks, bias = var.sinks, var.bias
     plain = dataclasses.replace(var, sinks=sinks.detach().float().contiguous() if sinks is not None else None,
                                 bias=bias.detach() if bias is not None else None)
-    return VariantFunction.apply(q, k, v, sinks, bias, plain, ragged or {}, emulate, launcher)
+    return VariantFunction.apply(q, k, v, sinks, bias, plain, ragged or {}, emulate, launcher, dense_backward)
 
