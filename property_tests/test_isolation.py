@@ -301,14 +301,22 @@ def test_failures_are_listed_in_drawing_order_whatever_order_the_workers_finish(
         for i, r in reversed(done):
             on_result(i, r)
 
-    listed = []
-    for patch in (None, finish_backwards):
+    listed = [[f["signature"] for f in run["failures"]] for run in _planted_runs(tmp_path, monkeypatch, finish_backwards)]
+    assert len(listed[0]) >= 3 and listed[0] == listed[1]
+
+
+def _planted_runs(tmp_path, monkeypatch, patched_map) -> list:
+    """A 12-case fuzz of a planted bug on 2 workers, as it is and then with scheduler.Pool.map replaced by
+    patched_map: each run's entry for the subject in its run file."""
+    from faverify.scheduler import Pool
+    runs = []
+    for patch in (None, patched_map):
         if patch:
             monkeypatch.setattr(Pool, "map", patch)
         cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "12", "--device", "cpu", "--no-db",
             "--workers", "2", "--shrink-budget", "0", "--gradcheck-every", "0", "--json", tmp_path / "r.json")
-        listed.append([f["signature"] for f in read_json(tmp_path / "r.json")["kernels"][0]["failures"]])
-    assert len(listed[0]) >= 3 and listed[0] == listed[1]
+        runs.append(read_json(tmp_path / "r.json")["kernels"][0])
+    return runs
 
 
 def _report_environment(conn, name):
@@ -361,14 +369,7 @@ def test_cases_skipped_for_memory_beside_other_workers_run_again_alone(tmp_path,
             on_result(i, r)
         original(self, items, maybe_skipped)
 
-    runs = []
-    for patch in (None, crowded):
-        if patch:
-            monkeypatch.setattr(Pool, "map", patch)
-        cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "12", "--device", "cpu", "--no-db",
-            "--workers", "2", "--shrink-budget", "0", "--gradcheck-every", "0", "--json", tmp_path / "r.json")
-        runs.append(read_json(tmp_path / "r.json")["kernels"][0])
-    plain, crowded_run = runs
+    plain, crowded_run = _planted_runs(tmp_path, monkeypatch, crowded)
     assert len(first_seen) == 4
     assert crowded_run["summary"]["memory_retried"] == 4 and plain["summary"]["memory_retried"] == 0
     for key in ("cases", "passed", "failed", "skipped", "skip_reasons"):
