@@ -1,10 +1,9 @@
 """Compile every Triton kernel variant ahead of time for sm_80 and sm_90, with no GPU.
 
 A variant is a kernel with its compile-time constants: dtype, padded head dim (16..256; fp16, whose code
-is bf16's but for the conversions, at 64 and 128; fp32 from 64), causal, and whether the head dim fills the
-padding (EVEN_D; the odd-head-dim path is compiled for bf16 from 64, it differs from the others only in
-masks), each with
-the tile its launcher picks by default; on sm_90 also the Hopper forward and each of its mutants
+is bf16's but for the conversions, at 64 and 128; fp32 from 64; on sm_80 bf16 alone: _compiled), causal,
+and whether the head dim fills the padding (EVEN_D; the odd-head-dim path is compiled for bf16 from 64, it
+differs from the others only in masks), each with the tile its launcher picks by default; on sm_90 also the Hopper forward and each of its mutants
 (kernels/mutants). Pointers and strides are
 declared 16-byte aligned, as they are for contiguous inputs; so the 16-bit forward for sm_90 is the one
 that loads through tensor descriptors (TMA), as it runs there. For each variant: shared memory from the
@@ -117,10 +116,18 @@ def variants(capability: int = 80) -> list:
             for block_d in (64, 128) if dtype == "fp16" else BLOCK_DS:
                 for causal in ((False,) if kernel == "preprocess" else (False, True)):
                     for even_d in ((True, False) if dtype == "bf16" else (True,)):
-                        if block_d in SMALL and (dtype == "fp32" or not even_d):
-                            continue
-                        out.append(Variant(kernel, dtype, block_d, causal, even_d))
-    return out + variant_kernel_variants()
+                        if _compiled(dtype, block_d, even_d, capability):
+                            out.append(Variant(kernel, dtype, block_d, causal, even_d))
+    return out + [v for v in variant_kernel_variants() if _compiled(v.dtype, v.block_d, True, capability)]
+
+
+def _compiled(dtype: str, block_d: int, even_d: bool, capability: int) -> bool:
+    """Whether the report compiles a build: on sm_80 bf16's alone (fp16's code is bf16's but for its
+    conversions, and fp32's tiles are small ones, far from the shared memory sm_80 has); at head dims 16 and
+    32 no fp32 or odd-head-dim build (SMALL)."""
+    if capability == 80 and dtype != "bf16":
+        return False
+    return not (block_d in SMALL and (dtype == "fp32" or not even_d))
 
 
 def hopper_mutant_variants() -> list:
