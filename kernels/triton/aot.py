@@ -3,9 +3,9 @@
 A variant is a kernel with its compile-time constants: dtype, padded head dim (16..256; fp16, whose code
 is bf16's but for the conversions, at 64 and 128; fp32 from 64; on sm_80 bf16 alone: _compiled), causal,
 and whether the head dim fills the padding (EVEN_D; the odd-head-dim path is compiled for bf16 from 64, it
-differs from the others only in masks), each with the tile its launcher picks by default; on sm_90 also the Hopper forward and each of its mutants
-(kernels/mutants). Pointers and strides are
-declared 16-byte aligned, as they are for contiguous inputs; so the 16-bit forward for sm_90 is the one
+differs from the others only in masks), each with the tile its launcher picks by default; on sm_90 also
+the Hopper forward and each of its mutants (kernels/mutants). Pointers and strides are declared 16-byte
+aligned, as they are for contiguous inputs; so the 16-bit forward for sm_90 is the one
 that loads through tensor descriptors (TMA), as it runs there. For each variant: shared memory from the
 compiler, registers and stack frame from cuobjdump on the cubin (ptxas puts spilled registers in the
 stack frame; a nonzero one is reported as a spill).

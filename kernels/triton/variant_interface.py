@@ -329,7 +329,6 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
     rowmax, log2l = rows
     h, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
     hk = k.shape[-2]
-    dq, dk, dvv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if varlen:
         batch, sq, sk = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k
         packed = int(cu_seqlens_q[-1])
@@ -352,13 +351,15 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
     ds_full = torch.zeros((batch, h, sq, sk) if bias_grad else (0,), dtype=torch.float32, device=q.device)
     if batch == 0 or sq == 0 or sk == 0 or q.numel() == 0:
         _LAUNCHED.append("bwd variant none (empty)")
-        return dq, dk, dvv, dsinks, _dbias(ds_full, var.bias) if bias_grad else None
+        return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsinks,
+                _dbias(ds_full, var.bias) if bias_grad else None)
     if dense_backward is not None and var.backward_is_dense and not varlen and dv == d:
         # the variant kernels' runtime bounds, slopes and switches cost them 15% of the dense kernels' speed at
         # d128 seqlen 16384 on the H200 (docs/measurements.md, "Variant speed"), and sinks need none of them
         dq, dk, dvv = dense_backward(dout, q, k, v, out, (rowmax.contiguous(), log2l.contiguous()), var.scale,
                                      var.right == 0)
         return dq, dk, dvv, dsinks, None
+    dq, dk, dvv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     fast = fast_build(var, q, v, k, dout, dq, dk, dvv)
