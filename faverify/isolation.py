@@ -170,6 +170,10 @@ class Worker:
                 self.pending = None
                 return failure(self.kernel, case, "timeout", f"no result within {self.timeout:g} s: the worker "
                                "was killed and the run went on in a fresh one", "timeout", self.device)
+        if self.process is not None:
+            # a forked worker's exit status comes through its server (processes.py), which may tell it a
+            # moment after the pipe's end: a segfault read as exit code None before the wait
+            self.process.join(5)
         code = self.process.exitcode if self.process is not None else None
         self.stop()
         self.pending = None
