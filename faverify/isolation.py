@@ -1,7 +1,7 @@
 """Crash isolation: subjects run in worker processes.
 
-A worker is a process (processes.start) that resolves one subject and evaluates cases on one device. A CUDA fault
-poisons the process's CUDA context and may kill it; a kernel may hang. Either way the parent records the
+A worker is a process (processes.start) that resolves one subject and evaluates cases on one device. A
+CUDA fault poisons the process's CUDA context and may kill it; a kernel may hang. Either way the parent records the
 case as a failure (status "crash" or "timeout", with the case), and the next case runs in a fresh worker.
 The run goes on.
 """

@@ -149,11 +149,14 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
         signature, (index, result) = item
         return index, result.signatures.index(signature)
 
-    held: dict = {}  # index -> (Task, its skip) of the cases skipped for memory beside other workers
+    held: dict = {}  # index -> the skip of a case skipped for memory beside other workers
 
-    def record(index: int, result: CaseResult, task: Task | None = None) -> None:
-        if task is not None and skipped_for_memory(result):
-            held[index] = (task, result)
+    def task(index: int, case: Case) -> Task:
+        return Task(case, every > 0 and index % every == 0)
+
+    def record(index: int, result: CaseResult, hold: bool = False) -> None:
+        if hold and skipped_for_memory(result):
+            held[index] = result
             return
         held.pop(index, None)
         stats.add(result)
@@ -166,28 +169,21 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
     shrunk: dict = {}  # signature -> (minimal, steps, note)
     try:
         index, count = plan.shard or (0, 1)
-        tasks: dict = {}
-
-        def tagged():
-            for i, c in enumerate(drawn):
-                if i % count == index:
-                    tasks[i] = Task(c, every > 0 and i % every == 0)
-                    yield i, tasks[i]
-
-        pool.map(tagged(), lambda i, result: record(i, result, tasks.pop(i)))
+        pool.map(((i, task(i, c)) for i, c in enumerate(drawn) if i % count == index),
+                 lambda i, result: record(i, result, hold=True))
         if held:
             # run again on one worker per device, the others idle (they gave back what a case past 2 GiB
             # took: runner.gives_back); a case still too large then is skipped for good
             stats.memory_retried = len(held)
             alone = {w.device: w for w in reversed(pool.workers)}
-            Pool(list(alone.values())).map([(i, held[i][0]) for i in sorted(held)], record)
+            Pool(list(alone.values())).map([(i, task(i, held[i].case)) for i in sorted(held)], record)
         shrinking = True
         pending = [(sig, index, found) for sig, (index, found) in sorted(first.items(), key=found_order)]
         if pending:
             shrink_all(plan, pending, pool.workers[:min(MAX_PARALLEL_SHRINKS, max(1, cores() // 2))], shrunk)
     finally:
         for i in sorted(held):  # interrupted before they ran again: their first verdict
-            stats.add(held[i][1])
+            stats.add(held[i])
         # in the order the failures were found; interrupted: those not shrunk are reported as found
         note = "not shrunk: the run was interrupted" + (" while shrinking" if shrinking else "")
         for signature, (index, found) in sorted(first.items(), key=found_order):
