@@ -372,6 +372,26 @@ def test_the_softcap_derivative_keeps_its_precision_where_the_cap_saturates():
     assert rel.max() < 1e-5, (rel.max(), x[rel.argmax()])
 
 
+def test_the_forwards_tanh_keeps_its_absolute_error_and_saturates():
+    """common.tanh_logit (the Hopper forward's softcap) against FP64: an absolute error of fp32's rounding
+    near 1 everywhere, tiny inputs included (where its relative error grows: what a logit's exp sees is the
+    absolute one), +-1 past the overflow of e^2x, and the sign of x; a NaN logit stays NaN."""
+    from property_tests.triton_probes import tanh_logit_probe
+
+    x = torch.cat([torch.linspace(-40, 40, 1001), torch.tensor([0.0, 1e-30, -1e-7, 3e-4, 0.2499, 10.0, -10.0, 60.0,
+                                                                 -60.0, 1e30, -1e30, float("inf"), -float("inf"),
+                                                                 float("nan")])])
+    x = torch.nn.functional.pad(x, (0, 1024 - x.numel())).to(DEVICE)
+    t = torch.empty_like(x)
+    tanh_logit_probe[(1,)](x, t, N=1024)
+    exact = torch.tanh(x.double())
+    finite = ~x.isnan()
+    err = (t.double() - exact).abs()[finite]
+    assert err.max() <= 6e-7, (err.max(), x[finite][err.argmax()])
+    assert (t[x.abs() >= 10] == x[x.abs() >= 10].sign()).all() and t[x.isnan()].isnan().all()
+    assert ((t > 0) == (x > 0))[finite & (x.abs() > 1e-6)].all()
+
+
 DECODE_CASES = {  # paged caches with a few query rows a sequence: GQA groups packed into the decode tile
     "gqa8-decode": Case(2, 1, 45, 8, 1, 64, dtype="bf16", cache_seqlens=(45, 13), page_size=8, pages="random",
                         seed=7),

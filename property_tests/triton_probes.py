@@ -3,7 +3,7 @@ check a helper against FP64 (a kernel must be defined at a module's top level fo
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import tanh_slope
+from faverify.kernels.triton.common import tanh_logit, tanh_slope
 
 
 @triton.jit
@@ -12,3 +12,9 @@ def tanh_slope_probe(X, T, D, N: tl.constexpr):
     t, d = tanh_slope(tl.load(X + i))
     tl.store(T + i, t)
     tl.store(D + i, d)
+
+
+@triton.jit
+def tanh_logit_probe(X, T, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(T + i, tanh_logit(tl.load(X + i)))

@@ -225,7 +225,9 @@ NO_BOUND = 1 << 30
 
 @triton.jit
 def _tanh_abs(a):
-    """(tanh a, e^-2a) for a >= 0 (tanh says how)."""
+    """(tanh a, e^-2a) for a >= 0, in fp32 from exp2 alone (the interpreter has no libdevice, and both builds
+    must agree): an odd Taylor polynomial below a = 0.25, where 1 - 2 / (e^2a + 1) would cancel to a few bits,
+    and (1 - e^-2a) / (1 + e^-2a) above, whose numerator is then >= 0.39 (a relative error near 1e-7)."""
     t = tl.math.exp2(a * -2.8853900817779268)  # e^(-2|x|)
     big = (1.0 - t) / (1.0 + t)
     x2 = a * a
@@ -235,12 +237,13 @@ def _tanh_abs(a):
 
 
 @triton.jit
-def tanh(x):
-    """tanh in fp32 from exp2 alone (the interpreter has no libdevice, and both builds must agree): an odd
-    Taylor polynomial below |x| = 0.25, where 1 - 2 / (e^2x + 1) would cancel to a few bits, and
-    (1 - e^-2|x|) / (1 + e^-2|x|) above, whose numerator is then >= 0.39 (a relative error near 1e-7)."""
-    y, _ = _tanh_abs(tl.abs(x))
-    return tl.where(x < 0, -y, y)
+def tanh_logit(x):
+    """tanh to an absolute error near 6e-7 (ex2.approx's and div.full's 2 ulp each), not a relative one: what a
+    forward's capped logit cap * tanh(s / cap) needs, since exp sees its absolute error (at most 6e-5 of a
+    logit at cap 100, an eighth of fp16's rounding of p). 1 - 2 / (1 + e^2x): one exp2, one division and
+    nothing else, where _tanh_abs's polynomial near 0 (the relative precision the backward's slope needs)
+    costs a second exp2's worth of instructions a logit. Saturates to +-1 (e^2x overflows to inf, 2 / inf = 0)."""
+    return 1.0 - 2.0 / (1.0 + tl.math.exp2(x * 2.8853900817779268))
 
 
 @triton.jit

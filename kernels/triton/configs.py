@@ -162,10 +162,10 @@ def hopper_forward(elem: int, capability_major: int, block_d: int) -> bool:
 # consumers (M192: 0.91-1.06x cuDNN at seqlen 4096 and 16384 non-causal, against 0.79-0.92x with two), d128
 # two (M128 N128: 0.92-1.01x; M128 N64 0.80-0.86x).
 HOPPER = {64: Tile(192, 128, 4, 2, hopper=True), 128: Tile(128, 128, 4, 2, hopper=True)}
-# A softcap build's tanh needs registers: with HOPPER's tiles it spilled 216-280 bytes at d64 and 8-64 at
-# d128 (AOT report, sm_90, 2026-12-02); with two consumers and 64 keys a stage (the S tile half as wide,
-# the tile the H200 sweeps ran at both head dims) none
-HOPPER_SOFTCAP = {64: Tile(128, 64, 4, 2, hopper=True), 128: Tile(128, 64, 4, 2, hopper=True)}
+# A softcap build's tanh (common.tanh_logit: an exp2 and a division) fits HOPPER's tiles without spilling
+# but at d64 with every other variant beside it (128 bytes of stack at M192 N128; AOT report, sm_90,
+# 2026-12-04): there two consumers and 64 keys a stage, which keep none
+HOPPER_SOFTCAP = {64: Tile(128, 64, 4, 2, hopper=True)}
 
 
 def hopper_tile(block_d: int, softcap: bool = False) -> Tile:

@@ -42,7 +42,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from faverify.kernels.triton.common import LN2, tanh
+from faverify.kernels.triton.common import LN2, tanh_logit
 
 # globals a kernel reads must be constexpr
 HALF = gl.constexpr(64)  # query rows per consumer warpgroup: one wgmma M
@@ -213,7 +213,7 @@ def _softmax(s, m_i, l_i, j, full_lo, full_hi, offs_m, offs_n, seqlen_k, diag, l
     """One key tile j of the online softmax, forward.py's numerics (with variant_forward.variant_scores'
     softcap, ALiBi and window): returns p, alpha, l and the new max."""
     if SOFTCAP:  # in raw units, as variant_scores: (cap / scale) tanh(s scale / cap)
-        s = tanh(s * cap_scale) * inv_cap_scale  # [mutant site: softcap]
+        s = tanh_logit(s * cap_scale) * inv_cap_scale  # [mutant site: softcap]
     if ALIBI:  # - (slope / scale) |i + diag - j|, as variant_scores
         pos_q = (offs_m + diag).to(gl.float32)  # positions converted per row and per column (variant_scores)
         pos_k = (j * BLOCK_N + offs_n).to(gl.float32)
