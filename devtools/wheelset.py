@@ -2,7 +2,13 @@
 loads that fit one device call (64 MiB carried per call, the working tree included: 14 MiB of this
 repository's files, hence loads of 48 MiB).
 
-    python3 devtools/wheelset.py flash-attn-4==4.0.0b36 [--dir .whl] [--load-mib 48]
+    python3 devtools/wheelset.py flash-attn-4==4.0.0b36 [--extra cu13 --without nvidia-cutlass-dsl-libs-cu12]
+                                 [--dir .whl] [--load-mib 48]
+
+--extra takes the requirements each wheel declares under that extra too (flash-attn-4's cu13: the CuTe DSL
+built for CUDA 13, the GPU image's torch being a CUDA 13 build); --without leaves a package out of the set
+(nvidia-cutlass-dsl requires its CUDA 12 libraries whatever the extra; installed with --no-deps, the CUDA
+13 ones alone serve).
 
 What it does: downloads the package and, following each wheel's Requires-Dist, every dependency the GPU
 image lacks (IMAGE: the packages its python3 holds, from the device tool's KINDS.md), as wheels for
@@ -13,12 +19,19 @@ DIR/load0, DIR/load1, ... Call k names DIR/loadK in its `carry` (a carried path 
 machine, and ignored paths not named stay there while the machine is warm, so the loads of earlier calls
 wait there); the last call then runs:
 
-    cat .whl/load*/NAME.whl.part* > /tmp/NAME.whl   (for each split wheel, parts in order)
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/load*/*.whl /tmp/*.whl
-    export PYTHONPATH=/tmp/site
+    cat .whl/load*/NAME.whl.part* > .whl/NAME.whl   (for each split wheel, parts in order)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target .whl/site .whl/load*/*.whl .whl/*.whl
+    export PYTHONPATH=$PWD/.whl/site:$(python3 devtools/wheelset.py --pth-dirs .whl/site)
+
+(an ignored folder of the checkout, which stays on the warm machine between calls). A --target install runs
+no .pth file, and the CuTe DSL finds its `cutlass` package through one (nvidia_cutlass_dsl_packages.pth adds
+nvidia_cutlass_dsl/dsl_packages to sys.path): --pth-dirs prints the folders the site's .pth files add,
+":"-joined. flash-attn-4 4.0.0b36 with --extra cu13 ran on the H200 so (2026-12-04): its three loads in two
+calls, load0 and then load1 with load2 (49.4 MiB beside the 13.6 MiB checkout).
 
 Nothing of the libraries is committed; this recipe is how anyone repeats the set. For flash-attn-4
-4.0.0b36 (2026-12-03): 9 wheels, 97.2 MiB, the largest nvidia-cutlass-dsl-libs-cu12 (87.4 MiB, split);
+4.0.0b36 with --extra cu13 (2026-12-04): 9 wheels, 97.4 MiB, the largest nvidia-cutlass-dsl-libs-cu13
+(87.7 MiB, split);
 flashinfer-python 0.7.4: 11 wheels, 228.3 MiB in 5 loads (its own wheel 96.6 MiB, split in three).
 """
 from __future__ import annotations
@@ -60,8 +73,8 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def requirements(wheel: str) -> list:
-    """The Requires-Dist of a wheel that apply without extras: [(name, spec)]."""
+def requirements(wheel: str, extras=()) -> list:
+    """The Requires-Dist of a wheel that apply without extras or under one of `extras`: [(name, spec)]."""
     with zipfile.ZipFile(wheel) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         lines = z.read(meta).decode().splitlines()
@@ -70,7 +83,8 @@ def requirements(wheel: str) -> list:
         if not line.startswith("Requires-Dist:"):
             continue
         req = line.split(":", 1)[1].strip()
-        if "extra ==" in req:
+        marker = re.search(r"extra\s*==\s*[\"']([^\"']+)[\"']", req)
+        if marker and marker.group(1) not in extras:
             continue
         req = req.split(";")[0].strip()
         name = re.match(r"[A-Za-z0-9_.\-]+", req).group(0)
@@ -93,18 +107,19 @@ def download(spec: str, folder: str) -> str:
     return next(os.path.join(folder, f) for f in os.listdir(folder) if normalize(f).replace("-", "_").startswith(base))
 
 
-def closure(root: str, folder: str) -> list:
-    """Download root and every dependency the image lacks; the wheels, in download order."""
-    todo, seen, wheels = [root], set(), []
+def closure(root: str, folder: str, extras=(), without=()) -> list:
+    """Download root and every dependency the image lacks (under `extras` too, but for `without`); the wheels,
+    in download order."""
+    todo, seen, wheels = [root], {normalize(n) for n in without}, []
     while todo:
         spec = todo.pop(0)
         name = normalize(re.match(r"[A-Za-z0-9_.\-]+", spec).group(0))
         if name in seen or name in IMAGE:
             continue
         seen.add(name)
-        wheel = download(spec.replace(" ", ""), folder)
+        wheel = download(re.sub(r"\[[^\]]*\]", "", spec.replace(" ", "")), folder)
         wheels.append(wheel)
-        todo += [n + s for n, s in requirements(wheel)]
+        todo += [n + s for n, s in requirements(wheel, extras)]
     return wheels
 
 
@@ -135,14 +150,37 @@ def loads(wheels: list, limit: int) -> list:
     return [b[1] for b in bins]
 
 
+def pth_dirs(site: str) -> list:
+    """The folders the .pth files of a --target install would add to sys.path: each line naming a folder
+    under the site, or a line of code that appends a folder joined from a package's path (the CuTe DSL's
+    form: os.path.join(PACKAGE.__path__[0], 'FOLDER')), resolved against the site."""
+    out = []
+    for name in sorted(os.listdir(site)):
+        if not name.endswith(".pth"):
+            continue
+        for line in open(os.path.join(site, name)):
+            line = line.strip()
+            joined = re.search(r"os\.path\.join\((\w+)\.__path__\[0\],\s*['\"]([^'\"]+)['\"]\)", line)
+            folder = os.path.join(site, joined.group(1), joined.group(2)) if joined else \
+                os.path.join(site, line) if line and not line.startswith(("#", "import")) else None
+            if folder and os.path.isdir(folder):
+                out.append(os.path.abspath(folder))
+    return out
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--pth-dirs"]:
+        print(":".join(pth_dirs(sys.argv[2])))
+        return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("package", help="NAME==VERSION")
     p.add_argument("--dir", default=".whl")
     p.add_argument("--load-mib", type=int, default=48)
+    p.add_argument("--extra", action="append", default=[], help="also the requirements under this extra")
+    p.add_argument("--without", action="append", default=[], help="a package left out of the set")
     a = p.parse_args()
     os.makedirs(a.dir, exist_ok=True)
-    wheels = closure(a.package, a.dir)
+    wheels = closure(a.package, a.dir, tuple(a.extra), tuple(a.without))
     for w in wheels:
         print(f"{os.path.getsize(w) / 2**20:8.1f} MiB  {os.path.basename(w)}")
     groups = loads(wheels, a.load_mib << 20)
