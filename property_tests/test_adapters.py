@@ -83,6 +83,29 @@ def test_flash_attn_4_skips_a_head_dim_it_does_not_take(fake_fa4):
     assert not fake_fa4
 
 
+def test_flash_attn_4_skips_the_backward_of_gqa_with_unlike_head_dims_and_runs_its_forward(fake_fa4):
+    """flash_bwd_sm90 asserts head_dim == head_dim_v under GQA: such a case is skipped with the reason when
+    it will be differentiated, and its forward alone still runs; without GQA the backward runs."""
+    gqa = Case(1, 20, 30, 4, 2, 64, dtype="bf16", head_dim_v=32, seed=5)
+    r = evaluate(_on_cpu(resolve("flash-attn-4")), gqa, "cpu", mode="both")
+    assert r.status == "skip" and "GQA only with head_dim == head_dim_v" in r.reason, r.reason
+    assert evaluate(_on_cpu(resolve("flash-attn-4")), gqa, "cpu", mode="fwd").status == "pass"
+    same_heads = dataclasses.replace(gqa, nheads_k=4)
+    r = evaluate(_on_cpu(resolve("flash-attn-4")), same_heads, "cpu", mode="both")
+    assert r.status == "pass", (r.status, r.reason)
+
+
+def test_flash_attn_4_skips_a_paged_case_whose_head_dims_are_not_multiples_of_16(fake_fa4):
+    case = FA4_CASES["paged"]
+    for d, dv in ((72, 72), (64, 40)):
+        r = evaluate(_on_cpu(resolve("flash-attn-4")), dataclasses.replace(case, head_dim=d, head_dim_v=dv), "cpu",
+                     mode="fwd")
+        assert r.status == "skip" and "multiples of 16" in r.reason, r.reason
+    assert not fake_fa4
+    dense = dataclasses.replace(case, cache_seqlens=None, page_size=0, pages="in-order", head_dim=72)
+    assert evaluate(_on_cpu(resolve("flash-attn-4")), dense, "cpu", mode="fwd").status == "pass"
+
+
 FLASHINFER_CASES = {
     "dense-causal-gqa": Case(2, 37, 53, 4, 2, 64, dtype="bf16", causal=True, seed=1),
     "window-left": Case(1, 90, 70, 2, 1, 128, dtype="fp16", window=(9, -1), seed=2),

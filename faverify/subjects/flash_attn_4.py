@@ -8,7 +8,11 @@ units, as faverify's), a varlen batch is cu_seqlens with max_seqlen, and a paged
 with `seqused_k` through flash_attn_varlen_func, q staying [batch, seqlen_q, heads, d]. lse comes back
 as faverify's ([b, h, sq]; varlen [h, total]), natural log (conventions "flash-attn-4"). No ALiBi (the
 library has none), 16-bit only, head dims multiples of 8 up to 256 (its _validate_head_dims on sm_90);
-anything else is Unsupported, counted as skipped with the reason.
+anything else is Unsupported, counted as skipped with the reason. Its sm_90 backward takes GQA only where
+q/k's and v's head dims are equal (an assertion of flash_bwd_sm90.py): a case with both that will be
+differentiated (q requires grad) is Unsupported too, and so is a paged case whose head dims are not multiples
+of 16 (its paged path without TMA, for pages other than its key tile, asserts "Paged KV does not support
+irregular head dim").
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from faverify.subjects.base import Capabilities, Subject
 from faverify.subjects.translate import flash_attn_4_window
 
 ALIGNMENT = 8  # head dims the library takes: multiples of 16 bytes of a 16-bit element
+PAGED_ALIGNMENT = 16  # head dims its paged path takes: its tiles' head dim is padded to 16, and unpadded there
 
 
 def _library():
@@ -35,6 +40,12 @@ def flash_attn_4(q, k, v, *, causal: bool, softmax_scale=None, window_size=(-1, 
     d, dv = q.shape[-1], v.shape[-1]
     if d % ALIGNMENT or dv % ALIGNMENT:
         raise Unsupported(f"flash-attn-4: head dims must be multiples of {ALIGNMENT} (q/k {d}, v {dv})")
+    if q.requires_grad and dv != d and q.shape[-2] != k.shape[-2]:
+        raise Unsupported(f"flash-attn-4: its backward takes GQA only with head_dim == head_dim_v (q/k {d}, v {dv}, "
+                          f"{q.shape[-2]} query heads on {k.shape[-2]})")
+    if block_table is not None and (d % PAGED_ALIGNMENT or dv % PAGED_ALIGNMENT):
+        raise Unsupported(f"flash-attn-4: a paged cache takes head dims that are multiples of {PAGED_ALIGNMENT} "
+                          f"(q/k {d}, v {dv})")
     cute = _library()
     common = dict(softmax_scale=softmax_scale, causal=causal, window_size=flash_attn_4_window(tuple(window_size)),
                   learnable_sink=sinks, softcap=float(softcap or 0.0), return_lse=True)
