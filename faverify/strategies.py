@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from faverify.case import (DTYPES, FEATURES, INITS, KEY_MASKS, LAYOUTS, MASK_SHAPES, MASKS, MAX_HEAD_DIM, PAGE_ORDERS,
-                           REGIMES, VARIANT_FEATURES, Case)
+from faverify.case import (DTYPES, FEATURES, INITS, KEY_MASKS, LAYOUTS, MASK_SHAPES, MASKS, MAX_HEAD_DIM,
+                           MAX_HEAD_DIM_V, PAGE_ORDERS, REGIMES, VARIANT_FEATURES, Case)
 from faverify.errors import UsageError
 
 # Block boundaries of common tile sizes (16..128) and their neighbours, odd lengths, one-row cases, and the
@@ -88,7 +88,7 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
           layouts: tuple = LAYOUTS, inits: tuple = INITS, causal: bool | None = None,
           head_dims: tuple = HEAD_DIMS, exact_head_dims: bool = False, features: tuple = (),
           always_split: bool = False, ragged_only: bool = False, masks: tuple = MASKS[1:],
-          speculative: bool = False) -> Case:
+          speculative: bool = False, head_dim_multiple: int = 1) -> Case:
     """A Case within `limits`. Arguments narrow the choices; each must be a non-empty subset. Head dims
     are drawn from head_dims or anywhere between its least and largest, or only from it (exact).
     features: the variant features (case.FEATURES) drawn, each on or off per case, after every dense
@@ -97,7 +97,8 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     (a split-KV combine's cases); ragged_only: every case varlen or paged (of those in features); masks:
     the mask patterns drawn when features has "mask" (case.MASKS); speculative: GQA groups of 2 or more
     and, for paged cases, 2 to 16 query rows (a speculative decode: a packed decode tile then holds
-    several queries of several heads)."""
+    several queries of several heads); head_dim_multiple: q/k's and v's head dims rounded up to multiples of
+    it (a subject's Capabilities.head_dim_multiple), the draw otherwise the same."""
     for name, chosen, allowed in (("dtypes", dtypes, DTYPES), ("regimes", regimes, REGIMES),
                                   ("layouts", layouts, LAYOUTS), ("inits", inits, INITS)):
         if not chosen or not set(chosen) <= set(allowed):
@@ -115,6 +116,7 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
         head_dim = draw(st.sampled_from(head_dims))
     else:
         head_dim = draw(st.one_of(st.sampled_from(head_dims), st.integers(min(head_dims), max(head_dims))))
+    head_dim = aligned(head_dim, head_dim_multiple, MAX_HEAD_DIM)
     least = 2 if speculative else 1  # the group
     nheads_k = draw(st.integers(1, max(1, min(4, limits.max_heads // least))))
     group = draw(st.sampled_from([g for g in GROUPS if least <= g and g * nheads_k <= limits.max_heads] or [1]))
@@ -136,6 +138,8 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
         seed=draw(st.integers(0, 2**31 - 1)),
     )
     variant = draw(variants(tuple(f for f in VARIANT_FEATURES if f in features), seqlen_k=seqlen_k))
+    if "head_dim_v" in variant:
+        variant["head_dim_v"] = aligned(variant["head_dim_v"], head_dim_multiple, MAX_HEAD_DIM_V)
     if variant.get("sinks") and (always_split or "splits" in features):
         del variant["sinks"]  # split-KV partials take no sinks (a sink belongs to no key range)
     kinds = tuple(k for k in ("varlen", "paged") if k in features)
@@ -241,6 +245,12 @@ def ragged(draw, kinds: tuple, dense: dict, limits: Limits, cap: int, ragged_onl
         used = Case(**{**dense, **shape}).pages_used
         shape.update(pool=max(huge, used + 1), pages="random")
     return shape
+
+
+def aligned(head_dim: int, multiple: int, limit: int) -> int:
+    """head_dim rounded up to a multiple of `multiple`, or down where up would pass limit."""
+    up = -(-head_dim // multiple) * multiple
+    return up if up <= limit else max(multiple, head_dim // multiple * multiple)
 
 
 def _bound(seqlen_k: int) -> st.SearchStrategy[int]:

@@ -106,6 +106,15 @@ def test_flash_attn_4_skips_a_paged_case_whose_head_dims_are_not_multiples_of_16
     assert evaluate(_on_cpu(resolve("flash-attn-4")), dense, "cpu", mode="fwd").status == "pass"
 
 
+def test_flash_attn_4_names_its_wheels_version_and_draws_head_dims_it_takes(fake_fa4, monkeypatch):
+    from importlib import metadata
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "4.0.0b36" if name == "flash-attn-4" else real(name))
+    subject = resolve("flash-attn-4")
+    assert "flash-attn 4 (4.0.0b36)" in subject.description, subject.description
+    assert subject.caps.draw() == {"head_dim_multiple": 8}
+
+
 FLASHINFER_CASES = {
     "dense-causal-gqa": Case(2, 37, 53, 4, 2, 64, dtype="bf16", causal=True, seed=1),
     "window-left": Case(1, 90, 70, 2, 1, 128, dtype="fp16", window=(9, -1), seed=2),

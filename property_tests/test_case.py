@@ -63,3 +63,31 @@ def test_exact_head_dims_draw_only_the_listed_ones():
     def check(case):
         assert case.head_dim in (48, 96)
     check()
+
+
+def test_a_subjects_head_dim_multiple_rounds_its_drawn_head_dims_and_skips_others():
+    """Capabilities.head_dim_multiple (flash-attn-4: 8): its fuzz draws q/k's and v's head dims as multiples,
+    the rest of each case as drawn without it; a case given by hand off the multiple is skipped, naming it."""
+    import torch
+    from hypothesis import find, settings
+
+    from faverify.subjects.base import Capabilities
+
+    caps = Capabilities(head_dim_multiple=8, head_dim_v=True)
+    assert caps.draw() == {"head_dim_multiple": 8} and Capabilities().draw() == {}
+
+    @settings(max_examples=80, deadline=None, database=None)
+    @given(cases(features=("head_dim_v",), **caps.draw()))
+    def check(case):
+        assert case.head_dim % 8 == 0 and case.dv % 8 == 0 and 8 <= case.head_dim <= 256 and case.dv <= 512
+    check()
+    from faverify.strategies import aligned
+    assert (aligned(43, 8, 256), aligned(256, 8, 256), aligned(1, 8, 256), aligned(250, 48, 256)) == (48, 256, 8, 240)
+    # an odd head dim is drawn where the multiple is 1; a case off the multiple is skipped with the reason
+    odd = find(cases(features=("head_dim_v",)), lambda c: c.head_dim % 8 == 3 and c.head_dim_v is None,
+               settings=settings(database=None, max_examples=2000))
+    assert caps.reason_unsupported(odd, torch.device("cpu")) == \
+        f"head dims must be multiples of 8 (q/k {odd.head_dim}, v {odd.head_dim})"
+    assert caps.reason_unsupported(dataclasses.replace(odd, head_dim=odd.head_dim + 5), torch.device("cpu")) is None
+    with pytest.raises(ValueError, match="head_dim_multiple must be an integer >= 1"):
+        Capabilities(head_dim_multiple=0)

@@ -33,6 +33,9 @@ class Capabilities:
     devices: tuple = ("cpu", "cuda")
     min_head_dim: int = 1
     max_head_dim: int = 256
+    # q/k's and v's head dims must be multiples of this (flash-attn-4: 8, 16 bytes of a 16-bit element); a
+    # fuzz of the subject draws its head dims rounded up to one, so no case is drawn only to be skipped
+    head_dim_multiple: int = 1
     gqa: bool = True
     init_modes: tuple | None = None  # None: the subject takes no init; cases run whatever their init
     backward: bool = True
@@ -94,7 +97,7 @@ class Capabilities:
             if not isinstance(self.page_sizes, tuple) or not all(
                     isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in self.page_sizes):
                 raise ValueError(f"page_sizes must be a list of integers >= 1, got {self.page_sizes!r}")
-        for name in ("min_head_dim", "max_head_dim", "split_block"):
+        for name in ("min_head_dim", "max_head_dim", "split_block", "head_dim_multiple"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -120,6 +123,9 @@ class Capabilities:
             return f"{', '.join(missing)} not declared by the subject (faverify_capabilities)"
         if case.dv != case.head_dim and not self.min_head_dim <= case.dv <= self.max_head_dim:
             return f"head_dim_v {case.dv} outside {self.min_head_dim}..{self.max_head_dim}"
+        if case.head_dim % self.head_dim_multiple or case.dv % self.head_dim_multiple:
+            return (f"head dims must be multiples of {self.head_dim_multiple} (q/k {case.head_dim}, "
+                    f"v {case.dv})")
         if self.page_sizes is not None and case.kind == "paged" and case.page_size not in self.page_sizes:
             return f"page size {case.page_size} not supported (supports {', '.join(map(str, self.page_sizes))})"
         if not self.dense and case.kind == "dense":
@@ -148,6 +154,7 @@ class Capabilities:
         ragged ones for a subject that takes no dense batch, block patterns for one that takes masks as
         blocks only."""
         return {**({"always_split": True} if self.combine else {}),
+                **({"head_dim_multiple": self.head_dim_multiple} if self.head_dim_multiple > 1 else {}),
                 **({"ragged_only": True} if not self.dense and (self.varlen or self.paged) else {}),
                 **({"masks": ("block",)} if self.block_mask and not (self.mask or self.mask_mod) else {})}
 

@@ -7,12 +7,11 @@ Its vocabulary is flash-attn's but for a few words, translated here: a window si
 units, as faverify's), a varlen batch is cu_seqlens with max_seqlen, and a paged cache is `page_table`
 with `seqused_k` through flash_attn_varlen_func, q staying [batch, seqlen_q, heads, d]. lse comes back
 as faverify's ([b, h, sq]; varlen [h, total]), natural log (conventions "flash-attn-4"). No ALiBi (the
-library has none), 16-bit only, head dims multiples of 8 up to 256 (its _validate_head_dims on sm_90);
-anything else is Unsupported, counted as skipped with the reason. Its sm_90 backward takes GQA only where
-q/k's and v's head dims are equal (an assertion of flash_bwd_sm90.py): a case with both that will be
-differentiated (q requires grad) is Unsupported too, and so is a paged case whose head dims are not multiples
-of 16 (its paged path without TMA, for pages other than its key tile, asserts "Paged KV does not support
-irregular head dim").
+library has none), 16-bit only, head dims multiples of 8 up to 256 (its _validate_head_dims on sm_90: a
+fuzz draws its head dims so). Two of its own assertions make a case Unsupported, skipped with the reason:
+its sm_90 backward takes GQA only with q/k's and v's head dims equal (flash_bwd_sm90.py), so such a case
+that will be differentiated (q requires grad); its paged path without TMA (pages other than its key tile)
+takes head dims that are multiples of 16 alone ("Paged KV does not support irregular head dim").
 """
 from __future__ import annotations
 
@@ -38,8 +37,6 @@ def flash_attn_4(q, k, v, *, causal: bool, softmax_scale=None, window_size=(-1, 
                  block_table=None, cache_seqlens=None):
     """faverify's keywords (flash-attn's) -> flash_attn.cute's call; (out, lse)."""
     d, dv = q.shape[-1], v.shape[-1]
-    if d % ALIGNMENT or dv % ALIGNMENT:
-        raise Unsupported(f"flash-attn-4: head dims must be multiples of {ALIGNMENT} (q/k {d}, v {dv})")
     if q.requires_grad and dv != d and q.shape[-2] != k.shape[-2]:
         raise Unsupported(f"flash-attn-4: its backward takes GQA only with head_dim == head_dim_v (q/k {d}, v {dv}, "
                           f"{q.shape[-2]} query heads on {k.shape[-2]})")
@@ -57,10 +54,20 @@ def flash_attn_4(q, k, v, *, causal: bool, softmax_scale=None, window_size=(-1, 
     return cute.flash_attn_func(q, k, v, **common)
 
 
+def _version(cute) -> str:
+    """The wheel's version (flash_attn.cute's __version__ reads another distribution's and says 0.0.0)."""
+    from importlib import metadata
+    try:
+        return metadata.version("flash-attn-4")
+    except metadata.PackageNotFoundError:
+        return getattr(cute, "__version__", "?")
+
+
 def make() -> Subject:
     cute = _library()
-    caps = Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",), min_head_dim=ALIGNMENT, max_head_dim=256, lse=True,
+    caps = Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",), min_head_dim=ALIGNMENT, max_head_dim=256,
+                        head_dim_multiple=ALIGNMENT, lse=True,
                         window=True, softcap=True, sinks=True, head_dim_v=True, varlen=True, paged=True,
                         conventions="flash-attn-4")
     return Subject(name="flash-attn-4", fn=flash_attn_4, caps=caps,
-                   description=f"flash-attn 4 (flash_attn.cute {getattr(cute, '__version__', '?')}), CuTe-DSL kernels")
+                   description=f"flash-attn 4 ({_version(cute)}), CuTe-DSL kernels")
