@@ -177,6 +177,17 @@ def writes_k_declared(q, k, v, *, causal, softmax_scale):
 writes_k_declared.faverify_capabilities = {"writes": ["k"], "backward": False}
 
 
+def takes_multiples_of_16(q, k, v, *, causal, softmax_scale):
+    """Right, for head dims that are multiples of 16, which it declares; any other head dim is an error (a
+    failing case): a fuzz of it must draw none."""
+    if q.shape[-1] % 16:
+        raise RuntimeError(f"head dim {q.shape[-1]} is not a multiple of 16")
+    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+takes_multiples_of_16.faverify_capabilities = {"head_dim_multiple": 16}
+
+
 def exits_zero(q, k, v, *, causal, softmax_scale):
     """Calls sys.exit(0) on causal cases: a case that never returned, not a pass."""
     if causal:

@@ -120,6 +120,14 @@ def test_nothing_ran_is_never_exit_0():
     assert r.exit_code == 2 and "no case ran" in r.stderr and "fp32 is not implemented" in r.stderr
 
 
+def test_a_user_kernel_that_declares_a_head_dim_multiple_is_fuzzed_on_multiples_alone(tmp_path):
+    r = cli("fuzz", "--kernel", "property_tests.planted:takes_multiples_of_16", "--iters", "40", "--device", "cpu",
+            "--no-db", "--json", tmp_path / "run.json")
+    assert r.exit_code == 0, r.stderr[-2000:]
+    summary = read_json(tmp_path / "run.json")["kernels"][0]["summary"]
+    assert summary["passed"] == 40 and summary["skipped"] == 0, summary
+
+
 def test_crashing_subject_is_a_failure_not_a_crash_of_the_run():
     r = cli("fuzz", "--kernel", "property_tests.planted:raises_type_error", "--iters", "30", "--device", "cpu")
     assert r.exit_code == 1 and "error:TypeError" in r.stderr and "planted crash" in r.stderr
