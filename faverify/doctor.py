@@ -155,9 +155,28 @@ def _show(check: Check) -> None:
     print(f"doctor: {check.check} on {check.device}: {check.status}", file=sys.stderr, flush=True)
 
 
-def run(level: str = "quick", *, tolerance, include_cpu: bool = True) -> dict:
+def _libraries(requested: tuple) -> tuple:
+    """(the requested library adapters that load here, a Skip naming the reason for each that does not)."""
+    from faverify.errors import EnvironmentProblem
+    from faverify.subjects import resolve
+    loaded, skipped = [], []
+    for name in requested:
+        try:
+            resolve(name)
+            loaded.append(name)
+        except EnvironmentProblem as e:
+            skipped.append(Check(f"golden: {name}", "-", "Skip", str(e)))
+    return tuple(loaded), skipped
+
+
+def run(level: str = "quick", *, tolerance, include_cpu: bool = True, libraries: tuple = ()) -> dict:
+    """libraries: adapters of kernel libraries (subjects.registry.LIBRARIES) checked on every GPU beside
+    the bundled kernels and the SDPA backends, against the golden cases each supports."""
     names = golden_files.QUICK if level == "quick" else None
     checks = _Checks()
+    libraries, unloaded = _libraries(libraries)
+    for c in unloaded:
+        checks.append(c)
     if include_cpu:
         checks.append(_golden_check("sdpa-math", "cpu", names, tolerance, isolate=False))
         checks.append(_golden_check("triton", "cpu", names if level == "quick" else golden_files.QUICK, tolerance,
@@ -168,12 +187,14 @@ def run(level: str = "quick", *, tolerance, include_cpu: bool = True) -> dict:
     if not gpus:
         checks.append(Check("GPU", "-", "Warn", "no CUDA GPU is visible (torch.cuda.is_available() is False): "
                                                  "the GPU checks did not run"))
+        for name in libraries:
+            checks.append(Check(f"golden: {name}", "-", "Skip", "needs a CUDA GPU"))
     prints_by_model: dict = {}
     built = {}
     for g in gpus:  # before the golden workers start, which load the library from the cache
         built[f"cuda:{g['index']}"] = b = _cuda_build(f"cuda:{g['index']}")
         _show(b)
-    golden_checks = _gpu_golden_checks({d: ("triton",) + (CUDA if b.status == "Pass" else ()) + SDPA
+    golden_checks = _gpu_golden_checks({d: ("triton",) + (CUDA if b.status == "Pass" else ()) + SDPA + libraries
                                         for d, b in built.items()}, names, tolerance)
     for g in gpus:
         device = f"cuda:{g['index']}"
@@ -185,7 +206,7 @@ def run(level: str = "quick", *, tolerance, include_cpu: bool = True) -> dict:
                 checks.append(golden_checks[(kernel, device)], shown=True)
             else:
                 checks.append(Check(f"golden: {kernel}", device, "Skip", "the CUDA kernels did not build"))
-        for kernel in SDPA:
+        for kernel in SDPA + libraries:
             checks.append(golden_checks[(kernel, device)], shown=True)
         for kernel in ("triton",) + (("cuda",) if built[device].status == "Pass" else ()):
             det = _determinism(kernel, device)

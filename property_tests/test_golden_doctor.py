@@ -110,6 +110,48 @@ def test_doctor_fails_when_a_check_fails(monkeypatch, tmp_path):
     assert r.exit_code == 1 and "Fail" in r.stdout
 
 
+def test_doctor_with_libraries_names_why_each_was_not_checked(monkeypatch, tmp_path):
+    """--with: a library whose package does not import is a Skip naming the import error; one that
+    imports (a stand-in here) is checked on every GPU, and on a machine without one is a Skip saying so."""
+    import sys
+
+    import torch
+
+    from faverify import doctor
+    from property_tests import fake_libraries
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the library would be checked on it")
+    package = type(sys)("flash_attn")
+    package.cute = fake_libraries.flash_attn_cute([])
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", package.cute)
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # import raises ImportError
+    monkeypatch.setattr(doctor, "_golden_check",
+                        lambda kernel, device, names, tol, isolate: doctor.Check(f"golden: {kernel}", device, "Pass", "x"))
+    r = cli("doctor", "--with", "flash-attn-4,flashinfer", "--json", tmp_path / "d.json")
+    assert r.exit_code == 0, r.stdout + r.stderr
+    rows = {c["check"]: c for c in read_json(tmp_path / "d.json")["checks"]}
+    assert rows["golden: flashinfer"]["status"] == "Skip" and "does not import here" in rows["golden: flashinfer"]["detail"]
+    assert rows["golden: flash-attn-4"]["status"] == "Skip" and rows["golden: flash-attn-4"]["detail"] == "needs a CUDA GPU"
+    r = cli("doctor", "--with", "flash-attn-5")
+    assert r.exit_code == 2 and "--with" in r.stderr and "flash-attn-5" in r.stderr and "each must be one of" in r.stderr
+    # with a GPU (stood in for): the library's golden check runs on it beside the SDPA backends
+    asked = {}
+
+    def golden_checks(kernels_by_device, names, tolerance):
+        asked.update(kernels_by_device)
+        return {(k, d): doctor.Check(f"golden: {k}", d, "Pass", "x") for d, ks in kernels_by_device.items() for k in ks}
+
+    monkeypatch.setattr(doctor.environment, "gpus", lambda: [{"index": 0, "name": "a GPU"}])
+    monkeypatch.setattr(doctor, "_cuda_build", lambda device: doctor.Check("CUDA build", device, "Pass", "x"))
+    monkeypatch.setattr(doctor, "_gpu_golden_checks", golden_checks)
+    monkeypatch.setattr(doctor, "_determinism", lambda kernel, device: doctor.Check("determinism", device, "Pass", "x"))
+    report = doctor.run("quick", tolerance=None, libraries=("flash-attn-4", "flashinfer"))
+    assert asked["cuda:0"][-1] == "flash-attn-4" and "flashinfer" not in asked["cuda:0"], asked
+    rows = {(c["check"], c["device"]): c["status"] for c in report["checks"]}
+    assert rows[("golden: flash-attn-4", "cuda:0 a GPU")] == "Pass" and rows[("golden: flashinfer", "-")] == "Skip"
+
+
 def test_golden_verify_usage_errors():
     r = cli("golden", "verify")
     assert r.exit_code == 2 and "--kernel" in r.stderr

@@ -21,9 +21,13 @@ class Level(str, Enum):
 def doctor(
     level: Annotated[Level, typer.Option(help="quick: 8 golden cases per check; full: all 40")] = Level.quick,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the checks as JSON")] = None,
+    with_: Annotated[Optional[str], typer.Option("--with", help="Kernel libraries to check too, comma separated: "
+                                                 "flash-attn, flash-attn-3, flash-attn-4, flashinfer (each "
+                                                 "skipped with the reason where it does not import)")] = None,
 ) -> int:
-    """Check a machine: environment, then per GPU the kernels and SDPA backends against golden cases,
-    run-to-run determinism, and identical bits across GPUs of one model. Exit 1 on any Fail."""
+    """Check a machine: environment, then per GPU the kernels and SDPA backends (and the libraries --with
+    names) against golden cases, run-to-run determinism, and identical bits across GPUs of one model. Exit 1
+    on any Fail."""
     import json
 
     from faverify import doctor as doctor_checks
@@ -32,7 +36,7 @@ def doctor(
     from faverify.verdict import Tolerance
 
     check_writable("--json", json_path)
-    report = doctor_checks.run(level.value, tolerance=Tolerance())
+    report = doctor_checks.run(level.value, tolerance=Tolerance(), libraries=_libraries(with_))
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=1, default=str))
@@ -45,3 +49,12 @@ def doctor(
     if not report["passed_any"]:
         raise EnvironmentProblem("no check passed: nothing ran")
     return 0
+
+
+def _libraries(text: Optional[str]) -> tuple:
+    from faverify.errors import UsageError
+    from faverify.subjects.registry import LIBRARIES
+    names = tuple(n.strip() for n in (text or "").split(",") if n.strip())
+    if text is not None and (not names or not set(names) <= set(LIBRARIES)):
+        raise UsageError("--with", text, f"each must be one of {', '.join(LIBRARIES)}")
+    return names
