@@ -52,6 +52,8 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
         plan = dataclasses.replace(base_plan, features=(features or {}).get(name, base_plan.features))
         if (narrow_for or {}).get(name):
             plan = dataclasses.replace(plan, narrow={**(plan.narrow or {}), **narrow_for[name]})
+        if plan.shapes:
+            plan = dataclasses.replace(plan, narrow={**(plan.narrow or {}), "shapes": budget_pool(plan)})
         stats = KernelStats(kernel=name, conventions=(conventions or {}).get(name, DEFAULT_CONVENTIONS.describe()),
                             keep_series=plan.shard is not None)  # merge.py recomputes statistics from them
         all_stats.append(stats)
@@ -94,6 +96,16 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
                          all_stats, interrupted, late)
 
 
+def budget_pool(plan: FuzzPlan) -> tuple:
+    """The shape budget's pool for a kernel's plan: plan.shapes distinct shapes of the seed's draw without a
+    budget (strategies.shape_pool), the same for every shard and worker. The draw is 10 cases a shape: a
+    few milliseconds each."""
+    from faverify.parallel import draw_cases
+    from faverify.strategies import shape_pool
+    drawn = draw_cases(dataclasses.replace(plan, iters=10 * plan.shapes + 20, shapes=0, shard=None))
+    return shape_pool(drawn, plan.shapes)
+
+
 def replay(kernel: str, cases: list, evaluate, stats: KernelStats) -> None:
     """The example store's cases for this kernel (examples.py), each once, before the seeded draw and
     apart from it: their results count in stats.replay, not in the run's cases or statistics."""
@@ -121,4 +133,6 @@ def _document(kernels, plan, devices, mode, tolerance, command, workers, paralle
                     "interrupted": interrupted or bool(late)}
     if plan.shard is not None:
         settings_doc["shard"] = f"{plan.shard[0]}/{plan.shard[1]}"
+    if plan.shapes:
+        settings_doc["shapes"] = plan.shapes
     return Run.from_stats(command, environment.collect(), settings_doc, tolerance.to_dict(), all_stats)

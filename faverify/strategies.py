@@ -88,7 +88,7 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
           layouts: tuple = LAYOUTS, inits: tuple = INITS, causal: bool | None = None,
           head_dims: tuple = HEAD_DIMS, exact_head_dims: bool = False, features: tuple = (),
           always_split: bool = False, ragged_only: bool = False, masks: tuple = MASKS[1:],
-          speculative: bool = False, head_dim_multiple: int = 1) -> Case:
+          speculative: bool = False, head_dim_multiple: int = 1, shapes: tuple = ()) -> Case:
     """A Case within `limits`. Arguments narrow the choices; each must be a non-empty subset. Head dims
     are drawn from head_dims or anywhere between its least and largest, or only from it (exact).
     features: the variant features (case.FEATURES) drawn, each on or off per case, after every dense
@@ -98,7 +98,9 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     the mask patterns drawn when features has "mask" (case.MASKS); speculative: GQA groups of 2 or more
     and, for paged cases, 2 to 16 query rows (a speculative decode: a packed decode tile then holds
     several queries of several heads); head_dim_multiple: q/k's and v's head dims rounded up to multiples of
-    it (a subject's Capabilities.head_dim_multiple), the draw otherwise the same."""
+    it (a subject's Capabilities.head_dim_multiple), the draw otherwise the same; shapes: a shape budget
+    (shape_pool), each case taking the tensors' shape of one of them (SHAPE_FIELDS), its values, regime,
+    layout and features its own, so a subject that compiles or plans per shape does so len(shapes) times."""
     for name, chosen, allowed in (("dtypes", dtypes, DTYPES), ("regimes", regimes, REGIMES),
                                   ("layouts", layouts, LAYOUTS), ("inits", inits, INITS)):
         if not chosen or not set(chosen) <= set(allowed):
@@ -128,6 +130,11 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
         seqlen_k = 1
     batch = draw(st.integers(1, max(1, min(limits.max_batch,
                                            limits.max_elements // (max(seqlen_q, seqlen_k) * nheads * head_dim)))))
+    pooled = shapes[draw(st.integers(0, len(shapes) - 1))] if shapes else None  # shrinks to the first shape
+    if pooled:
+        batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, is_causal = (
+            pooled[f] for f in ("batch", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "dtype", "causal"))
+        cap = max(1, min(limits.max_seqlen, limits.max_elements // (nheads * head_dim)))
     dense = dict(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, nheads=nheads, nheads_k=nheads_k, head_dim=head_dim,
         dtype=dtype, causal=is_causal,
@@ -140,6 +147,10 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     variant = draw(variants(tuple(f for f in VARIANT_FEATURES if f in features), seqlen_k=seqlen_k))
     if "head_dim_v" in variant:
         variant["head_dim_v"] = aligned(variant["head_dim_v"], head_dim_multiple, MAX_HEAD_DIM_V)
+    if pooled:  # v's head dim is the shape's too
+        variant.pop("head_dim_v", None)
+        if pooled["head_dim_v"] is not None:
+            variant["head_dim_v"] = pooled["head_dim_v"]
     if variant.get("sinks") and (always_split or "splits" in features):
         del variant["sinks"]  # split-KV partials take no sinks (a sink belongs to no key range)
     kinds = tuple(k for k in ("varlen", "paged") if k in features)
@@ -245,6 +256,25 @@ def ragged(draw, kinds: tuple, dense: dict, limits: Limits, cap: int, ragged_onl
         used = Case(**{**dense, **shape}).pages_used
         shape.update(pool=max(huge, used + 1), pages="random")
     return shape
+
+
+# What a shape budget keeps to its pool: the tensors' shapes, dtype and causal (what a JIT compiles, or a
+# cuDNN plan is built, for). A ragged case's sequences are drawn as ever, within the pooled batch.
+SHAPE_FIELDS = ("batch", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "head_dim_v", "dtype", "causal")
+
+
+def shape_pool(drawn: list, budget: int) -> tuple:
+    """`budget` distinct shapes (SHAPE_FIELDS) of the drawn cases, as dicts, spread evenly over the distinct
+    ones in drawing order: Hypothesis draws small cases first (its very first at every least size) and
+    larger ones later, so the pool holds both, without the least one. All of them where there are fewer."""
+    distinct: list = []
+    for case in drawn:
+        shape = {f: getattr(case, f) for f in SHAPE_FIELDS}
+        if shape not in distinct:
+            distinct.append(shape)
+    if len(distinct) <= budget:
+        return tuple(distinct)
+    return tuple(distinct[(i + 1) * len(distinct) // (budget + 1)] for i in range(budget))
 
 
 def aligned(head_dim: int, multiple: int, limit: int) -> int:

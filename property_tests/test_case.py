@@ -91,3 +91,25 @@ def test_a_subjects_head_dim_multiple_rounds_its_drawn_head_dims_and_skips_other
     assert caps.reason_unsupported(dataclasses.replace(odd, head_dim=odd.head_dim + 5), torch.device("cpu")) is None
     with pytest.raises(ValueError, match="head_dim_multiple must be an integer >= 1"):
         Capabilities(head_dim_multiple=0)
+
+
+def test_a_shape_budget_draws_every_case_in_one_of_its_shapes_the_same_for_the_same_seed():
+    """--shapes N: the pool is the first N distinct shapes of the seed's own draw, and every case takes one of
+    them (SHAPE_FIELDS), its values, regime, layout and variants its own."""
+    from faverify.fuzz import budget_pool
+    from faverify.parallel import draw_cases
+    from faverify.plan import FuzzPlan
+    from faverify.strategies import SHAPE_FIELDS
+
+    plan = FuzzPlan(iters=60, seed=3, dtypes=("bf16", "fp16"), limits=CPU_LIMITS, database=None,
+                    features=("window", "head_dim_v"), shapes=3)
+    pool = budget_pool(plan)
+    assert len(pool) == 3 and pool == budget_pool(plan)
+    budgeted = dataclasses.replace(plan, narrow={"shapes": pool})
+    drawn = draw_cases(budgeted)
+    shapes = [{f: getattr(c, f) for f in SHAPE_FIELDS} for c in drawn]
+    assert len(drawn) == 60 and all(s in pool for s in shapes) and all(s in shapes for s in pool)
+    assert len({(c.seed, c.regime, c.layout, c.window) for c in drawn}) > 30  # the rest varies as ever
+    assert drawn == draw_cases(budgeted)
+    unbudgeted = {tuple(getattr(c, f) for f in SHAPE_FIELDS) for c in draw_cases(dataclasses.replace(plan, shapes=0))}
+    assert len(unbudgeted) > 20

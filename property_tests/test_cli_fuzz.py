@@ -148,3 +148,31 @@ def test_kernels_lists_the_builtins():
 def test_bench_refuses_a_variant_it_does_not_know_naming_the_rule(value):
     r = cli("bench", "--variants", value, "--device", "cpu")
     assert r.exit_code == 2 and "--variants=" in r.stderr and "each must be dense, window=L" in r.stderr, r.stderr
+
+
+def test_a_shape_budget_runs_shrinks_and_reports_within_its_shapes(tmp_path):
+    """In the parallel mode (2 workers), a planted bug (a backward that zeroes dO: any shape shows it) found
+    under --shapes 2 shrinks by replaying the budgeted draw (it reaches the failing case again) to a case of
+    one of the two shapes, not to the least shape, where it would end without a budget; the settings say
+    the budget; a budget below 1 is refused, naming the rule."""
+    from faverify.fuzz import budget_pool
+    from faverify.plan import FuzzPlan
+    from faverify.strategies import CPU_LIMITS, SHAPE_FIELDS
+
+    def pool(seed):
+        return budget_pool(FuzzPlan(iters=12, seed=seed, dtypes=("bf16", "fp16"), limits=CPU_LIMITS, database=None,
+                                    shapes=2))
+    seed = next(s for s in range(50) if all((p["seqlen_q"], p["seqlen_k"]) != (1, 1) for p in pool(s)))
+    r = cli("fuzz", "--kernel", "property_tests.planted:zeroes_dout", "--iters", "12", "--seed", seed, "--device",
+            "cpu", "--workers", "2", "--shapes", "2", "--shrink-budget", "20", "--gradcheck-every", "0", "--no-db",
+            "--json", tmp_path / "run.json")
+    assert r.exit_code == 1, r.stderr[-2000:]
+    run = read_json(tmp_path / "run.json")
+    assert run["settings"]["shapes"] == 2 and "--shapes 2" in run["command"]
+    failures = run["kernels"][0]["failures"]
+    assert failures and all("did not reach" not in f["note"] for f in failures), [f["note"] for f in failures]
+    for f in failures:
+        for found in (f["first"]["case"], f["minimal"]["case"]):
+            assert {k: found.get(k) for k in SHAPE_FIELDS} in pool(seed), (found, pool(seed))
+    r = cli("fuzz", "--kernel", "sdpa-math", "--shapes", "0", "--device", "cpu")
+    assert r.exit_code == 2 and "--shapes" in r.stderr and "must be >= 1" in r.stderr

@@ -47,6 +47,10 @@ def fuzz(
     = Path(".faverify/examples"),
     no_db: Annotated[bool, typer.Option("--no-db", help="Use no example store")] = False,
     shrink_budget: Annotated[int, typer.Option(help="Evaluations spent shrinking each distinct failure")] = 300,
+    shapes: Annotated[Optional[int], typer.Option(help="A shape budget: every case takes one of the first N "
+                                                  "distinct shapes (sizes, head dims, dtype, causal) the seed "
+                                                  "draws, its values, layout and variants its own; for subjects "
+                                                  "that compile or plan per shape (flex, sdpa-cudnn)")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Worker processes per device (default: 1 on the CPU, "
                                                         "6 per GPU: a GPU case is bound by launches)")] = None,
     timeout: TimeoutOpt = 300.0,
@@ -75,6 +79,8 @@ def fuzz(
     check_timeout(timeout)
     if repeat < 1:
         raise UsageError("--repeat", repeat, "must be >= 1")
+    if shapes is not None and shapes < 1:
+        raise UsageError("--shapes", shapes, "must be >= 1")
     check_writable("--json", json_path)
     check_writable("--markdown", markdown)
     if not no_db:
@@ -97,12 +103,13 @@ def fuzz(
         raise UsageError("--no-isolate", True, "runs in this process: one device and one worker only")
     plan = FuzzPlan(iters=iters, seed=seed, dtypes=dtypes, limits=limits_for(targets[0].type, max_seqlen),
                     database=None if no_db else db, gradcheck_every=gradcheck_every, shrink_budget=shrink_budget,
-                    narrow=narrow or None, shard=shard_of)
+                    narrow=narrow or None, shard=shard_of, shapes=shapes or 0)
     command = (f"fuzz --kernel {kernel} --iters {iters} --seed {seed} --dtype {','.join(dtypes)} "
                f"--mode {mode.value} --device {device}" + (f" --max-seqlen {max_seqlen}" if max_seqlen else "")
                + (f" --features {features}" if features else "")
                + (f" --regimes {regimes}" if regimes else "") + (f" --layouts {layouts}" if layouts else "")
-               + (f" --shard {shard_of[0]}/{shard_of[1]}" if shard_of else "") + (f" --repeat {repeat}" if repeat > 1 else ""))
+               + (f" --shard {shard_of[0]}/{shard_of[1]}" if shard_of else "") + (f" --repeat {repeat}" if repeat > 1 else "")
+               + (f" --shapes {shapes}" if shapes else ""))
     with progress_bar() as progress, sigterm_interrupts():
         result = run([s.name for s in subjects], plan, targets, mode=mode.value, tolerance=tolerance,
                      command=command, workers=workers, isolate=isolate, timeout=timeout,
