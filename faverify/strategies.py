@@ -266,9 +266,13 @@ SHAPE_FIELDS = ("batch", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim
 def shape_pool(drawn: list, budget: int) -> tuple:
     """`budget` distinct shapes (SHAPE_FIELDS) of the drawn cases, as dicts, spread evenly over the distinct
     ones in drawing order: Hypothesis draws small cases first (its very first at every least size) and
-    larger ones later, so the pool holds both, without the least one. All of them where there are fewer."""
+    larger ones later, so the pool holds both, without the least one. All of them where there are fewer.
+    Dense cases' shapes alone: a ragged case's fields summarize its sequences (a paged one whose caches
+    are all empty has seqlen_k 0), which no dense case may take."""
     distinct: list = []
     for case in drawn:
+        if case.kind != "dense":
+            continue
         shape = {f: getattr(case, f) for f in SHAPE_FIELDS}
         if shape not in distinct:
             distinct.append(shape)

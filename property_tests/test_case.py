@@ -105,6 +105,11 @@ def test_a_shape_budget_draws_every_case_in_one_of_its_shapes_the_same_for_the_s
                     features=("window", "head_dim_v"), shapes=3)
     pool = budget_pool(plan)
     assert len(pool) == 3 and pool == budget_pool(plan)
+    # from dense cases alone: a paged case whose caches are all empty has seqlen_k 0, no dense case's
+    ragged = [c for c in draw_cases(dataclasses.replace(plan, iters=200, features=("paged", "varlen")))
+              if c.kind != "dense"]
+    assert ragged and all(s["seqlen_k"] >= 1 for s in budget_pool(dataclasses.replace(plan, features=("paged",),
+                                                                                         shapes=40)))
     budgeted = dataclasses.replace(plan, narrow={"shapes": pool})
     drawn = draw_cases(budgeted)
     shapes = [{f: getattr(c, f) for f in SHAPE_FIELDS} for c in drawn]
