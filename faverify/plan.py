@@ -37,8 +37,8 @@ class FuzzPlan:
     # (index, count): run only the cases i of the seed's draw with i % count == index (`--shard I/N`);
     # the shards of one seed and iters run every case once between them, whatever their workers
     shard: tuple | None = None
-    # a shape budget (`--shapes N`): every case takes one of the first N distinct shapes the seed's draw
-    # gives (strategies.shape_pool), for subjects that compile or plan per shape; 0: none
+    # a shape budget (`--shapes N`): every case takes one of N shapes of the seed's own draw
+    # (strategies.shape_pool), for subjects that compile or plan per shape; 0: none
     shapes: int = 0
 
     def case_args(self) -> dict:

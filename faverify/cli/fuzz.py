@@ -47,10 +47,10 @@ def fuzz(
     = Path(".faverify/examples"),
     no_db: Annotated[bool, typer.Option("--no-db", help="Use no example store")] = False,
     shrink_budget: Annotated[int, typer.Option(help="Evaluations spent shrinking each distinct failure")] = 300,
-    shapes: Annotated[Optional[int], typer.Option(help="A shape budget: every case takes one of the first N "
-                                                  "distinct shapes (sizes, head dims, dtype, causal) the seed "
-                                                  "draws, its values, layout and variants its own; for subjects "
-                                                  "that compile or plan per shape (flex, sdpa-cudnn)")] = None,
+    shapes: Annotated[Optional[int], typer.Option(help="A shape budget: every case takes one of N shapes "
+                                                  "(sizes, head dims, dtype, causal) drawn from the seed, its "
+                                                  "values, layout and variants its own; for subjects that compile "
+                                                  "or plan per shape (flex, sdpa-cudnn)")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Worker processes per device (default: 1 on the CPU, "
                                                         "6 per GPU: a GPU case is bound by launches)")] = None,
     timeout: TimeoutOpt = 300.0,
