@@ -46,9 +46,17 @@
 #                    shapes (torch.profiler over replays of the step's CUDA graph)
 #   bench-cuda [150] the same for cuda
 #   doctor     [200] faverify doctor --level full
+#   fuzz-fa4   [560] faverify fuzz --kernel flash-attn-4 --iters 10000 with every feature it declares, a shape
+#                    budget of 32 and its own on-disk compile cache on (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1),
+#                    so its workers share each compile (needs the wheel set below)
+#   bench-fa4  [200] faverify bench --kernel triton,flash-attn-4, d64 and d128 at 4096 and 16384, bf16, dense and
+#                    window=1024, beside sdpa-cudnn (docs/flash-attn-4.md's table)
+#   doctor-libs [300] faverify doctor --with flash-attn-4,flashinfer
 #   sanitize   [240] compute-sanitizer memcheck and racecheck on devtools/sanitize_cases.py
 #
-# On the lent machine (no network) faverify is installed from the checkout without dependencies first.
+# On the lent machine (no network) faverify is installed from the checkout without dependencies first, and
+# a kernel library's wheel set carried under .whl/ (devtools/wheelset.py: its loads, over as many calls) is
+# installed into .whl/site, on the PYTHONPATH of every step.
 # One line per step goes to stdout: its name, exit code and seconds, then the lines of its log that carry
 # the verdict; the whole log is OUTDIR/STEP.log.
 set -u
@@ -59,6 +67,23 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 \
   || { echo "install failed:"; tail -5 "$out/install.log"; exit 2; }
+if ls .whl/load*/*.whl >/dev/null 2>&1 && [ ! -d .whl/site ]; then  # the loads' split wheels joined, then one install
+  for first in .whl/load*/*.whl.part0; do
+    [ -e "$first" ] || continue
+    name=$(basename "$first" .part0)
+    : > ".whl/$name"
+    i=0
+    while part=$(ls .whl/load*/"$name.part$i" 2>/dev/null) && [ -n "$part" ]; do
+      cat "$part" >> ".whl/$name"
+      i=$((i + 1))
+    done
+  done
+  python3 -m pip install -q --no-index --no-deps --no-compile --target .whl/site .whl/load*/*.whl .whl/*.whl \
+    >"$out/libraries.log" 2>&1 || { echo "library install failed:"; tail -5 "$out/libraries.log"; }
+fi
+if [ -d .whl/site ]; then
+  export PYTHONPATH=$PWD/.whl/site:$(python3 devtools/wheelset.py --pth-dirs .whl/site)
+fi
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')"
 
@@ -146,12 +171,19 @@ for step in $steps; do
     bench-cuda) run bench-cuda 150 "^cuda|^sdpa|passed|failed" python3 -m faverify bench --kernel cuda \
       --headdims 64,128 --seqlens 4096,16384 --dtype bf16,fp16 --no-tune --json "$out/bench-cuda.json" ;;
     doctor) run doctor 200 "Pass|Fail|Warn" python3 -m faverify doctor --level full --json "$out/doctor.json" ;;
+    fuzz-fa4) run fuzz-fa4 560 "passed|failed|cases/s|code path|minimal case|signature|interrupted" \
+      env FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 python3 -m faverify fuzz --kernel flash-attn-4 --iters 10000 --shapes 32 --dtype bf16,fp16 --mode both --no-db --json "$out/fuzz-fa4.json" ;;
+    bench-fa4) run bench-fa4 200 "^triton|^flash|^sdpa-cudnn|passed|failed" python3 -m faverify bench \
+      --kernel triton,flash-attn-4 --headdims 64,128 --seqlens 4096,16384 --dtype bf16 --no-tune \
+      --variants dense,window=1024 --json "$out/bench-fa4.json" ;;
+    doctor-libs) run doctor-libs 300 "Pass|Fail|Warn|Skip" python3 -m faverify doctor --with flash-attn-4,flashinfer \
+      --json "$out/doctor-libs.json" ;;
     sanitize)
       for tool in memcheck racecheck; do
         run "sanitize-$tool" 120 "ERROR SUMMARY|hazard|error" compute-sanitizer --tool "$tool" \
           python3 devtools/sanitize_cases.py
       done ;;
-    *) echo "unknown step: $step (steps: tests gpu variants masks memory floor fuzz fuzz-masks fuzz-ragged fuzz-cuda fuzz-sdpa fuzz-ragged-full fuzz-paged-rest fuzz-decode mutants mutants-full bench bench-variants bench-decode decode-sweep bench-cuda doctor sanitize)"
+    *) echo "unknown step: $step (steps: tests gpu variants masks memory floor fuzz fuzz-masks fuzz-ragged fuzz-cuda fuzz-sdpa fuzz-ragged-full fuzz-paged-rest fuzz-decode mutants mutants-full bench bench-variants bench-decode decode-sweep bench-cuda doctor fuzz-fa4 bench-fa4 doctor-libs sanitize)"
        exit 2 ;;
   esac
 done
