@@ -136,3 +136,21 @@ def progress_factory(progress, total: int):
             progress.update(task, advance=1, failed=failed)
         return update
     return factory
+
+
+def parse_choice(text: str, allowed: tuple, argument: str) -> tuple:
+    """A comma-separated subset of `allowed`, or with every name prefixed by -, all of allowed but those."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UsageError(argument, text, f"give some of {', '.join(allowed)}, or -NAME to leave one out")
+    excluded = [n.startswith("-") for n in names]
+    if any(excluded) and not all(excluded):
+        raise UsageError(argument, text, "either list what to draw or, each with a leading -, what to leave out")
+    bare = [n.lstrip("-") for n in names]
+    for n in bare:
+        if n not in allowed:
+            raise UsageError(argument, n, f"each must be one of {', '.join(allowed)}")
+    chosen = tuple(a for a in allowed if (a not in bare) == all(excluded))
+    if not chosen:
+        raise UsageError(argument, text, "leaves nothing to draw")
+    return chosen

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import check_writable
+from faverify.cli.common import check_writable, parse_choice
 from faverify.errors import EnvironmentProblem
 
 
@@ -36,7 +36,9 @@ def doctor(
     from faverify.verdict import Tolerance
 
     check_writable("--json", json_path)
-    report = doctor_checks.run(level.value, tolerance=Tolerance(), libraries=_libraries(with_))
+    from faverify.subjects.registry import LIBRARIES
+    libraries = parse_choice(with_, LIBRARIES, "--with") if with_ is not None else ()
+    report = doctor_checks.run(level.value, tolerance=Tolerance(), libraries=libraries)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=1, default=str))
@@ -50,11 +52,3 @@ def doctor(
         raise EnvironmentProblem("no check passed: nothing ran")
     return 0
 
-
-def _libraries(text: Optional[str]) -> tuple:
-    from faverify.errors import UsageError
-    from faverify.subjects.registry import LIBRARIES
-    names = tuple(n.strip() for n in (text or "").split(",") if n.strip())
-    if text is not None and (not names or not set(names) <= set(LIBRARIES)):
-        raise UsageError("--with", text, f"each must be one of {', '.join(LIBRARIES)}")
-    return names

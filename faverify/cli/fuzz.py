@@ -9,7 +9,7 @@ import typer
 from faverify.cli.app import app
 from faverify.cli.common import (AtolOpt, TightOpt, DeviceOpt, FactorOpt, MaxSeqlenOpt, Mode, TimeoutOpt,
                                  check_max_seqlen, check_shrink_budget, check_timeout, check_writable, progress_bar,
-                                 progress_factory, say, tolerance_from)
+                                 parse_choice, progress_factory, say, tolerance_from)
 from faverify.case import LAYOUTS, REGIMES
 from faverify.errors import EnvironmentProblem, UsageError
 from faverify.signals import held, sigterm_interrupts
@@ -137,24 +137,6 @@ def parse_features(text: Optional[str]) -> tuple | None:
         if n not in FEATURES:
             raise UsageError("--features", n, f"each feature must be one of {', '.join(FEATURES)} (or none alone)")
     return tuple(f for f in FEATURES if f in names)
-
-
-def parse_choice(text: str, allowed: tuple, argument: str) -> tuple:
-    """A comma-separated subset of `allowed`, or with every name prefixed by -, all of allowed but those."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names:
-        raise UsageError(argument, text, f"give some of {', '.join(allowed)}, or -NAME to leave one out")
-    excluded = [n.startswith("-") for n in names]
-    if any(excluded) and not all(excluded):
-        raise UsageError(argument, text, "either list what to draw or, each with a leading -, what to leave out")
-    bare = [n.lstrip("-") for n in names]
-    for n in bare:
-        if n not in allowed:
-            raise UsageError(argument, n, f"each must be one of {', '.join(allowed)}")
-    chosen = tuple(a for a in allowed if (a not in bare) == all(excluded))
-    if not chosen:
-        raise UsageError(argument, text, "leaves nothing to draw")
-    return chosen
 
 
 def _write_outputs(result, json_path: Optional[Path], markdown: Optional[Path]) -> None:
