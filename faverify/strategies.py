@@ -123,7 +123,7 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     nheads_k = draw(st.integers(1, max(1, min(4, limits.max_heads // least))))
     group = draw(st.sampled_from([g for g in GROUPS if least <= g and g * nheads_k <= limits.max_heads] or [1]))
     nheads = nheads_k * group
-    cap = max(1, min(limits.max_seqlen, limits.max_elements // (nheads * head_dim)))
+    cap = _seqlen_cap(limits, nheads, head_dim)
     seqlen_q = draw(seqlens(max_seqlen=cap))
     seqlen_k = draw(seqlens(max_seqlen=cap))
     if draw(st.sampled_from(range(ONE_KEY_ODDS))) == 0:  # shrinks to 0: seqlen_k 1, the simpler case
@@ -134,7 +134,7 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     if pooled:
         batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, is_causal = (
             pooled[f] for f in ("batch", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "dtype", "causal"))
-        cap = max(1, min(limits.max_seqlen, limits.max_elements // (nheads * head_dim)))
+        cap = _seqlen_cap(limits, nheads, head_dim)
     dense = dict(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, nheads=nheads, nheads_k=nheads_k, head_dim=head_dim,
         dtype=dtype, causal=is_causal,
@@ -279,6 +279,11 @@ def shape_pool(drawn: list, budget: int) -> tuple:
     if len(distinct) <= budget:
         return tuple(distinct)
     return tuple(distinct[(i + 1) * len(distinct) // (budget + 1)] for i in range(budget))
+
+
+def _seqlen_cap(limits: Limits, nheads: int, head_dim: int) -> int:
+    """The longest sequence a case of these heads may draw within the limits (the ragged draw's cap too)."""
+    return max(1, min(limits.max_seqlen, limits.max_elements // (nheads * head_dim)))
 
 
 def aligned(head_dim: int, multiple: int, limit: int) -> int:
