@@ -9,7 +9,8 @@
     dS  = P * (dP - D)                                        the query heads of its GQA group, so dk and
     dK  = scale * dS^T Q                                      dv are summed without atomics
     dQ  = scale * dS K                                      _bwd_dq: one program per query tile
-P and dS are rounded to the input dtype only as matmul operands; every sum is fp32. No atomics anywhere:
+P and dS are rounded to the input dtype only as matmul operands (dS clamped into fp16's range first:
+common.saturate says which cases reach past it); every sum is fp32. No atomics anywhere:
 the backward gives the same bits on every run. Why m and log2 l, not lse: at logits of 1e9 lse's fp32 ulp
 is in the thousands, and exp(s - lse) is then 1 for every key of a row: the gradients blow up (to Inf in
 fp16). With m and l, and (s - m) clamped at 0 (the recomputed s may differ from the forward's by an ulp),
@@ -18,7 +19,7 @@ every P_ij <= 1 / l_i: the gradients stay bounded even where the logits carry no
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import cast, generic_args, key_ranges, load_rows, mask_scores, mm, row_stats
+from faverify.kernels.triton.common import cast, generic_args, key_ranges, load_rows, mask_scores, mm, row_stats, saturate
 
 
 def _preprocess(Out, DO, Delta,  #
@@ -67,7 +68,7 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_
         dpT = mm(v, tl.trans(do), INTERPRETED, IEEE)
         dsT = pT * (dpT - delta[None, :])
         # dK += dS^T Q (the softmax scale is applied once at the end)
-        dk += mm(cast(dsT, qT.dtype, INTERPRETED), tl.trans(qT), INTERPRETED, IEEE)
+        dk += mm(cast(saturate(dsT, qT.dtype), qT.dtype, INTERPRETED), tl.trans(qT), INTERPRETED, IEEE)
     return dk, dv
 
 
@@ -159,7 +160,7 @@ def _dq_inner(dq, q, do, m, l2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
         dp = mm(do, vT, INTERPRETED, IEEE)
         ds = p * (dp - delta[:, None])
         # dQ += dS K
-        dq += mm(cast(ds, kT.dtype, INTERPRETED), tl.trans(kT), INTERPRETED, IEEE)
+        dq += mm(cast(saturate(ds, kT.dtype), kT.dtype, INTERPRETED), tl.trans(kT), INTERPRETED, IEEE)
     return dq
 
 
