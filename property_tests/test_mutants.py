@@ -126,7 +126,8 @@ def test_a_mutant_reaches_only_the_paths_of_its_file():
     assert [p for p in PATHS if by_file["forward_hopper.py"].reaches(p)] == ["fwd hopper", "fwd hopper variant"]
     assert [p for p in PATHS if by_file["forward.py"].reaches(p)] == ["fwd triton-tma", "fwd triton",
                                                                       "fwd triton generic"]
-    assert [p for p in PATHS if by_file["backward.py"].reaches(p)] == ["bwd triton", "bwd triton generic"]
+    assert [p for p in PATHS if by_file["backward.py"].reaches(p)] == ["bwd triton", "bwd triton generic",
+                                                                       "bwd triton alibi", "bwd triton generic alibi"]
     assert all(by_file["interface.py"].reaches(p) for p in PATHS)
     decode = next(m for m in MUTANTS if m.site == "decode-rows")  # a mutant of one kernel of its file
     assert [p for p in PATHS if decode.reaches(p)] == [p for p in PATHS if p.startswith("fwd variant decode")] != []

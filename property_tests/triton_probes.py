@@ -7,9 +7,9 @@ from faverify.kernels.triton.common import tanh_logit, tanh_slope
 
 
 @triton.jit
-def tanh_slope_probe(X, T, D, N: tl.constexpr):
+def tanh_slope_probe(X, T, D, N: tl.constexpr, PRECISE: tl.constexpr):
     i = tl.arange(0, N)
-    t, d = tanh_slope(tl.load(X + i))
+    t, d = tanh_slope(tl.load(X + i), PRECISE=PRECISE)
     tl.store(T + i, t)
     tl.store(D + i, d)
 

@@ -62,7 +62,7 @@ class Variant:
             build = " fast" if self.even_d and self.kernel != "vcombine" else ""
             return f"{self.kernel} {self.dtype} D{self.block_d}{dv} {self.switches or 'plain'}{build}"
         return (f"{self.kernel} {self.dtype} D{self.block_d} {'causal' if self.causal else 'full'}"
-                f"{'' if self.even_d else ' odd-d'}")
+                f"{'' if self.even_d else ' odd-d'}{' ' + self.switches if self.switches else ''}")
 
 
 # The variant kernels' compile-time switches as the subjects launch them: none (windows, causal, ALiBi and
@@ -118,6 +118,9 @@ def variants(capability: int = 80) -> list:
                     for even_d in ((True, False) if dtype == "bf16" else (True,)):
                         if _compiled(dtype, block_d, even_d, capability):
                             out.append(Variant(kernel, dtype, block_d, causal, even_d))
+    # the dense backward's ALiBi build (backward.py's ALIBI: what ALiBi alone, or with sinks, takes)
+    out += [Variant(kernel, "bf16", block_d, causal, True, switches="alibi") for kernel in ("dkdv", "dq")
+            for block_d in (64, 128) for causal in (False, True)]
     return out + [v for v in variant_kernel_variants() if _compiled(v.dtype, v.block_d, True, capability)]
 
 
@@ -231,6 +234,8 @@ def _triton_source(v: Variant, capability: int):
         tile = configs.default(v.kernel, v.block_d, ELEM[v.dtype], v.causal, tma)
         constants.update(CAUSAL=v.causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, INTERPRETED=False,
                          IEEE=v.dtype == "fp32")
+        if v.kernel != "fwd":
+            constants["ALIBI"] = v.switches == "alibi"
         if v.kernel == "fwd":
             constants["TMA"] = tma
         options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}

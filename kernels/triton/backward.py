@@ -15,11 +15,18 @@ the backward gives the same bits on every run. Why m and log2 l, not lse: at log
 is in the thousands, and exp(s - lse) is then 1 for every key of a row: the gradients blow up (to Inf in
 fp16). With m and l, and (s - m) clamped at 0 (the recomputed s may differ from the forward's by an ulp),
 every P_ij <= 1 / l_i: the gradients stay bounded even where the logits carry no information.
+
+ALIBI: the forward's bias -slope |i + diag - j| on the recomputed logits, split per tile as the variant
+forward splits it (common.alibi_split: a column term an element, a row term off the row max), so that
+ALiBi, with sinks or alone, takes these kernels (variant_interface.Variant.backward_is_dense).
 """
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import cast, generic_args, key_ranges, load_rows, mask_scores, mm, row_stats, saturate
+from faverify.kernels.triton.common import (NO_BOUND, alibi_row, alibi_scores, alibi_split, cast, generic_args, key_ranges,
+                                           load_rows, mask_scores, mm, row_stats, saturate)
+
+_NO_BOUND = tl.constexpr(NO_BOUND)  # a global a kernel may read
 
 
 def _preprocess(Out, DO, Delta,  #
@@ -43,9 +50,12 @@ def _preprocess(Out, DO, Delta,  #
 
 @triton.jit
 def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
-                lo, hi, offs_m0, offs_n, cols_ok_t, cols_ok, seqlen_q, seqlen_k, diag, qk_scale,  #
-                MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,  #
-                INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+                lo, hi, offs_m0, offs_n, cols_ok_t, cols_ok, seqlen_q, seqlen_k, diag, qk_scale, slope,  #
+                MASK: tl.constexpr, CAUSAL: tl.constexpr, ALIBI: tl.constexpr, BLOCK_M: tl.constexpr,  #
+                EVEN_D: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    key_first = tl.min(offs_n, 0)
+    key_last = tl.max(offs_n, 0)
+    key_local = (offs_n - key_first).to(tl.float32)[:, None]
     for start_m in tl.range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + offs_m0
@@ -56,6 +66,12 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_
         # P^T = exp2(min((k q^T - m) c, 0) - log2 l)  [BLOCK_N, BLOCK_M]; masked logits -> -inf first
         # (a hidden logit can exceed m by far: exp2 of it would overflow before a mask zeroed it)
         sT = mm(k, qT, INTERPRETED, IEEE)
+        if ALIBI:
+            pos = offs_m + diag
+            signed, general = alibi_split(slope, start_m + diag, start_m + BLOCK_M - 1 + diag, key_first, key_last,
+                                          _NO_BOUND, 0 if CAUSAL else _NO_BOUND)
+            sT = alibi_scores(sT, general, signed, key_local, pos[None, :], offs_n[:, None], FP32_DIST=False)
+            m = m - alibi_row(signed, key_first, pos, 1.0, BIAS=False)
         if MASK:
             keep = (offs_m[None, :] < seqlen_q) & (offs_n[:, None] < seqlen_k)
             if CAUSAL:
@@ -80,8 +96,9 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV,  #
               stride_dkb, stride_dks, stride_dkh,  #
               stride_dvb, stride_dvs, stride_dvh,  #
               nheads_k, group, seqlen_q, seqlen_k, head_dim, softmax_scale, qk_scale,  #
+              Alibi, stride_ab, bias_unit,  # ALiBi's slopes, their batch stride (0: per head), and 1 / scale
               CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,  #
-              EVEN_D: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+              EVEN_D: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr, ALIBI: tl.constexpr = False):
     start_n = tl.program_id(0) * BLOCK_N
     off_bhk = tl.program_id(1)
     off_b = (off_bhk // nheads_k).to(tl.int64)
@@ -120,18 +137,21 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV,  #
         m_ptr = Rowmax + off_bh * seqlen_q
         l2_ptr = Log2l + off_bh * seqlen_q
         delta_ptr = Delta + off_bh * seqlen_q
+        slope = 0.0
+        if ALIBI:  # in raw units, as the forward's
+            slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit
         # diagonal tiles (masked), then tiles every row of which sees the whole key tile, then the tail
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
                              lo, full, offs_m0, offs_n, tl.trans(cols_ok), cols_ok, seqlen_q, seqlen_k, diag,
-                             qk_scale, MASK=True, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,  #
+                             qk_scale, slope, MASK=True, CAUSAL=CAUSAL, ALIBI=ALIBI, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,  #
                              INTERPRETED=INTERPRETED, IEEE=IEEE)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
                              full, mid, offs_m0, offs_n, tl.trans(cols_ok), cols_ok, seqlen_q, seqlen_k, diag,
-                             qk_scale, MASK=False, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,  #
+                             qk_scale, slope, MASK=False, CAUSAL=CAUSAL, ALIBI=ALIBI, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,  #
                              INTERPRETED=INTERPRETED, IEEE=IEEE)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
                              mid, seqlen_q, offs_m0, offs_n, tl.trans(cols_ok), cols_ok, seqlen_q, seqlen_k, diag,
-                             qk_scale, MASK=True, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,  #
+                             qk_scale, slope, MASK=True, CAUSAL=CAUSAL, ALIBI=ALIBI, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,  #
                              INTERPRETED=INTERPRETED, IEEE=IEEE)
     dk = dk * softmax_scale  # [mutant site: dk-scale]
     out_ok = offs_n[:, None] < seqlen_k
@@ -145,18 +165,27 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV,  #
 
 @triton.jit
 def _dq_inner(dq, q, do, m, l2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
-              lo, hi, offs_m, offs_n0, cols_ok_t, seqlen_k, diag, qk_scale,  #
-              MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,  #
-              INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+              lo, hi, offs_m, offs_n0, cols_ok_t, seqlen_k, diag, qk_scale, slope, pos,  #
+              MASK: tl.constexpr, CAUSAL: tl.constexpr, ALIBI: tl.constexpr, BLOCK_N: tl.constexpr,  #
+              EVEN_D: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    pos_first = tl.min(pos, 0)
+    pos_last = tl.max(pos, 0)
+    key_local = offs_n0.to(tl.float32)[None, :]
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n0
         kT = load_rows(k_ptrs + start_n * stride_ks, cols, seqlen_k, cols_ok_t, ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
         vT = load_rows(v_ptrs + start_n * stride_vs, cols, seqlen_k, cols_ok_t, ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
         s = mm(q, kT, INTERPRETED, IEEE)
+        m_tile = m
+        if ALIBI:
+            signed, general = alibi_split(slope, pos_first, pos_last, start_n, start_n + BLOCK_N - 1, _NO_BOUND,
+                                          0 if CAUSAL else _NO_BOUND)
+            s = alibi_scores(s, general, signed, key_local, pos[:, None], cols[None, :], FP32_DIST=False)
+            m_tile = m - alibi_row(signed, start_n, pos, 1.0, BIAS=False)
         if MASK:
             s = mask_scores(s, offs_m, cols, seqlen_k, diag, CAUSAL)  # [mutant site: dq-mask]
-        p = tl.math.exp2(tl.minimum((s - m[:, None]) * qk_scale, 0.0) - l2[:, None])
+        p = tl.math.exp2(tl.minimum((s - m_tile[:, None]) * qk_scale, 0.0) - l2[:, None])
         dp = mm(do, vT, INTERPRETED, IEEE)
         ds = p * (dp - delta[:, None])
         # dQ += dS K
@@ -171,8 +200,9 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ,  #
             stride_db, stride_ds, stride_dh,  #
             stride_dqb, stride_dqs, stride_dqh,  #
             nheads, group, seqlen_q, seqlen_k, head_dim, softmax_scale, qk_scale,  #
+            Alibi, stride_ab, bias_unit,  # as _dkdv's
             CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,  #
-            EVEN_D: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+            EVEN_D: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr, ALIBI: tl.constexpr = False):
     start_m = tl.program_id(0)
     off_bh = tl.program_id(1)
     off_b = (off_bh // nheads).to(tl.int64)
@@ -195,12 +225,18 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ,  #
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     diag = seqlen_k - seqlen_q
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit
+    pos = offs_m + diag  # each query's position: its ALiBi distances are to it  [mutant site: dq-alibi-offset]
     full, hi = key_ranges(start_m, seqlen_k, diag, CAUSAL, BLOCK_M, BLOCK_N)
     dq = _dq_inner(dq, q, do, m, l2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, 0, full, offs_m, offs_n0,
-                   tl.trans(cols_ok), seqlen_k, diag, qk_scale, MASK=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N,  #
+                   tl.trans(cols_ok), seqlen_k, diag, qk_scale, slope, pos, MASK=False, CAUSAL=CAUSAL, ALIBI=ALIBI,
+                   BLOCK_N=BLOCK_N,  #
                    EVEN_D=EVEN_D, INTERPRETED=INTERPRETED, IEEE=IEEE)
     dq = _dq_inner(dq, q, do, m, l2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs, full, hi, offs_m, offs_n0,
-                   tl.trans(cols_ok), seqlen_k, diag, qk_scale, MASK=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N,  #
+                   tl.trans(cols_ok), seqlen_k, diag, qk_scale, slope, pos, MASK=True, CAUSAL=CAUSAL, ALIBI=ALIBI,
+                   BLOCK_N=BLOCK_N,  #
                    EVEN_D=EVEN_D, INTERPRETED=INTERPRETED, IEEE=IEEE)
     dq = dq * softmax_scale
     out_ok = offs_m[:, None] < seqlen_q
@@ -210,7 +246,7 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ,  #
              cast(dq, DQ.dtype.element_ty, INTERPRETED), mask=out_ok)
 
 
-_SIZES = ["seqlen_q", "seqlen_k", "head_dim", "nheads", "nheads_k", "group"]
+_SIZES = ["seqlen_q", "seqlen_k", "head_dim", "nheads", "nheads_k", "group", "stride_ab"]
 _bwd_preprocess = triton.jit(do_not_specialize=[a for a in _SIZES if a in _preprocess.__code__.co_varnames])(_preprocess)
 _bwd_dkdv = triton.jit(do_not_specialize=[a for a in _SIZES if a in _dkdv.__code__.co_varnames])(_dkdv)
 _bwd_dq = triton.jit(do_not_specialize=[a for a in _SIZES if a in _dq.__code__.co_varnames])(_dq)

@@ -223,35 +223,96 @@ def saturate(x, dtype: tl.constexpr):
 NO_BOUND = 1 << 30
 
 
+# Below it tanh(x) is x to 5e-5 of tanh (x^2 / 3), where the exp2 forms' absolute error (about 6e-7 on the
+# H200) is no larger a fraction of it: the 16-bit builds' tanh near 0, two instructions a logit (a compare
+# and a select). A row with one key has its capped logit for lse, so a tiny logit needs tanh's relative
+# precision, not only its absolute one: the exp2 form alone gave a tiny logit's lse 1% off on the H200
+# (1.2e-8 at 3.8e-6, against FP64). The degree-9 polynomial below 0.25 (computed for every logit, then
+# selected) took softcap's forward from 1.61 to 2.17 of dense's time at d128 and its backward from 2.22 to
+# 3.16 at d64 (seqlen 16384, H200): the softmax's instructions a logit are what these kernels wait on.
+TANH_LINEAR = tl.constexpr(0.0122)
+
+
 @triton.jit
-def _tanh_abs(a):
-    """(tanh a, e^-2a) for a >= 0, in fp32 from exp2 alone (the interpreter has no libdevice, and both builds
-    must agree): an odd Taylor polynomial below a = 0.25, where 1 - 2 / (e^2a + 1) would cancel to a few bits,
-    and (1 - e^-2a) / (1 + e^-2a) above, whose numerator is then >= 0.39 (a relative error near 1e-7)."""
-    t = tl.math.exp2(a * -2.8853900817779268)  # e^(-2|x|)
-    big = (1.0 - t) / (1.0 + t)
-    x2 = a * a
-    small = a * (1.0 + x2 * (-1.0 / 3 + x2 * (2.0 / 15 + x2 * (-17.0 / 315 + x2 * (62.0 / 2835 + x2 * (
-        -1382.0 / 155925 + x2 * (21844.0 / 6081075)))))))
-    return tl.where(a < 0.25, small, big), t
+def _tanh_near_zero(x):
+    """tanh below |x| = 0.25 by its odd Taylor polynomial to x^9 (the next term is under 1e-8 of tanh there):
+    fp32's relative precision where the exp2 forms below cancel to a few bits (the fp32 builds')."""
+    x2 = x * x
+    return x * (1.0 + x2 * (-1.0 / 3 + x2 * (2.0 / 15 + x2 * (-17.0 / 315 + x2 * (62.0 / 2835)))))
 
 
 @triton.jit
 def tanh_logit(x):
-    """tanh to an absolute error near 6e-7 (ex2.approx's and div.full's 2 ulp each), not a relative one: what a
-    forward's capped logit cap * tanh(s / cap) needs, since exp sees its absolute error (at most 6e-5 of a
-    logit at cap 100, an eighth of fp16's rounding of p). 1 - 2 / (1 + e^2x): one exp2, one division and
-    nothing else, where _tanh_abs's polynomial near 0 (the relative precision the backward's slope needs)
-    costs a second exp2's worth of instructions a logit. Saturates to +-1 (e^2x overflows to inf, 2 / inf = 0)."""
-    return 1.0 - 2.0 / (1.0 + tl.math.exp2(x * 2.8853900817779268))
+    """tanh for the Hopper forward's capped logit cap * tanh(s / cap) (16-bit): 1 - 2 / (1 + e^2x), one exp2
+    and one division, to an absolute error near 6e-7 (ex2.approx's and div.full's 2 ulp each), and x itself
+    below TANH_LINEAR, so that the relative error stays under 5e-5. Saturates to +-1 (e^2x overflows to inf,
+    2 / inf = 0); a NaN stays NaN."""
+    return tl.where(tl.abs(x) < TANH_LINEAR, x, 1.0 - 2.0 / (1.0 + tl.math.exp2(x * 2.8853900817779268)))
 
 
 @triton.jit
-def tanh_slope(x):
-    """(tanh x, 1 - tanh^2 x): the derivative from 4 e^-2|x| / (1 + e^-2|x|)^2 above |x| = 0.25, not from
-    1 - tanh^2, which cancels where tanh nears 1 (past |x| = 9 tanh rounds to 1 in fp32 and 1 - tanh^2 to 0
-    while the derivative is 6e-8; softcap's backward lost dq and dk there, 6x the error allowed)."""
+def tanh_slope(x, PRECISE: tl.constexpr):
+    """(tanh x, 1 - tanh^2 x) from t = e^-2|x| and one reciprocal r = 1 / (1 + t): tanh = (1 - t) r, and the
+    derivative as 4 t r^2, to fp32's relative precision at every x. 1 - tanh^2 would cancel where tanh nears
+    1: past |x| = 9 tanh rounds to 1 in fp32 and 1 - tanh^2 to 0 while the derivative is 6e-8 (softcap's
+    backward lost dq and dk there, 6x the error allowed). One exp2 and one division a logit, shared by both.
+    Near 0: PRECISE (the fp32 builds) _tanh_near_zero below 0.25, fp32's relative precision; else x below
+    TANH_LINEAR, as tanh_logit."""
     a = tl.abs(x)
-    y, t = _tanh_abs(a)
-    slope = tl.where(a < 0.25, 1.0 - y * y, 4.0 * t / ((1.0 + t) * (1.0 + t)))
-    return tl.where(x < 0, -y, y), slope
+    t = tl.math.exp2(a * -2.8853900817779268)  # e^(-2|x|)
+    r = 1.0 / (1.0 + t)
+    if PRECISE:
+        y = tl.where(a < 0.25, _tanh_near_zero(a), (1.0 - t) * r)
+    else:
+        y = tl.where(a < TANH_LINEAR, a, (1.0 - t) * r)
+    return tl.where(x < 0, -y, y), 4.0 * t * r * r
+
+
+@triton.jit
+def alibi_split(slope, pos_first, pos_last, key_first, key_last, left, right):
+    """ALiBi on a tile of queries at positions pos (i + diag) in [pos_first, pos_last] and keys [key_first,
+    key_last]: (signed, general). When every visible key of the tile lies on one side of every row's
+    position, -slope |pos - j| is sign (slope (j - key_first) + slope (key_first - pos)) with sign 1 at or
+    before the diagonal (the causal case: right <= 0), -1 after it: a column term, one add an element
+    (alibi_scores, with signed = sign slope), and a row term the caller folds into the row max
+    (alibi_row), where the distance takes a subtract, an abs and a multiply-add an element. The row
+    term is as large as the distance, and the max it shifts already is (the rounding is the same). A
+    tile that crosses the diagonal takes the distance (general = slope, signed = 0)."""
+    below = (key_last <= pos_first) | (right <= 0)
+    above = (key_first >= pos_last) | (left <= 0)
+    side = tl.where(below, 1.0, tl.where(above, -1.0, 0.0))
+    return side * slope, tl.where(side == 0.0, slope, 0.0)
+
+
+@triton.jit
+def alibi_row(signed, key_first, pos, bias_scale, BIAS: tl.constexpr):
+    """alibi_split's row term, signed (key_first - pos), in the units the scores are in (scaled with a
+    bias: variant_forward.extra_scores)."""
+    row = signed * (key_first - pos).to(tl.float32)
+    if BIAS:
+        row = row * bias_scale
+    return row
+
+
+@triton.jit
+def alibi_scores(qk, slope, signed, key_local, pos, j, FP32_DIST: tl.constexpr):
+    """ALiBi on a tile alibi_split split: the column term signed * key_local (the keys' offsets in the
+    tile, as fp32) when signed != 0, else the distance when slope != 0; neither without ALiBi (both 0). The
+    caller adds the row term (alibi_row) where it subtracts the row max."""
+    if signed != 0.0:
+        qk = qk + signed * key_local
+    if slope != 0.0:
+        qk = qk - slope * alibi_distance(pos, j, FP32_DIST)
+    return qk
+
+
+@triton.jit
+def alibi_distance(pos, j, FP32_DIST: tl.constexpr):
+    """|pos - j| as fp32. FP32_DIST: from positions converted to fp32 apart (pos is [M, 1] or [1, M], j the
+    other): M + N integer conversions, not M x N, which run at a fraction of an add's rate; the same value,
+    exact below 2^24. The backwards keep the integer distance: their registers spilled on sm_80 with the
+    other."""
+    if FP32_DIST:
+        return tl.abs(pos.to(tl.float32) - j.to(tl.float32))
+    else:
+        return tl.abs(pos - j).to(tl.float32)

@@ -207,17 +207,29 @@ def _producer(load, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.con
 
 
 @gluon.jit
-def _softmax(s, m_i, l_i, j, full_lo, full_hi, offs_m, offs_n, seqlen_k, diag, left, right, qk_scale, cap_scale,
+def _softmax(s, m_i, l_i, j, full_lo, full_hi, first, offs_m, offs_n, seqlen_k, diag, left, right, qk_scale, cap_scale,
              inv_cap_scale, slope, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, WINDOW: gl.constexpr,
              SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
     """One key tile j of the online softmax, forward.py's numerics (with variant_forward.variant_scores'
-    softcap, ALiBi and window): returns p, alpha, l and the new max."""
+    softcap, ALiBi and window): returns p, alpha, l and the new max. first: the consumer's first row."""
     if SOFTCAP:  # in raw units, as variant_scores: (cap / scale) tanh(s scale / cap)
         s = tanh_logit(s * cap_scale) * inv_cap_scale  # [mutant site: softcap]
-    if ALIBI:  # - (slope / scale) |i + diag - j|, as variant_scores
-        pos_q = (offs_m + diag).to(gl.float32)  # positions converted per row and per column (variant_scores)
-        pos_k = (j * BLOCK_N + offs_n).to(gl.float32)
-        s = s - slope * gl.abs(pos_q[:, None] - pos_k[None, :])  # [mutant site: hopper-alibi]
+    if ALIBI:  # - (slope / scale) |i + diag - j|, split as variant_forward.alibi_split splits it
+        pos = offs_m + diag  # each query's position: its distances are to it  [mutant site: hopper-alibi]
+        k0 = j * BLOCK_N
+        row = gl.zeros_like(m_i)
+        if CAUSAL:  # every visible key at or before its row's position: a column and a row term
+            s = s + slope * offs_n.to(gl.float32)[None, :]
+            row = slope * (k0 - pos).to(gl.float32)
+        else:
+            below = (k0 + BLOCK_N - 1 <= first + diag) | (right <= 0)
+            above = (k0 >= first + HALF - 1 + diag) | (left <= 0)
+            if below | above:
+                signed = slope * (2.0 * below.to(gl.float32) - 1.0)
+                s = s + signed * offs_n.to(gl.float32)[None, :]
+                row = signed * (k0 - pos).to(gl.float32)
+            else:  # the tile crosses the diagonal: the distance, positions converted per row and per column
+                s = s - slope * gl.abs(pos.to(gl.float32)[:, None] - (k0 + offs_n).to(gl.float32)[None, :])
     if WINDOW:
         if (j < full_lo) | (j >= full_hi):  # tiles that cross a window bound or hold the seqlen_k tail
             cols = j * BLOCK_N + offs_n
@@ -231,9 +243,14 @@ def _softmax(s, m_i, l_i, j, full_lo, full_hi, offs_m, offs_n, seqlen_k, diag, l
         if CAUSAL:
             keep = keep & (cols[None, :] <= offs_m[:, None] + diag)
         s = gl.where(keep, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # the guard of forward.py  [mutant site: neg-inf-guard]
-    p = gl.exp2((s - m_use[:, None]) * qk_scale)
+    if ALIBI:  # the tile's logits are s + row: the max and p take the row term
+        m_new = gl.maximum(m_i, gl.max(s, 1) + row)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2((s - (m_use - row)[:, None]) * qk_scale)
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # the guard of forward.py  [mutant site: neg-inf-guard]
+        p = gl.exp2((s - m_use[:, None]) * qk_scale)
     alpha = gl.exp2((m_i - m_use) * qk_scale)
     return p, alpha, l_i * alpha + gl.sum(p, 1), m_new
 
@@ -316,7 +333,7 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
             s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
             mbarrier.arrive(k_empty.index(stage), count=1)
-            p, alpha, l_i, m_i = _softmax(s, m_i, l_i, mine_lo, full_lo, full_hi, offs_m, offs_n, seqlen_k, diag,
+            p, alpha, l_i, m_i = _softmax(s, m_i, l_i, mine_lo, full_lo, full_hi, first, offs_m, offs_n, seqlen_k, diag,
                                           left, right, qk_scale, cap_scale, inv_cap_scale, slope, CAUSAL, BLOCK_N,
                                           WINDOW, SOFTCAP, ALIBI)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -329,7 +346,7 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
                 acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                 s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # q k^T in; p v may still run
                 mbarrier.arrive(k_empty.index(stage), count=1)
-                p, alpha, l_i, m_i = _softmax(s, m_i, l_i, mine_lo + j, full_lo, full_hi, offs_m, offs_n, seqlen_k,
+                p, alpha, l_i, m_i = _softmax(s, m_i, l_i, mine_lo + j, full_lo, full_hi, first, offs_m, offs_n, seqlen_k,
                                               diag, left, right, qk_scale, cap_scale, inv_cap_scale, slope, CAUSAL,
                                               BLOCK_N, WINDOW, SOFTCAP, ALIBI)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))

@@ -45,7 +45,7 @@ class Launch:
 DEFAULT = Launch()
 # The code paths a launch can take (common.LAUNCHED logs them, take_paths hands them over)
 PATHS = ("fwd hopper", "fwd hopper variant", "fwd triton-tma", "fwd triton", "fwd triton generic", "fwd none (empty)",
-         "bwd triton", "bwd triton generic", "bwd none (empty)",
+         "bwd triton", "bwd triton generic", "bwd triton alibi", "bwd triton generic alibi", "bwd none (empty)",
          "fwd variant none (empty)", "bwd variant none (empty)") + tuple(
     # the variant kernels' fast and generic builds (variant_interface.fast_build)
     path + build for path in ("fwd variant", "fwd variant varlen", "fwd variant paged", "fwd variant paged split",
@@ -179,8 +179,9 @@ def _hopper_variant(launch: Launch):
 
 @_on_their_device
 def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles: dict | None = None,
-             launch: Launch = DEFAULT):
-    """rows: the forward's (row max, log2 l) per [b, h, seqlen_q] row."""
+             launch: Launch = DEFAULT, alibi: tuple | None = None):
+    """rows: the forward's (row max, log2 l) per [b, h, seqlen_q] row. alibi: (fp32 slopes [h] or [b, h],
+    their batch stride), the bias the forward added (variant_interface.Variant.backward_is_dense)."""
     rowmax, log2l = rows
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
@@ -203,18 +204,22 @@ def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles:
     _build("_bwd_preprocess", o, dout)[(triton.cdiv(sq, pre_m), b * h)](
         o, dout, delta, *_strides(o), *_strides(dout), h, sq, d, BLOCK_M=pre_m, BLOCK_D=c["BLOCK_D"],
         EVEN_D=c["EVEN_D"])
+    slopes, stride_ab = alibi if alibi is not None else (rowmax, 0)  # not read without ALiBi
+    bias = (slopes, stride_ab, 1.0 / scale)
     t = pick["dkdv"]
     kernel = _build("_bwd_dkdv", q, k, v, dout, dk, dv)
-    _LAUNCHED.append("bwd triton" + ("" if kernel is _bwd._bwd_dkdv else " generic"))
+    _LAUNCHED.append("bwd triton" + ("" if kernel is _bwd._bwd_dkdv else " generic") + (" alibi" if alibi else ""))
     kernel[(triton.cdiv(sk, t.block_n), b * hk)](
         q, k, v, dout, rowmax, log2l, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
-        *_strides(dk), *_strides(dv), hk, h // hk, sq, sk, d, scale, scale * LOG2E,
-        CAUSAL=causal, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **c)
+        *_strides(dk), *_strides(dv), hk, h // hk, sq, sk, d, scale, scale * LOG2E, *bias,
+        CAUSAL=causal, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **c,
+        ALIBI=alibi is not None)
     t = pick["dq"]
     _build("_bwd_dq", q, k, v, dout, dq)[(triton.cdiv(sq, t.block_m), b * h)](
         q, k, v, dout, rowmax, log2l, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq),
-        h, h // hk, sq, sk, d, scale, scale * LOG2E,
-        CAUSAL=causal, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **c)
+        h, h // hk, sq, sk, d, scale, scale * LOG2E, *bias,
+        CAUSAL=causal, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **c,
+        ALIBI=alibi is not None)
     return dq, dk, dv
 
 

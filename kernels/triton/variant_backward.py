@@ -4,7 +4,8 @@ variant forward's switches:
 - windows: dk/dv visits only the query tiles that see its key tile, dq only the key tiles its query tile
   sees, and masks only the tiles that cross a bound (variant_forward.visible_tiles);
 - softcap: dS is taken through the cap, times its derivative 1 - tanh^2;
-- ALiBi: a constant bias, no factor in dS (always applied: slope 0 without it);
+- ALiBi: a constant bias, no factor in dS; split as the forward splits it (variant_forward.alibi_split), its row
+  term taken off the stored row max;
 - sinks: already in log2 l (the forward's); their own gradient, -sum_i p_sink_i D_i, is a reduction over
   rows the launcher computes from lse and D;
 - v's own head dim; VARLEN's packed sequences, as in the forward;
@@ -16,7 +17,8 @@ variant forward's switches:
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import cast, generic_args, load_rows, mm, row_stats, saturate, streamed_args
+from faverify.kernels.triton.common import (alibi_row, alibi_split, cast, generic_args, load_rows, mm, row_stats, saturate,
+                                           streamed_args)
 from faverify.kernels.triton.variant_forward import extra_scores, variant_scores, visible_tiles
 
 
@@ -38,20 +40,26 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, m_ptr, l2_ptr, delta_ptr, stride_
                 MASK: tl.constexpr, SOFTCAP: tl.constexpr, BIAS: tl.constexpr, BLOCKS: tl.constexpr,  #
                 BLOCK_M: tl.constexpr,  #
                 EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    key_first = tl.min(offs_n, 0)  # ALiBi's split (variant_forward.alibi_split) about the tile's first key
+    key_local = (offs_n - key_first).to(tl.float32)[:, None]
     for start_m in tl.range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + offs_m0
+        pos = offs_m + diag
+        signed, general = alibi_split(slope, start_m + diag, start_m + BLOCK_M - 1 + diag, key_first,
+                                      tl.max(offs_n, 0), left, right)
+        row = alibi_row(signed, key_first, pos, bias_scale, BIAS)
         qT = load_rows(q_base + start_m * stride_qs, offs_m, seqlen_q,
                        (offs_d < head_dim)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
         do = load_rows(do_base + start_m * stride_ds, offs_m, seqlen_q,
                        (offs_dv < head_dim_v)[None, :], ROWS_ALONG_0=True, MASK_ROWS=MASK, EVEN_D=EVEN_DV)
         m, l2, delta = row_stats(m_ptr, l2_ptr, delta_ptr, offs_m, seqlen_q, MASK)
         sT, dcapT = variant_scores(mm(k, qT, INTERPRETED, IEEE), offs_m[None, :], offs_n[:, None], seqlen_k, diag,
-                                 left, right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP,
-                                 FP32_DIST=False)
+                                   left, right, general, signed, key_local, pos[None, :], cap_scale, inv_cap_scale,
+                                   MASK=MASK, SOFTCAP=SOFTCAP, FP32_DIST=False, IEEE=IEEE)
         sT = extra_scores(sT, offs_m[None, :], offs_n[:, None], seqlen_q, seqlen_k, bias, stride_bm, stride_bn,
                           bias_scale, blocks, stride_km, stride_kn, mask_block, BIAS=BIAS, BLOCKS=BLOCKS)
-        pT = tl.math.exp2(tl.minimum((sT - m[None, :]) * qk_scale, 0.0) - l2[None, :])
+        pT = tl.math.exp2(tl.minimum((sT - (m - row)[None, :]) * qk_scale, 0.0) - l2[None, :])
         dv += mm(cast(pT, do.dtype, INTERPRETED), do, INTERPRETED, IEEE)
         dsT = pT * (mm(v, tl.trans(do), INTERPRETED, IEEE) - delta[None, :])
         if SOFTCAP:
@@ -137,19 +145,25 @@ def _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs,  #
               MASK: tl.constexpr, SOFTCAP: tl.constexpr, BIAS: tl.constexpr, BLOCKS: tl.constexpr,  #
               DBIAS: tl.constexpr, BLOCK_N: tl.constexpr,  #
               EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    pos = offs_m + diag  # ALiBi's split (variant_forward.alibi_split) about each key tile's first key
+    pos_first = tl.min(pos, 0)
+    pos_last = tl.max(pos, 0)
+    key_local = offs_n0.to(tl.float32)[None, :]
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n0
+        signed, general = alibi_split(slope, pos_first, pos_last, start_n, start_n + BLOCK_N - 1, left, right)
+        row = alibi_row(signed, start_n, pos, bias_scale, BIAS)
         kT = load_rows(k_base + start_n * stride_ks, cols, seqlen_k,
                        (offs_d < head_dim)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
         vT = load_rows(v_base + start_n * stride_vs, cols, seqlen_k,
                        (offs_dv < head_dim_v)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_DV)
         s, dcap = variant_scores(mm(q, kT, INTERPRETED, IEEE), offs_m[:, None], cols[None, :], seqlen_k, diag, left,
-                               right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP,
-                               FP32_DIST=False)
+                                 right, general, signed, key_local, pos[:, None], cap_scale, inv_cap_scale, MASK=MASK,
+                                 SOFTCAP=SOFTCAP, FP32_DIST=False, IEEE=IEEE)
         s = extra_scores(s, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, bias, stride_bm, stride_bn,
                          bias_scale, blocks, stride_km, stride_kn, mask_block, BIAS=BIAS, BLOCKS=BLOCKS)
-        p = tl.math.exp2(tl.minimum((s - m[:, None]) * qk_scale, 0.0) - l2[:, None])
+        p = tl.math.exp2(tl.minimum((s - (m - row)[:, None]) * qk_scale, 0.0) - l2[:, None])
         ds = p * (mm(do, vT, INTERPRETED, IEEE) - delta[:, None])
         if DBIAS:  # the logit the bias was added to: dS before softcap's derivative
             tl.store(dbias + offs_m[:, None].to(tl.int64) * stride_gm + cols[None, :], ds,

@@ -30,7 +30,8 @@ it nothing:
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import LN2, LOG2E, cast, generic_args, load_rows, mm, streamed_args, tanh_slope
+from faverify.kernels.triton.common import (LN2, LOG2E, alibi_distance, alibi_row, alibi_scores, alibi_split, cast,
+                                           generic_args, load_rows, mm, streamed_args, tanh_slope)
 
 LOG2E_ = tl.constexpr(LOG2E)  # a global a kernel may read (Triton takes only constexpr globals)
 
@@ -85,28 +86,29 @@ def visible_tiles(start, SIZE, lo_off, hi_off, length, TILE: tl.constexpr):
 
 
 @triton.jit
-def variant_scores(qk, i, j, seqlen_k, diag, left, right, slope, cap_scale, inv_cap_scale,
-                   MASK: tl.constexpr, SOFTCAP: tl.constexpr, FP32_DIST: tl.constexpr):
+def variant_scores(qk, i, j, seqlen_k, diag, left, right, slope, signed, key_local, pos, cap_scale, inv_cap_scale,
+                   MASK: tl.constexpr, SOFTCAP: tl.constexpr, FP32_DIST: tl.constexpr, IEEE: tl.constexpr,
+                   TILE_SLOPE: tl.constexpr = True):
     """The variants' logits in raw q.k units (the kernels scale after subtracting the max, as forward.py
     does): softcap (cap / scale) tanh(qk scale / cap), then ALiBi - (slope / scale) |i + diag - j| (the
     slope comes divided by the scale), then the masks: keys of the sequence, inside the window. i, j: query
     and key indices broadcast to qk's shape (the forward and dq pass [M, 1] and [1, N], dk/dv the
-    transpose). Returns (s, softcap's derivative 1 - tanh^2), the second for the backward
-    (common.tanh_slope says how it keeps its precision where the cap saturates).
-    ALiBi is always applied: without it the slope is 0, and qk - 0 * |.| is qk exactly (one build less).
-    FP32_DIST: the distance from positions converted to fp32 apart (i is [M, 1] or [1, M], j the other):
-    M + N integer conversions, not M x N, which run at a fraction of an add's rate (the forward's ALiBi
-    took 1.22 -> 1.15 of dense's time at d128 on the H200); the same value, exact below 2^24. The backward
-    keeps the integer distance: there it changed nothing on the H200, and its registers spilled on sm_80."""
+    transpose); pos: each query's position i + diag, broadcast as i (its ALiBi distance is to it). Returns
+    (s, softcap's derivative 1 - tanh^2), the second for the backward (common.tanh_slope says how it keeps
+    its precision where the cap saturates, and near 0: to fp32's in the fp32 builds, IEEE).
+    ALiBi, with TILE_SLOPE (one slope for the tile, split by alibi_split): the column term signed *
+    key_local (key_local: the keys' offsets in the tile, as fp32) when signed != 0, else the distance
+    when slope != 0; the caller adds the row term. Neither without ALiBi (both slopes 0). Without
+    TILE_SLOPE (the decode's rows, each its head's slope) the distance, always (common.alibi_distance says
+    which way FP32_DIST computes it)."""
     dcap = qk
     if SOFTCAP:
-        th, dcap = tanh_slope(qk * cap_scale)
+        th, dcap = tanh_slope(qk * cap_scale, PRECISE=IEEE)
         qk = th * inv_cap_scale
-    if FP32_DIST:
-        dist = tl.abs((i + diag).to(tl.float32) - j.to(tl.float32))
+    if TILE_SLOPE:
+        qk = alibi_scores(qk, slope, signed, key_local, pos, j, FP32_DIST)
     else:
-        dist = tl.abs(i + diag - j).to(tl.float32)
-    qk = qk - slope * dist  # [mutant site: alibi-offset]
+        qk = qk - slope * alibi_distance(pos, j, FP32_DIST)
     if MASK:
         keep = (j < seqlen_k) & (j >= i + diag - left) & (j <= i + diag + right)  # [mutant site: window-bound]
         qk = tl.where(keep, qk, float("-inf"))
@@ -128,8 +130,15 @@ def _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride
            slope, qk_scale, cap_scale, inv_cap_scale,  #
            bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block,  #
            MASK: tl.constexpr, SOFTCAP: tl.constexpr, PAGED: tl.constexpr, BIAS: tl.constexpr, BLOCKS: tl.constexpr,  #
-           BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,  #
+           BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, ROW_SLOPES: tl.constexpr,  #
            INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
+    """Key tiles [lo, hi) of the online softmax. ROW_SLOPES: slope is [M, 1], each row its own head's (the
+    decode), and ALiBi takes the distance on every tile; else the tile's one slope is split (alibi_split)
+    and its row term enters the row max: the logits of the tile are s + row, and p = 2^((s - (m - row)) c)."""
+    pos = offs_m + diag  # each query's position: its ALiBi distances are to it  [mutant site: alibi-offset]
+    key_local = offs_n.to(tl.float32)[None, :]
+    pos_first = tl.min(pos, 0)
+    pos_last = tl.max(pos, 0)
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
@@ -147,14 +156,22 @@ def _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride
                 v_ptrs = v_base + start_n * stride_vs
             k = load_rows(k_ptrs, cols, seqlen_k, (offs_d < head_dim)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK,
                           EVEN_D=EVEN_D)
+            if ROW_SLOPES:
+                signed = 0.0
+                general = slope
+                row = 0.0
+            else:
+                signed, general = alibi_split(slope, pos_first, pos_last, start_n, start_n + BLOCK_N - 1, left,
+                                              right)
+                row = alibi_row(signed, start_n, pos, bias_scale, BIAS)
             s, _ = variant_scores(mm(q, k, INTERPRETED, IEEE), offs_m[:, None], cols[None, :], seqlen_k, diag, left,
-                                  right, slope, cap_scale, inv_cap_scale, MASK=MASK, SOFTCAP=SOFTCAP,
-                                  FP32_DIST=True)
+                                  right, general, signed, key_local, pos[:, None], cap_scale, inv_cap_scale, MASK=MASK,
+                                  SOFTCAP=SOFTCAP, FP32_DIST=True, IEEE=IEEE, TILE_SLOPE=not ROW_SLOPES)
             s = extra_scores(s, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, bias, stride_bm, stride_bn,
                              bias_scale, blocks, stride_km, stride_kn, mask_block, BIAS=BIAS, BLOCKS=BLOCKS)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_new = tl.maximum(m_i, tl.max(s, 1) + row)
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # forward.py: never (-inf) - (-inf)
-            p = tl.math.exp2((s - m_use[:, None]) * qk_scale)
+            p = tl.math.exp2((s - (m_use - row)[:, None]) * qk_scale)
             alpha = tl.math.exp2((m_i - m_use) * qk_scale)
             l_i = l_i * alpha + tl.sum(p, 1)
             v = load_rows(v_ptrs, cols, seqlen_k, (offs_dv < head_dim_v)[None, :], ROWS_ALONG_0=True,
@@ -209,7 +226,7 @@ def _visible(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stri
              diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale,  #
              bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block,  #
              SOFTCAP: tl.constexpr, PAGED: tl.constexpr, BIAS: tl.constexpr, BLOCKS: tl.constexpr,  #
-             BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,  #
+             BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, ROW_SLOPES: tl.constexpr,  #
              INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
     """_inner over visible_tiles' ranges: the tiles that cross the lower bound (masked), those inside the
     window (unmasked), those that cross the upper bound or hold the seqlen_k tail (masked)."""
@@ -221,7 +238,8 @@ def _visible(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stri
                                seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, bias,
                                stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block,
                                MASK=r != 1, SOFTCAP=SOFTCAP, PAGED=PAGED, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_N=BLOCK_N,
-                               EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
+                               EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, ROW_SLOPES=ROW_SLOPES, INTERPRETED=INTERPRETED,
+                               IEEE=IEEE)
     return acc, l_i, m_i
 
 
@@ -291,7 +309,7 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, A
                              head_dim_v, seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale,
                              inv_cap_scale, bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn,
                              mask_block, SOFTCAP=SOFTCAP, PAGED=PAGED, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_N=BLOCK_N,
-                             EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
+                             EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, ROW_SLOPES=False, INTERPRETED=INTERPRETED, IEEE=IEEE)
     out, lse, log2l, seen = finish_rows(acc, l_i, m_i, tl.load(Sinks + off_h), qk_scale, BIAS=BIAS)
     rows = split * stride_lsplit + off_b * stride_lb + off_h * stride_lh + bos_q + offs_m
     in_seq = offs_m < seqlen_q
@@ -358,8 +376,8 @@ def _decode(Q, K, V, Out, Lse, BlockTable, CacheSeqlens, Alibi, Sinks,  #
                              stride_vs, lo, full_lo, full_hi, hi, offs_i, offs_n, offs_d, offs_dv, head_dim,
                              head_dim_v, seqlen_q, seqlen_k, diag, left, right, slope[:, None], qk_scale, cap_scale,
                              inv_cap_scale, Alibi, 0, 0, 1.0, Alibi, 0, 0, 1, SOFTCAP=SOFTCAP, PAGED=True, BIAS=False,
-                             BLOCKS=False, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED,
-                             IEEE=IEEE)
+                             BLOCKS=False, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, ROW_SLOPES=True,
+                             INTERPRETED=INTERPRETED, IEEE=IEEE)
     z_raw = tl.load(Sinks + offs_h)
     out, lse, _, _ = finish_rows(acc, l_i, m_i, z_raw, qk_scale, BIAS=False)
     tl.store(Lse + split * stride_lsplit + off_b * stride_lb + offs_h * stride_lh + offs_i, lse, mask=in_rows)

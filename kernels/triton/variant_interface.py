@@ -77,10 +77,10 @@ class Variant:
 
     @property
     def backward_is_dense(self) -> bool:
-        """Nothing but sinks, causal or not: the sinks are in log2 l already, so P, dS and dq, dk, dv are dense
-        attention's given the forward's rows, and the dense backward kernels compute them (backward)."""
-        return (self.left == NO_BOUND and self.right in (0, NO_BOUND) and not self.softcap and self.alibi is None
-                and not self.masked)
+        """Nothing but sinks and ALiBi, causal or not: the sinks are in log2 l already, so P, dS and dq, dk, dv
+        are dense attention's given the forward's rows, and the dense backward kernels compute them
+        (backward), with ALiBi's bias (their ALIBI build)."""
+        return self.left == NO_BOUND and self.right in (0, NO_BOUND) and not self.softcap and not self.masked
 
     @property
     def masked(self) -> bool:
@@ -323,8 +323,9 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
              max_seqlen_q=None, max_seqlen_k=None, sinks_grad: bool = False, bias_grad: bool = False, emulate=None,
              dense_backward=None):
     """dq, dk, dv, dsinks (None unless sinks_grad) and dbias (None unless bias_grad). dense_backward: the
-    dense kernels' (dout, q, k, v, out, rows, scale, causal) -> (dq, dk, dv), interface.backward, for a
-    variant whose backward is dense attention's (Variant.backward_is_dense); None: these kernels always."""
+    dense kernels' (dout, q, k, v, out, rows, scale, causal, alibi=(slopes, batch stride)) -> (dq, dk, dv),
+    interface.backward, for a variant whose backward is dense attention's (Variant.backward_is_dense); None:
+    these kernels always."""
     varlen = cu_seqlens_q is not None
     rowmax, log2l = rows
     h, d, dv = q.shape[-2], q.shape[-1], v.shape[-1]
@@ -354,10 +355,12 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
         return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dsinks,
                 _dbias(ds_full, var.bias) if bias_grad else None)
     if dense_backward is not None and var.backward_is_dense and not varlen and dv == d:
-        # the variant kernels' runtime bounds, slopes and switches cost them 15% of the dense kernels' speed at
-        # d128 seqlen 16384 on the H200 (docs/measurements.md, "Variant speed"), and sinks need none of them
+        # the variant kernels' runtime bounds, switches and tiles cost them 15-19% of the dense kernels' speed
+        # at d128 seqlen 16384 on the H200 (docs/measurements.md, "Variant speed"), and sinks and ALiBi need
+        # none of them
+        alibi = (var.alibi, var.alibi.stride(0) if var.alibi.dim() == 2 else 0) if var.alibi is not None else None
         dq, dk, dvv = dense_backward(dout, q, k, v, out, (rowmax.contiguous(), log2l.contiguous()), var.scale,
-                                     var.right == 0)
+                                     var.right == 0, alibi=alibi)
         return dq, dk, dvv, dsinks, None
     dq, dk, dvv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if dout.stride(-1) != 1:
