@@ -290,18 +290,20 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
 
 
 def _variant(case: Case) -> tuple:
-    """The compiled variant a case's forward launches: (dtype, padded head dim, EVEN_D, causal, fast build)."""
+    """The compiled variant of the dense kernels a case launches: (dtype, padded head dim, EVEN_D, causal,
+    fast build, ALiBi: the backward's ALIBI build)."""
     from faverify.kernels.triton.common import block_d
     from faverify.kernels.triton.interface import _aligned
     x = make_inputs(case, "cpu")
     out = torch.empty(x.q.shape, dtype=x.q.dtype)  # the launcher allocates out contiguous
     bd = block_d(case.head_dim)
-    return case.dtype, bd, case.head_dim == bd, case.causal, _aligned(x.q, x.k, x.v, out)
+    return case.dtype, bd, case.head_dim == bd, case.causal, _aligned(x.q, x.k, x.v, out), case.alibi != "off"
 
 
 def test_warmup_cases_cover_every_variant_a_fuzz_draws():
     """The GPU fuzz warm-up (parallel.warm_up) compiles each variant once, ahead of the cases; a variant it
-    missed would compile in every worker again. Every variant of 400 drawn cases is among the warm-up's."""
+    missed would compile in every worker again. Every variant of 400 drawn cases is among the warm-up's,
+    and of 400 drawing ALiBi, whose cases without another feature take the dense backward's ALIBI build."""
     from faverify.plan import FuzzPlan
     from faverify.parallel import draw_cases
     from faverify.kernels.triton.common import BLOCK_DS
@@ -310,13 +312,17 @@ def test_warmup_cases_cover_every_variant_a_fuzz_draws():
     warmed = {_variant(c) for c in warmup_cases(dtypes)}
     # every padded head dim, both causal settings, fast and generic builds for a head dim that fills its
     # padding and for one that does not (fast only where a smaller multiple of 16 exists: bd >= 64)
-    expected = {(dt, bd, even, causal, fast) for dt in dtypes for bd in BLOCK_DS for causal in (False, True)
+    expected = {(dt, bd, even, causal, fast, alibi) for dt in dtypes for bd in BLOCK_DS for causal in (False, True)
                 for even, fast in ((True, True), (True, False), (False, False), (False, True))
-                if even or not fast or bd >= 64}
+                for alibi in (False, True) if even or not fast or bd >= 64}
     assert warmed == expected
     limits = Limits(max_seqlen=64, max_batch=2, max_heads=4, max_elements=1 << 16)
     drawn = draw_cases(FuzzPlan(iters=400, seed=5, dtypes=dtypes, limits=limits, database=None))
     assert {_variant(c) for c in drawn} <= warmed
+    drawn = draw_cases(FuzzPlan(iters=400, seed=5, dtypes=dtypes, limits=limits, database=None,
+                                features=("alibi",)))
+    alone = [c for c in drawn if c.features() == ("alibi",)]
+    assert alone and {_variant(c) for c in alone} <= warmed
 
 
 @pytest.mark.parametrize("kernel, regime", [("triton", "large"), ("mutant:bwd-delta-from-v", "normal"),

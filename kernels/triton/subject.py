@@ -70,9 +70,12 @@ def warmup_cases(dtypes: tuple) -> list:
 
     variants = [(layout, head_dim) for layout in ("contiguous", "strided")
                 for bd in BLOCK_DS for head_dim in head_dims(bd, layout)]
+    # ALiBi alone (or with sinks) takes the dense backward's ALIBI build (Variant.backward_is_dense): the same
+    # builds again with it; a fuzz that draws no ALiBi drops them (for_features)
     return [Case(batch=1, seqlen_q=97, seqlen_k=97, nheads=2, nheads_k=1, head_dim=head_dim, dtype=dtype,
-                 causal=causal, layout=layout)
-            for layout, head_dim in variants for dtype in dtypes for causal in (False, True)]
+                 causal=causal, layout=layout, alibi=alibi)
+            for alibi in ("off", "head") for layout, head_dim in variants for dtype in dtypes
+            for causal in (False, True)]
 
 
 def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
