@@ -52,6 +52,8 @@
 #   bench-fa4  [200] faverify bench --kernel triton,flash-attn-4, d64 and d128 at 4096 and 16384, bf16, dense and
 #                    window=1024, beside sdpa-cudnn (docs/flash-attn-4.md's table)
 #   doctor-libs [300] faverify doctor --with flash-attn-4,flashinfer
+#   hopper-bwd [300] the Hopper dK/dV (backward_hopper.py, opt-in): its FP64 test and bit-equality on 40 drawn
+#                    cases, then devtools/hopper_bwd_ab.py (against the Triton backward and sdpa-cudnn's)
 #   sanitize   [240] compute-sanitizer memcheck and racecheck on devtools/sanitize_cases.py
 #
 # On the lent machine (no network) faverify is installed from the checkout without dependencies first, and
@@ -178,6 +180,10 @@ for step in $steps; do
       --variants dense,window=1024 --json "$out/bench-fa4.json" ;;
     doctor-libs) run doctor-libs 300 "Pass|Fail|Warn|Skip" python3 -m faverify doctor --with flash-attn-4,flashinfer \
       --json "$out/doctor-libs.json" ;;
+    hopper-bwd)
+      run hopper-bwd-tests 150 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -rfs \
+        property_tests/test_triton_kernels.py -k hopper_backward
+      run hopper-bwd-ab 150 "TF/s|DIFFER|Error" python3 devtools/hopper_bwd_ab.py --repeats 2 ;;
     sanitize)
       for tool in memcheck racecheck; do
         run "sanitize-$tool" 120 "ERROR SUMMARY|hazard|error" compute-sanitizer --tool "$tool" \

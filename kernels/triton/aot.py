@@ -34,6 +34,7 @@ HOPPER_KERNEL = "fwd-hopper"  # the Hopper forward (forward_hopper.py): sm_90 on
 # a mutant of it (kernels/mutants/catalog.py, HOPPER_MUTANTS): they run on sm_90 only, so nowhere in CI; that
 # each compiles is what the CPU can check of them
 HOPPER_MUTANT_KERNEL = "fwd-hopper-mutant"
+HOPPER_BWD_KERNEL = "bwd-hopper"  # the Hopper dK/dV (backward_hopper.py): sm_90 only, 16-bit, head dims 64 and 128
 
 
 VARIANT_KERNELS = ("vfwd", "vdkdv", "vdq", "vcombine", "vdecode")  # variant_forward.py, variant_backward.py
@@ -110,6 +111,8 @@ def variants(capability: int = 80) -> list:
         out += [Variant(HOPPER_KERNEL, "bf16", block_d, False, True, switches=sw)
                 for block_d in (64, 128) for sw in HOPPER_SWITCH_SETS]
         out += hopper_mutant_variants()
+        out += [Variant(HOPPER_BWD_KERNEL, dtype, block_d, causal, True)
+                for dtype in ("bf16", "fp16") for block_d in (64, 128) for causal in (False, True)]
     for kernel in KERNELS:
         for dtype in ("bf16", "fp16", "fp32"):
             # fp16's code is bf16's but for its conversions: its builds at the head dims the speed rows use
@@ -214,6 +217,23 @@ def _hopper_source(v: Variant, capability: int):
     return source, options, str(tile)
 
 
+def _hopper_bwd_source(v: Variant, capability: int):
+    """(source, options, tile) of the Hopper dK/dV as interface.backward launches it on sm_90."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from faverify.kernels.triton import backward_hopper as module
+
+    constants = dict(CAUSAL=v.causal, BLOCK_D=v.block_d)
+    fn = module.kernel
+    signature = _signature(fn, v.dtype, constants)
+    dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[v.dtype]
+    for name, rows in zip(("q_desc", "k_desc", "v_desc", "do_desc"), module.box_rows()):
+        signature[name] = f"tensordesc<{v.dtype}[1,{rows},1,{v.block_d}],{module.box_layout(rows, v.block_d, dtype)!r}>"
+    source = GluonASTSource(fn, signature, constants, _aligned_attrs(fn, constants))
+    return source, dict(module.OPTIONS), f"M{module.BLOCK_M.value} N{module.CONSUMERS.value * 64} hopper"
+
+
 def _triton_source(v: Variant, capability: int):
     """(source, options, tile) of a Triton kernel with the tile its launcher picks by default."""
     from triton.compiler import ASTSource
@@ -316,6 +336,7 @@ def compile_variant(v: Variant, capability: int) -> dict:
     from faverify.kernels.triton import configs
 
     build = _hopper_source if v.kernel in (HOPPER_KERNEL, HOPPER_MUTANT_KERNEL) else \
+        _hopper_bwd_source if v.kernel == HOPPER_BWD_KERNEL else \
         _variant_source if v.kernel in VARIANT_KERNELS else _triton_source
     source, options, tile = build(v, capability)
     start = time.perf_counter()

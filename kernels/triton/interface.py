@@ -11,6 +11,7 @@ import triton
 from faverify.kernels.triton import configs
 from faverify.kernels.triton import backward as _bwd
 from faverify.kernels.triton import forward as _fwd
+from faverify.kernels.triton import backward_hopper as _bwd_hopper
 from faverify.kernels.triton import forward_hopper as _fwd_hopper
 from faverify.kernels.triton import variant_interface as _var
 from faverify.kernels.constants import INIT_VALUE, MAX_SPLITS
@@ -35,17 +36,21 @@ class Launch:
         it persistent (3: each program runs many blocks, carrying its shared-memory ring and barrier phases
         from one to the next; devtools/triton_fwd_sweep.py times one per SM).
     emulate: emulate GPU bf16 numerics under the interpreter (common.py says why); None: exactly there.
+    hopper_backward: dK and dV from the warp-specialized Hopper kernel (backward_hopper.py) where it can
+        run (_use_hopper_backward); opt-in (True) until it has passed on a GPU.
     """
     tma: bool | None = None
     hopper: bool | None = None
     programs: int | None = None
     emulate: bool | None = None
+    hopper_backward: bool | None = None
 
 
 DEFAULT = Launch()
 # The code paths a launch can take (common.LAUNCHED logs them, take_paths hands them over)
 PATHS = ("fwd hopper", "fwd hopper variant", "fwd triton-tma", "fwd triton", "fwd triton generic", "fwd none (empty)",
-         "bwd triton", "bwd triton generic", "bwd triton alibi", "bwd triton generic alibi", "bwd none (empty)",
+         "bwd triton", "bwd triton generic", "bwd triton alibi", "bwd triton generic alibi", "bwd hopper",
+         "bwd none (empty)",
          "fwd variant none (empty)", "bwd variant none (empty)") + tuple(
     # the variant kernels' fast and generic builds (variant_interface.fast_build)
     path + build for path in ("fwd variant", "fwd variant varlen", "fwd variant paged", "fwd variant paged split",
@@ -83,6 +88,15 @@ def _use_tma(*tensors, launch: Launch = DEFAULT) -> bool:
         return launch.tma
     q = tensors[0]
     return not INTERPRET and configs.tma_forward(q.element_size(), torch.cuda.get_device_capability(q.device)[0])
+
+
+def _use_hopper_backward(q, k, v, dout, alibi, launch: Launch = DEFAULT) -> bool:
+    """The Hopper dK/dV (backward_hopper.py): asked for (Launch.hopper_backward), dense attention without
+    ALiBi, 16-bit on sm_90 with padded head dim 64 or 128, and q, k, v and dO TMA-aligned."""
+    if not launch.hopper_backward or INTERPRET or alibi is not None or not _aligned(q, k, v, dout):
+        return False
+    return configs.hopper_forward(q.element_size(), torch.cuda.get_device_capability(q.device)[0],
+                                  block_d(q.shape[3]))
 
 
 def _use_hopper(q, tma: bool, launch: Launch = DEFAULT) -> bool:
@@ -207,13 +221,20 @@ def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles:
     slopes, stride_ab = alibi if alibi is not None else (rowmax, 0)  # not read without ALiBi
     bias = (slopes, stride_ab, 1.0 / scale)
     t = pick["dkdv"]
-    kernel = _build("_bwd_dkdv", q, k, v, dout, dk, dv)
-    _LAUNCHED.append("bwd triton" + ("" if kernel is _bwd._bwd_dkdv else " generic") + (" alibi" if alibi else ""))
-    kernel[(triton.cdiv(sk, t.block_n), b * hk)](
-        q, k, v, dout, rowmax, log2l, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
-        *_strides(dk), *_strides(dv), hk, h // hk, sq, sk, d, scale, scale * LOG2E, *bias,
-        CAUSAL=causal, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **c,
-        ALIBI=alibi is not None)
+    if _use_hopper_backward(q, k, v, dout, alibi, launch):
+        _LAUNCHED.append("bwd hopper")
+        _bwd_hopper.kernel[_bwd_hopper.grid(sk, b, hk)](
+            *_bwd_hopper.descriptors(q, k, v, dout, c["BLOCK_D"]), dk, dv, rowmax, log2l, delta, *_strides(dk),
+            sq, sk, hk, h // hk, d, scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=c["BLOCK_D"],
+            **_bwd_hopper.OPTIONS)
+    else:
+        kernel = _build("_bwd_dkdv", q, k, v, dout, dk, dv)
+        _LAUNCHED.append("bwd triton" + ("" if kernel is _bwd._bwd_dkdv else " generic") + (" alibi" if alibi else ""))
+        kernel[(triton.cdiv(sk, t.block_n), b * hk)](
+            q, k, v, dout, rowmax, log2l, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+            *_strides(dk), *_strides(dv), hk, h // hk, sq, sk, d, scale, scale * LOG2E, *bias,
+            CAUSAL=causal, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
+            **c, ALIBI=alibi is not None)
     t = pick["dq"]
     _build("_bwd_dq", q, k, v, dout, dq)[(triton.cdiv(sq, t.block_m), b * h)](
         q, k, v, dout, rowmax, log2l, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq),
