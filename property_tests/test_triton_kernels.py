@@ -316,8 +316,8 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
     varied = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()
               if re.match(r"v(fwd|dkdv|dq|combine|decode) ", line)]
     sixteen = [row for row in varied if " fp32 " not in row[0] and not row[0].endswith(" fast")]
-    # but one: dk/dv with a bias and a block mask at d128 keeps 32 bytes on sm_80 (configs._MASKED's tile;
-    # 8 before ALiBi's split bias, common.alibi_split, added its row term and its two branches a tile)
+    # but one: dk/dv with a bias and a block mask at d128 keeps 32 bytes on sm_80 (configs._MASKED's tile,
+    # with ALiBi's split bias: common.alibi_split's row term and its two branches a tile)
     allowed = {("vdkdv bf16 D128 bias+blocks", "sm_80"): 32}
     assert sixteen and all(int(row[5]) <= allowed.get((row[0], row[1]), 0) for row in sixteen), \
         [row[:6] for row in sixteen if int(row[5])]
