@@ -151,9 +151,9 @@ def for_features(cases: list, features: tuple, runtime: tuple = tuple(RUNTIME_FE
     return out
 
 
-WARMUPS = {"triton": lambda dtypes, features: (
+WARMUPS = {"triton": lambda dtypes, features: list(dict.fromkeys(  # one case of ALiBi alone is in both
                for_features(warmup_cases(dtypes) + variant_warmup_cases(dtypes), features)
-               + for_features(hopper_variant_warmup_cases(dtypes), features, runtime=())),
+               + for_features(hopper_variant_warmup_cases(dtypes), features, runtime=()))),
            "triton-varlen": lambda dtypes, features: for_features(variant_warmup_cases(dtypes, "triton-varlen"),
                                                                   features),
            "triton-paged": lambda dtypes, features: for_features(variant_warmup_cases(dtypes, "triton-paged"),

@@ -88,7 +88,7 @@ def visible_tiles(start, SIZE, lo_off, hi_off, length, TILE: tl.constexpr):
 @triton.jit
 def variant_scores(qk, i, j, seqlen_k, diag, left, right, slope, signed, key_local, pos, cap_scale, inv_cap_scale,
                    MASK: tl.constexpr, SOFTCAP: tl.constexpr, FP32_DIST: tl.constexpr, IEEE: tl.constexpr,
-                   TILE_SLOPE: tl.constexpr = True):
+                   ALIBI_SPLIT: tl.constexpr = True):
     """The variants' logits in raw q.k units (the kernels scale after subtracting the max, as forward.py
     does): softcap (cap / scale) tanh(qk scale / cap), then ALiBi - (slope / scale) |i + diag - j| (the
     slope comes divided by the scale), then the masks: keys of the sequence, inside the window. i, j: query
@@ -96,16 +96,16 @@ def variant_scores(qk, i, j, seqlen_k, diag, left, right, slope, signed, key_loc
     transpose); pos: each query's position i + diag, broadcast as i (its ALiBi distance is to it). Returns
     (s, softcap's derivative 1 - tanh^2), the second for the backward (common.tanh_slope says how it keeps
     its precision where the cap saturates, and near 0: to fp32's in the fp32 builds, IEEE).
-    ALiBi, with TILE_SLOPE (one slope for the tile, split by alibi_split): the column term signed *
+    ALiBi, with ALIBI_SPLIT (one slope for the tile, split by alibi_split): the column term signed *
     key_local (key_local: the keys' offsets in the tile, as fp32) when signed != 0, else the distance
     when slope != 0; the caller adds the row term. Neither without ALiBi (both slopes 0). Without
-    TILE_SLOPE (the decode's rows, each its head's slope) the distance, always (common.alibi_distance says
+    ALIBI_SPLIT (the decode's rows, each its head's slope) the distance, always (common.alibi_distance says
     which way FP32_DIST computes it)."""
     dcap = qk
     if SOFTCAP:
         th, dcap = tanh_slope(qk * cap_scale, PRECISE=IEEE)
         qk = th * inv_cap_scale
-    if TILE_SLOPE:
+    if ALIBI_SPLIT:
         qk = alibi_scores(qk, slope, signed, key_local, pos, j, FP32_DIST)
     else:
         qk = qk - slope * alibi_distance(pos, j, FP32_DIST)
@@ -166,7 +166,7 @@ def _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride
                 row = alibi_row(signed, start_n, pos, bias_scale, BIAS)
             s, _ = variant_scores(mm(q, k, INTERPRETED, IEEE), offs_m[:, None], cols[None, :], seqlen_k, diag, left,
                                   right, general, signed, key_local, pos[:, None], cap_scale, inv_cap_scale, MASK=MASK,
-                                  SOFTCAP=SOFTCAP, FP32_DIST=True, IEEE=IEEE, TILE_SLOPE=not ROW_SLOPES)
+                                  SOFTCAP=SOFTCAP, FP32_DIST=True, IEEE=IEEE, ALIBI_SPLIT=not ROW_SLOPES)
             s = extra_scores(s, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, bias, stride_bm, stride_bn,
                              bias_scale, blocks, stride_km, stride_kn, mask_block, BIAS=BIAS, BLOCKS=BLOCKS)
             m_new = tl.maximum(m_i, tl.max(s, 1) + row)
