@@ -133,8 +133,9 @@ def _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride
            BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, ROW_SLOPES: tl.constexpr,  #
            INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
     """Key tiles [lo, hi) of the online softmax. ROW_SLOPES: slope is [M, 1], each row its own head's (the
-    decode), and ALiBi takes the distance on every tile; else the tile's one slope is split (alibi_split)
-    and its row term enters the row max: the logits of the tile are s + row, and p = 2^((s - (m - row)) c)."""
+    decode), and ALiBi takes the distance on every tile, as fp32 does (IEEE: there the split's row term
+    spilled 368-592 bytes on sm_90); else the tile's one slope is split (alibi_split) and its row term
+    enters the row max: the logits of the tile are s + row, and p = 2^((s - (m - row)) c)."""
     pos = offs_m + diag  # each query's position: its ALiBi distances are to it  [mutant site: alibi-offset]
     key_local = offs_n.to(tl.float32)[None, :]
     pos_first = tl.min(pos, 0)
@@ -156,7 +157,7 @@ def _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride
                 v_ptrs = v_base + start_n * stride_vs
             k = load_rows(k_ptrs, cols, seqlen_k, (offs_d < head_dim)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK,
                           EVEN_D=EVEN_D)
-            if ROW_SLOPES:
+            if ROW_SLOPES or IEEE:
                 signed = 0.0
                 general = slope
                 row = 0.0
@@ -166,7 +167,7 @@ def _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride
                 row = alibi_row(signed, start_n, pos, bias_scale, BIAS)
             s, _ = variant_scores(mm(q, k, INTERPRETED, IEEE), offs_m[:, None], cols[None, :], seqlen_k, diag, left,
                                   right, general, signed, key_local, pos[:, None], cap_scale, inv_cap_scale, MASK=MASK,
-                                  SOFTCAP=SOFTCAP, FP32_DIST=True, IEEE=IEEE, ALIBI_SPLIT=not ROW_SLOPES)
+                                  SOFTCAP=SOFTCAP, FP32_DIST=True, IEEE=IEEE, ALIBI_SPLIT=not (ROW_SLOPES or IEEE))
             s = extra_scores(s, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, bias, stride_bm, stride_bn,
                              bias_scale, blocks, stride_km, stride_kn, mask_block, BIAS=BIAS, BLOCKS=BLOCKS)
             m_new = tl.maximum(m_i, tl.max(s, 1) + row)
