@@ -80,7 +80,8 @@ if ls .whl/load*/*.whl >/dev/null 2>&1 && [ ! -d .whl/site ]; then  # the loads'
       i=$((i + 1))
     done
   done
-  python3 -m pip install -q --no-index --no-deps --no-compile --target .whl/site .whl/load*/*.whl .whl/*.whl \
+  wheels=$(shopt -s nullglob; echo .whl/load*/*.whl .whl/*.whl)  # .whl/*.whl: the joined ones, if any were split
+  python3 -m pip install -q --no-index --no-deps --no-compile --target .whl/site $wheels \
     >"$out/libraries.log" 2>&1 || { echo "library install failed:"; tail -5 "$out/libraries.log"; }
 fi
 if [ -d .whl/site ]; then
