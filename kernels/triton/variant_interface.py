@@ -358,7 +358,7 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
         # the variant kernels' runtime bounds, switches and tiles cost them 15-19% of the dense kernels' speed
         # at d128 seqlen 16384 on the H200 (docs/measurements.md, "Variant speed"), and sinks and ALiBi need
         # none of them
-        alibi = (var.alibi, var.alibi.stride(0) if var.alibi.dim() == 2 else 0) if var.alibi is not None else None
+        alibi = var.tensors(q)[:2] if var.alibi is not None else None  # (slopes, their batch stride)
         dq, dk, dvv = dense_backward(dout, q, k, v, out, (rowmax.contiguous(), log2l.contiguous()), var.scale,
                                      var.right == 0, alibi=alibi)
         return dq, dk, dvv, dsinks, None
