@@ -389,27 +389,27 @@ def test_the_softcap_derivative_keeps_its_precision_where_the_cap_saturates(prec
     assert rel.max() < 1e-5, (rel.max(), x[rel.argmax()])
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp2")  # e^2x past fp32 under the interpreter: the point
-def test_the_forwards_tanh_keeps_its_absolute_error_and_saturates():
-    """common.tanh_logit (the Hopper forward's softcap) against FP64: an absolute error of fp32's rounding
-    near 1 everywhere, and near 0 a relative one under 5e-5 (a row with one key has its capped logit for
-    lse), +-1 past the overflow of e^2x, and the sign of x; a NaN logit stays NaN."""
-    from property_tests.triton_probes import tanh_logit_probe
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU or torch.cuda.get_device_capability()[0] != 9,
+                    reason="forward_hopper.tanh_approx is Gluon for sm_90 (PTX's tanh.approx.f32), no interpreter")
+def test_the_hopper_forwards_tanh_keeps_its_relative_error_and_saturates():
+    """forward_hopper.tanh_approx (the Hopper forward's softcap) against FP64: a relative error under
+    2^-10.9 at every x, tiny ones included (a row with one key has its capped logit for lse), +-1 past
+    |x| = 10, and the sign of x; a NaN logit stays NaN."""
+    from property_tests.triton_probes import tanh_approx_probe
 
     x = torch.cat([torch.linspace(-40, 40, 1001), torch.tensor([0.0, 1e-30, -1e-7, 3e-4, 0.0121, -0.0123, 0.2499,
                                                                  10.0, -10.0, 60.0, -60.0, 1e30, -1e30,
                                                                  float("inf"), -float("inf"), float("nan")])])
     x = torch.nn.functional.pad(x, (0, 1024 - x.numel())).to(DEVICE)
     t = torch.empty_like(x)
-    tanh_logit_probe[(1,)](x, t, N=1024)
+    tanh_approx_probe[(1,)](x, t, N=1024, num_warps=4)
     exact = torch.tanh(x.double())
     finite = ~x.isnan()
-    err = (t.double() - exact).abs()[finite]
-    assert err.max() <= 6e-7, (err.max(), x[finite][err.argmax()])
-    rel = err / exact[finite].abs().clamp(min=1e-300)
-    assert rel.max() <= 6e-5, (rel.max(), x[finite][rel.argmax()])
+    rel = (t.double() - exact).abs()[finite] / exact[finite].abs().clamp(min=1e-300)
+    assert rel.max() <= 2 ** -10.9, (rel.max(), x[finite][rel.argmax()])
     assert (t[x.abs() >= 10] == x[x.abs() >= 10].sign()).all() and t[x.isnan()].isnan().all()
-    assert ((t > 0) == (x > 0))[finite & (x.abs() > 1e-6)].all()
+    assert ((t > 0) == (x > 0))[finite & (x != 0)].all()
 
 
 DECODE_CASES = {  # paged caches with a few query rows a sequence: GQA groups packed into the decode tile

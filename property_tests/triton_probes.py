@@ -1,9 +1,12 @@
-"""Small Triton kernels that run one helper of kernels/triton/common.py on a vector, for the tests that
+"""Small Triton and Gluon kernels that run one helper of kernels/triton/ on a vector, for the tests that
 check a helper against FP64 (a kernel must be defined at a module's top level for Triton to see its names)."""
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
-from faverify.kernels.triton.common import tanh_logit, tanh_slope
+from faverify.kernels.triton.common import tanh_slope
+from faverify.kernels.triton.forward_hopper import tanh_approx
 
 
 @triton.jit
@@ -14,7 +17,7 @@ def tanh_slope_probe(X, T, D, N: tl.constexpr, PRECISE: tl.constexpr):
     tl.store(D + i, d)
 
 
-@triton.jit
-def tanh_logit_probe(X, T, N: tl.constexpr):
-    i = tl.arange(0, N)
-    tl.store(T + i, tanh_logit(tl.load(X + i)))
+@gluon.jit
+def tanh_approx_probe(X, T, N: gl.constexpr):
+    i = gl.arange(0, N, layout=gl.BlockedLayout([1], [32], [4], [0]))
+    gl.store(T + i, tanh_approx(gl.load(X + i)))

@@ -162,7 +162,7 @@ HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, ru
     ("hopper-window-tiles-rounded-up", "window-lo", "lo = (gl.maximum(row0 + diag - left, 0) + BLOCK_N - 1) // BLOCK_N",
      "the Hopper forward skips the first key tile a window reaches when the window starts inside it",
      "as window-tiles-rounded-up: tile counts rounded up where they must round down", ("window",)),
-    ("hopper-softcap-no-cap", "softcap", "s = tanh_logit(s * cap_scale)",
+    ("hopper-softcap-no-cap", "softcap", "s = tanh_approx(s * cap_scale)",
      "the Hopper forward's softcap keeps tanh without multiplying the cap back: every logit in [-1, 1]",
      "the cap enters twice, once divided and once multiplied, and the second is easy to drop", ("softcap",)),
     ("hopper-alibi-top-left", "hopper-alibi", "pos = offs_m",

@@ -202,9 +202,9 @@ def _hopper_source(v: Variant, capability: int):
 
         from faverify.kernels.mutants.build import load
         module = importlib.import_module(load(v.mutant).__package__ + ".forward_hopper")
-    tile = configs.hopper_tile(v.block_d, "softcap" in v.switches)
-    constants, options = module.launch(tile)
     on = set(v.switches.split("+")) - {""}
+    tile = configs.hopper_tile(v.block_d, "softcap" in on, bool(on & {"window", "alibi"}))
+    constants, options = module.launch(tile)
     constants.update(CAUSAL=v.causal, BLOCK_D=v.block_d, WINDOW="window" in on, SOFTCAP="softcap" in on,
                      ALIBI="alibi" in on, SINKS="sinks" in on)
     fn = module._fwd_hopper_aligned  # the build bench's shapes take: seqlens multiples of 16, specialized on that

@@ -21,8 +21,9 @@ rows of dK and dV are all they reach, and those are not stored; queries past seq
 l = +inf, so their P is 0.
 
 Applies to 16-bit inputs on sm_90 with 16-byte aligned strides and padded head dim 64 or 128, dense
-attention (no variant), and only when a Launch asks for it (hopper_backward=True): it has not run on a
-GPU yet. Gluon does not run under the interpreter; CI compiles it for sm_90 (aot.py).
+attention (no variant), and only when a Launch asks for it (hopper_backward=True): on the H200 it gives
+the Triton dK/dV's bits at 0.93-1.10x its speed (docs/measurements.md), not yet the gain that would make it
+the default. Gluon does not run under the interpreter; CI compiles it for sm_90 (aot.py).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl

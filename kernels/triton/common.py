@@ -242,22 +242,13 @@ def _tanh_near_zero(x):
 
 
 @triton.jit
-def tanh_logit(x):
-    """tanh for the Hopper forward's capped logit cap * tanh(s / cap) (16-bit): 1 - 2 / (1 + e^2x), one exp2
-    and one division, to an absolute error near 6e-7 (ex2.approx's and div.full's 2 ulp each), and x itself
-    below TANH_LINEAR, so that the relative error stays under 5e-5. Saturates to +-1 (e^2x overflows to inf,
-    2 / inf = 0); a NaN stays NaN."""
-    return tl.where(tl.abs(x) < TANH_LINEAR, x, 1.0 - 2.0 / (1.0 + tl.math.exp2(x * 2.8853900817779268)))
-
-
-@triton.jit
 def tanh_slope(x, PRECISE: tl.constexpr):
     """(tanh x, 1 - tanh^2 x) from t = e^-2|x| and one reciprocal r = 1 / (1 + t): tanh = (1 - t) r, and the
     derivative as 4 t r^2, to fp32's relative precision at every x. 1 - tanh^2 would cancel where tanh nears
     1: past |x| = 9 tanh rounds to 1 in fp32 and 1 - tanh^2 to 0 while the derivative is 6e-8 (softcap's
     backward lost dq and dk there, 6x the error allowed). One exp2 and one division a logit, shared by both.
     Near 0: PRECISE (the fp32 builds) _tanh_near_zero below 0.25, fp32's relative precision; else x below
-    TANH_LINEAR, as tanh_logit."""
+    TANH_LINEAR."""
     a = tl.abs(x)
     t = tl.math.exp2(a * -2.8853900817779268)  # e^(-2|x|)
     r = 1.0 / (1.0 + t)

@@ -162,15 +162,16 @@ def hopper_forward(elem: int, capability_major: int, block_d: int) -> bool:
 # consumers (M192: 0.91-1.06x cuDNN at seqlen 4096 and 16384 non-causal, against 0.79-0.92x with two), d128
 # two (M128 N128: 0.92-1.01x; M128 N64 0.80-0.86x).
 HOPPER = {64: Tile(192, 128, 4, 2, hopper=True), 128: Tile(128, 128, 4, 2, hopper=True)}
-# A softcap build's tanh (common.tanh_logit: an exp2 and a division) fits HOPPER's tiles without spilling
-# but at d64 with every other variant beside it (128 bytes of stack at M192 N128; AOT report, sm_90,
-# 2026-12-04): there two consumers and 64 keys a stage, which keep none
+# A softcap build's tanh (forward_hopper.tanh_approx, one instruction a logit) fits HOPPER's tiles without
+# spilling but at d64 beside a window or ALiBi (56 and 344 bytes of stack at M192 N128 with the window and
+# with every switch; AOT report, sm_90, 2026-12-04): there two consumers and 64 keys a stage, which keep none
 HOPPER_SOFTCAP = {64: Tile(128, 64, 4, 2, hopper=True)}
 
 
-def hopper_tile(block_d: int, softcap: bool = False) -> Tile:
-    """The Hopper forward's tile at a padded head dim, with or without the softcap build."""
-    return HOPPER_SOFTCAP.get(block_d, HOPPER[block_d]) if softcap else HOPPER[block_d]
+def hopper_tile(block_d: int, softcap: bool = False, crowded: bool = False) -> Tile:
+    """The Hopper forward's tile at a padded head dim; softcap with another per-logit switch (a window or
+    ALiBi: crowded) takes HOPPER_SOFTCAP's."""
+    return HOPPER_SOFTCAP.get(block_d, HOPPER[block_d]) if softcap and crowded else HOPPER[block_d]
 
 
 def default(kind: str, block_d: int, elem: int, causal: bool, tma: bool = False, hopper: bool = False) -> Tile:

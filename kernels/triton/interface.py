@@ -15,7 +15,7 @@ from faverify.kernels.triton import backward_hopper as _bwd_hopper
 from faverify.kernels.triton import forward_hopper as _fwd_hopper
 from faverify.kernels.triton import variant_interface as _var
 from faverify.kernels.constants import INIT_VALUE, MAX_SPLITS
-from faverify.kernels.triton.common import INTERPRET, LAUNCHED as _LAUNCHED, LOG2E, NO_BOUND, block_d, quiet
+from faverify.kernels.triton.common import INTERPRET, LAUNCHED as _LAUNCHED, LOG2E, block_d, quiet
 from faverify.kernels.triton.common import aligned as _aligned
 from faverify.kernels.triton.common import seq_strides as _strides
 from faverify.kernels.triton.common import take_paths  # noqa: F401  (the subject's Subject.paths)
@@ -37,7 +37,7 @@ class Launch:
         from one to the next; devtools/triton_fwd_sweep.py times one per SM).
     emulate: emulate GPU bf16 numerics under the interpreter (common.py says why); None: exactly there.
     hopper_backward: dK and dV from the warp-specialized Hopper kernel (backward_hopper.py) where it can
-        run (_use_hopper_backward); opt-in (True) until it has passed on a GPU.
+        run (_use_hopper_backward); opt-in (True) until it is faster than the Triton dK/dV.
     """
     tma: bool | None = None
     hopper: bool | None = None
@@ -161,7 +161,7 @@ def _hopper(q, k, v, out, lse, rows, tile, var, launch: Launch) -> None:
     bd = block_d(d)
     constants, options = _fwd_hopper.launch(tile)
     runtime = var.runtime()
-    window = var.left != NO_BOUND or (var.right not in (0, NO_BOUND))
+    window = var.windowed
     alibi, stride_ab, sinks = var.tensors(q) if var.alibi is not None or var.sinks is not None else (lse, 0, lse)
     _fwd_hopper.kernel(sq, sk)[_fwd_hopper.grid(tile, sq, b * h, launch.programs)](
         *_fwd_hopper.descriptors(q, k, v, out, tile, bd), lse, *rows, alibi, sinks, b * h, h, h // hk, sq, sk,
@@ -186,7 +186,8 @@ def _hopper_variant(launch: Launch):
         lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
         rows = (torch.empty_like(lse), torch.empty_like(lse))
         _LAUNCHED.append("fwd hopper variant")
-        _hopper(q, k, v, out, lse, rows, configs.hopper_tile(block_d(d), var.softcap > 0), var, launch)
+        tile = configs.hopper_tile(block_d(d), var.softcap > 0, var.windowed or var.alibi is not None)
+        _hopper(q, k, v, out, lse, rows, tile, var, launch)
         return out, lse, rows
     return run
 

@@ -76,11 +76,16 @@ class Variant:
         return 1.0 if self.bias is not None else self.scale
 
     @property
+    def windowed(self) -> bool:
+        """A window: a bound other than causal's right one."""
+        return self.left != NO_BOUND or self.right not in (0, NO_BOUND)
+
+    @property
     def backward_is_dense(self) -> bool:
         """Nothing but sinks and ALiBi, causal or not: the sinks are in log2 l already, so P, dS and dq, dk, dv
         are dense attention's given the forward's rows, and the dense backward kernels compute them
         (backward), with ALiBi's bias (their ALIBI build)."""
-        return self.left == NO_BOUND and self.right in (0, NO_BOUND) and not self.softcap and not self.masked
+        return not self.windowed and not self.softcap and not self.masked
 
     @property
     def masked(self) -> bool:
