@@ -62,9 +62,13 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
                                    pages="in-order", pool=0, splits=1)
     h, clamp, allowed = _SETTINGS[dtype]
     # a finfo.min bias leaves a difference quotient nothing to see (s + h rounds to s next to 3.4e38, while the
-    # softmax still depends on s), and NaN keys would make every quotient NaN: the check takes normal ones
+    # softmax still depends on s), and NaN keys would make every quotient NaN: the check takes normal ones.
+    # A sink far above every logit leaves each key a weight of e^-30 of it or less, near and under fp32's
+    # smallest normal, which a GPU flushes to zero (ex2.approx.ftz): terms that appear and vanish between
+    # x - he and x + he. The sink "around" the rows' log-sum-exp keeps it in the softmax with normal weights.
     c = dataclasses.replace(case, dtype=dtype, regime="normal", layout="contiguous", mask_nan=False,
-                            bias="normal" if case.bias == "min" else case.bias)
+                            bias="normal" if case.bias == "min" else case.bias,
+                            sinks="around" if case.sinks == "above" else case.sinks)
     why = subject.unsupported(c, device)
     if why:
         return _skip(dtype, why)
