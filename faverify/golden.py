@@ -53,7 +53,7 @@ def verify_many(jobs: list, *, directory: Path = DEFAULT_DIR, tolerance, names=N
     A job's cases are spread over its workers (a JIT-compiled subject compiles per variant: several
     workers compile several at once). Returns {(kernel, device): rows in the index's order};
     on_done(kernel, device, rows) as each job finishes."""
-    from faverify.isolation import Task, Worker
+    from faverify.isolation import Task, Worker, thread_share
     from faverify.scheduler import Pool
 
     entries = _entries(directory, names)
@@ -64,7 +64,9 @@ def verify_many(jobs: list, *, directory: Path = DEFAULT_DIR, tolerance, names=N
         except GoldenFileProblem as e:
             bad[entry.name] = e
     rows = {(k, d): {} for k, d, _ in jobs}
-    pool = Pool({(k, d): [Worker(k, d, "both", tolerance.to_dict(), timeout) for _ in range(max(1, n))]
+    threads = thread_share(sum(max(1, n) for _, _, n in jobs))
+    pool = Pool({(k, d): [Worker(k, d, "both", tolerance.to_dict(), timeout, threads=threads)
+                          for _ in range(max(1, n))]
                  for k, d, n in jobs})
 
     def ordered(job) -> list:

@@ -8,6 +8,7 @@ The run goes on.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 import traceback
 from multiprocessing.connection import wait
@@ -16,7 +17,7 @@ from typing import NamedTuple
 from faverify import processes
 from faverify.case import Case
 from faverify.runner import CaseResult, failure
-from faverify.scheduler import POLL_SECONDS
+from faverify.scheduler import POLL_SECONDS, cores
 
 # Messages after which a CUDA context cannot be trusted: the worker reports a crash and exits.
 _POISONED = ("CUDA error", "illegal memory access", "device-side assert", "unspecified launch failure",
@@ -33,10 +34,14 @@ class Task(NamedTuple):
     warm: bool = False
 
 
-def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1) -> None:
+def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1, threads: int = 0) -> None:
     """The worker's loop: (case, gradcheck, golden) in, CaseResult dict out, until None or a poisoned
-    context. The worker has this one's environment (TRITON_INTERPRET among it): processes.start."""
+    context. The worker has this one's environment (TRITON_INTERPRET among it): processes.start.
+    threads: torch's CPU threads in this worker (0: torch's default, one a core)."""
     import signal
+    if threads:
+        import torch
+        torch.set_num_threads(threads)
     # Ctrl-C reaches the whole process group; the parent stops the workers itself. So a KeyboardInterrupt
     # raised in here is the subject's own doing, and runner.evaluate reports it as its failure.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -98,9 +103,10 @@ class Worker:
     Starting does not wait: the worker spends seconds importing torch and initializing CUDA, and a pool
     starts all of its workers at once. A case's timeout counts from when its worker is ready."""
 
-    def __init__(self, kernel: str, device: str, mode: str, tolerance: dict, timeout: float, repeat: int = 1):
+    def __init__(self, kernel: str, device: str, mode: str, tolerance: dict, timeout: float, repeat: int = 1,
+                 threads: int = 0):
         self.kernel, self.device, self.mode, self.tolerance = kernel, device, mode, tolerance
-        self.timeout, self.repeat = timeout, repeat
+        self.timeout, self.repeat, self.threads = timeout, repeat, threads
         self.process = None
         self.conn = None
         self.ready = False
@@ -111,7 +117,7 @@ class Worker:
     def start(self) -> None:
         parent, child = mp.Pipe()
         self.process = processes.start(_serve, (child, self.kernel, self.device, self.mode, self.tolerance,
-                                                self.repeat), daemon=True)
+                                                self.repeat, self.threads), daemon=True)
         child.close()
         self.conn, self.ready, self.sent_at = parent, False, time.monotonic()
 
@@ -194,5 +200,18 @@ class Worker:
 
 def case_workers(kernel: str, devices: list, per_device: int, mode: str, tolerance: dict, timeout: float,
                  repeat: int = 1) -> list:
-    """`per_device` workers of one subject on each device, in device order (scheduler.Pool's lane)."""
-    return [Worker(kernel, str(d), mode, tolerance, timeout, repeat) for d in devices for _ in range(per_device)]
+    """`per_device` workers of one subject on each device, in device order (scheduler.Pool's lane), sharing
+    the cores (thread_share)."""
+    threads = thread_share(per_device * len(devices))
+    return [Worker(kernel, str(d), mode, tolerance, timeout, repeat, threads) for d in devices
+            for _ in range(per_device)]
+
+
+def thread_share(workers: int) -> int:
+    """torch's CPU threads for each of `workers` processes that run at once: the cores split among them.
+    Each worker's torch would take a thread a core, and workers that outnumber the cores then fight over
+    them: on the 2-core CPU two sdpa-math workers spent 215 ms a case on the FP64 reference against 8 for
+    one worker. OMP_NUM_THREADS, where set, caps the share."""
+    share = max(1, cores() // max(1, workers))
+    cap = os.environ.get("OMP_NUM_THREADS", "")
+    return min(share, int(cap)) if cap.isdigit() and int(cap) > 0 else share

@@ -81,6 +81,11 @@ def raises_type_error(q, k, v, *, causal, softmax_scale):
     return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
 
 
+def names_its_threads(q, k, v, *, causal, softmax_scale):
+    """Fails every case with torch's CPU thread count in its message: what the worker process was given."""
+    raise RuntimeError(f"threads={torch.get_num_threads()}")
+
+
 def declines_fp32(q, k, v, *, causal, softmax_scale):
     """Declares fp32 unsupported by raising NotImplementedError: a skip, never a pass."""
     if q.dtype == torch.float32:

@@ -113,6 +113,31 @@ def test_warm_up_runs_cases_unjudged_in_the_workers():
     assert not got[0].metrics  # nothing judged
 
 
+def test_workers_that_run_at_once_share_the_cores_between_their_threads(monkeypatch):
+    """Each worker's torch would take a thread per core; workers side by side then fight over the cores
+    (two sdpa-math workers on the 2-core CPU spent 25x one worker's time on the reference). A pool's
+    workers take cores / workers threads each, at least one and at most OMP_NUM_THREADS where it is set;
+    unset here, so a lone worker takes every core (this suite's workers fork from a server whose torch
+    has the one thread conftest.py gives it)."""
+    from faverify.isolation import Task, case_workers, thread_share
+    from faverify.scheduler import Pool, cores
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert thread_share(1) == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert thread_share(1) == cores() and thread_share(cores() + 5) == 1
+    assert thread_share(2) == max(1, cores() // 2)
+    for n in (1, 2):
+        pool = Pool(case_workers("property_tests.planted:names_its_threads", ["cpu"], n, "both",
+                                 Tolerance().to_dict(), 60))
+        got = {}
+        try:
+            pool.map(((i, Task(Case(1, 4, 4, 1, 1, 16, seed=i))) for i in range(n)),
+                     lambda i, r: got.__setitem__(i, r))
+        finally:
+            pool.close()
+        assert [got[i].reason.split("threads=")[-1] for i in range(n)] == [str(thread_share(n))] * n, got
+
+
 def test_parallel_fuzz_warms_up_before_its_cases():
     from faverify.collector import KernelStats
     from faverify.plan import FuzzPlan
