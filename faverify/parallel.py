@@ -45,23 +45,27 @@ def draw_cases(plan: FuzzPlan) -> list:
     return drawn[:plan.iters]
 
 
-def stream_cases(plan: FuzzPlan):
+def stream_cases(plan: FuzzPlan, timing: dict | None = None):
     """draw_cases as they come: Hypothesis draws in a thread of its own (about 1.5 ms a case, 15 s for
     10000) while the workers already evaluate the first ones, or compile during a warm-up. The same
     cases in the same order. If the consumer stops early (an interrupt) the draw stops at its next case:
-    left drawing, it would hold the interpreter's lock while the run stops its workers and writes."""
+    left drawing, it would hold the interpreter's lock while the run stops its workers and writes.
+    timing["draw"]: the drawing thread's CPU seconds so far."""
     import queue
     import threading
 
     q: queue.Queue = queue.Queue()
     done, stopped = object(), threading.Event()
+    timing = {} if timing is None else timing
 
     def keep(case: Case) -> None:
         if stopped.is_set():
             raise _Abandoned  # a BaseException: Hypothesis lets it through at once, without shrinking
+        timing["draw"] = time.thread_time() - timing["start"]
         q.put(case)
 
     def draw() -> None:
+        timing["start"] = time.thread_time()
         try:
             _draw(plan, keep)
             q.put(done)
@@ -136,7 +140,8 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
     """keep: workers per device after the warm-up (the pool may have started more, to compile on every
     core)."""
     start = time.perf_counter()
-    drawn = stream_cases(plan)  # drawing while the warm-up compiles
+    timing: dict = {}
+    drawn = stream_cases(plan, timing)  # drawing while the warm-up compiles
     warm_up(pool, list(warmup), stats)
     if keep is not None:
         pool.retain(keep)
@@ -191,6 +196,7 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
             stats.failures.append(Failure(kernel=kernel, signature=signature, first=found, minimal=minimal,
                                           shrink_steps=steps, note=why))
         stats.seconds += time.perf_counter() - start
+        stats.phases["draw"] += timing.get("draw", 0.0)
     return stats
 
 

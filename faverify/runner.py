@@ -37,7 +37,7 @@ class CaseResult:
     signatures: list = field(default_factory=list)  # e.g. ["out:tolerance", "dq:nan"]; empty unless failing
     gradcheck: dict | None = None  # gradcheck.GradCheck.to_dict()
     seconds: float = 0.0
-    phases: dict = field(default_factory=dict)  # seconds per phase: subject, reference, gradcheck
+    phases: dict = field(default_factory=dict)  # seconds per phase: inputs, subject, reference, ...
     device: str = ""
     paths: list = field(default_factory=list)  # the subject's code paths this case took (Subject.paths)
 
@@ -215,12 +215,13 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
             failing.append((f"error:{type(e).__name__}", f"a repeated run raised {type(e).__name__}: {e}"))
         clock.lap("repeat")
     try:
-        metrics = judge(case, pristine, got, tolerance, MODES[mode], reference_given, subject.caps.conventions)
+        metrics = judge(case, pristine, got, tolerance, MODES[mode], reference_given, subject.caps.conventions,
+                        lap=clock.lap)
         if splits is not None:
-            metrics.update(judge_splits(case, pristine, splits, tolerance, subject.caps))
+            metrics.update(judge_splits(case, pristine, splits, tolerance, subject.caps, lap=clock.lap))
     except (MemoryError, torch.OutOfMemoryError) as e:  # faverify's side ran out, not the subject's
         return CaseResult(name, case, "skip", f"out of memory computing the FP64 reference ({type(e).__name__})")
-    clock.lap("reference")
+    clock.lap("metrics")
     failing += [(f"{t}:{kind(m)}", f"{t}: {m.reason}") for t, m in metrics.items() if not m.passed]
     if failing:
         return CaseResult(name, case, "fail", "; ".join(r for _, r in failing), metrics, [sig for sig, _ in failing])
@@ -282,8 +283,8 @@ def _evaluate_combine(subject: Subject, case: Case, device: torch.device, tolera
     clock.lap("subject")
     base = combine(given[0].to(x.q.dtype), given[1], x.q.dtype)
     metrics = judge(case, x, {"out": out, "lse": lse}, tolerance, ("out", "lse"), None, conventions,
-                    baseline={"out": base[0], "lse": base[1]})
-    clock.lap("reference")
+                    baseline={"out": base[0], "lse": base[1]}, lap=clock.lap)
+    clock.lap("metrics")
     failing += [(f"{t}:{kind(m)}", f"{t}: {m.reason}") for t, m in metrics.items() if not m.passed]
     if failing:
         return CaseResult(name, case, "fail", "; ".join(r for _, r in failing), metrics, [s for s, _ in failing])
@@ -303,12 +304,17 @@ def _check_splits(case: Case, splits) -> str | None:
     return None
 
 
-def judge_splits(case: Case, x: Inputs, splits, tolerance: Tolerance, caps) -> dict:
+def _no_lap(phase: str) -> None:
+    """judge's lap where nobody times the phases."""
+
+
+def judge_splits(case: Case, x: Inputs, splits, tolerance: Tolerance, caps, lap=_no_lap) -> dict:
     """The split-KV partials, each against the FP64 attention over its split's keys (empty ones must be
-    out 0, lse -inf): metrics "out_splits" and "lse_splits", judged as out and lse are."""
+    out 0, lse -inf): metrics "out_splits" and "lse_splits", judged as out and lse are. lap: as judge's."""
     from faverify.sequences import split_yardsticks
     with torch.no_grad():
         ref, scales, base, empty = split_yardsticks(case, x, caps.conventions, caps.split_block)
+        lap("reference")
         out, lse = splits
         got = {"out": out.reshape(ref["out"].shape), "lse": lse.reshape(ref["lse"].shape)}
         metrics = _judged(case, got, (ref, scales, base, empty), tolerance, ("out", "lse"), caps.conventions)
@@ -459,17 +465,19 @@ def _no_exit():
 
 
 def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple, given=None,
-          conventions: Conventions = DEFAULT_CONVENTIONS, baseline: dict | None = None) -> dict:
+          conventions: Conventions = DEFAULT_CONVENTIONS, baseline: dict | None = None, lap=_no_lap) -> dict:
     """Judge a subject's tensors (any of out, lse, dq, dk, dv, dsinks) for `case` against the FP64
     reference (computed here, or `given` as (reference tensors, scales), from a golden file), under the
     subject's conventions: the reference's masks align as it declares and its lse is in the declared base,
     with the declared value where a row sees no key. baseline: tensors that stand for the naive
-    baseline's (a combine's)."""
+    baseline's (a combine's). lap(phase): called as the FP64 reference ("reference") and the naive
+    baseline ("baseline") are done, for a case's time per phase (a ragged case's baseline is computed with
+    its reference, sequence by sequence: one phase); what follows is the metrics'."""
     q, k, v = (t.detach() for t in x.tensors())
     backward = any(got.get(t) is not None for t in ("dq", "dk", "dv"))
     dout = x.dout if backward else None
     if case.kind != "dense":
-        return _judge_ragged(case, x, got, tolerance, tensors, backward, conventions, baseline)
+        return _judge_ragged(case, x, got, tolerance, tensors, backward, conventions, baseline, lap)
     variant = variant_of(case, x, conventions)
     empty = case.empty_rows(variant.offset)
     empty_mask = None
@@ -481,7 +489,9 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
             ref, scales = reference(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant)
         else:
             ref, scales = given
+        lap("reference")
         base = naive(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant)
+        lap("baseline")
         if baseline is not None:
             base = {**base, **baseline}
         if variant.mask is not None:  # the rows the mask leaves without a key, from the reference itself
@@ -500,12 +510,13 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
 
 
 def _judge_ragged(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple, backward: bool,
-                  conventions: Conventions, baseline: dict | None) -> dict:
+                  conventions: Conventions, baseline: dict | None, lap=_no_lap) -> dict:
     """judge() of a varlen or paged case: its references sequence by sequence (sequences.py), the
     subject's varlen tensors without their tail, as one packed batch."""
     from faverify.sequences import yardsticks
     with torch.no_grad():
         ref, scales, base, empty = yardsticks(case, x, backward, conventions)
+        lap("reference")
         if baseline is not None:
             base = {**base, **baseline}
         if case.kind == "varlen":

@@ -52,6 +52,8 @@ def test_worker_results_match_in_process_results():
     # the round trip beyond the worker's own time on the case is the case's "transfer" phase
     assert 0 < again.phases["transfer"] and again.phases["transfer"] + again.seconds < round_trip
     assert "transfer" not in local.phases
+    # a case's time per phase: the FP64 reference, the naive baseline and the metrics each their own
+    assert {"inputs", "subject", "reference", "baseline", "metrics"} <= set(local.phases) <= set(remote.phases)
     assert json.dumps({t: m.max_abs for t, m in remote.metrics.items()}) == \
         json.dumps({t: m.max_abs for t, m in local.metrics.items()})
 
@@ -63,8 +65,9 @@ def test_parallel_workers_give_the_same_cases_as_one(tmp_path):
     for workers in (2, 3):
         cli("fuzz", "--kernel", "sdpa-math", "--iters", "24", "--device", "cpu", "--no-db", "--seed", "3",
             "--workers", str(workers), "--gradcheck-every", "0", "--json", tmp_path / f"{workers}.json")
-        rows = read_json(tmp_path / f"{workers}.json")["kernels"][0]["stats"]
-        stats.append(sorted((r["dtype"], r["tensor"], r["cases"], r["max_abs"]) for r in rows))
+        kernel = read_json(tmp_path / f"{workers}.json")["kernels"][0]
+        stats.append(sorted((r["dtype"], r["tensor"], r["cases"], r["max_abs"]) for r in kernel["stats"]))
+        assert kernel["summary"]["ms_per_case"]["draw"] > 0  # the drawing thread's time, a phase of its own
     assert stats[0] == stats[1]
 
 
