@@ -90,7 +90,8 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
           always_split: bool = False, ragged_only: bool = False, masks: tuple = MASKS[1:],
           speculative: bool = False, head_dim_multiple: int = 1, shapes: tuple = ()) -> Case:
     """A Case within `limits`. Arguments narrow the choices; each must be a non-empty subset. Head dims
-    are drawn from head_dims or anywhere between its least and largest, or only from it (exact).
+    are drawn from head_dims or anywhere between its least and largest, or only from it (exact; v's head
+    dim too, where head_dim_v is drawn).
     features: the variant features (case.FEATURES) drawn, each on or off per case, after every dense
     field, so a dense draw is the same whatever the features; each shrinks to off. "varlen" and "paged"
     replace the batch by sequences of their own lengths (ragged); always_split: every case has splits
@@ -147,6 +148,8 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     variant = draw(variants(tuple(f for f in VARIANT_FEATURES if f in features), seqlen_k=seqlen_k))
     if "head_dim_v" in variant:
         variant["head_dim_v"] = aligned(variant["head_dim_v"], head_dim_multiple, MAX_HEAD_DIM_V)
+        if exact_head_dims:  # v's head dim one of them too (a draw of its own: the default draw is unchanged)
+            variant["head_dim_v"] = draw(st.sampled_from(head_dims))
     if pooled:  # v's head dim is the shape's too
         variant.pop("head_dim_v", None)
         if pooled["head_dim_v"] is not None:

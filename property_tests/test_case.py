@@ -93,6 +93,33 @@ def test_a_subjects_head_dim_multiple_rounds_its_drawn_head_dims_and_skips_other
         Capabilities(head_dim_multiple=0)
 
 
+def test_a_subjects_listed_head_dims_are_all_it_draws_and_the_rest_are_skipped():
+    """Capabilities.head_dims (FlashInfer: 64, 128, 256): its fuzz draws q/k's and v's head dims among them
+    alone; a case given by hand with another is skipped, naming them; a list outside min..max is refused."""
+    import torch
+    from hypothesis import settings
+
+    from faverify.subjects.base import Capabilities
+
+    caps = Capabilities(head_dims=[64, 128], head_dim_v=True)
+    assert caps.head_dims == (64, 128) and caps.draw() == {"head_dims": (64, 128), "exact_head_dims": True}
+
+    @settings(max_examples=80, deadline=None, database=None)
+    @given(cases(features=("head_dim_v",), **caps.draw()))
+    def check(case):
+        assert case.head_dim in (64, 128) and case.dv in (64, 128), case
+    check()
+    cpu = torch.device("cpu")
+    assert caps.reason_unsupported(Case(1, 4, 4, 1, 1, 64, head_dim_v=128), cpu) is None
+    assert caps.reason_unsupported(Case(1, 4, 4, 1, 1, 64, head_dim_v=96), cpu) == \
+        "head dims q/k 64, v 96: takes only 64, 128"
+    assert "takes only" in caps.reason_unsupported(Case(1, 4, 4, 1, 1, 80), cpu)
+    with pytest.raises(ValueError, match="head_dims must be a list of integers in min_head_dim..max_head_dim"):
+        Capabilities(head_dims=[64, 512])
+    with pytest.raises(ValueError, match="head_dims must be"):
+        Capabilities(head_dims=["64"])
+
+
 def test_a_shape_budget_draws_every_case_in_one_of_its_shapes_the_same_for_the_same_seed():
     """--shapes N: the pool is the first N distinct shapes of the seed's own draw, and every case takes one of
     them (SHAPE_FIELDS), its values, regime, layout and variants its own."""

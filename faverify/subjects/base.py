@@ -36,6 +36,9 @@ class Capabilities:
     # q/k's and v's head dims must be multiples of this (flash-attn-4: 8, 16 bytes of a 16-bit element); a
     # fuzz of the subject draws its head dims rounded up to one, so no case is drawn only to be skipped
     head_dim_multiple: int = 1
+    # the only head dims it takes, q/k's and v's alike (FlashInfer's kernels are compiled for 64, 128 and
+    # 256); empty: any in min_head_dim..max_head_dim. A fuzz of the subject draws from them alone
+    head_dims: tuple = ()
     gqa: bool = True
     init_modes: tuple | None = None  # None: the subject takes no init; cases run whatever their init
     backward: bool = True
@@ -103,6 +106,13 @@ class Capabilities:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.min_head_dim > self.max_head_dim:
             raise ValueError(f"min_head_dim {self.min_head_dim} is above max_head_dim {self.max_head_dim}")
+        if isinstance(self.head_dims, list):
+            object.__setattr__(self, "head_dims", tuple(self.head_dims))
+        if not isinstance(self.head_dims, tuple) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and self.min_head_dim <= d <= self.max_head_dim
+                for d in self.head_dims):
+            raise ValueError(f"head_dims must be a list of integers in min_head_dim..max_head_dim "
+                             f"({self.min_head_dim}..{self.max_head_dim}), got {self.head_dims!r}")
         for name in ("gqa", "backward", "lse", "combine", "out_buffer", "dense", "mask_mod", "block_mask") + FEATURES:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -114,6 +124,9 @@ class Capabilities:
             return f"device {device.type} not supported (supports {', '.join(self.devices)})"
         if not self.min_head_dim <= case.head_dim <= self.max_head_dim:
             return f"head_dim {case.head_dim} outside {self.min_head_dim}..{self.max_head_dim}"
+        if self.head_dims and not {case.head_dim, case.dv} <= set(self.head_dims):
+            return (f"head dims q/k {case.head_dim}, v {case.dv}: takes only "
+                    f"{', '.join(map(str, self.head_dims))}")
         if not self.gqa and case.nheads_k != case.nheads:
             return "GQA/MQA (nheads_k != nheads) not supported"
         if self.init_modes is not None and case.init not in self.init_modes:
@@ -152,9 +165,10 @@ class Capabilities:
     def draw(self) -> dict:
         """strategies.cases' arguments that every case of this subject needs: split cases for a combine,
         ragged ones for a subject that takes no dense batch, block patterns for one that takes masks as
-        blocks only."""
+        blocks only, its head dims where it lists them."""
         return {**({"always_split": True} if self.combine else {}),
                 **({"head_dim_multiple": self.head_dim_multiple} if self.head_dim_multiple > 1 else {}),
+                **({"head_dims": self.head_dims, "exact_head_dims": True} if self.head_dims else {}),
                 **({"ragged_only": True} if not self.dense and (self.varlen or self.paged) else {}),
                 **({"masks": ("block",)} if self.block_mask and not (self.mask or self.mask_mod) else {})}
 
