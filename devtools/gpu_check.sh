@@ -54,6 +54,8 @@
 #   doctor-libs [300] faverify doctor --with flash-attn-4,flashinfer
 #   hopper-bwd [300] the Hopper dK/dV (backward_hopper.py, opt-in): its FP64 test and bit-equality on 40 drawn
 #                    cases, then devtools/hopper_bwd_ab.py (against the Triton backward and sdpa-cudnn's)
+#   backward-profile [150] devtools/backward_profile.py: each kernel's GPU time in one backward (triton, triton
+#                    with the Hopper dK/dV, sdpa-cudnn, sdpa-flash) at bench's d64/d128, seqlens 4096 and 16384
 #   sanitize   [240] compute-sanitizer memcheck and racecheck on devtools/sanitize_cases.py
 #
 # On the lent machine (no network) faverify is installed from the checkout without dependencies first, and
@@ -185,12 +187,13 @@ for step in $steps; do
       run hopper-bwd-tests 150 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -rfs \
         property_tests/test_triton_kernels.py -k hopper_backward
       run hopper-bwd-ab 150 "TF/s|DIFFER|Error" python3 devtools/hopper_bwd_ab.py --repeats 2 ;;
+    backward-profile) run backward-profile 150 "^bf16|^fp16|Error" python3 devtools/backward_profile.py ;;
     sanitize)
       for tool in memcheck racecheck; do
         run "sanitize-$tool" 120 "ERROR SUMMARY|hazard|error" compute-sanitizer --tool "$tool" \
           python3 devtools/sanitize_cases.py
       done ;;
-    *) echo "unknown step: $step (steps: tests gpu variants masks memory floor fuzz fuzz-masks fuzz-ragged fuzz-cuda fuzz-sdpa fuzz-ragged-full fuzz-paged-rest fuzz-decode mutants mutants-full bench bench-variants bench-decode decode-sweep bench-cuda doctor fuzz-fa4 bench-fa4 doctor-libs sanitize)"
+    *) echo "unknown step: $step (steps: tests gpu variants masks memory floor fuzz fuzz-masks fuzz-ragged fuzz-cuda fuzz-sdpa fuzz-ragged-full fuzz-paged-rest fuzz-decode mutants mutants-full bench bench-variants bench-decode decode-sweep bench-cuda doctor fuzz-fa4 bench-fa4 doctor-libs hopper-bwd backward-profile sanitize)"
        exit 2 ;;
   esac
 done
