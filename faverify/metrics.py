@@ -101,14 +101,13 @@ def _raw_stats(name, got, ref, base, empty, empty_lse, scale):
     else:
         fin = None
         gbad = ~torch.isfinite(g)
-        n = torch.tensor(max(1, ref.numel()), dtype=torch.float64, device=ref.device)
+        n = max(1, ref.numel())  # a Python number: no copy to the device
         ref_abs = ref.abs()
         base_diff = (base.to(torch.float64) - ref).abs()
     err = diff.nan_to_num(nan=0.0, posinf=0.0)
     ranking = diff.nan_to_num(nan=math.inf)  # a non-finite output is the worst element there is
-    zero = torch.zeros((), dtype=torch.float64, device=g.device)
     if err.numel() == 0:
-        return zero.expand(len(_STATS)).clone()
+        return torch.zeros(len(_STATS), dtype=torch.float64, device=g.device)
     return torch.stack([
         err.amax(),
         err.sum() / n,
@@ -153,8 +152,11 @@ def _max_ulp(dtype, err, ok, ref_abs, scale):
     if err.numel() == 0:
         return err.new_zeros(())
     magnitude = torch.maximum(ref_abs, scale.to(torch.float64)).clamp(min=torch.finfo(dtype).tiny)
-    _, exponent = torch.frexp(magnitude)  # magnitude = m * 2^exponent, m in [0.5, 1)
-    ulp = torch.ldexp(torch.ones_like(magnitude), exponent - 1 - _SIGNIFICAND_BITS[dtype])
+    # the ulp is 2^(exponent - significand bits): the float64 with magnitude's exponent field less the
+    # significand bits and a zero fraction (magnitude is normal and at least the dtype's tiny, so the
+    # difference stays a normal exponent)
+    exponent = magnitude.view(torch.int64) >> 52  # sign 0, so the biased exponent alone
+    ulp = ((exponent - _SIGNIFICAND_BITS[dtype]) << 52).view(torch.float64)
     return torch.where(ok, err / ulp, torch.zeros_like(err)).amax()
 
 
