@@ -52,6 +52,10 @@
 #   bench-fa4  [200] faverify bench --kernel triton,flash-attn-4, d64 and d128 at 4096 and 16384, bf16, dense and
 #                    window=1024, beside sdpa-cudnn (docs/flash-attn-4.md's table)
 #   doctor-libs [300] faverify doctor --with flash-attn-4,flashinfer
+#   flashinfer-prebuild [560] devtools/flashinfer_prebuild.py --dtypes bf16: the JIT modules a bf16 fuzz of the
+#                    flashinfer subject reaches, in one ninja run (the wheel set from devtools/wheelset.py)
+#   fuzz-flashinfer [560] faverify fuzz --kernel flashinfer --iters 10000 --dtype bf16 --mode fwd (after the
+#                    prebuild, on the same warm machine: the modules stay in ~/.cache/flashinfer)
 #   hopper-bwd [300] the Hopper dK/dV (backward_hopper.py, opt-in): its FP64 test and bit-equality on 40 drawn
 #                    cases, then devtools/hopper_bwd_ab.py (against the Triton backward and sdpa-cudnn's)
 #   backward-profile [150] devtools/backward_profile.py: each kernel's GPU time in one backward (triton, triton
@@ -183,6 +187,11 @@ for step in $steps; do
       --variants dense,window=1024 --json "$out/bench-fa4.json" ;;
     doctor-libs) run doctor-libs 300 "Pass|Fail|Warn|Skip" python3 -m faverify doctor --with flash-attn-4,flashinfer \
       --json "$out/doctor-libs.json" ;;
+    flashinfer-prebuild) run flashinfer-prebuild 560 "modules built|Error|error" \
+      python3 devtools/flashinfer_prebuild.py --dtypes bf16 ;;
+    fuzz-flashinfer) run fuzz-flashinfer 560 "passed|failed|cases/s|code path|minimal case|signature|interrupted" \
+      python3 -m faverify fuzz --kernel flashinfer --iters 10000 --dtype bf16 --mode fwd --no-db \
+      --json "$out/fuzz-flashinfer.json" ;;
     hopper-bwd)
       run hopper-bwd-tests 150 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -rfs \
         property_tests/test_triton_kernels.py -k hopper_backward
@@ -193,7 +202,7 @@ for step in $steps; do
         run "sanitize-$tool" 120 "ERROR SUMMARY|hazard|error" compute-sanitizer --tool "$tool" \
           python3 devtools/sanitize_cases.py
       done ;;
-    *) echo "unknown step: $step (steps: tests gpu variants masks memory floor fuzz fuzz-masks fuzz-ragged fuzz-cuda fuzz-sdpa fuzz-ragged-full fuzz-paged-rest fuzz-decode mutants mutants-full bench bench-variants bench-decode decode-sweep bench-cuda doctor fuzz-fa4 bench-fa4 doctor-libs hopper-bwd backward-profile sanitize)"
+    *) echo "unknown step: $step (steps: tests gpu variants masks memory floor fuzz fuzz-masks fuzz-ragged fuzz-cuda fuzz-sdpa fuzz-ragged-full fuzz-paged-rest fuzz-decode mutants mutants-full bench bench-variants bench-decode decode-sweep bench-cuda doctor fuzz-fa4 bench-fa4 doctor-libs flashinfer-prebuild fuzz-flashinfer hopper-bwd backward-profile sanitize)"
        exit 2 ;;
   esac
 done
