@@ -63,8 +63,8 @@ def test_a_sink_above_every_logit_is_checked_around_the_rows_lse_where_fp32_flus
     """Under a sink far above the logits each key's weight is near fp32's smallest normal or under it, and a
     GPU flushes those terms to zero: the H200's fuzz failed triton's check on such a case (-5.58e-35 against
     -5.45e-35, relative 0.00225; b3 sq3 sk1088 h8/1 d21 fp16 causal scale=2 sinks=above dv=256) whose
-    gradients were right against FP64. The CPU flushes them too with flush_denormal: this case's check was
-    off by 0.48 there (-2.87e-35) before it took the sink around the rows' lse."""
+    gradients were right against FP64. The CPU flushes them too with flush_denormal: with the sink kept
+    above, this case's check is off by 0.48 there (-2.87e-35); around the rows' lse it passes."""
     if not torch.set_flush_denormal(True):
         pytest.skip("this CPU cannot flush denormals (torch.set_flush_denormal)")
     try:
