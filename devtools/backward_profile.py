@@ -1,6 +1,7 @@
 """The GPU time of each kernel of one backward at `faverify bench`'s shapes (batch x seqlen = 16384 tokens,
 heads x head dim = 2048): the Triton backward (dK/dV, then dQ, and the preprocess that computes D), the
-same with the Hopper dK/dV (Launch(hopper_backward=True)), and torch SDPA's cuDNN and flash backwards,
+same with the Hopper dK/dV (Launch(hopper_backward=True)), and with its fast mode (dQ fused by atomics,
+deterministic=False), and torch SDPA's cuDNN and flash backwards,
 under torch.profiler over a few calls. Where the bundled backward spends its time against cuDNN's, kernel
 by kernel. GPU only.
 
@@ -60,7 +61,9 @@ def main() -> None:
                 q, k, v, do = (torch.randn(cfg.batch, n, cfg.nheads, d, device="cuda", dtype=dt) for _ in range(4))
                 backends = {"triton": _triton(q, k, v, do, causal, interface.DEFAULT),
                             "triton hopper dK/dV": _triton(q, k, v, do, causal,
-                                                           interface.Launch(hopper_backward=True))}
+                                                           interface.Launch(hopper_backward=True)),
+                            "triton hopper fused dQ": _triton(q, k, v, do, causal, interface.Launch(
+                                hopper_backward=True, deterministic=False))}
                 backends.update({name: _sdpa(q, k, v, do, causal, backend) for name, backend in SDPA.items()})
                 for name, call in backends.items():
                     kernels = _kernels(call, a.calls)

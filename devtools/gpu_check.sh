@@ -58,8 +58,12 @@
 #                    prebuild, on the same warm machine: the modules stay in ~/.cache/flashinfer)
 #   hopper-bwd [300] the Hopper dK/dV (backward_hopper.py, opt-in): its FP64 test and bit-equality on 40 drawn
 #                    cases, then devtools/hopper_bwd_ab.py (against the Triton backward and sdpa-cudnn's)
+#   hopper-bwd-fast [560] the Hopper backward's two modes as subjects: 2000-case fuzzes of triton-hopper-bwd-fast
+#                    and triton-hopper-bwd (path counts: "bwd hopper fused-dq", "bwd hopper"), 3 reruns of one
+#                    case for determinism, and its 4 mutants at 300 cases
 #   backward-profile [150] devtools/backward_profile.py: each kernel's GPU time in one backward (triton, triton
-#                    with the Hopper dK/dV, sdpa-cudnn, sdpa-flash) at bench's d64/d128, seqlens 4096 and 16384
+#                    with the Hopper dK/dV, with its fused dQ, sdpa-cudnn, sdpa-flash) at bench's d64/d128,
+#                    seqlens 4096 and 16384
 #   sanitize   [240] compute-sanitizer memcheck and racecheck on devtools/sanitize_cases.py
 #
 # On the lent machine (no network) faverify is installed from the checkout without dependencies first, and
@@ -196,13 +200,22 @@ for step in $steps; do
       run hopper-bwd-tests 150 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -rfs \
         property_tests/test_triton_kernels.py -k hopper_backward
       run hopper-bwd-ab 150 "TF/s|DIFFER|Error" python3 devtools/hopper_bwd_ab.py --repeats 2 ;;
+    hopper-bwd-fast)
+      run fuzz-hopper-bwd-fast 200 "passed|failed|cases/s|code path|minimal case|signature|interrupted" \
+        python3 -m faverify fuzz --kernel triton-hopper-bwd-fast,triton-hopper-bwd --iters 2000 --dtype bf16,fp16 \
+        --mode both --no-db --json "$out/fuzz-hopper-bwd-fast.json"
+      run repeat-hopper-bwd 60 "passed|failed|nondeterministic|cases/s" python3 -m faverify fuzz \
+        --kernel triton-hopper-bwd-fast,triton-hopper-bwd --iters 40 --repeat 3 --mode bwd --no-db
+      run mutants-hopper-bwd 300 "killed|survived|control|Error" python3 -m faverify mutants --iters 300 \
+        --only hopper-bwd-stage-reused-early,hopper-bwd-ds-no-fence,hopper-bwd-dk-unscaled,hopper-bwd-dq-drops-last-key-tile \
+        --dtype bf16,fp16 --timeout 60 --json "$out/mutants-hopper-bwd.json" ;;
     backward-profile) run backward-profile 150 "^bf16|^fp16|Error" python3 devtools/backward_profile.py ;;
     sanitize)
       for tool in memcheck racecheck; do
         run "sanitize-$tool" 120 "ERROR SUMMARY|hazard|error" compute-sanitizer --tool "$tool" \
           python3 devtools/sanitize_cases.py
       done ;;
-    *) echo "unknown step: $step (steps: tests gpu variants masks memory floor fuzz fuzz-masks fuzz-ragged fuzz-cuda fuzz-sdpa fuzz-ragged-full fuzz-paged-rest fuzz-decode mutants mutants-full bench bench-variants bench-decode decode-sweep bench-cuda doctor fuzz-fa4 bench-fa4 doctor-libs flashinfer-prebuild fuzz-flashinfer hopper-bwd backward-profile sanitize)"
+    *) echo "unknown step: $step (steps: tests gpu variants masks memory floor fuzz fuzz-masks fuzz-ragged fuzz-cuda fuzz-sdpa fuzz-ragged-full fuzz-paged-rest fuzz-decode mutants mutants-full bench bench-variants bench-decode decode-sweep bench-cuda doctor fuzz-fa4 bench-fa4 doctor-libs flashinfer-prebuild fuzz-flashinfer hopper-bwd hopper-bwd-fast backward-profile sanitize)"
        exit 2 ;;
   esac
 done

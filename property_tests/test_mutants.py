@@ -66,14 +66,20 @@ def test_control_iters_below_one_is_a_usage_error():
     assert r.exit_code == 2 and "--control-iters=0: must be >= 1" in r.stderr, r.stderr
 
 
-def test_mutants_of_the_hopper_forward_run_only_where_it_does():
-    """The Hopper forward runs on sm_90 only: its mutants are left out elsewhere (they would survive for
-    nothing), and asking for one there is a usage error that names the rule."""
+def test_mutants_of_the_hopper_kernels_run_only_where_they_do():
+    """The Hopper forward and backward run on sm_90 only: their mutants are left out elsewhere (they would
+    survive for nothing), and asking for one there is a usage error that names the rule. The backward's
+    run under the subject that takes it (triton-hopper-bwd-fast: it is opt-in)."""
+    from faverify.kernels.mutants.catalog import HOPPER_BWD_MUTANTS
     cpu = torch.device("cpu")
-    assert HOPPER_MUTANTS and not any(applicable(m, cpu) for m in HOPPER_MUTANTS)
-    assert all(applicable(m, cpu) for m in MUTANTS if m not in HOPPER_MUTANTS)
-    r = cli("mutants", "--only", "hopper-consumer-rows", "--device", "cpu")
-    assert r.exit_code == 2 and "--only='hopper-consumer-rows': its code runs only on sm_90 GPUs" in r.stderr, r.stderr
+    hopper = HOPPER_MUTANTS + HOPPER_BWD_MUTANTS
+    assert HOPPER_BWD_MUTANTS and not any(applicable(m, cpu) for m in hopper)
+    assert all(applicable(m, cpu) for m in MUTANTS if m not in hopper)
+    assert {m.subject for m in HOPPER_BWD_MUTANTS} == {"triton-hopper-bwd-fast"}
+    assert all(m.reaches("bwd hopper fused-dq") and not m.reaches("bwd triton") for m in HOPPER_BWD_MUTANTS)
+    for name in ("hopper-consumer-rows", "hopper-bwd-dk-unscaled"):
+        r = cli("mutants", "--only", name, "--device", "cpu")
+        assert r.exit_code == 2 and f"--only='{name}': its code runs only on sm_90 GPUs" in r.stderr, r.stderr
 
 
 def test_mutants_in_parallel_jobs(tmp_path):

@@ -183,8 +183,9 @@ def test_hopper_forward_is_right_against_fp64(case):
 def test_hopper_backward_is_right_against_fp64(case):
     """The Hopper dK/dV (backward_hopper.py, asked for with Launch(hopper_backward=True)) passes the verdict
     against FP64 on random cases (key tails at 64 and 128, causal with seqlen_q != seqlen_k, rows that see
-    no key, GQA summed over the group, large logits), with dQ from the Triton kernel; and gives the same
-    bits twice (no atomics)."""
+    no key, GQA summed over the group, large logits) in both of its modes: dQ from the Triton kernel, the
+    same bits twice (no atomics); and dQ fused into it (deterministic=False), whose dK and dV are the
+    first mode's bits."""
     import dataclasses
 
     from faverify.kernels.triton import interface
@@ -197,6 +198,48 @@ def test_hopper_backward_is_right_against_fp64(case):
     _, again = run(case, launch=launch)
     for name in ("dk", "dv"):
         torch.testing.assert_close(got[name], again[name], rtol=0, atol=0, equal_nan=True)
+    x, fused = run(case, launch=interface.Launch(hopper_backward=True, deterministic=False))
+    assert "bwd hopper fused-dq" in interface.take_paths()
+    metrics = judge(case, x, fused, Tolerance(), tuple(fused))
+    assert all(m.passed for m in metrics.values()), {t: m.reason for t, m in metrics.items() if not m.passed}
+    for name in ("dk", "dv"):
+        torch.testing.assert_close(fused[name], got[name], rtol=0, atol=0, equal_nan=True)
+
+
+def test_the_hopper_backward_subjects_ask_for_it_in_their_mode(monkeypatch):
+    """triton-hopper-bwd and triton-hopper-bwd-fast run flash_attn_func with the opt-in Hopper backward,
+    deterministic and fused; they draw the cases it takes (dense, 16-bit, 16-byte rows) on GPUs only."""
+    from faverify.kernels.triton import interface
+    from faverify.subjects import resolve
+    seen = []
+    monkeypatch.setattr(interface, "flash_attn_func", lambda q, k, v, **kw: seen.append(kw) or (q, None))
+    q = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16)
+    for name, deterministic in (("triton-hopper-bwd", True), ("triton-hopper-bwd-fast", False)):
+        subject = resolve(name)
+        caps = subject.caps
+        assert caps.devices == ("cuda",) and caps.dtypes == ("bf16", "fp16") and caps.head_dims == (48, 64, 80, 96, 112, 128)
+        assert not any((caps.window, caps.softcap, caps.alibi, caps.sinks, caps.head_dim_v, caps.mask, caps.bias))
+        subject.fn(q, q, q, causal=True)
+        assert seen[-1] == dict(return_lse=True, causal=True,
+                                launch=interface.Launch(hopper_backward=True, deterministic=deterministic))
+
+
+def test_the_fused_dq_accumulator_holds_rows_by_head_and_pads_the_head_dim():
+    """backward_hopper's fused dQ adds into dq_buffer at [b, h, s, padded d] (the kernel's offsets: rows of
+    (b * h + head) * s + query, BLOCK_D apart) and finish_dq scales that sum and lays it out as dq [b, s, h,
+    d] in the input dtype, ignoring the padding."""
+    from faverify.kernels.triton import backward_hopper
+    q = torch.zeros(2, 5, 3, 40, dtype=torch.bfloat16)
+    total = backward_hopper.dq_buffer(q, 64)
+    assert total.shape == (2, 3, 5, 64) and total.dtype == torch.float32 and not total.any()
+    flat = total.view(-1)  # the kernel's addressing: ((b * h + head) * s + query) * BLOCK_D + column
+    for b, head, query, col in ((0, 0, 0, 0), (1, 2, 4, 39), (1, 0, 3, 17), (0, 1, 2, 63)):
+        flat[((b * 3 + head) * 5 + query) * 64 + col] = 1.0 + b + head + query + col
+    dq = backward_hopper.finish_dq(total, torch.full_like(q, float("nan")), 0.5)
+    expected = torch.zeros(2, 5, 3, 40)
+    for b, head, query, col in ((0, 0, 0, 0), (1, 2, 4, 39), (1, 0, 3, 17)):  # column 63 is padding
+        expected[b, query, head, col] = 0.5 * (1.0 + b + head + query + col)
+    assert dq.dtype == torch.bfloat16 and torch.equal(dq.float(), expected)
 
 
 def test_hopper_backward_only_when_asked_and_where_it_can_run():
@@ -302,10 +345,15 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
     spills = {" D64 causal": 24, " D64 alibi": 96, " D128 window+softcap+alibi+sinks": 128}
     allowed = {row[0]: next((n for end, n in spills.items() if row[0].endswith(end)), 0) for row in hopper}
     assert all(int(row[5]) <= allowed[row[0]] for row in hopper), [row[:6] for row in hopper]
-    # the Hopper dK/dV (backward_hopper.py), opt-in: its 8 builds compile for sm_90
-    # (at d128 with 128-208 bytes of stack, not yet timed)
+    # the Hopper dK/dV (backward_hopper.py), opt-in: its 8 builds compile for sm_90, and the 8 that fuse dQ
+    # (at d128 with 128-208 bytes of stack, fused 208-368; at d64 fused and causal 32)
     bwd = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith("bwd-hopper ")]
-    assert len(bwd) == 8 and all(row[1] == "sm_90" and row[-1].startswith("ok") for row in bwd), bwd
+    assert len(bwd) == 16 and all(row[1] == "sm_90" and row[-1].startswith("ok") for row in bwd), bwd
+    assert len([row for row in bwd if row[0].endswith(" fused-dq")]) == 8, bwd
+    from faverify.kernels.mutants.catalog import HOPPER_BWD_MUTANTS  # and each of its mutants, as the forward's
+    mutants = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith("bwd-hopper-mutant ")]
+    assert {row[0].split()[1] for row in mutants} == {m.name for m in HOPPER_BWD_MUTANTS}, mutants
+    assert all(row[-1].startswith("ok") for row in mutants), mutants
     # every Hopper mutant compiles (its causal build) with its features' switches: they run on sm_90 only, so
     # a replacement that breaks the build would otherwise first show on a GPU (as a kill by crash)
     from faverify.kernels.mutants.catalog import HOPPER_MUTANTS

@@ -31,6 +31,7 @@ class Mutant:
 
 # the prefix of interface.PATHS each kernel file's code runs under ("" : the launcher, every path)
 _PATH_OF = {"forward.py": "fwd triton", "forward_hopper.py": "fwd hopper", "backward.py": "bwd triton",
+            "backward_hopper.py": "bwd hopper",
             "interface.py": "", "variant_forward.py": "fwd variant", "variant_backward.py": "bwd variant",
             "variant_interface.py": ("fwd variant", "bwd variant")}
 
@@ -255,6 +256,31 @@ VARIANT_MUTANTS = (
              "decoding's few query rows under GQA tell them apart", ("paged",), "triton-paged",
              paths=("fwd variant decode",), speculative=True),  # only those run it wrong
 )
-MUTANTS = MUTANTS + HOPPER_MUTANTS + VARIANT_MUTANTS
+# The Hopper backward (backward_hopper.py, opt-in: Launch.hopper_backward) in its fast mode, dQ fused by
+# atomics (subject triton-hopper-bwd-fast): the bugs of a warp-specialized pipeline (a shared-memory stage
+# reused while a consumer still reads it, a tile handed to the tensor cores without the fence that makes
+# the threads' writes visible to them) beside those of the arithmetic. Its cases are the Hopper forward's.
+HOPPER_BWD_MUTANTS = tuple(Mutant(name, "backward_hopper.py", site, new, bug, why, subject="triton-hopper-bwd-fast",
+                                  runs_on="sm_90", cases=HOPPER_CASES)
+                           for name, site, new, bug, why in (
+    ("hopper-bwd-stage-reused-early", "bwd-stage-free", "",
+     "the Hopper backward's producer loads the next q and dO into a stage without waiting until both "
+     "consumers have released it", "a ring of stages is right only with both waits; dropping the "
+     "producer's looks harmless while the consumers keep pace"),
+    ("hopper-bwd-ds-no-fence", "bwd-ds-fence", "",
+     "the Hopper backward hands dS^T, written to shared memory by the threads, to the dQ wgmma without the "
+     "async-proxy fence", "the tensor cores read shared memory through another proxy; the race shows only "
+     "when the write is late"),
+    ("hopper-bwd-dk-unscaled", "bwd-dk-scale", "",
+     "the Hopper backward's dK misses the softmax scale",
+     "as dk-missing-scale, in the Hopper backward's copy: scale 1/sqrt(64) errs by 8x, but cases with "
+     "softmax_scale near 1 hide it"),
+    ("hopper-bwd-dq-drops-last-key-tile", "bwd-dq-rows",
+     "in_q = (query0 + rows < seqlen_q) & (gl.program_id(0) < gl.num_programs(0) - 1)",
+     "the Hopper backward's fused dQ leaves out the last key tile's share",
+     "a reduction over tiles with its bound one short; only the last tile's share is missing, small where "
+     "its keys carry little of the softmax"),
+))
+MUTANTS = MUTANTS + HOPPER_MUTANTS + HOPPER_BWD_MUTANTS + VARIANT_MUTANTS
 
 BY_NAME = {m.name: m for m in MUTANTS}

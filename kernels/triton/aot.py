@@ -56,6 +56,8 @@ class Variant:
         if self.kernel == HOPPER_MUTANT_KERNEL:
             return (f"{self.kernel} {self.mutant} {self.dtype} D{self.block_d} {'causal' if self.causal else 'full'}"
                     f" {self.switches or 'dense'}")
+        if self.kernel == HOPPER_BWD_KERNEL and self.mutant:
+            return f"{self.kernel}-mutant {self.mutant} {self.dtype} D{self.block_d} causal {self.switches}"
         if self.kernel == HOPPER_KERNEL and self.switches:
             return f"{self.kernel} {self.dtype} D{self.block_d} {self.switches}"
         if self.kernel in VARIANT_KERNELS:
@@ -111,8 +113,10 @@ def variants(capability: int = 80) -> list:
         out += [Variant(HOPPER_KERNEL, "bf16", block_d, False, True, switches=sw)
                 for block_d in (64, 128) for sw in HOPPER_SWITCH_SETS]
         out += hopper_mutant_variants()
-        out += [Variant(HOPPER_BWD_KERNEL, dtype, block_d, causal, True)
-                for dtype in ("bf16", "fp16") for block_d in (64, 128) for causal in (False, True)]
+        out += [Variant(HOPPER_BWD_KERNEL, dtype, block_d, causal, True, switches=fused)
+                for fused in ("", "fused-dq") for dtype in ("bf16", "fp16") for block_d in (64, 128)
+                for causal in (False, True)]
+        out += hopper_bwd_mutant_variants()
     for kernel in KERNELS:
         for dtype in ("bf16", "fp16", "fp32"):
             # fp16's code is bf16's but for its conversions: its builds at the head dims the speed rows use
@@ -136,6 +140,14 @@ def _compiled(dtype: str, block_d: int, even_d: bool, capability: int) -> bool:
     return not (block_d in SMALL and (dtype == "fp32" or not even_d))
 
 
+def hopper_bwd_mutant_variants() -> list:
+    """Each Hopper backward mutant's causal build with dQ fused (its subject's mode; every marked statement
+    is compiled there)."""
+    from faverify.kernels.mutants.catalog import HOPPER_BWD_MUTANTS
+    return [Variant(HOPPER_BWD_KERNEL, "bf16", 128, True, True, switches="fused-dq", mutant=m.name)
+            for m in HOPPER_BWD_MUTANTS]
+
+
 def hopper_mutant_variants() -> list:
     """Each Hopper mutant's causal forward (the non-causal one's loop and more: the masked diagonal), with
     the switches of the features it is fuzzed with (a statement under a switch that is off is not compiled)."""
@@ -149,7 +161,7 @@ def _signature(fn, dtype: str, constants: dict) -> dict:
     for name in fn.arg_names:
         if name in constants:
             sig[name] = "constexpr"
-        elif name in ("Lse", "Delta", "Rowmax", "Log2l", "Alibi", "Sinks"):
+        elif name in ("Lse", "Delta", "Rowmax", "Log2l", "Alibi", "Sinks", "DQsum"):
             sig[name] = "*fp32"
         elif name[0].isupper():
             sig[name] = f"*{dtype}"
@@ -224,7 +236,12 @@ def _hopper_bwd_source(v: Variant, capability: int):
 
     from faverify.kernels.triton import backward_hopper as module
 
-    constants = dict(CAUSAL=v.causal, BLOCK_D=v.block_d)
+    if v.mutant:  # the mutated copy of backward_hopper.py (kernels/mutants/build.py)
+        import importlib
+
+        from faverify.kernels.mutants.build import load
+        module = importlib.import_module(load(v.mutant).__package__ + ".backward_hopper")
+    constants = dict(CAUSAL=v.causal, BLOCK_D=v.block_d, FUSED_DQ=v.switches == "fused-dq")
     fn = module.kernel
     signature = _signature(fn, v.dtype, constants)
     dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[v.dtype]

@@ -27,7 +27,7 @@ the default. Gluon does not run under the interpreter; CI compiles it for sm_90 
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from faverify.kernels.triton.forward_hopper import HALF, PRODUCER_REGS, _box, _mma_layout, _smem_layout, box_layout
 
@@ -40,6 +40,9 @@ STAGES = gl.constexpr(2)
 # registers at d128), S^T and dP^T (2 x 32), P^T and dS^T as operands (2 x 16)
 MAXNREG = 168
 CONSUMER_REGS = gl.constexpr(240)
+# dQ's columns a wgmma of the fused dQ (FUSED_DQ) computes: its fp32 accumulator, BLOCK_M x DQ_COLS over a
+# warpgroup, is 32 registers beside dK's and dV's 128 at d128 (a whole d128 row would be 64 and spill)
+DQ_COLS = gl.constexpr(64)
 
 
 def box_rows() -> tuple:
@@ -55,6 +58,20 @@ def descriptors(q, k, v, dout, block_d: int) -> tuple:
     return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, block_d],
                                   box_layout(rows, block_d, dtype))
                  for t, rows in zip((q, k, v, dout), box_rows()))
+
+
+def dq_buffer(q, block_d: int):
+    """The fused dQ's fp32 accumulator of q ([b, s, h, d]), [b, h, s, block_d] zeros: the kernel adds each
+    key tile's share into it (FUSED_DQ); 4 bytes a padded element, O(seqlen) like dQ itself."""
+    import torch
+    b, s, h, _ = q.shape
+    return torch.zeros((b, h, s, block_d), dtype=torch.float32, device=q.device)
+
+
+def finish_dq(total, dq, softmax_scale: float):
+    """dQ from the fused accumulator: scaled once, as the unfused _bwd_dq scales its sum, rounded into dq
+    ([b, s, h, d], the input dtype) and returned."""
+    return dq.copy_((total[..., :dq.shape[-1]] * softmax_scale).transpose(1, 2))
 
 
 def grid(seqlen_k: int, batch: int, nheads_k: int) -> tuple:
@@ -74,7 +91,7 @@ def _query_tiles(key0, seqlen_q, diag, CAUSAL: gl.constexpr):
 @gluon.jit
 def _producer(load, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr):
     q_desc, k_desc, v_desc, do_desc, smem, bars, seqlen_q, diag, nheads_k, group = load
-    q_smem, do_smem, k_smem, v_smem = smem
+    q_smem, do_smem, k_smem, v_smem, _ = smem
     kv_ready, ready, empty = bars
     off_b = gl.program_id(1) // nheads_k
     off_hk = gl.program_id(1) % nheads_k
@@ -91,7 +108,8 @@ def _producer(load, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr):
         off_h = off_hk * group + g
         for m in range(lo, hi):
             stage = it % STAGES
-            mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)  # a fresh barrier passes the first wait
+            # a fresh barrier passes the first wait
+            mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)  # [mutant site: bwd-stage-free]
             mbarrier.expect(ready.index(stage), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [off_b, m * BLOCK_M, off_h, 0], ready.index(stage),
                                             _box(q_smem.index(stage), BLOCK_M, BLOCK_D))
@@ -101,10 +119,10 @@ def _producer(load, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(run, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, WHICH: gl.constexpr):
-    smem, bars, DK, DV, Rowmax, Log2l, Delta, stride_kb, stride_ks, stride_kh, seqlen_q, seqlen_k, diag, \
+def _consumer(run, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, WHICH: gl.constexpr, FUSED_DQ: gl.constexpr):
+    smem, bars, DK, DV, DQsum, Rowmax, Log2l, Delta, stride_kb, stride_ks, stride_kh, seqlen_q, seqlen_k, diag, \
         nheads_k, group, head_dim, softmax_scale, qk_scale = run
-    q_smem, do_smem, k_smem, v_smem = smem
+    q_smem, do_smem, k_smem, v_smem, ds_smem = smem
     kv_ready, ready, empty = bars
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = _mma_layout(BLOCK_M, dtype)  # S^T, dP^T: [HALF keys, BLOCK_M queries]
@@ -151,10 +169,13 @@ def _consumer(run, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, WHICH: gl.conste
                 dsT = pT * (dpT - delta[None, :])
                 if dtype == gl.float16:  # common.saturate: an fp16 operand past 65504 would be inf
                     dsT = gl.minimum(gl.maximum(dsT, -65504.0), 65504.0)
-                dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), a_layout), q, dk)
+                dsT = dsT.to(dtype)
+                dk = warpgroup_mma(gl.convert_layout(dsT, a_layout), q, dk)
+                if FUSED_DQ:
+                    _add_dq(DQsum, dsT, ds_smem.index(WHICH), k, row, m * BLOCK_M, seqlen_q, BLOCK_D)
             mbarrier.arrive(empty.index(stage), count=1)
             it += 1
-    dk = dk * softmax_scale
+    dk = dk * softmax_scale  # [mutant site: bwd-dk-scale]
     rows_o = first + gl.arange(0, HALF, layout=gl.SliceLayout(1, o_layout))
     cols_o = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, o_layout))
     offs = off_b.to(gl.int64) * stride_kb + rows_o[:, None].to(gl.int64) * stride_ks + off_hk * stride_kh \
@@ -164,10 +185,29 @@ def _consumer(run, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, WHICH: gl.conste
     gl.store(DV + offs, dv.to(dtype), mask=ok)
 
 
-def _dkdv_source(q_desc, k_desc, v_desc, do_desc, DK, DV, Rowmax, Log2l, Delta,  #
+@gluon.jit
+def _add_dq(DQsum, dsT, ds, k, row, query0, seqlen_q, BLOCK_D: gl.constexpr):
+    """dQ's share of this consumer's keys, dS k (unscaled), added to the fp32 accumulator DQsum ([b, h, seqlen_q,
+    BLOCK_D], rows from `row`) by atomics: dS^T goes through shared memory, where the wgmma reads it
+    transposed as its A operand, and k is already there; DQ_COLS columns a wgmma keep its accumulator small."""
+    dq_layout: gl.constexpr = _mma_layout(DQ_COLS, dsT.dtype)
+    ds.store(dsT)
+    fence_async_shared()  # the wgmma reads through the async proxy what the threads wrote  [mutant site: bwd-ds-fence]
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    cols = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
+    in_q = query0 + rows < seqlen_q  # [mutant site: bwd-dq-rows]
+    tile = DQsum + (row + query0) * BLOCK_D  # one 64-bit base; 32-bit offsets within the tile
+    offs = rows[:, None] * BLOCK_D + cols[None, :]
+    zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout)
+    for part in gl.static_range(BLOCK_D // DQ_COLS):
+        dq = warpgroup_mma(ds.permute((1, 0)), k.slice(part * DQ_COLS, DQ_COLS, dim=1), zero, use_acc=False)
+        gl.atomic_add(tile + part * DQ_COLS + offs, dq, mask=in_q[:, None], sem="relaxed")
+
+
+def _dkdv_source(q_desc, k_desc, v_desc, do_desc, DK, DV, DQsum, Rowmax, Log2l, Delta,  #
                  stride_kb, stride_ks, stride_kh,  # dK's and dV's (allocated alike)
                  seqlen_q, seqlen_k, nheads_k, group, head_dim, softmax_scale, qk_scale,  #
-                 CAUSAL: gl.constexpr, BLOCK_D: gl.constexpr):
+                 CAUSAL: gl.constexpr, BLOCK_D: gl.constexpr, FUSED_DQ: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     q_layout: gl.constexpr = _smem_layout(BLOCK_M, BLOCK_D, dtype)
     kv_layout: gl.constexpr = _smem_layout(HALF, BLOCK_D, dtype)
@@ -175,6 +215,10 @@ def _dkdv_source(q_desc, k_desc, v_desc, do_desc, DK, DV, Rowmax, Log2l, Delta, 
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, HALF, BLOCK_D], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, HALF, BLOCK_D], kv_layout)
+    if FUSED_DQ:  # each consumer's dS^T, [HALF keys, BLOCK_M queries]
+        ds_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, HALF, BLOCK_M], _smem_layout(HALF, BLOCK_M, dtype))
+    else:
+        ds_smem = k_smem  # not read
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -182,15 +226,15 @@ def _dkdv_source(q_desc, k_desc, v_desc, do_desc, DK, DV, Rowmax, Log2l, Delta, 
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=CONSUMERS)  # one arrive per consumer
-    smem = (q_smem, do_smem, k_smem, v_smem)
+    smem = (q_smem, do_smem, k_smem, v_smem, ds_smem)
     bars = (kv_ready, ready, empty)
     diag = seqlen_k - seqlen_q
-    run = (smem, bars, DK, DV, Rowmax, Log2l, Delta, stride_kb, stride_ks, stride_kh, seqlen_q, seqlen_k, diag,
+    run = (smem, bars, DK, DV, DQsum, Rowmax, Log2l, Delta, stride_kb, stride_ks, stride_kh, seqlen_q, seqlen_k, diag,
            nheads_k, group, head_dim, softmax_scale, qk_scale)
     load = (q_desc, k_desc, v_desc, do_desc, smem, bars, seqlen_q, diag, nheads_k, group)
     # the default partition (num_warps = 4) is consumer 0; workers: consumer 1, then the producer
-    gl.warp_specialize([(_consumer, (run, BLOCK_D, CAUSAL, 0)),
-                        (_consumer, (run, BLOCK_D, CAUSAL, 1)),
+    gl.warp_specialize([(_consumer, (run, BLOCK_D, CAUSAL, 0, FUSED_DQ)),
+                        (_consumer, (run, BLOCK_D, CAUSAL, 1, FUSED_DQ)),
                         (_producer, (load, BLOCK_D, CAUSAL))],
                        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 

@@ -38,18 +38,23 @@ class Launch:
     emulate: emulate GPU bf16 numerics under the interpreter (common.py says why); None: exactly there.
     hopper_backward: dK and dV from the warp-specialized Hopper kernel (backward_hopper.py) where it can
         run (_use_hopper_backward); opt-in (True) until it is faster than the Triton dK/dV.
+    deterministic: False lets the Hopper dK/dV (hopper_backward) compute dQ too, added into an fp32 buffer
+        by atomics in an order that varies run to run (the fast mode); True or None: dQ from backward.py's
+        _bwd_dq, the same bits every run.
     """
     tma: bool | None = None
     hopper: bool | None = None
     programs: int | None = None
     emulate: bool | None = None
     hopper_backward: bool | None = None
+    deterministic: bool | None = None
 
 
 DEFAULT = Launch()
 # The code paths a launch can take (common.LAUNCHED logs them, take_paths hands them over)
 PATHS = ("fwd hopper", "fwd hopper variant", "fwd triton-tma", "fwd triton", "fwd triton generic", "fwd none (empty)",
          "bwd triton", "bwd triton generic", "bwd triton alibi", "bwd triton generic alibi", "bwd hopper",
+         "bwd hopper fused-dq",
          "bwd none (empty)",
          "fwd variant none (empty)", "bwd variant none (empty)") + tuple(
     # the variant kernels' fast and generic builds (variant_interface.fast_build)
@@ -223,11 +228,15 @@ def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles:
     bias = (slopes, stride_ab, 1.0 / scale)
     t = pick["dkdv"]
     if _use_hopper_backward(q, k, v, dout, alibi, launch):
-        _LAUNCHED.append("bwd hopper")
+        fused = launch.deterministic is False
+        _LAUNCHED.append("bwd hopper" + (" fused-dq" if fused else ""))
+        dq_sum = _bwd_hopper.dq_buffer(q, c["BLOCK_D"]) if fused else dk  # not read unfused
         _bwd_hopper.kernel[_bwd_hopper.grid(sk, b, hk)](
-            *_bwd_hopper.descriptors(q, k, v, dout, c["BLOCK_D"]), dk, dv, rowmax, log2l, delta, *_strides(dk),
-            sq, sk, hk, h // hk, d, scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=c["BLOCK_D"],
-            **_bwd_hopper.OPTIONS)
+            *_bwd_hopper.descriptors(q, k, v, dout, c["BLOCK_D"]), dk, dv, dq_sum, rowmax, log2l, delta,
+            *_strides(dk), sq, sk, hk, h // hk, d, scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=c["BLOCK_D"],
+            FUSED_DQ=fused, **_bwd_hopper.OPTIONS)
+        if fused:
+            return _bwd_hopper.finish_dq(dq_sum, dq, scale), dk, dv
     else:
         kernel = _build("_bwd_dkdv", q, k, v, dout, dk, dv)
         _LAUNCHED.append("bwd triton" + ("" if kernel is _bwd._bwd_dkdv else " generic") + (" alibi" if alibi else ""))

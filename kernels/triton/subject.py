@@ -25,6 +25,14 @@ KINDS = {"triton": dict(sinks=True, init_modes=("-inf", "-1e30"), mask=True, blo
                         bias_grad=True),
          "triton-varlen": dict(sinks=True, init_modes=("-inf", "-1e30"), varlen=True, dense=False),
          "triton-paged": dict(paged=True, dense=False, splits=True, backward=False)}
+# The warp-specialized Hopper backward (backward_hopper.py) is opt-in (Launch.hopper_backward) until it is
+# faster than the Triton one: these subjects ask for it, so a fuzz and the mutants reach it. Its cases are
+# dense 16-bit attention without ALiBi, head dims that fill 16-byte rows, on sm_90; elsewhere (or in the
+# "strided" layout) the Triton backward runs, and the path counts say so. Name -> Launch.deterministic.
+HOPPER_BACKWARDS = {"triton-hopper-bwd": True, "triton-hopper-bwd-fast": False}
+for _name in HOPPER_BACKWARDS:
+    KINDS[_name] = dict(devices=("cuda",), dtypes=("bf16", "fp16"), head_dims=(48, 64, 80, 96, 112, 128),
+                        init_modes=("-inf", "-1e30"), window=False, softcap=False, alibi=False, head_dim_v=False)
 
 
 def _wrap(name: str, interface, description: str, kind: str = "triton") -> Subject:
@@ -34,6 +42,11 @@ def _wrap(name: str, interface, description: str, kind: str = "triton") -> Subje
     if kind == "triton":
         def fn(q, k, v, **kwargs):
             return interface.flash_attn_func(q, k, v, return_lse=True, **kwargs)
+    elif kind in HOPPER_BACKWARDS:
+        launch = interface.Launch(hopper_backward=True, deterministic=HOPPER_BACKWARDS[kind])
+
+        def fn(q, k, v, **kwargs):
+            return interface.flash_attn_func(q, k, v, return_lse=True, launch=launch, **kwargs)
     elif kind == "triton-varlen":
         def fn(q, k, v, **kwargs):
             return interface.flash_attn_varlen_func(q, k, v, return_lse=True, **kwargs)
@@ -42,8 +55,11 @@ def _wrap(name: str, interface, description: str, kind: str = "triton") -> Subje
             return interface.flash_attn_with_kvcache(q, k, v, cache_seqlens, block_table, return_splits=True,
                                                      **kwargs)
     extra = dict(split_block=interface._var.SPLIT_BLOCK) if kind == "triton-paged" else {}
-    caps = Capabilities(devices=("cpu",) if INTERPRET else ("cuda",), lse=True, **VARIANTS, **KINDS[kind], **extra)
+    caps = Capabilities(**{"devices": ("cpu",) if INTERPRET else ("cuda",), "lse": True, **VARIANTS, **KINDS[kind],
+                           **extra})
     mode = "under the Triton interpreter (CPU)" if INTERPRET else "compiled for the GPU"
+    if kind in HOPPER_BACKWARDS:  # GPU only, whatever this machine has
+        mode = "compiled for sm_90"
     compile_clock.install()
     return Subject(name=name, fn=fn, caps=caps, description=f"{description}, {mode}",
                    warmup=None if INTERPRET else WARMUPS[kind], paths=interface.take_paths,
@@ -160,10 +176,25 @@ WARMUPS = {"triton": lambda dtypes, features: list(dict.fromkeys(  # one case of
                                                                  features)}
 
 
+def _hopper_backward_warmup(dtypes: tuple, features: tuple) -> list:
+    """The dense subject's warm-up cases that the Hopper backward subjects draw: 16-bit, no ALiBi, their
+    head dims."""
+    caps = KINDS["triton-hopper-bwd"]
+    return [c for c in for_features(warmup_cases(dtypes), features)
+            if c.dtype in caps["dtypes"] and c.alibi == "off" and c.head_dim in caps["head_dims"]]
+
+
+WARMUPS.update({name: _hopper_backward_warmup for name in HOPPER_BACKWARDS})
+
+
 DESCRIPTIONS = {"triton": "bundled FlashAttention-2 in Triton, dense and every variant",
                 "triton-varlen": "bundled FlashAttention-2 in Triton, varlen batches (flash_attn_varlen_func)",
                 "triton-paged": "bundled FlashAttention-2 in Triton, paged KV-cache decode with split-KV "
-                                "(flash_attn_with_kvcache)"}
+                                "(flash_attn_with_kvcache)",
+                "triton-hopper-bwd": "bundled FlashAttention-2 in Triton with the warp-specialized Hopper dK/dV "
+                                     "(opt-in, sm_90), dQ from the Triton kernel: deterministic",
+                "triton-hopper-bwd-fast": "bundled FlashAttention-2 in Triton with the warp-specialized Hopper "
+                                          "backward (opt-in, sm_90), dQ fused by fp32 atomics: not deterministic"}
 
 
 def make(kind: str = "triton") -> Subject:
