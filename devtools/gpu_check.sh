@@ -59,8 +59,8 @@
 #   hopper-bwd [300] the Hopper dK/dV (backward_hopper.py, opt-in): its FP64 test and bit-equality on 40 drawn
 #                    cases, then devtools/hopper_bwd_ab.py (against the Triton backward and sdpa-cudnn's)
 #   hopper-bwd-fast [560] the Hopper backward's two modes as subjects: 2000-case fuzzes of triton-hopper-bwd-fast
-#                    and triton-hopper-bwd (path counts: "bwd hopper fused-dq", "bwd hopper"), 3 reruns of one
-#                    case for determinism, and its 4 mutants at 300 cases
+#                    and triton-hopper-bwd (path counts: "bwd hopper fused-dq", "bwd hopper"), the deterministic
+#                    mode's bits over 3 runs of 40 cases, and the fast mode's 4 mutants at 300 cases
 #   backward-profile [150] devtools/backward_profile.py: each kernel's GPU time in one backward (triton, triton
 #                    with the Hopper dK/dV, with its fused dQ, sdpa-cudnn, sdpa-flash) at bench's d64/d128,
 #                    seqlens 4096 and 16384
@@ -205,7 +205,7 @@ for step in $steps; do
         python3 -m faverify fuzz --kernel triton-hopper-bwd-fast,triton-hopper-bwd --iters 2000 --dtype bf16,fp16 \
         --mode both --no-db --json "$out/fuzz-hopper-bwd-fast.json"
       run repeat-hopper-bwd 60 "passed|failed|nondeterministic|cases/s" python3 -m faverify fuzz \
-        --kernel triton-hopper-bwd-fast,triton-hopper-bwd --iters 40 --repeat 3 --mode bwd --no-db
+        --kernel triton-hopper-bwd --iters 40 --repeat 3 --mode bwd --no-db
       run mutants-hopper-bwd 300 "killed|survived|control|Error" python3 -m faverify mutants --iters 300 \
         --only hopper-bwd-stage-reused-early,hopper-bwd-ds-no-fence,hopper-bwd-dk-unscaled,hopper-bwd-dq-drops-last-key-tile \
         --dtype bf16,fp16 --timeout 60 --json "$out/mutants-hopper-bwd.json" ;;

@@ -13,7 +13,9 @@ consumers have arrived on its `empty` barrier, after their dK wgmma.
 The numerics are backward.py's: P recomputed from the forward's row max and log2 l, P = exp2(min((s - m) c,
 0) - log2 l) (0 on rows that saw no key: log2 l = +inf), dS = P (dP - D) clamped into fp16's range before
 it is rounded (common.saturate), every sum fp32, dK scaled once at the end; no atomics, so the same bits on
-every run. dQ is backward.py's _bwd_dq, which reads the same rows (interface.backward).
+every run. dQ is backward.py's _bwd_dq, which reads the same rows (interface.backward); or, in the fast mode
+(FUSED_DQ, Launch(deterministic=False)), each consumer's dS k added into an fp32 buffer by atomics (_add_dq),
+whose order, and so dq's last bits, may vary from run to run.
 
 Masks: the causal diagonal, on the query tiles that cross it (query tiles wholly before a consumer's keys
 are skipped by it, their stages freed). Keys past seqlen_k are zero-filled by the copy engine: their own
@@ -23,7 +25,8 @@ l = +inf, so their P is 0.
 Applies to 16-bit inputs on sm_90 with 16-byte aligned strides and padded head dim 64 or 128, dense
 attention (no variant), and only when a Launch asks for it (hopper_backward=True): on the H200 it gives
 the Triton dK/dV's bits at 0.93-1.10x its speed (docs/measurements.md), not yet the gain that would make it
-the default. Gluon does not run under the interpreter; CI compiles it for sm_90 (aot.py).
+the default; the fast mode has not run on a GPU. Gluon does not run under the interpreter; CI compiles both
+modes for sm_90 (aot.py).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
