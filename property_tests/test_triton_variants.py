@@ -488,16 +488,41 @@ def test_a_vector_first_made_inside_a_cuda_graph_capture_is_not_kept(monkeypatch
     assert (outside == -1.5).all() and variant_interface._filled(8, -1.5, "cuda") is outside
 
 
+def test_the_warm_up_runs_both_builds_of_each_hopper_forward_it_reaches():
+    """The Hopper forward has a build for seqlens that are both multiples of 16 and one for any others
+    (forward_hopper.kernel): the warm-up runs each of its compiled variants (dtype, head dim, causal and
+    the switches) at both, so no GPU worker compiles one when a drawn case has seqlens 128 or 1024."""
+    from faverify.case import FEATURES
+    from faverify.kernels.triton import forward_hopper
+    from faverify.kernels.triton.subject import WARMUPS
+
+    def hopper(c) -> bool:  # interface._use_hopper and _hopper_variant, off the GPU
+        return (c.dtype in ("bf16", "fp16") and c.layout == "contiguous" and c.head_dim % 16 == 0
+                and 48 <= c.head_dim <= 128 and c.head_dim_v is None and c.mask == "off" and c.bias == "off")
+
+    builds: dict = {}
+    for c in WARMUPS["triton"](("bf16", "fp16"), FEATURES):
+        if hopper(c):
+            key = (c.dtype, c.head_dim > 64, c.causal, c.window != (-1, -1), c.softcap > 0, c.alibi != "off",
+                   c.sinks != "off")
+            builds.setdefault(key, set()).add(forward_hopper.kernel(c.seqlen_q, c.seqlen_k))
+    # per dtype and head dim: dense causal or not, the 8 switch sets with a window, the 7 without causal or not
+    assert len(builds) == 2 * 2 * (2 + 8 + 7 * 2)
+    both = {forward_hopper._fwd_hopper, forward_hopper._fwd_hopper_aligned}
+    assert all(found == both for found in builds.values()), [k for k, found in builds.items() if found != both]
+
+
 def test_the_warm_up_compiles_only_what_the_drawn_features_need():
     """subject.for_features: a fuzz that draws no feature warms the dense kernels only; one that draws
     windows warms no softcap, bias or block-mask build, and its cases keep the window but drop ALiBi (a
     runtime value: no build of its own); the Hopper forward's builds (its window, ALiBi and sinks are
     compile-time) only for switch sets wholly drawn: 15 sets of window, softcap, ALiBi and sinks, the 7
-    without a window causal or not, at head dims 64 and 128 and each 16-bit dtype."""
+    without a window causal or not, at head dims 64 and 128 and each 16-bit dtype, each at seqlens that
+    are multiples of 16 and at others."""
     from faverify.case import FEATURES
     from faverify.kernels.triton.subject import WARMUPS, hopper_variant_warmup_cases
     dtypes = ("bf16", "fp16")
-    assert len(hopper_variant_warmup_cases(dtypes)) == 2 * 2 * (15 + 7)
+    assert len(hopper_variant_warmup_cases(dtypes)) == 2 * 2 * (15 + 7) * 2
     everything = WARMUPS["triton"](dtypes, FEATURES)
     dense = WARMUPS["triton"](dtypes, ())
     assert dense and all(c.features() == () for c in dense) and len(dense) < len(everything)

@@ -88,10 +88,21 @@ def warmup_cases(dtypes: tuple) -> list:
                 for bd in BLOCK_DS for head_dim in head_dims(bd, layout)]
     # ALiBi alone (or with sinks) takes the dense backward's ALIBI build (Variant.backward_is_dense): the same
     # builds again with it; a fuzz that draws no ALiBi drops them (for_features)
-    return [Case(batch=1, seqlen_q=97, seqlen_k=97, nheads=2, nheads_k=1, head_dim=head_dim, dtype=dtype,
-                 causal=causal, layout=layout, alibi=alibi)
-            for alibi in ("off", "head") for layout, head_dim in variants for dtype in dtypes
-            for causal in (False, True)]
+    cases = [Case(batch=1, seqlen_q=97, seqlen_k=97, nheads=2, nheads_k=1, head_dim=head_dim, dtype=dtype,
+                  causal=causal, layout=layout, alibi=alibi)
+             for alibi in ("off", "head") for layout, head_dim in variants for dtype in dtypes
+             for causal in (False, True)]
+    # the ones the Hopper forward takes (16-bit, aligned, padded head dim 64 or 128, no ALiBi) once more at
+    # seqlens that are multiples of 16: its other build (forward_hopper.kernel)
+    return cases + aligned_twins([c for c in cases if c.dtype in ("bf16", "fp16") and c.alibi == "off"
+                                  and c.layout == "contiguous" and c.head_dim % 16 == 0 and 48 <= c.head_dim <= 128])
+
+
+def aligned_twins(cases: list) -> list:
+    """Each case again with seqlens 96: the Hopper forward has a build specialized on seqlens that are both
+    multiples of 16 and one specialized on nothing (forward_hopper.kernel); a warm-up that ran only the
+    second left the first to compile in every GPU worker whose case had such seqlens."""
+    return [dataclasses.replace(c, seqlen_q=96, seqlen_k=96) for c in cases]
 
 
 def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
@@ -133,7 +144,8 @@ def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
 def hopper_variant_warmup_cases(dtypes: tuple) -> list:
     """The Hopper forward's variant builds (forward_hopper.py's WINDOW, SOFTCAP, ALIBI, SINKS, each set of
     them a build a fuzz draws; CAUSAL orders the blocks where no window is set) at its head dims, 16-bit,
-    seqlens that are no multiples of 16 (the build specialized on nothing; forward_hopper.kernel)."""
+    seqlens that are no multiples of 16 (the build specialized on nothing; forward_hopper.kernel) and their
+    aligned twins."""
     from faverify.case import Case
     switches = []
     for window, softcap, alibi, sinks in itertools.product((False, True), repeat=4):
@@ -141,8 +153,9 @@ def hopper_variant_warmup_cases(dtypes: tuple) -> list:
                   alibi="head" if alibi else "off", sinks="around" if sinks else "off")
         if window or softcap or alibi or sinks:  # none: the dense forward's build (warmup_cases)
             switches += [on] if window else [on, dict(on, causal=True)]  # a window leaves CAUSAL unset
-    return [Case(batch=1, seqlen_q=97, seqlen_k=97, nheads=2, nheads_k=1, head_dim=bd, dtype=dtype, **sw)
-            for bd in (64, 128) for dtype in dtypes if dtype in ("bf16", "fp16") for sw in switches]
+    cases = [Case(batch=1, seqlen_q=97, seqlen_k=97, nheads=2, nheads_k=1, head_dim=bd, dtype=dtype, **sw)
+             for bd in (64, 128) for dtype in dtypes if dtype in ("bf16", "fp16") for sw in switches]
+    return cases + aligned_twins(cases)
 
 
 # The variant features the variant kernels take as runtime values, with no build of their own: a warm-up
