@@ -83,9 +83,9 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
         torch.cuda.empty_cache()
     result.paths = subject.take_paths()
     compiling = subject.take_compile_seconds()
-    if compiling:  # the compiler's time, not the kernel's: its own phase
-        clock.laps["compile"] = compiling
-        clock.laps["subject"] = max(0.0, clock.laps.get("subject", 0.0) - compiling)
+    if compiling:  # the compiler's time (or the JIT cache's), not the kernel's: phases of their own
+        clock.laps.update(compiling)
+        clock.laps["subject"] = max(0.0, clock.laps.get("subject", 0.0) - sum(compiling.values()))
     if gradcheck and result.status == "pass":
         from faverify.gradcheck import directional
         result.gradcheck = directional(subject, case, device).to_dict()

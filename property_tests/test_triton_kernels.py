@@ -463,4 +463,55 @@ def test_compile_time_is_the_cases_compile_phase_not_its_subjects(monkeypatch):
     r = evaluate(subject, case, DEVICE, mode="fwd")
     assert r.status == "pass", r.reason
     assert 0.05 <= r.phases["compile"] < 0.5 and r.phases["subject"] < r.seconds, r.phases
-    assert compile_clock.take() == 0.0
+    assert compile_clock.take() == {}
+
+
+_COMPILE_TWICE = """
+import json
+import triton
+import triton.language as tl
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+from faverify.kernels.triton import compile_clock
+
+
+def copy(X, Y, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(Y + offs, tl.load(X + offs))
+
+
+compile_clock.install()
+assert knobs.compilation.listener is compile_clock._listen
+fn = JITFunction(copy)
+hook = dict(key="k", repr="r", fn=fn, compile={}, is_manual_warmup=False, already_compiled=False)
+spent = []
+for _ in range(2):
+    knobs.runtime.jit_cache_hook(**hook)
+    triton.compile(ASTSource(fn, {"X": "*fp32", "Y": "*fp32", "N": "constexpr"}, {"N": 16}),
+                   target=GPUTarget("cuda", 90, 32))
+    knobs.runtime.jit_post_compile_hook(**hook)
+    spent.append(compile_clock.take())
+print(json.dumps(spent))
+"""
+
+
+def test_the_compile_clock_tells_a_compile_from_a_load(tmp_path):
+    """compile_clock charges a build Triton compiles to the "compile" phase and one its on-disk cache holds to
+    "load" (a warm-up's build, once per worker): Triton's compilation listener says which from inside the
+    compile. A real compile for sm_90 (no GPU needed), then the same from the cache, each between the hooks
+    as JITFunction._do_compile fires them; in a process of its own, with a fresh cache and no interpreter
+    (whose runs leave the language's builtins patched in this one)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "compile_twice.py"  # a file: Triton reads a kernel's source from it
+    script.write_text(_COMPILE_TWICE)
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "cache"), TRITON_INTERPRET="0")
+    run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    spent = json.loads(run.stdout.strip().splitlines()[-1])
+    assert set(spent[0]) == {"compile"} and set(spent[1]) == {"load"}, spent
+    assert spent[1]["load"] < spent[0]["compile"], spent

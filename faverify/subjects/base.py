@@ -194,14 +194,17 @@ class Subject:
     # "bwd triton"]): each case reports them, a fuzz counts the cases per path. None: not told.
     paths: Callable[[], list] | None = None
     # Seconds its calls since the last one spent compiling (a JIT that compiles on first use): each case
-    # reports them as its "compile" phase, apart from the kernel's. None: not told.
-    compile_seconds: Callable[[], float] | None = None
+    # reports them as its "compile" phase, apart from the kernel's; or a dict of such phases (the Triton
+    # kernels: {"compile": ..., "load": ...}, a build compiled or loaded from the JIT's cache). None: not told.
+    compile_seconds: Callable[[], float | dict] | None = None
 
     def take_paths(self) -> list:
         return self.paths() if self.paths is not None else []
 
-    def take_compile_seconds(self) -> float:
-        return self.compile_seconds() if self.compile_seconds is not None else 0.0
+    def take_compile_seconds(self) -> dict:
+        """Phase -> seconds spent compiling since the last take (compile_seconds)."""
+        spent = self.compile_seconds() if self.compile_seconds is not None else {}
+        return spent if isinstance(spent, dict) else {"compile": spent} if spent else {}
 
     def unsupported(self, case: Case, device: torch.device) -> str | None:
         return self.caps.reason_unsupported(case, device)
