@@ -58,9 +58,10 @@
 #                    prebuild, on the same warm machine: the modules stay in ~/.cache/flashinfer)
 #   hopper-bwd [300] the Hopper dK/dV (backward_hopper.py, opt-in): its FP64 test and bit-equality on 40 drawn
 #                    cases, then devtools/hopper_bwd_ab.py (against the Triton backward and sdpa-cudnn's)
-#   hopper-bwd-fast [560] the Hopper backward's two modes as subjects: 2000-case fuzzes of triton-hopper-bwd-fast
+#   hopper-bwd-fast [860] the Hopper backward's two modes as subjects: 2000-case fuzzes of triton-hopper-bwd-fast
 #                    and triton-hopper-bwd (path counts: "bwd hopper fused-dq", "bwd hopper"), the deterministic
-#                    mode's bits over 3 runs of 40 cases, and the fast mode's 4 mutants at 300 cases
+#                    mode's bits over 3 runs of 40 cases, the fast mode's 4 mutants at 300 cases, and the
+#                    backward's bench rows of both beside triton's, sdpa-flash's and sdpa-cudnn's
 #   backward-profile [150] devtools/backward_profile.py: each kernel's GPU time in one backward (triton, triton
 #                    with the Hopper dK/dV, with its fused dQ, sdpa-cudnn, sdpa-flash) at bench's d64/d128,
 #                    seqlens 4096 and 16384
@@ -208,7 +209,10 @@ for step in $steps; do
         --kernel triton-hopper-bwd --iters 40 --repeat 3 --mode bwd --no-db
       run mutants-hopper-bwd 300 "killed|survived|control|Error" python3 -m faverify mutants --iters 300 \
         --only hopper-bwd-stage-reused-early,hopper-bwd-ds-no-fence,hopper-bwd-dk-unscaled,hopper-bwd-dq-drops-last-key-tile \
-        --dtype bf16,fp16 --timeout 60 --json "$out/mutants-hopper-bwd.json" ;;
+        --dtype bf16,fp16 --timeout 60 --json "$out/mutants-hopper-bwd.json"
+      run bench-hopper-bwd 300 "^triton|^sdpa|passed|failed" python3 -m faverify bench \
+        --kernel triton,triton-hopper-bwd,triton-hopper-bwd-fast --headdims 64,128 --seqlens 4096,16384 \
+        --dtype bf16,fp16 --mode bwd --no-tune --json "$out/bench-hopper-bwd.json" ;;
     backward-profile) run backward-profile 150 "^bf16|^fp16|Error" python3 devtools/backward_profile.py ;;
     sanitize)
       for tool in memcheck racecheck; do
