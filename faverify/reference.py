@@ -341,8 +341,10 @@ class _ScaleAccumulator:
         self.dk_cols += self.scale * (ds_mag * self.q_max[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
 
     def result(self, lse, backward):
-        finite = lse[torch.isfinite(lse)]
-        lse_max = finite.abs().amax() if finite.numel() else torch.zeros_like(self.logit)
+        # the largest finite |lse| by a masked max, not by indexing with the mask: a boolean index waits for
+        # the device to count the entries it keeps (a host sync a case)
+        zero = torch.zeros_like(self.logit)
+        lse_max = torch.where(torch.isfinite(lse), lse.abs(), zero).amax() if lse.numel() else zero
         scales = {"out": self.out, "lse": lse_max + self.logit + self.sink_max, "logit": self.logit}
         if backward:
             if self.has_sink:
