@@ -112,7 +112,7 @@ run() {  # run NAME SECONDS GREP COMMAND...: one time-boxed step, its log in $ou
   grep -v -i "warn" "$out/$name.log" | grep -E "$pattern" | tail -n 12 | cut -c1-200
 }
 fuzz() {  # fuzz NAME SECONDS KERNELS ITERS
-  run "$1" "$2" "passed|failed|cases/s|warm-up|code path|minimal case|signature|interrupted" \
+  run "$1" "$2" "passed|failed|cases/s|warm-up|code path|by phase|minimal case|signature|interrupted" \
     python3 -m faverify fuzz --kernel "$3" --iters "$4" --dtype bf16,fp16 --mode both --no-db \
     --json "$out/$1.json"
 }
@@ -130,18 +130,18 @@ for step in $steps; do
     census)
       python3 -m faverify fuzz --kernel triton --iters 16 --dtype bf16,fp16 --mode both --no-db >"$out/census-warm.log" 2>&1
       run census 300 "^warm-up|cases:|phase|builds compiled|^-- " python3 devtools/compile_census.py triton 600 ;;
-    fuzz-variants) run fuzz-variants 300 "passed|failed|cases/s|warm-up|code path|minimal case|signature|interrupted" \
+    fuzz-variants) run fuzz-variants 300 "passed|failed|cases/s|warm-up|code path|by phase|minimal case|signature|interrupted" \
       python3 -m faverify fuzz --kernel triton --iters 4000 --features window,softcap,alibi,sinks,head_dim_v \
       --dtype bf16,fp16 --mode both --no-db --json "$out/fuzz-variants.json" ;;
     fuzz-ragged) fuzz fuzz-varlen 200 triton-varlen 10000; fuzz fuzz-paged 200 triton-paged 10000 ;;
     fuzz-ragged-full)
       fuzz fuzz-varlen 560 triton-varlen 10000 &
-      run fuzz-paged-0 560 "passed|failed|cases/s|warm-up|code path|minimal case|signature|interrupted" \
+      run fuzz-paged-0 560 "passed|failed|cases/s|warm-up|code path|by phase|minimal case|signature|interrupted" \
         python3 -m faverify fuzz --kernel triton-paged --iters 10000 --shard 0/2 --dtype bf16,fp16 --mode both \
         --no-db --json "$out/fuzz-paged-0.json" &
       wait ;;
     fuzz-paged-rest)
-      run fuzz-paged-1 560 "passed|failed|cases/s|warm-up|code path|minimal case|signature|interrupted" \
+      run fuzz-paged-1 560 "passed|failed|cases/s|warm-up|code path|by phase|minimal case|signature|interrupted" \
         python3 -m faverify fuzz --kernel triton-paged --iters 10000 --shard 1/2 --dtype bf16,fp16 --mode both \
         --no-db --json "$out/fuzz-paged-1.json" &
       fuzz fuzz-sdpa-variants 560 sdpa-flash,sdpa-cudnn,flex 2000 &
@@ -149,7 +149,7 @@ for step in $steps; do
     masks) run masks 240 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -rfs \
       property_tests/test_masks.py property_tests/test_triton_variants.py ;;
     fuzz-masks)
-      run fuzz-masks-triton 560 "passed|failed|cases/s|warm-up|code path|minimal case|signature|interrupted" \
+      run fuzz-masks-triton 560 "passed|failed|cases/s|warm-up|code path|by phase|minimal case|signature|interrupted" \
         python3 -m faverify fuzz --kernel triton --iters 5000 --features mask,bias,bias_grad --dtype bf16,fp16 \
         --mode both --no-db --json "$out/fuzz-masks-triton.json" &
       fuzz fuzz-masks-sdpa 560 sdpa-efficient,sdpa-cudnn,flex 2000 &
@@ -169,7 +169,7 @@ for step in $steps; do
     bench-decode) run bench-decode 240 "^triton|^sdpa|^flex|copy|passed|failed" python3 -m faverify bench --decode \
       --headdims 128 --dtype bf16 --json "$out/bench-decode.json" ;;
     fuzz-decode)
-      run fuzz-decode 240 "passed|failed|cases/s|warm-up|code path|minimal case|signature|interrupted" \
+      run fuzz-decode 240 "passed|failed|cases/s|warm-up|code path|by phase|minimal case|signature|interrupted" \
         python3 -m faverify fuzz --kernel triton-paged --iters 3000 --dtype bf16,fp16 --mode both --no-db \
         --json "$out/fuzz-decode.json"
       run decode-tests 60 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -rfs \
@@ -202,7 +202,7 @@ for step in $steps; do
         property_tests/test_triton_kernels.py -k hopper_backward
       run hopper-bwd-ab 150 "TF/s|DIFFER|Error" python3 devtools/hopper_bwd_ab.py --repeats 2 ;;
     hopper-bwd-fast)
-      run fuzz-hopper-bwd-fast 140 "passed|failed|cases/s|code path|minimal case|signature|interrupted" \
+      run fuzz-hopper-bwd-fast 140 "passed|failed|cases/s|code path|by phase|minimal case|signature|interrupted" \
         python3 -m faverify fuzz --kernel triton-hopper-bwd-fast,triton-hopper-bwd --iters 1000 --dtype bf16,fp16 \
         --mode both --no-db --json "$out/fuzz-hopper-bwd-fast.json"
       run repeat-hopper-bwd 40 "passed|failed|nondeterministic|cases/s" python3 -m faverify fuzz \
