@@ -15,7 +15,7 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from faverify.bench import Config
+from backward_shapes import add_arguments, inputs  # devtools/, beside this script
 from faverify.kernels.triton import interface
 
 SDPA = {"sdpa-cudnn": "CUDNN_ATTENTION", "sdpa-flash": "FLASH_ATTENTION"}
@@ -48,28 +48,21 @@ def _sdpa(q, k, v, do, causal, backend):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dtype", default="bf16")
-    p.add_argument("--headdims", default="64,128")
-    p.add_argument("--seqlens", default="4096,16384")
+    add_arguments(p)
     p.add_argument("--calls", type=int, default=10)
     a = p.parse_args()
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
-    for d in map(int, a.headdims.split(",")):
-        for n in map(int, a.seqlens.split(",")):
-            for causal in (True, False):
-                cfg = Config(a.dtype, d, causal, n)
-                q, k, v, do = (torch.randn(cfg.batch, n, cfg.nheads, d, device="cuda", dtype=dt) for _ in range(4))
-                backends = {"triton": _triton(q, k, v, do, causal, interface.DEFAULT),
-                            "triton hopper dK/dV": _triton(q, k, v, do, causal,
-                                                           interface.Launch(hopper_backward=True)),
-                            "triton hopper fused dQ": _triton(q, k, v, do, causal, interface.Launch(
-                                hopper_backward=True, deterministic=False))}
-                backends.update({name: _sdpa(q, k, v, do, causal, backend) for name, backend in SDPA.items()})
-                for name, call in backends.items():
-                    kernels = _kernels(call, a.calls)
-                    total = sum(us for _, us, _ in kernels)
-                    print(f"{a.dtype} d{d} n{n} causal={causal} {name}: {total / 1e3:.3f} ms; "
-                          + "; ".join(f"{key[:56]} {us:.0f} us x{count}" for key, us, count in kernels), flush=True)
+    for cfg, q, k, v, do in inputs(a):
+        causal = cfg.causal
+        backends = {"triton": _triton(q, k, v, do, causal, interface.DEFAULT),
+                    "triton hopper dK/dV": _triton(q, k, v, do, causal, interface.Launch(hopper_backward=True)),
+                    "triton hopper fused dQ": _triton(q, k, v, do, causal, interface.Launch(
+                        hopper_backward=True, deterministic=False))}
+        backends.update({name: _sdpa(q, k, v, do, causal, backend) for name, backend in SDPA.items()})
+        for name, call in backends.items():
+            kernels = _kernels(call, a.calls)
+            total = sum(us for _, us, _ in kernels)
+            print(f"{a.dtype} d{cfg.head_dim} n{cfg.seqlen} causal={causal} {name}: {total / 1e3:.3f} ms; "
+                  + "; ".join(f"{key[:56]} {us:.0f} us x{count}" for key, us, count in kernels), flush=True)
 
 
 if __name__ == "__main__":

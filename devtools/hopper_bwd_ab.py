@@ -11,7 +11,7 @@ import argparse
 import torch
 import triton.testing
 
-from faverify.bench import Config
+from backward_shapes import add_arguments, inputs  # devtools/, beside this script
 from faverify.kernels.triton import interface
 
 
@@ -26,40 +26,34 @@ def grads(q, k, v, do, causal, launch):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--dtype", default="bf16")
-    p.add_argument("--headdims", default="64,128")
-    p.add_argument("--seqlens", default="4096,16384")
+    add_arguments(p)
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args()
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
     hopper = interface.Launch(hopper_backward=True)
-    for d in map(int, a.headdims.split(",")):
-        for n in map(int, a.seqlens.split(",")):
-            for causal in (True, False):
-                cfg = Config(a.dtype, d, causal, n)
-                q, k, v, do = (torch.randn(cfg.batch, n, cfg.nheads, d, device="cuda", dtype=dt) for _ in range(4))
-                for t in (q, k, v):
-                    t.requires_grad_(True)
-                out_t, ref = grads(q, k, v, do, causal, interface.DEFAULT)
-                out_h, got = grads(q, k, v, do, causal, hopper)
-                assert "bwd hopper" in interface.take_paths()
-                diff = max(float((x.float() - y.float()).abs().max()) for x, y in zip(got, ref))
-                _, again = grads(q, k, v, do, causal, hopper)
-                same = all(torch.equal(x, y) for x, y in zip(got[1:], again[1:]))
-                qt, kt, vt, dot = (t.detach().transpose(1, 2).requires_grad_(True) for t in (q, k, v, do))
-                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-                    out_c = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                    cudnn = cfg.flops("bwd") / bench(lambda: torch.autograd.grad(out_c, (qt, kt, vt), dot,
-                                                                                  retain_graph=True)) * 1e-9
-                print(f"{a.dtype} d{d} n{n} causal={causal}: max |hopper - triton| {diff:.3g}, dk/dv bits "
-                      f"{'same' if same else 'DIFFER'} on a second run; cudnn bwd {cudnn:.1f} TF/s", flush=True)
-                for repeat in range(a.repeats):
-                    for name, out, launch in (("triton", out_t, interface.DEFAULT), ("hopper", out_h, hopper)):
-                        ms = bench(lambda: interface.backward(do, q.detach(), k.detach(), v.detach(), out.detach(),
-                                                              _rows(q, k, v, causal), d ** -0.5, causal,
-                                                              launch=launch))
-                        tf = cfg.flops("bwd") / ms * 1e-9
-                        print(f"  {name} run {repeat + 1}: {tf:6.1f} TF/s, {tf / cudnn:.3f}x cudnn", flush=True)
+    for cfg, q, k, v, do in inputs(a):
+        d, n, causal = cfg.head_dim, cfg.seqlen, cfg.causal
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        out_t, ref = grads(q, k, v, do, causal, interface.DEFAULT)
+        out_h, got = grads(q, k, v, do, causal, hopper)
+        assert "bwd hopper" in interface.take_paths()
+        diff = max(float((x.float() - y.float()).abs().max()) for x, y in zip(got, ref))
+        _, again = grads(q, k, v, do, causal, hopper)
+        same = all(torch.equal(x, y) for x, y in zip(got[1:], again[1:]))
+        qt, kt, vt, dot = (t.detach().transpose(1, 2).requires_grad_(True) for t in (q, k, v, do))
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+            out_c = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            cudnn = cfg.flops("bwd") / bench(lambda: torch.autograd.grad(out_c, (qt, kt, vt), dot,
+                                                                          retain_graph=True)) * 1e-9
+        print(f"{a.dtype} d{d} n{n} causal={causal}: max |hopper - triton| {diff:.3g}, dk/dv bits "
+              f"{'same' if same else 'DIFFER'} on a second run; cudnn bwd {cudnn:.1f} TF/s", flush=True)
+        for repeat in range(a.repeats):
+            for name, out, launch in (("triton", out_t, interface.DEFAULT), ("hopper", out_h, hopper)):
+                ms = bench(lambda: interface.backward(do, q.detach(), k.detach(), v.detach(), out.detach(),
+                                                      _rows(q, k, v, causal), d ** -0.5, causal,
+                                                      launch=launch))
+                tf = cfg.flops("bwd") / ms * 1e-9
+                print(f"  {name} run {repeat + 1}: {tf:6.1f} TF/s, {tf / cudnn:.3f}x cudnn", flush=True)
 
 
 _ROWS: dict = {}

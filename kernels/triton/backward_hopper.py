@@ -30,7 +30,7 @@ modes for sm_90 (aot.py).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 
 from faverify.kernels.triton.forward_hopper import HALF, PRODUCER_REGS, _box, _mma_layout, _smem_layout, box_layout
 
