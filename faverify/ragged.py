@@ -11,6 +11,8 @@ table (docs/design.md, "Ragged and paged"). inputs.py draws a ragged case's valu
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from faverify.case import Case
@@ -29,11 +31,15 @@ def pack(case: Case, q, k, v, dout, requires_grad: bool) -> dict:
         whole = torch.cat(parts)
         return margined(whole, requires_grad, token_dims=1) if leaf else whole
 
-    device = q.device
-    offsets = [torch.tensor([0] + [n[side] for n in seqs], device=device).cumsum(0).to(torch.int32)
-               for side in (0, 1)]
+    cu = [torch.tensor(offsets(case, side), dtype=torch.int32, device=q.device) for side in (0, 1)]
     return dict(q=packed(q, 0, True), k=packed(k, 1, True), v=packed(v, 1, True), dout=packed(dout, 0, False),
-                cu_seqlens_q=offsets[0], cu_seqlens_k=offsets[1])
+                cu_seqlens_q=cu[0], cu_seqlens_k=cu[1])
+
+
+def offsets(case: Case, side: int) -> list:
+    """A varlen case's cu_seqlens of q (side 0) or of k and v (side 1), on the host: 0, then each
+    sequence's end in the packed tokens."""
+    return list(itertools.accumulate((n[side] for n in case.seqlens), initial=0))
 
 
 def page_table(case: Case) -> tuple:
@@ -91,7 +97,7 @@ def gather_pages(cache: torch.Tensor, block_table: torch.Tensor, length: int, b:
     return cache[block_table[b, tokens // ps].long(), tokens % ps].unsqueeze(0)
 
 
-def unpack(t: torch.Tensor, cu_seqlens: torch.Tensor, i: int) -> torch.Tensor:
-    """Sequence i of a packed [total, ...] tensor, as [1, s_i, ...]."""
-    lo, hi = int(cu_seqlens[i]), int(cu_seqlens[i + 1])
-    return t[lo:hi].unsqueeze(0)
+def unpack(t: torch.Tensor, ends: list, i: int) -> torch.Tensor:
+    """Sequence i of a packed [total, ...] tensor, as [1, s_i, ...]; ends: offsets(), on the host (reading
+    them from the device's cu_seqlens would make the host wait for it twice a sequence)."""
+    return t[ends[i]:ends[i + 1]].unsqueeze(0)

@@ -15,7 +15,7 @@ import torch
 from faverify.case import Case
 from faverify.conventions import Conventions
 from faverify.reference import Variant, naive, reference
-from faverify.ragged import unpack
+from faverify.ragged import offsets, unpack
 
 # a scale is the largest of its sequences', except dsinks': every sequence's rows add into one gradient
 _SUMMED_SCALES = ("dsinks",)
@@ -38,10 +38,10 @@ def per_sequence(case: Case, x) -> list:
     if case.kind == "dense":
         return [(None, q, k, v, x.dout)]
     out = []
+    ends_q, ends_k = (offsets(case, side) for side in (0, 1)) if case.kind == "varlen" else ((), ())
     for b, (sq, sk) in enumerate(case.sequences):
         if case.kind == "varlen":
-            parts = (unpack(q, x.cu_seqlens_q, b), unpack(k, x.cu_seqlens_k, b), unpack(v, x.cu_seqlens_k, b),
-                     unpack(x.dout, x.cu_seqlens_q, b))
+            parts = (unpack(q, ends_q, b), unpack(k, ends_k, b), unpack(v, ends_k, b), unpack(x.dout, ends_q, b))
         else:
             parts = (q[b:b + 1], x.k_logical[b:b + 1, :sk], x.v_logical[b:b + 1, :sk], x.dout[b:b + 1])
         out.append((b, *parts))
