@@ -1,0 +1,110 @@
+"""How many torch operations faverify's own phases of a fuzz case run (inputs, reference, baseline,
+metrics), and which of them make the host wait for the device. On a GPU each operation that is not a view
+is a kernel launch, and a small case is bound by its launches, not its arithmetic; a sync stalls the
+worker until its queue drains. The subject's own calls are not counted.
+
+    python3 devtools/op_census.py [--kernel sdpa-math] [--cases 60] [--device cpu] [--seed 0]
+
+Draws the fuzz's cases for the kernel (its features, the device's limits), runs the first --cases it
+does not skip, and prints each phase's operations a case (all, and those that launch), then the syncs a
+case by the line of faverify that made them.
+"""
+import argparse
+import collections
+import traceback
+import warnings
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from faverify import runner
+from faverify.parallel import draw_cases
+from faverify.plan import FuzzPlan
+from faverify.strategies import limits_for
+from faverify.subjects import resolve
+
+# operations that only describe memory already there: no kernel
+VIEWS = ("view", "expand", "permute", "transpose", "select", "slice", "unsqueeze", "squeeze", "alias", "detach",
+         "reshape", "_unsafe_view", "as_strided", "t.default")
+# operations that wait for the device: a scalar read, a count that sizes the result
+SYNCS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.is_nonzero")
+
+
+class _Census(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: collections.Counter = collections.Counter()
+        self.syncs: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        self.ops[name] += 1
+        boolean_index = name.startswith("aten.index.Tensor") and any(
+            getattr(i, "dtype", None) == torch.bool for i in (args[1] if len(args) > 1 else ()) if i is not None)
+        to_host = name.startswith("aten._to_copy") and str((kwargs or {}).get("device", "")) == "cpu" \
+            and getattr(args[0], "is_cuda", False)
+        if name.startswith(SYNCS) or boolean_index or to_host:
+            here = [f for f in traceback.extract_stack(limit=16) if "/faverify/" in f.filename]
+            where = f"{here[-1].filename.rsplit('/', 1)[-1]}:{here[-1].lineno}" if here else "?"
+            self.syncs[(name, where)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kernel", default="sdpa-math")
+    p.add_argument("--cases", type=int, default=60)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    warnings.simplefilter("ignore")
+    subject = resolve(a.kernel)
+    # the device's own limits: the counts hardly depend on the sizes, but the reference's rows go in chunks
+    # of a byte budget (64 MiB on the CPU, 1 GiB on a GPU), and a long sequence on the CPU takes many
+    plan = FuzzPlan(iters=a.cases * 4, seed=a.seed, dtypes=("bf16", "fp16"), limits=limits_for(a.device.split(":")[0]),
+                    database=None, features=subject.caps.features(), narrow=subject.caps.draw() or None)
+    census = _Census()
+    per_phase: dict = collections.defaultdict(collections.Counter)
+    clock_lap = runner._Clock.lap
+
+    def lap(clock, name):  # what ran since the last lap is this phase's
+        per_phase[name].update(census.ops)
+        census.ops.clear()
+        clock_lap(clock, name)
+
+    subject_call = subject.call
+
+    def uncounted(*args, **kwargs):  # the subject's operations are its own (and may be tensor subclasses)
+        with _disable_current_modes():
+            return subject_call(*args, **kwargs)
+
+    autograd_grad = torch.autograd.grad
+
+    def uncounted_grad(*args, **kwargs):  # the subject's backward, which the runner asks autograd for
+        with _disable_current_modes():
+            return autograd_grad(*args, **kwargs)
+
+    runner._Clock.lap, subject.call, torch.autograd.grad = lap, uncounted, uncounted_grad
+    done = 0
+    for case in draw_cases(plan):
+        census.ops.clear()
+        with census:
+            result = runner.evaluate(subject, case, a.device)
+        if result.status == "skip":
+            continue
+        done += 1
+        if done == a.cases:
+            break
+    runner._Clock.lap, torch.autograd.grad = clock_lap, autograd_grad
+    print(f"{a.kernel}, {done} cases on {a.device}: operations a case (all / that launch a kernel)")
+    for phase in ("inputs", "reference", "baseline", "metrics"):
+        ops = per_phase[phase]
+        launching = sum(n for name, n in ops.items() if not any(v in name for v in VIEWS))
+        print(f"  {phase:10s} {sum(ops.values()) / max(done, 1):7.1f} / {launching / max(done, 1):7.1f}")
+    print("syncs a case:" + ("" if census.syncs else " none"))
+    for (name, where), n in census.syncs.most_common():
+        print(f"  {n / max(done, 1):6.2f}  {name}  {where}")
+
+
+if __name__ == "__main__":
+    main()
