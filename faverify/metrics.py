@@ -88,35 +88,38 @@ def error_stats(got: dict, ref: dict, base: dict, scales: dict, *, tensors: tupl
 
 def _raw_stats(name, got, ref, base, empty, empty_lse, scale):
     """Statistics of one tensor as a single device vector: a few ops per tensor, since a fuzz case on a
-    GPU is bound by kernel launches, not arithmetic."""
-    g = got.detach().to(torch.float64)
-    diff = (g - ref).abs()  # NaN where got is NaN; NaN or Inf where got is Inf
+    GPU is bound by kernel launches, not arithmetic. got and base enter the FP64 arithmetic as they are
+    (a difference with the FP64 reference is computed in FP64, exactly as after a cast, without one)."""
+    got = got.detach()
+    diff = (got - ref).abs()  # NaN where got is NaN; NaN or Inf where got is Inf
     if name == "lse":  # the only tensor whose reference has non-finite entries (-inf rows)
         fin = torch.isfinite(ref)
-        diff = torch.where(fin, diff, torch.zeros((), dtype=diff.dtype, device=diff.device))
-        gbad = fin & ~torch.isfinite(g)
+        diff = torch.where(fin, diff, 0.0)
+        gbad = fin & ~torch.isfinite(got)
+        nan = (gbad & torch.isnan(got)).sum(dtype=torch.float64)
+        inf = (gbad & torch.isinf(got)).sum(dtype=torch.float64)
         n = fin.sum().clamp(min=1)
-        ref_abs = torch.where(fin, ref.abs(), torch.zeros((), dtype=ref.dtype, device=ref.device))
-        base_diff = torch.where(fin, (base.to(torch.float64) - ref).abs(), torch.zeros_like(diff))
-    else:
-        fin = None
-        gbad = ~torch.isfinite(g)
+        ref_abs = torch.where(fin, ref.abs(), 0.0)
+        base_diff = torch.where(fin, (base - ref).abs(), 0.0)
+    else:  # a non-finite entry of got is NaN or Inf where the reference is finite
+        nan = torch.isnan(got).sum(dtype=torch.float64)
+        inf = torch.isinf(got).sum(dtype=torch.float64)
         n = max(1, ref.numel())  # a Python number: no copy to the device
         ref_abs = ref.abs()
-        base_diff = (base.to(torch.float64) - ref).abs()
-    err = diff.nan_to_num(nan=0.0, posinf=0.0)
+        base_diff = (base - ref).abs()
+    err = diff.nan_to_num(nan=0.0, posinf=0.0)  # 0 wherever got is not finite
     ranking = diff.nan_to_num(nan=math.inf)  # a non-finite output is the worst element there is
     if err.numel() == 0:
-        return torch.zeros(len(_STATS), dtype=torch.float64, device=g.device)
+        return torch.zeros(len(_STATS), dtype=torch.float64, device=ref.device)
     return torch.stack([
         err.amax(),
         err.sum() / n,
         (err.square().sum() / n).sqrt(),
         ref_abs.amax(),
-        _max_ulp(got.dtype, err, ~gbad if fin is None else fin & ~gbad, ref_abs, scale),
-        (gbad & torch.isnan(g)).sum().to(torch.float64),
-        (gbad & torch.isinf(g)).sum().to(torch.float64),
-        _masked_bad(name, g, empty, empty_lse),
+        _max_ulp(got.dtype, err, ref_abs, scale),
+        nan,
+        inf,
+        _masked_bad(name, got, empty, empty_lse),
         base_diff.amax(),  # NaN when the baseline itself is NaN where the reference is finite
         ranking.reshape(-1).argmax().to(torch.float64),
         # the error beyond each element's own rounding into the tensor's dtype (verdict.py says why)
@@ -144,11 +147,12 @@ def _masked_bad(name, g, empty, empty_lse):
 _SIGNIFICAND_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
 
 
-def _max_ulp(dtype, err, ok, ref_abs, scale):
+def _max_ulp(dtype, err, ref_abs, scale):
     """The largest error in ulps of the tensor's dtype, each entry's ulp taken at the larger of its
     reference value and the tensor's typical magnitude (scale_T): near zero the representable values
     crowd together, and a distance in representable values there (a harmless 1e-16 counting 1e9 of them)
-    says nothing about the error."""
+    says nothing about the error. err is 0 wherever the output is not finite (and where lse's reference is
+    not), and every ulp is a positive finite number, so those entries count 0 ulps."""
     if err.numel() == 0:
         return err.new_zeros(())
     magnitude = torch.maximum(ref_abs, scale.to(torch.float64)).clamp(min=torch.finfo(dtype).tiny)
@@ -157,7 +161,7 @@ def _max_ulp(dtype, err, ok, ref_abs, scale):
     # difference stays a normal exponent)
     exponent = magnitude.view(torch.int64) >> 52  # sign 0, so the biased exponent alone
     ulp = ((exponent - _SIGNIFICAND_BITS[dtype]) << 52).view(torch.float64)
-    return torch.where(ok, err / ulp, torch.zeros_like(err)).amax()
+    return (err / ulp).amax()
 
 
 def _unravel(flat: int, shape: tuple) -> list:
