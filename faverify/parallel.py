@@ -14,7 +14,7 @@ from hypothesis.errors import Flaky
 from faverify.case import Case
 from faverify.collector import Failure, KernelStats
 from faverify.isolation import Task
-from faverify.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings
+from faverify.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings, seed_only
 from faverify.runner import CaseResult, skipped_for_memory
 from faverify.scheduler import Pool, cores
 from faverify.strategies import cases
@@ -31,7 +31,8 @@ def _replayable(plan: FuzzPlan, body: Callable[[Case], None]):
 
 
 def _draw(plan: FuzzPlan, keep: Callable[[Case], None]) -> None:
-    _replayable(plan, keep)()
+    with seed_only():
+        _replayable(plan, keep)()
 
 
 def draw_cases(plan: FuzzPlan) -> list:
@@ -113,7 +114,8 @@ def shrink_by_replay(plan: FuzzPlan, index: int, first: CaseResult, signature: s
     test = _replayable(plan, body)
     note = ""
     try:
-        test()
+        with seed_only():
+            test()
         note = "not shrunk: drawing the sequence again did not reach the failing case"
     except Interesting:
         pass

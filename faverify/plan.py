@@ -5,7 +5,9 @@ module; neither imports the other.
 """
 from __future__ import annotations
 
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -78,3 +80,41 @@ def hypothesis_settings(plan: FuzzPlan, *, examples: int, database, phases) -> s
     return settings(max_examples=max(1, examples), deadline=None, database=database, phases=phases,
                     suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
                     report_multiple_bugs=False, print_blob=False)
+
+
+# Hypothesis now and then draws a literal found in the source of the local modules loaded so far (its
+# "local constants"): which modules those are depends on the process (what it imported before the draw,
+# an editable install or a wheel, the caller's own code), so the same seed drew other cases after other
+# imports, and a replay could miss the case it replays. seed_only() leaves them out of faverify's draws,
+# for as long as any draw of this process runs (the parallel draw's thread and the shrinks' overlap).
+_CONSTANTS_LOCK = threading.Lock()
+_constants_state: dict = {"depth": 0, "saved": None, "empty": None}
+
+
+@contextmanager
+def seed_only():
+    """Within it, a seeded Hypothesis draw depends on the seed and the strategies alone. A Hypothesis
+    without local constants (before 6.131) needs nothing: then this does nothing."""
+    try:
+        from hypothesis.internal.conjecture import providers
+        get, cache = providers._get_local_constants, providers.CONSTANTS_CACHE.cache
+    except (ImportError, AttributeError):
+        yield
+        return
+    state = _constants_state
+    with _CONSTANTS_LOCK:
+        if state["depth"] == 0:
+            if state["empty"] is None:
+                state["empty"] = providers.Constants()
+            state["saved"] = get
+            providers._get_local_constants = lambda: state["empty"]
+            cache.clear()  # the permitted constants it cached were filtered from the local ones too
+        state["depth"] += 1
+    try:
+        yield
+    finally:
+        with _CONSTANTS_LOCK:
+            state["depth"] -= 1
+            if state["depth"] == 0:
+                providers._get_local_constants = state["saved"]
+                cache.clear()

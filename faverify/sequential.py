@@ -16,7 +16,7 @@ from hypothesis.errors import Flaky
 
 from faverify.case import Case
 from faverify.collector import Failure, KernelStats
-from faverify.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings
+from faverify.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings, seed_only
 from faverify.runner import CaseResult
 from faverify.strategies import cases
 
@@ -71,7 +71,8 @@ def _fuzz_sequential(kernel, plan, evaluate, stats, progress) -> KernelStats:
         before = generated
         note = ""
         try:
-            test()
+            with seed_only():
+                test()
         except Interesting:
             pass
         except Flaky:

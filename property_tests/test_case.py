@@ -145,3 +145,34 @@ def test_a_shape_budget_draws_every_case_in_one_of_its_shapes_the_same_for_the_s
     assert drawn == draw_cases(budgeted)
     unbudgeted = {tuple(getattr(c, f) for f in SHAPE_FIELDS) for c in draw_cases(dataclasses.replace(plan, shapes=0))}
     assert len(unbudgeted) > 20
+
+
+_LITERALS = """# a module of the caller's with numbers Hypothesis could take for constants worth drawing
+SIZES = (3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97, 101, 103,
+         107, 109, 113, 127, 131, 137, 139, 149, 151, 157, 163, 167, 173, 179, 181, 191, 193, 197, 199, 211)
+SCALES = (0.0123, 0.37, 1.75, 2.5e-3, 3.25, 7.5, 12.5, 1e-6, 6e-8, 33.0)
+"""
+
+
+def test_the_same_seed_draws_the_same_cases_whatever_modules_are_loaded(tmp_path, monkeypatch):
+    """Hypothesis also draws literals from the source of the local modules loaded so far; faverify's draws
+    leave those out (plan.seed_only), so a module the caller imports between two draws (or an editable
+    install beside a wheel) changes no case, and a replay reaches the case it replays. The literals stay
+    Hypothesis's own elsewhere."""
+    import importlib
+    from hypothesis.internal.conjecture import providers
+
+    from faverify.parallel import draw_cases
+    from faverify.plan import FuzzPlan, seed_only
+
+    plan = FuzzPlan(iters=80, seed=11, dtypes=("bf16", "fp16"), limits=CPU_LIMITS, database=None,
+                    features=("window", "softcap", "alibi", "sinks", "head_dim_v"))
+    before = draw_cases(plan)
+    (tmp_path / "caller_sizes.py").write_text(_LITERALS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("caller_sizes")
+    assert 211 in providers._get_local_constants().integers  # Hypothesis took the module's literals
+    assert draw_cases(plan) == before
+    with seed_only():
+        assert not providers._get_local_constants().integers
+    assert 211 in providers._get_local_constants().integers
