@@ -141,10 +141,14 @@ def test_a_shape_budget_draws_every_case_in_one_of_its_shapes_the_same_for_the_s
     drawn = draw_cases(budgeted)
     shapes = [{f: getattr(c, f) for f in SHAPE_FIELDS} for c in drawn]
     assert len(drawn) == 60 and all(s in pool for s in shapes) and all(s in shapes for s in pool)
-    assert len({(c.seed, c.regime, c.layout, c.window) for c in drawn}) > 30  # the rest varies as ever
     assert drawn == draw_cases(budgeted)
-    unbudgeted = {tuple(getattr(c, f) for f in SHAPE_FIELDS) for c in draw_cases(dataclasses.replace(plan, shapes=0))}
+    free = draw_cases(dataclasses.replace(plan, shapes=0))
+    unbudgeted = {tuple(getattr(c, f) for f in SHAPE_FIELDS) for c in free}
     assert len(unbudgeted) > 20
+
+    def rest(cases) -> int:  # distinct values, regimes, layouts and windows
+        return len({(c.seed, c.regime, c.layout, c.window) for c in cases})
+    assert rest(drawn) >= 0.8 * rest(free) > 20, (rest(drawn), rest(free))  # the rest varies as without a budget
 
 
 _LITERALS = """# a module of the caller's with numbers Hypothesis could take for constants worth drawing
