@@ -94,7 +94,7 @@ _constants_state: dict = {"depth": 0, "saved": None, "empty": None}
 @contextmanager
 def seed_only():
     """Within it, a seeded Hypothesis draw depends on the seed and the strategies alone. A Hypothesis
-    without local constants (before 6.131) needs nothing: then this does nothing."""
+    without local constants (or with them elsewhere) is left as it is: then this does nothing."""
     try:
         from hypothesis.internal.conjecture import providers
         get, cache = providers._get_local_constants, providers.CONSTANTS_CACHE.cache
