@@ -6,6 +6,7 @@ import itertools
 import os
 import torch
 
+from faverify.kernels.mutants.catalog import HOPPER_CASES
 from faverify.subjects.base import Capabilities, Subject
 
 
@@ -28,10 +29,11 @@ KINDS = {"triton": dict(sinks=True, init_modes=("-inf", "-1e30"), mask=True, blo
 # The warp-specialized Hopper backward (backward_hopper.py) is opt-in (Launch.hopper_backward) until it is
 # faster than the Triton one: these subjects ask for it, so a fuzz and the mutants reach it. Its cases are
 # dense 16-bit attention without ALiBi, head dims that fill 16-byte rows, on sm_90; elsewhere (or in the
-# "strided" layout) the Triton backward runs, and the path counts say so. Name -> Launch.deterministic.
+# "strided" layout) the Triton backward runs, and the path counts say so: the Hopper kernels' cases, which
+# their mutants draw too (catalog.HOPPER_CASES). Name -> Launch.deterministic.
 HOPPER_BACKWARDS = {"triton-hopper-bwd": True, "triton-hopper-bwd-fast": False}
 for _name in HOPPER_BACKWARDS:
-    KINDS[_name] = dict(devices=("cuda",), dtypes=("bf16", "fp16"), head_dims=(48, 64, 80, 96, 112, 128),
+    KINDS[_name] = dict(devices=("cuda",), dtypes=HOPPER_CASES["dtypes"], head_dims=HOPPER_CASES["head_dims"],
                         init_modes=("-inf", "-1e30"), window=False, softcap=False, alibi=False, head_dim_v=False)
 
 
@@ -94,8 +96,8 @@ def warmup_cases(dtypes: tuple) -> list:
              for causal in (False, True)]
     # the ones the Hopper forward takes (16-bit, aligned, padded head dim 64 or 128, no ALiBi) once more at
     # seqlens that are multiples of 16: its other build (forward_hopper.kernel)
-    return cases + aligned_twins([c for c in cases if c.dtype in ("bf16", "fp16") and c.alibi == "off"
-                                  and c.layout == "contiguous" and c.head_dim % 16 == 0 and 48 <= c.head_dim <= 128])
+    return cases + aligned_twins([c for c in cases if c.dtype in HOPPER_CASES["dtypes"] and c.alibi == "off"
+                                  and c.layout == "contiguous" and c.head_dim in HOPPER_CASES["head_dims"]])
 
 
 def aligned_twins(cases: list) -> list:
