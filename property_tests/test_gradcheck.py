@@ -31,6 +31,58 @@ def wrong_dk(q, k, v, *, causal, softmax_scale):
     return _WrongDk.apply(q, k, v, q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale)
 
 
+class _OnePercentOff(torch.autograd.Function):
+    """Right forward, every gradient 1% too large."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        with torch.enable_grad():
+            qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+            out = correct(qq, kk, vv, causal=causal, softmax_scale=scale)
+        ctx.save_for_backward(qq, kk, vv, out)
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, dout):
+        qq, kk, vv, out = ctx.saved_tensors
+        return (*(g * 1.01 for g in torch.autograd.grad(out, (qq, kk, vv), dout)), None, None)
+
+
+def one_percent_off(q, k, v, *, causal, softmax_scale):
+    return _OnePercentOff.apply(q, k, v, causal, softmax_scale)
+
+
+# the two cases the default sdpa-math fuzz failed on (softcap 0.05-0.0625 at scale 2: tanh bends within one
+# step of the difference quotient), and ordinary ones of several sizes
+STEEP = ('{"batch":1,"seqlen_q":256,"seqlen_k":256,"nheads":4,"nheads_k":2,"head_dim":120,"dtype":"bf16",'
+         '"softmax_scale":2.0,"regime":"peaked","layout":"broadcast","seed":1702,"softcap":0.05,"alibi":"head",'
+         '"head_dim_v":1}',
+         '{"batch":1,"seqlen_q":1,"seqlen_k":256,"nheads":2,"nheads_k":2,"head_dim":120,"dtype":"bf16",'
+         '"softmax_scale":2.0,"seed":0,"softcap":0.0625,"head_dim_v":1}')
+ORDINARY = (Case(1, 16, 16, 1, 1, 16, seed=1), Case(2, 65, 129, 4, 2, 64, causal=True, seed=7),
+            Case(1, 200, 256, 2, 1, 128, softmax_scale=2.0, seed=3))
+
+
+@pytest.mark.parametrize("text", STEEP)
+def test_a_steep_softcap_passes_where_the_quotient_cannot_resolve_the_derivative(text):
+    """A correct subject passes: the FP64 reference's own quotient error along the same step and direction is
+    allowed (twice), after the step shrank as far as it goes."""
+    g = directional(resolve("sdpa-math"), Case.from_json(text), torch.device("cpu"))
+    assert g.passed and not g.skipped and g.truncation > 1e-3 and g.step < 2.0 ** -10, (g.reason, g.truncation)
+
+
+@pytest.mark.parametrize("case", ORDINARY, ids=lambda c: c.short())
+def test_a_backward_one_percent_off_fails_the_check(case):
+    """The direction is the sign of the subject's own gradient, so a backward off by a factor shows its whole
+    error, whatever the size of the case; the correct subject passes the same cases."""
+    s = Subject("one-percent-off", one_percent_off, Capabilities())
+    g = directional(s, case, torch.device("cpu"))
+    assert not g.passed and "directional derivative" in g.reason, (g.rel_err, g.allowed)
+    assert 0.009 < g.rel_err < 0.011, g.rel_err
+    right = directional(Subject("correct", correct, Capabilities()), case, torch.device("cpu"))
+    assert right.passed and right.rel_err < 1e-4, right.reason
+
+
 def test_directional_derivative_agrees_for_a_correct_backward():
     g = directional(resolve("sdpa-math"), Case(1, 33, 17, 2, 1, 32, causal=True, seed=4), torch.device("cpu"))
     assert g.passed and not g.skipped and g.dtype == "fp32" and g.rel_err < 1e-4
