@@ -1,6 +1,7 @@
 """Aggregate case results into what the reports show: counts, error distributions, failures."""
 from __future__ import annotations
 
+import shlex
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -9,9 +10,16 @@ from faverify.reference import SPLIT_TENSORS, TENSORS
 from faverify.runner import CaseResult
 
 
-def repro_command(kernel: str, case_json: str, device: str = "") -> str:
-    dev = f" --device {device}" if device else ""
-    return f"faverify repro --kernel {kernel}{dev} --case '{case_json}'"
+def repro_command(kernel: str, case_json: str, device: str = "", flags: tuple = ()) -> str:
+    """The `faverify repro` line of a case, every word quoted for a POSIX shell: a kernel name or a flag
+    value pasted into a terminal runs nothing but faverify."""
+    words = ["faverify", "repro", "--kernel", kernel] + (["--device", device] if device else []) + list(flags)
+    return " ".join(shlex.quote(w) for w in words + ["--case", case_json])
+
+
+# Failure.replayed: what the minimal case did when replayed alone, by its reproducer's settings, in a
+# fresh worker process (confirm.py); its reproducer is printed only after it failed there
+REPLAY_FAILED, REPLAY_PASSED, NOT_REPLAYED = "failed", "passed", ""
 
 
 @dataclass
@@ -23,22 +31,34 @@ class Failure:
     occurrences: int = 1  # cases of the run that failed with this signature
     shrink_steps: int = 0
     note: str = ""
+    flags: tuple = ()  # the reproducer's options beyond kernel, device and case (confirm.repro_flags)
+    replayed: str = NOT_REPLAYED  # REPLAY_FAILED, REPLAY_PASSED, or not replayed (an interrupted run's)
+    replay_reason: str = ""  # what the replay said: its failure's reason, or why it was not replayed
+    companions: tuple = ()  # the other signatures of the same root, found with it and not shrunk apart
 
     @property
     def reproducer(self) -> str:
         device = self.minimal.device.split(":")[0] if self.minimal.device else ""
-        return repro_command(self.kernel, self.minimal.case.to_json(), device)
+        return repro_command(self.kernel, self.minimal.case.to_json(), device, self.flags)
+
+    @property
+    def reproduced(self) -> bool:
+        return self.replayed == REPLAY_FAILED
 
     def to_dict(self) -> dict:
         return {"kernel": self.kernel, "signature": self.signature, "occurrences": self.occurrences,
                 "shrink_steps": self.shrink_steps, "note": self.note, "reproducer": self.reproducer,
-                "first": self.first.to_dict(), "minimal": self.minimal.to_dict()}
+                "flags": list(self.flags), "replayed": self.replayed, "replay_reason": self.replay_reason,
+                "companions": list(self.companions), "first": self.first.to_dict(), "minimal": self.minimal.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Failure":
+        # before run schema 6 nothing was replayed: a file of then reads as not replayed
         return cls(kernel=d["kernel"], signature=d["signature"], first=CaseResult.from_dict(d["first"]),
                    minimal=CaseResult.from_dict(d["minimal"]), occurrences=d["occurrences"],
-                   shrink_steps=d["shrink_steps"], note=d.get("note", ""))
+                   shrink_steps=d["shrink_steps"], note=d.get("note", ""), flags=tuple(d.get("flags", ())),
+                   replayed=d.get("replayed", NOT_REPLAYED), replay_reason=d.get("replay_reason", ""),
+                   companions=tuple(d.get("companions", ())))
 
 
 def _quantile(values: list, q: float) -> float:

@@ -87,13 +87,40 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
                     stats.restarts = pool.restarts
                     pool.close()
                 stats.merge_replayed()
-                examples.save(plan.database, name, stats.still_failing + [f.minimal.case for f in stats.failures])
             interrupted = interrupted or bool(late)
+        interrupted = _confirmed(stats, name, devices[0], interrupted, mode=mode, tolerance=tolerance,
+                                 timeout=timeout, repeat=repeat)
+        with held() as late:
+            examples.save(plan.database, name, stats.still_failing + [f.minimal.case for f in stats.failures])
+        interrupted = interrupted or bool(late)
         if interrupted:
             break
     with held() as late:  # the same while the results are put together
         return _document(kernels, base_plan, devices, mode, tolerance, command, workers, parallel, isolate,
                          all_stats, interrupted, late)
+
+
+def _confirmed(stats: KernelStats, name: str, device, interrupted: bool, **settings) -> bool:
+    """Replay each failure alone before it is reported (confirm.py); an interrupt stops the replays, and
+    the failures not replayed say so. Returns whether the run was interrupted."""
+    from faverify.confirm import confirm, repro_flags, unconfirmed
+    if not interrupted:
+        try:
+            confirm(stats.failures, name, _replay_device(device), **settings)
+        except KeyboardInterrupt:
+            interrupted = True
+    for f in stats.failures:
+        if not f.flags:
+            f.flags = repro_flags(f.signature, settings["mode"], settings["tolerance"], settings["timeout"],
+                                  settings["repeat"])
+    unconfirmed(stats.failures, "not replayed: the run was interrupted first")
+    return interrupted
+
+
+def _replay_device(device):
+    """The device a reproducer line names resolves to: its type alone is printed (`--device cuda`)."""
+    from faverify import devices
+    return devices.resolve(device.type)[0]
 
 
 def budget_pool(plan: FuzzPlan) -> tuple:

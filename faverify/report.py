@@ -5,7 +5,7 @@ import math
 
 from tabulate import tabulate
 
-from faverify.collector import Failure
+from faverify.collector import REPLAY_PASSED, Failure
 from faverify.env import header_lines
 from faverify.results import Run, num
 
@@ -96,8 +96,20 @@ def failure_block(f: Failure, style: str) -> str:
         parts.append(m.case.to_json())
     if m.metrics:
         parts.append(table(metrics_rows(m.metrics, m.case.dtype), METRIC_HEADERS, style))
-    parts.append(("reproduce: `" + f.reproducer + "`") if style == "md" else "reproduce: " + f.reproducer)
+    parts.append(reproducer_line(f, style))
     return "\n\n".join(parts) if style == "md" else "\n".join(parts)
+
+
+def reproducer_line(f: Failure, style: str) -> str:
+    """The reproducer of a failure seen to fail when replayed alone (confirm.py); otherwise what the replay
+    found, and no line that would pass."""
+    code = f"`{f.reproducer}`" if style == "md" else f.reproducer
+    if f.reproduced:
+        return f"reproduce: {code}"
+    if f.replayed == REPLAY_PASSED:
+        return f"no reproducer (not reproduced alone): {f.replay_reason}"
+    why = f.replay_reason or "not replayed before it was written (a run file before schema 6)"
+    return f"reproduce ({why}; unconfirmed): {code}"
 
 
 def shards_line(environments: list) -> str:
@@ -119,16 +131,18 @@ def verdict_lines(run: Run, style: str) -> list:
     if not failures and not run.failed:
         if run.ran == 0:
             return [f"{bold('NOTHING RAN')}: every case of {kernels} was skipped{interrupted}"]
-        return [f"{bold('PASS')}: {run.ran} cases of {kernels} within tolerance of the FP64 reference{interrupted}"]
+        if interrupted:  # a part of the run passed: nothing was proven of the whole
+            return [f"{bold('INTERRUPTED')}: {run.ran} cases of {kernels} ran before the stop, all within "
+                    "tolerance of the FP64 reference; the run did not finish"]
+        return [f"{bold('PASS')}: {run.ran} cases of {kernels} within tolerance of the FP64 reference"]
     if not failures:
         return [f"{bold('FAIL')}: {kernels}{interrupted}; no failure was recorded with its case"]
     first = failures[0]
     distinct = f"{len(failures)} distinct failure" + ("s" if len(failures) > 1 else "")
-    code = (lambda t: f"`{t}`") if style == "md" else (lambda t: t)
     return [f"{bold('FAIL')}: {distinct} ({', '.join(f.signature for f in failures[:4])}"
             f"{', ...' if len(failures) > 4 else ''}){interrupted}; the first, {first.kernel} {first.signature}, "
             f"on {first.minimal.case.short()}",
-            f"reproduce: {code(first.reproducer)}"]
+            reproducer_line(first, style)]
 
 
 def render(run: Run, style: str = "table") -> str:

@@ -10,10 +10,10 @@ from faverify.collector import Failure, KernelStats
 from faverify.errors import UsageError
 
 SCHEMA = "faverify.run"
-VERSION = 5
+VERSION = 6
 # older versions lack what later ones added (docs/run-schema.md); their readers fill the gaps with "-", and
 # compare does not compare a statistic whose definition changed between the two runs' versions
-READS = (1, 2, 3, 4, 5)
+READS = (1, 2, 3, 4, 5, 6)
 
 
 @dataclass

@@ -140,13 +140,15 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     backward = mode != "fwd" and not subject.caps.combine  # a combine has no gradients to ask
     if reason is None and mode == "bwd" and subject.caps.combine:
         reason = "a split-KV combine has no backward"
-    paged_forward = ""
+    judged_on_less = ""  # why a case asked for its backward is judged on its forward alone
     if reason is None and case.kind == "paged" and backward:
         if mode == "bwd":
             reason = PAGED_FORWARD
-        mode, backward, paged_forward = "fwd", False, PAGED_FORWARD_ONLY
+        mode, backward, judged_on_less = "fwd", False, PAGED_FORWARD_ONLY
     if reason is None and backward and not subject.caps.backward:
-        reason = "subject has no backward"
+        if mode == "bwd":
+            reason = NO_BACKWARD
+        mode, backward, judged_on_less = "fwd", False, NO_BACKWARD_ONLY
     if reason is None:
         reason = _too_big(case, device, backward)
     if reason:
@@ -179,7 +181,7 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         return failure(name, case, "fail", problem, "contract")
 
     got = {"out": out, "lse": lse}
-    forward_only = paged_forward
+    forward_only = judged_on_less
     if backward and not out.requires_grad:  # judged on its forward alone, and the case says so
         forward_only, backward = FORWARD_ONLY, False
         mode = "fwd"
@@ -241,6 +243,8 @@ def skipped_for_memory(result: CaseResult) -> bool:
 FORWARD_ONLY = "forward only: the subject's output has no autograd graph, so its backward was not run"
 PAGED_FORWARD = "paged cases are judged on the forward (decode kernels are forward-only)"
 PAGED_FORWARD_ONLY = "forward only: " + PAGED_FORWARD
+NO_BACKWARD = "the subject declares no backward (backward: false): judge it with --mode fwd"
+NO_BACKWARD_ONLY = "forward only: the subject declares no backward (backward: false)"
 
 
 def _out_buffer(case: Case, q: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,10 @@ def repro(
     atol: AtolOpt = None,
     tight: TightOpt = None,
     timeout: TimeoutOpt = 300.0,
+    gradcheck: Annotated[bool, typer.Option("--gradcheck", help="Also run the finite-difference gradient check "
+                                                                "(fuzz runs it every --gradcheck-every cases)")] = False,
+    repeat: Annotated[int, typer.Option(help="Run the case N times; outputs that differ in any bit fail it "
+                                             "(\"nondeterministic\")", min=1, max=1000)] = 1,
     isolate: Annotated[bool, typer.Option(help="Run the subject in a worker process, as fuzz does: a crash, a "
                                                "hang or an exit of the subject is a failing case")] = True,
 ) -> int:
@@ -46,16 +50,20 @@ def repro(
     target = devices.resolve(device)[0]
     if isolate:
         from faverify.isolation import Worker
-        worker = Worker(kernel, str(target), mode.value, tolerance.to_dict(), timeout)
+        worker = Worker(kernel, str(target), mode.value, tolerance.to_dict(), timeout, repeat)
         try:
-            result = worker.evaluate(the_case)
+            result = worker.evaluate(the_case, gradcheck)
         finally:
             worker.stop()
     else:
-        result = evaluate(subject, the_case, target, mode=mode.value, tolerance=tolerance)
+        result = evaluate(subject, the_case, target, mode=mode.value, tolerance=tolerance, gradcheck=gradcheck,
+                          repeat=repeat)
     say(f"{kernel} on {target}: {the_case.short()}")
     if result.metrics:
         say(table(metrics_rows(result.metrics), METRIC_HEADERS, "table"))
+    if result.gradcheck and not result.gradcheck["skipped"]:
+        g = result.gradcheck
+        say(f"gradient check ({g['dtype']}): relative error {g['rel_err']:.3g}, allowed {g['allowed']:.3g}")
     say(f"verdict: {result.status}" + (f" ({result.reason})" if result.reason else ""))
     if result.status == "skip":
         raise EnvironmentProblem(f"the case was skipped: {result.reason}")

@@ -1,0 +1,100 @@
+"""Subjects for the tests of verdicts a user must be able to trust: each bug beside a control that differs
+from it only in the bug. Plain torch, the subject signature (q, k, v, *, causal, softmax_scale)."""
+import torch
+
+from property_tests.planted import _attention, correct
+
+
+class _Scaled(torch.autograd.Function):
+    """The right forward; the gradients times `factor` where the inputs are fp32 (the gradient check's dtype)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, factor):
+        with torch.enable_grad():
+            qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+            out = correct(qq, kk, vv, causal=causal, softmax_scale=scale)
+        ctx.save_for_backward(qq, kk, vv, out)
+        ctx.factor = factor if q.dtype == torch.float32 else 1.0
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, dout):
+        qq, kk, vv, out = ctx.saved_tensors
+        return (*(g * ctx.factor for g in torch.autograd.grad(out, (qq, kk, vv), dout)), None, None, None)
+
+
+def fp32_backward_off(q, k, v, *, causal, softmax_scale):
+    """Its fp32 backward 1% too large: only the gradient check, in fp32, sees it in a 16-bit fuzz."""
+    return _Scaled.apply(q, k, v, causal, softmax_scale, 1.01)
+
+
+def fp32_backward_right(q, k, v, *, causal, softmax_scale):
+    """The control of fp32_backward_off."""
+    return _Scaled.apply(q, k, v, causal, softmax_scale, 1.0)
+
+
+def forward_only_wrong(q, k, v, *, causal, softmax_scale):
+    """Declares no backward; its forward scales the logits by 1/d."""
+    with torch.no_grad():
+        return _attention(q, k, v, causal=causal, scale=1.0 / q.shape[-1])
+
+
+def forward_only_right(q, k, v, *, causal, softmax_scale):
+    """The control of forward_only_wrong."""
+    with torch.no_grad():
+        return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+forward_only_wrong.faverify_capabilities = {"backward": False}
+forward_only_right.faverify_capabilities = {"backward": False}
+
+_SCRATCH: dict = {}
+
+
+def _rows_seen(q, k, causal):
+    """[sq] bool: the rows that see a key under bottom-right causality."""
+    sq, sk = q.shape[1], k.shape[1]
+    if not causal:
+        return torch.full((sq,), sk > 0, device=q.device)
+    return torch.arange(sq, device=q.device) + sk - sq >= 0
+
+
+def _stale(q, k, v, *, causal, softmax_scale, clear: bool):
+    """Writes the rows that see a key into a scratch buffer kept across calls (grown, never shrunk) and
+    returns its first rows: the rows that see no key keep what an earlier call left there unless cleared."""
+    out = correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    b, sq, h, dv = out.shape
+    key = (q.dtype, q.device.type)
+    scratch = _SCRATCH.get(key)
+    if scratch is None or any(n > m for n, m in zip((b, sq, h, dv), scratch.shape)):
+        scratch = torch.zeros(max(b, 4), max(sq, 256), max(h, 16), max(dv, 256), dtype=q.dtype, device=q.device)
+        _SCRATCH[key] = scratch
+    view = scratch[:b, :sq, :h, :dv]
+    if clear:
+        view.zero_()
+    seen = _rows_seen(q, k, causal)
+    view[:, seen] = out[:, seen].detach()
+    result = view.clone()
+    view.fill_(1.0)  # what the next call finds in the rows it does not write
+    return result
+
+
+def stale_scratch(q, k, v, *, causal, softmax_scale):
+    """Rows that see no key come out of a scratch buffer an earlier call filled: right alone in a fresh
+    process (the buffer starts at zero), wrong after any earlier call."""
+    return _stale(q, k, v, causal=causal, softmax_scale=softmax_scale, clear=False)
+
+
+def cleared_scratch(q, k, v, *, causal, softmax_scale):
+    """The control of stale_scratch: the buffer cleared on every call."""
+    return _stale(q, k, v, causal=causal, softmax_scale=softmax_scale, clear=True)
+
+
+for _fn in (stale_scratch, cleared_scratch):
+    _fn.faverify_capabilities = {"backward": False}
+
+
+def rounds_p(q, k, v, *, causal, softmax_scale):
+    """Correct, with P rounded to the inputs' dtype before P @ V as a flash kernel does: an error about the
+    naive baseline's, within the default tolerance and past a tolerance a tenth of it."""
+    return _attention(q, k, v, causal=causal, scale=softmax_scale, weights=q.dtype)

@@ -1,0 +1,98 @@
+"""A reproducer is printed only once it was seen to fail, and it carries what the failure needs: the gradient
+check, the mode, the tolerance. A failure that needs earlier calls in the same process says so instead."""
+import shlex
+
+import pytest
+
+from property_tests.cli_helpers import cli, read_json
+
+PLANTED = "property_tests.planted_trust"
+
+
+def _fuzz(tmp_path, kernel: str, *flags: str):
+    r = cli("fuzz", "--kernel", kernel, "--device", "cpu", "--no-db", "--json", tmp_path / "run.json", *flags)
+    run = read_json(tmp_path / "run.json") if (tmp_path / "run.json").exists() else None
+    return r, run
+
+
+def _run_reproducer(line: str):
+    words = shlex.split(line)
+    assert words[:2] == ["faverify", "repro"], line
+    return cli(*words[1:])
+
+
+@pytest.mark.parametrize("kernel,flags,needs", [
+    (f"{PLANTED}:fp32_backward_off", ("--iters", "4", "--gradcheck-every", "1", "--dtype", "bf16"), "--gradcheck"),
+    (f"{PLANTED}:forward_only_wrong", ("--iters", "10"), None),
+    (f"{PLANTED}:rounds_p", ("--iters", "10", "--factor", "0.1", "--atol", "0", "--tight", "0", "--mode", "fwd"),
+     "--tight"),
+])
+def test_every_printed_reproducer_fails_when_run(tmp_path, kernel, flags, needs):
+    r, run = _fuzz(tmp_path, kernel, *flags)
+    assert r.exit_code == 1, r.stderr
+    failures = run["kernels"][0]["failures"]
+    assert failures and all(f["replayed"] == "failed" for f in failures), [f["replay_reason"] for f in failures]
+    for f in failures:
+        if needs:
+            assert needs in shlex.split(f["reproducer"]), f["reproducer"]
+        again = _run_reproducer(f["reproducer"])
+        assert again.exit_code == 1, (f["reproducer"], again.stderr)
+        assert f["reproducer"] in r.stderr or f is not failures[0]
+    if needs:  # without the flags the same case passes: they are what makes it fail
+        assert _run_reproducer(shlex.join(_without(shlex.split(failures[0]["reproducer"]), needs))).exit_code == 0
+
+
+def _without(words: list, needs: str) -> list:
+    """The reproducer's words without the flag (--gradcheck), or without every tolerance option (--tight)."""
+    if needs == "--gradcheck":
+        return [w for w in words if w != needs]
+    kept, skip = [], False
+    for w in words:
+        if w in ("--factor", "--atol", "--tight"):
+            skip = True
+        elif skip:
+            skip = False
+        else:
+            kept.append(w)
+    return kept
+
+
+@pytest.mark.parametrize("control", [f"{PLANTED}:fp32_backward_right", f"{PLANTED}:forward_only_right"])
+def test_the_controls_pass(tmp_path, control):
+    flags = ("--iters", "4", "--gradcheck-every", "1", "--dtype", "bf16") if "backward" in control else ("--iters", "10")
+    r, run = _fuzz(tmp_path, control, *flags)
+    assert r.exit_code == 0, r.stderr
+    assert run["kernels"][0]["summary"]["passed"] == run["kernels"][0]["summary"]["cases"]
+
+
+def test_a_forward_only_subject_is_judged_on_its_forward_under_the_default_mode(tmp_path):
+    """backward: false under --mode both is judged on the forward, and says so; under --mode bwd every case
+    is skipped and the run's error names the way out."""
+    r, run = _fuzz(tmp_path, f"{PLANTED}:forward_only_right", "--iters", "6")
+    partial = run["kernels"][0]["summary"]["partial_reasons"]
+    assert r.exit_code == 0 and any("declares no backward" in reason for reason in partial), partial
+    r = cli("fuzz", "--kernel", f"{PLANTED}:forward_only_right", "--iters", "3", "--device", "cpu", "--no-db",
+            "--mode", "bwd")
+    assert r.exit_code == 2 and "--mode fwd" in r.stderr, r.stderr
+
+
+def test_a_failure_that_needs_earlier_calls_prints_no_reproducer_that_passes(tmp_path):
+    """A scratch buffer kept across calls: the minimal case passes alone in a fresh process, so the report
+    says the failure needs earlier calls and prints no `faverify repro` line; the control passes."""
+    r, run = _fuzz(tmp_path, f"{PLANTED}:stale_scratch", "--iters", "40", "--dtype", "fp32")
+    assert r.exit_code == 1, r.stderr
+    failures = run["kernels"][0]["failures"]
+    assert failures and all(f["replayed"] == "passed" for f in failures), failures
+    assert "reproduce:" not in r.stderr and "fails only after earlier calls" in r.stderr, r.stderr
+    again = _run_reproducer(failures[0]["reproducer"])
+    assert again.exit_code == 0  # what the report would have printed before passes: it was rightly withheld
+    r, _ = _fuzz(tmp_path, f"{PLANTED}:cleared_scratch", "--iters", "40", "--dtype", "fp32")
+    assert r.exit_code == 0, r.stderr
+
+
+def test_reproducer_words_are_quoted_for_the_shell():
+    from faverify.case import Case
+    from faverify.collector import repro_command
+    line = repro_command("k:f;touch PWNED;#", Case(1, 1, 1, 1, 1, 8).to_json(), "cpu", ("--tight", "out=0"))
+    words = shlex.split(line)
+    assert words[3] == "k:f;touch PWNED;#" and words[-2] == "--case" and ";" not in line.replace("'k:f;touch PWNED;#'", "")
