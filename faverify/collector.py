@@ -99,6 +99,7 @@ class KernelStats:
     replayed_failures: list = field(default_factory=list)  # Failure per signature a replayed case showed
     still_failing: list = field(default_factory=list)  # the replayed cases that still fail (kept in the store)
     keep_series: bool = False  # the run file keeps the per-case values too (a shard's, for merge.py)
+    own_errors: list = field(default_factory=list)  # the first reasons of cases faverify's own code raised on
 
     def merge_replayed(self) -> None:
         """List each replayed failure whose signature the draw did not find too (the draw's own, shrunk,
@@ -135,6 +136,8 @@ class KernelStats:
             self.per_device[r.device] += 1
         if r.status == "skip":
             self.skipped[r.reason] += 1
+        elif r.status == "error" and len(self.own_errors) < 3:
+            self.own_errors.append(r.reason)
         elif r.status == "pass" and r.reason:  # passed on less than was asked (runner.FORWARD_ONLY)
             self.partial[r.reason] += 1
         outcome = "failing" if r.failed else "passing"  # apart: the good cases' margin is not hidden by the bad
@@ -166,6 +169,11 @@ class KernelStats:
     @property
     def failed(self) -> int:
         return self.counts["fail"] + self.counts["crash"] + self.counts["timeout"]
+
+    @property
+    def errors(self) -> int:
+        """Cases faverify's own code raised on (runner.own_error): neither passed nor failed by the subject."""
+        return self.counts["error"]
 
     def stat_rows(self) -> list:
         rows = []
@@ -208,6 +216,7 @@ class KernelStats:
     def summary(self) -> dict:
         return {"kernel": self.kernel, "cases": self.cases, "passed": self.counts["pass"], "failed": self.failed,
                 "crashed": self.counts["crash"], "timed_out": self.counts["timeout"], "skipped": self.counts["skip"],
+                "errors": self.counts["error"], "error_reasons": list(self.own_errors),
                 "skip_reasons": dict(self.skipped.most_common()),
                 "partial_reasons": dict(self.partial.most_common()), "per_device": dict(self.per_device),
                 "paths": dict(self.paths),  # in the order first taken: fwd before bwd

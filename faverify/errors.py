@@ -15,3 +15,7 @@ class EnvironmentProblem(RuntimeError):
 
 class Unsupported(NotImplementedError):
     """A subject cannot run this case: counted as skipped with the reason, never as a pass."""
+
+
+class OwnError(RuntimeError):
+    """faverify's own code failed (a bug in faverify, never the subject's): exit code 2, in one line."""

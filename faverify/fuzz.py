@@ -11,7 +11,7 @@ from faverify.case import Case
 from faverify.collector import Failure, KernelStats
 from faverify.conventions import DEFAULT as DEFAULT_CONVENTIONS
 from faverify.plan import FuzzPlan
-from faverify.runner import CaseResult
+from faverify.runner import CaseResult, own_error
 from faverify.signals import held
 
 __all__ = ["FuzzPlan", "run"]
@@ -71,8 +71,11 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
                 subject = resolve(name)
 
                 def evaluate(case: Case, gradcheck: bool, subject=subject) -> CaseResult:
-                    return evaluate_case(subject, case, devices[0], mode=mode, tolerance=tolerance,
-                                         gradcheck=gradcheck, repeat=repeat)
+                    try:
+                        return evaluate_case(subject, case, devices[0], mode=mode, tolerance=tolerance,
+                                             gradcheck=gradcheck, repeat=repeat)
+                    except Exception as e:  # faverify's own bug: this case's error, and the run goes on
+                        return own_error(name, case, e, str(devices[0]))
             replay(name, examples.load(plan.database, name), evaluate, stats)
             if parallel:
                 fuzz_parallel(name, plan, pool, stats, progress_factory(name), warmup, keep=workers)

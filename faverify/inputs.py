@@ -273,19 +273,42 @@ def _alibi_slopes(case: Case, g: torch.Generator, device: torch.device) -> torch
 
 
 def _sinks(case: Case, q, k, g: torch.Generator, device: torch.device) -> torch.Tensor | None:
-    """One raw logit per head. "around": about a row's log-sum-exp (log seqlen_k plus a normal draw), where
-    sink and keys share the weight; "above"/"below": 30 past the largest logit the inputs can give, so
-    the sink takes all the weight or none."""
+    """One raw logit per head. "around": about the head's rows' log-sum-exp (_row_lse plus a normal draw),
+    where sink and keys share the weight and the sink's gradient is as large as it gets; "above"/"below":
+    30 past the largest logit the inputs can give, so the sink takes all the weight or none."""
     if case.sinks == "off":
         return None
-    h, sk = case.nheads, case.seqlen_k
+    h = case.nheads
     z = torch.randn(h, generator=g, device=device)
     if case.sinks == "around":
-        return z + math.log(max(sk, 1))
+        return z + _row_lse(case, q, k)
     bound = case.scale * float(q.norm(dim=-1).amax()) * float(k.norm(dim=-1).amax()) if q.numel() and k.numel() else 0.0
     if case.softcap:
         bound = min(bound, case.softcap)
     return (bound + 30.0 + z.abs()) * (1 if case.sinks == "above" else -1)
+
+
+SINK_ROWS, SINK_KEYS = 64, 4096  # the rows and keys of the first batch element _row_lse samples
+
+
+def _row_lse(case: Case, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """[h] fp32: the median over rows of each head's log-sum-exp of its scaled (and capped) logits, over
+    up to SINK_ROWS rows and SINK_KEYS keys of the first batch element, the sum scaled up by the keys left
+    out. Windows, masks and ALiBi are left out: the sink lands within a few units of the rows' lse, not on
+    it. With no key or no row, log(max(sk, 1)): a row's lse at logits of 0."""
+    sq, sk, h = q.shape[1], k.shape[1], case.nheads
+    if sq == 0 or sk == 0:
+        return torch.full((h,), math.log(max(sk, 1)), device=q.device)
+    rows = torch.linspace(0, sq - 1, min(sq, SINK_ROWS), device=q.device).long()
+    keys = torch.linspace(0, sk - 1, min(sk, SINK_KEYS), device=q.device).long()
+    kv_head = torch.arange(h, device=q.device) // case.group
+    qs = q[0, rows].transpose(0, 1)  # [h, rows, d]
+    ks = k[0, keys][:, kv_head].transpose(0, 1)  # [h, keys, d]
+    s = case.scale * (qs @ ks.transpose(1, 2))
+    if case.softcap:
+        s = case.softcap * torch.tanh(s / case.softcap)
+    lse = torch.logsumexp(s, dim=-1) + math.log(sk / len(keys))
+    return lse.median(dim=1).values.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _with_outliers(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:

@@ -10,13 +10,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
-import traceback
 from multiprocessing.connection import wait
 from typing import NamedTuple
 
 from faverify import processes
 from faverify.case import Case
-from faverify.runner import CaseResult, failure
+from faverify.runner import CaseResult, failure, own_error
 from faverify.scheduler import POLL_SECONDS, cores
 
 # Messages after which a CUDA context cannot be trusted: the worker reports a crash and exits.
@@ -76,9 +75,8 @@ def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: i
                     stored = golden_files.load(directory, entry, device)
                 result = evaluate(subject, case, device, mode=mode, tolerance=tol, gradcheck=gradcheck,
                                   stored=stored, in_worker=True, repeat=repeat)
-        except BaseException as e:  # our own bug while judging: reported as a crash of this case
-            result = failure(kernel, case, "crash", f"faverify raised {type(e).__name__}: {e}\n"
-                             + traceback.format_exc(limit=4), "crash", device)
+        except BaseException as e:  # faverify's own bug while judging: its error, not the subject's failure
+            result = own_error(kernel, case, e, device)
         poisoned = result.failed and any(marker in result.reason for marker in _POISONED)
         if poisoned:
             result.status, result.signatures = "crash", ["crash"]

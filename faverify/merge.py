@@ -84,7 +84,8 @@ def _merged_kernel(name: str, shards: list) -> KernelStats:
         s = entry["summary"]
         crashed, timed_out = s.get("crashed", 0), s.get("timed_out", 0)
         stats.counts.update({"pass": s["passed"], "fail": s["failed"] - crashed - timed_out, "crash": crashed,
-                             "timeout": timed_out, "skip": s["skipped"]})
+                             "timeout": timed_out, "skip": s["skipped"], "error": s.get("errors", 0)})
+        stats.own_errors.extend(s.get("error_reasons", [])[:3 - len(stats.own_errors)])
         stats.skipped.update(s.get("skip_reasons", {}))
         stats.partial.update(s.get("partial_reasons", {}))
         stats.per_device.update({f"{label} {d}": n for d, n in s.get("per_device", {}).items()})

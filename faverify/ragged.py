@@ -101,3 +101,29 @@ def unpack(t: torch.Tensor, ends: list, i: int) -> torch.Tensor:
     """Sequence i of a packed [total, ...] tensor, as [1, s_i, ...]; ends: offsets(), on the host (reading
     them from the device's cu_seqlens would make the host wait for it twice a sequence)."""
     return t[ends[i]:ends[i + 1]].unsqueeze(0)
+
+
+# Capabilities.varlen_tail_grads: what a varlen subject's gradients must hold in the tail tokens past the
+# last sequence. The loss does not depend on them, so their gradient is 0 ("zero"); a subject that declares
+# it leaves them as it found them ("finite") must at least leave no NaN or Inf there.
+TAIL_GRAD_RULES = ("zero", "finite")
+
+
+def tail_gradients(case: Case, got: dict, rule: str = "zero") -> list:
+    """(signature, reason) per gradient of a varlen case whose tail rows break the rule: dq's past total_q,
+    dk's and dv's past total_k ("dq:tail", "7 rows past the last sequence: 896 elements not 0, 896 NaN")."""
+    if case.kind != "varlen" or not case.tail:
+        return []
+    failing = []
+    for name, start in (("dq", case.total_q), ("dk", case.total_k), ("dv", case.total_k)):
+        t = got.get(name)
+        if t is None:
+            continue
+        tail = t.detach()[start:]
+        nan = int(torch.isnan(tail).sum())
+        bad = int((~torch.isfinite(tail)).sum()) if rule == "finite" else int((tail != 0).sum())
+        if bad:
+            want = "finite" if rule == "finite" else "0"
+            failing.append((f"{name}:tail", f"{name}: {tail.shape[0]} rows past the last sequence (the tail, which "
+                                            f"no sequence reads): {bad} elements not {want}, {nan} NaN"))
+    return failing

@@ -166,6 +166,12 @@ def render(run: Run, style: str = "table") -> str:
                      fmt(s["cases_per_second"], ".1f"), verdict])
     out.append(table(rows, ["kernel", "cases", "passed", "failed", "crashed", "timed out", "skipped", "seconds",
                             "cases/s", "verdict"], style))
+    own = "; ".join(f"{k['summary']['kernel']}: {k['summary']['errors']} cases, the first: "
+                    + k["summary"]["error_reasons"][0].splitlines()[0] for k in run.kernels
+                    if k["summary"].get("errors") and k["summary"].get("error_reasons"))
+    if own:
+        out.append(("- " if style == "md" else "") + "faverify's own errors (a bug in faverify, not counted against "
+                   f"the kernel; the run exits 2): {own}")
     devices = "; ".join(f"{k['summary']['kernel']}: " + ", ".join(f"{d} {n}" for d, n in
                                                                   sorted(k["summary"].get("per_device", {}).items()))
                         for k in run.kernels if k["summary"].get("per_device"))

@@ -41,6 +41,11 @@ class Run:
         return any(k["summary"]["failed"] or k["failures"] for k in self.kernels)
 
     @property
+    def errors(self) -> int:
+        """Cases faverify's own code raised on (not the subjects' failures)."""
+        return sum(k["summary"].get("errors", 0) for k in self.kernels)
+
+    @property
     def ran(self) -> int:
         return sum(k["summary"]["cases"] - k["summary"]["skipped"] for k in self.kernels)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import posix
 import time
 from dataclasses import dataclass, field
 
@@ -24,14 +25,17 @@ from faverify.verdict import Tolerance, judge_all, kind
 
 MODES = {"fwd": ("out", "lse"), "bwd": ("dq", "dk", "dv", "dsinks", "dbias"),
          "both": ("out", "lse", "dq", "dk", "dv", "dsinks", "dbias")}
-STATUSES = ("pass", "fail", "skip", "crash", "timeout")
+# "error": faverify's own code raised on the case (isolation.py): neither a pass nor a failure of the subject;
+# the run says so and exits 2
+STATUSES = ("pass", "fail", "skip", "crash", "timeout", "error")
+OWN_ERROR = "faverify-error"  # the signature of a case faverify's own code raised on
 
 
 @dataclass
 class CaseResult:
     kernel: str
     case: Case
-    status: str  # one of STATUSES; crash and timeout come from the worker (isolation.py)
+    status: str  # one of STATUSES; crash, timeout and error come from the worker (isolation.py)
     reason: str = ""
     metrics: dict = field(default_factory=dict)  # tensor -> TensorMetrics
     signatures: list = field(default_factory=list)  # e.g. ["out:tolerance", "dq:nan"]; empty unless failing
@@ -63,6 +67,14 @@ def failure(kernel: str, case: Case, status: str, reason: str, signature: str, d
     return CaseResult(kernel=kernel, case=case, status=status, reason=reason, signatures=[signature], device=device)
 
 
+def own_error(kernel: str, case: Case, error: BaseException, device: str = "") -> CaseResult:
+    """The result of a case on which faverify's own code raised: its error, not the subject's failure."""
+    import traceback
+    where = traceback.format_exception(type(error), error, error.__traceback__, limit=-3)
+    return CaseResult(kernel=kernel, case=case, status="error", device=device, signatures=[],
+                      reason=f"faverify raised {type(error).__name__}: {error}\n" + "".join(where[-4:-1]).rstrip())
+
+
 def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: str = "both",
              tolerance: Tolerance | None = None, gradcheck: bool = False, stored=None,
              in_worker: bool = False, repeat: int = 1) -> CaseResult:
@@ -77,8 +89,7 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
     clock = _Clock(device)
     subject.take_paths()  # whatever ran (or compiled: a warm-up) before this case is not its
     subject.take_compile_seconds()
-    raised = (Exception, SystemExit, KeyboardInterrupt) if in_worker else (Exception, SystemExit)
-    result = _evaluate(subject, case, device, mode, tolerance, clock, stored, raised, repeat)
+    result = _evaluate(subject, case, device, mode, tolerance, clock, stored, in_worker, repeat)
     if gives_back(case, device):
         torch.cuda.empty_cache()
     result.paths = subject.take_paths()
@@ -133,8 +144,9 @@ class _Clock:
 
 
 def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tolerance: Tolerance,
-              clock: _Clock, stored, raised: tuple, repeat: int = 1) -> CaseResult:
-    """raised: what the subject may raise that fails its case (anything else propagates)."""
+              clock: _Clock, stored, in_worker: bool, repeat: int = 1) -> CaseResult:
+    """in_worker: a KeyboardInterrupt in the subject is its own (evaluate says why). Whatever the subject
+    raises fails its case (_subject_code); what faverify's own code raises propagates."""
     name = subject.name
     reason = subject.unsupported(case, device)
     backward = mode != "fwd" and not subject.caps.combine  # a combine has no gradients to ask
@@ -154,7 +166,7 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     if reason:
         return CaseResult(name, case, "skip", reason)
     if subject.caps.combine:
-        return _evaluate_combine(subject, case, device, tolerance, clock, raised)
+        return _evaluate_combine(subject, case, device, tolerance, clock, in_worker)
 
     try:
         if stored is None:
@@ -170,12 +182,12 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     buffer = _out_buffer(case, x.q) if subject.caps.out_buffer else None
     clock.lap("inputs")
     try:
-        with _no_exit():
+        with _subject_code(in_worker, skips=True):
             out, lse, splits = subject.call(x.q, x.k, x.v, case, x.extras(), out=buffer)
     except (Unsupported, ValueError, NotImplementedError) as e:
         return CaseResult(name, case, "skip", f"{type(e).__name__}: {e}")
-    except raised as e:  # the subject's failure, recorded with its message
-        return failure(name, case, "fail", f"forward raised {type(e).__name__}: {e}", f"error:{type(e).__name__}")
+    except SubjectRaised as e:  # the subject's failure, recorded with its message
+        return failure(name, case, "fail", f"forward raised {e}", f"error:{e.name}")
     problem = _check_outputs(case, x.q, out, lse) or (_check_splits(case, splits) if splits is not None else None)
     if problem:
         return failure(name, case, "fail", problem, "contract")
@@ -187,12 +199,12 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         mode = "fwd"
     if backward:
         try:
-            with _no_exit():
+            with _subject_code(in_worker):
                 wrt = x.differentiable()
                 grads = torch.autograd.grad(out, tuple(wrt.values()), x.dout, allow_unused=True)
-        except raised as e:  # autograd's own complaint may come from an input changed in place
+        except SubjectRaised as e:  # autograd's own complaint may come from an input changed in place
             failing = _changed_inputs(x, pristine, subject.caps.writes)
-            failing.append((f"error:{type(e).__name__}", f"backward raised {type(e).__name__}: {e}"))
+            failing.append((f"error:{e.name}", f"backward raised {e}"))
             return CaseResult(name, case, "fail", "; ".join(r for _, r in failing), signatures=[s for s, _ in failing])
         names = tuple(wrt)
         for gname, grad, inp in zip(names, grads, wrt.values()):
@@ -201,6 +213,9 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         if problem:
             return failure(name, case, "fail", problem, "contract")
     failing = _changed_inputs(x, pristine, subject.caps.writes)
+    if backward:
+        from faverify.ragged import tail_gradients
+        failing += tail_gradients(case, got, subject.caps.varlen_tail_grads)
     if buffer is not None:
         from faverify.margins import written_outside
         rows = case.total_q if case.kind == "varlen" else buffer.shape[0]
@@ -211,10 +226,10 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     clock.lap("subject")
     if repeat > 1:
         try:
-            with _no_exit():
+            with _subject_code(in_worker):
                 failing += _differences(subject, case, pristine, got, backward, repeat)
-        except raised as e:
-            failing.append((f"error:{type(e).__name__}", f"a repeated run raised {type(e).__name__}: {e}"))
+        except SubjectRaised as e:
+            failing.append((f"error:{e.name}", f"a repeated run raised {e}"))
         clock.lap("repeat")
     try:
         metrics = judge(case, pristine, got, tolerance, MODES[mode], reference_given, subject.caps.conventions,
@@ -254,7 +269,7 @@ def _out_buffer(case: Case, q: torch.Tensor) -> torch.Tensor:
 
 
 def _evaluate_combine(subject: Subject, case: Case, device: torch.device, tolerance: Tolerance, clock: "_Clock",
-                      raised: tuple) -> CaseResult:
+                      in_worker: bool) -> CaseResult:
     """A split-KV combine alone: its partials are the FP64 attention over each split's keys (in fp32, as
     kernels keep them), and what it combines them into is judged against the whole attention. The baseline
     is the combine formula on the partials rounded to the case's dtype."""
@@ -269,12 +284,12 @@ def _evaluate_combine(subject: Subject, case: Case, device: torch.device, tolera
     lses = parts["lse"].reshape(shape[1]).float()
     given = (outs.clone(), lses.clone())
     try:
-        with _no_exit():
+        with _subject_code(in_worker, skips=True):
             result = subject.fn(outs, lses)
     except (Unsupported, ValueError, NotImplementedError) as e:
         return CaseResult(name, case, "skip", f"{type(e).__name__}: {e}")
-    except raised as e:
-        return failure(name, case, "fail", f"combine raised {type(e).__name__}: {e}", f"error:{type(e).__name__}")
+    except SubjectRaised as e:
+        return failure(name, case, "fail", f"combine raised {e}", f"error:{e.name}")
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         return failure(name, case, "fail", "a combine must return (out, lse)", "contract")
     out, lse = result
@@ -296,8 +311,8 @@ def _evaluate_combine(subject: Subject, case: Case, device: torch.device, tolera
 
 
 def _split_shape(case: Case) -> tuple:
-    b, sq, h, dv = expected_out_shape(case)
-    return (case.splits, b, sq, h, dv), (case.splits, b, h, sq)
+    """(out_splits', lse_splits' shape): [splits] before out's and lse's own, packed for a varlen case."""
+    return (case.splits, *expected_out_shape(case)), (case.splits, *expected_lse_shape(case))
 
 
 def _check_splits(case: Case, splits) -> str | None:
@@ -320,6 +335,8 @@ def judge_splits(case: Case, x: Inputs, splits, tolerance: Tolerance, caps, lap=
         ref, scales, base, empty = split_yardsticks(case, x, caps.conventions, caps.split_block)
         lap("reference")
         out, lse = splits
+        if case.kind == "varlen":  # the tail cut off, as out's and lse's are
+            out, lse = out[:, :case.total_q], lse[:, :, :case.total_q]
         got = {"out": out.reshape(ref["out"].shape), "lse": lse.reshape(ref["lse"].shape)}
         metrics = _judged(case, got, (ref, scales, base, empty), tolerance, ("out", "lse"), caps.conventions)
     for m in metrics.values():
@@ -452,20 +469,42 @@ class _SubjectExited(Exception):
     """A subject called os._exit: in this process that would end faverify with the subject's exit code."""
 
 
+class SubjectRaised(Exception):
+    """Whatever a subject raised (an Exception, SystemExit, GeneratorExit, a BaseException of its own), carried
+    out of its call: its case fails with `name` and the message, and nothing is blamed on faverify."""
+
+    def __init__(self, error: BaseException):
+        self.error, self.name = error, type(error).__name__
+        super().__init__(f"{self.name}: {error}")
+
+
 @contextlib.contextmanager
-def _no_exit():
-    """While the subject runs, os._exit raises instead of ending the process: run in this process
-    (--no-isolate, repro, golden verify), a kernel's os._exit(0) would otherwise end faverify with exit
-    code 0, a pass for nothing. sys.exit raises SystemExit, which the caller takes as the subject's."""
-    original = os._exit
+def _subject_code(in_worker: bool, skips: bool = False):
+    """Around the subject's own code. What it raises comes out as SubjectRaised, except (with skips, around
+    its forward) Unsupported, ValueError and NotImplementedError, its word that a case is not supported, and a
+    KeyboardInterrupt in the user's own process (Ctrl-C stops the run; in a worker, which ignores it, the
+    subject raised it). While it runs, os._exit raises instead of ending the process: run in this process
+    (--no-isolate, repro, golden verify), a kernel's os._exit(0) would end faverify with exit code 0, a pass
+    for nothing."""
+    originals = os._exit, posix._exit
 
     def refuse(code=0):
         raise _SubjectExited(f"the subject called os._exit({code})")
-    os._exit = refuse
+    os._exit = posix._exit = refuse
     try:
         yield
+    except (Unsupported, ValueError, NotImplementedError) as e:
+        if skips:
+            raise
+        raise SubjectRaised(e) from e
+    except KeyboardInterrupt as e:
+        if not in_worker:
+            raise
+        raise SubjectRaised(e) from e
+    except BaseException as e:
+        raise SubjectRaised(e) from e
     finally:
-        os._exit = original
+        os._exit, posix._exit = originals
 
 
 def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple, given=None,

@@ -70,19 +70,27 @@ def yardsticks(case: Case, x, backward: bool, conventions: Conventions) -> tuple
 
 
 def split_yardsticks(case: Case, x, conventions: Conventions, block: int) -> tuple:
-    """(reference, scales, baseline, rows without a key) of the split-KV partials: out [S * B, sq, h, dv],
-    lse [S * B, h, sq], split s of sequence b over keys Case.split_ranges(sk_b, block)[s]."""
+    """(reference, scales, baseline, rows without a key) of the split-KV partials: split s of sequence b over
+    keys Case.split_ranges(sk_b, block)[s]; out [S * B, sq, h, dv] and lse [S * B, h, sq], a varlen case's
+    packed per split, out [S, total_q, h, dv] and lse [S, h, total_q]."""
+    varlen = case.kind == "varlen"
     refs, scales, bases = [], [], []
     for s in range(case.splits):
+        split_refs, split_bases = [], []
         for b, q, k, v, _ in per_sequence(case, x):
             sk = k.shape[1]
+            if q.shape[1] == 0:  # no query rows: nothing in out or lse
+                continue
             lo, hi = case.split_ranges(sk, block)[s]
             variant = _variant(case, x, conventions, b, q.shape[1], sk, lo)
             args = (q, k[:, lo:hi], v[:, lo:hi])
             ref, sc = reference(*args, causal=case.causal, scale=case.scale, variant=variant)
-            refs.append(ref)
+            split_refs.append(ref)
             scales.append(sc)
-            bases.append(naive(*args, causal=case.causal, scale=case.scale, variant=variant))
+            split_bases.append(naive(*args, causal=case.causal, scale=case.scale, variant=variant))
+        within = {"out": 1, "lse": 2} if varlen else {"out": 0, "lse": 0}
+        refs.append(_joined(split_refs, within))
+        bases.append(_joined(split_bases, within))
     axis = {"out": 0, "lse": 0}
     ref = _joined(refs, axis)
     return ref, _combined(scales), _joined(bases, axis), ref["lse"] == float("-inf")

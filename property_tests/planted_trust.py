@@ -98,3 +98,67 @@ def rounds_p(q, k, v, *, causal, softmax_scale):
     """Correct, with P rounded to the inputs' dtype before P @ V as a flash kernel does: an error about the
     naive baseline's, within the default tolerance and past a tolerance a tenth of it."""
     return _attention(q, k, v, causal=causal, scale=softmax_scale, weights=q.dtype)
+
+
+def _sequences(cu_q, cu_k):
+    return [(int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])) for b in range(len(cu_q) - 1)]
+
+
+def varlen_splits(q, k, v, *, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                  num_splits=1):
+    """A varlen subject that takes num_splits, as flash-attn 3's varlen function does, right: out [total, h, dv]
+    and lse [h, total], the partials [splits, total, h, dv] and [splits, h, total], the tail 0 and -inf."""
+    from property_tests.planted_ragged import _split
+    parts = ([], [], [], [])
+    for q0, q1, k0, k1 in _sequences(cu_seqlens_q, cu_seqlens_k):
+        if q1 > q0:
+            out, lse, outs, lses = _split(q[q0:q1][None], k[k0:k1][None], v[k0:k1][None], causal, softmax_scale,
+                                          num_splits, drop_last_key=False)
+            for kept, t in zip(parts, (out[0], lse[0], outs[:, 0], lses[:, 0])):
+                kept.append(t)
+    tail = q.shape[0] - int(cu_seqlens_q[-1])
+    h, dv, s = q.shape[1], v.shape[2], num_splits
+    out = torch.cat(parts[0] + [q.new_zeros(tail, h, dv)])
+    lse = torch.cat(parts[1] + [torch.full((h, tail), float("-inf"), device=q.device)], dim=1)
+    outs = torch.cat(parts[2] + [torch.zeros(s, tail, h, dv, device=q.device)], dim=1)
+    lses = torch.cat(parts[3] + [torch.full((s, h, tail), float("-inf"), device=q.device)], dim=2)
+    return out, lse, outs, lses
+
+
+varlen_splits.faverify_capabilities = {"varlen": True, "dense": False, "splits": True, "backward": False, "lse": True}
+
+
+class _TailGrad(torch.autograd.Function):
+    """Each sequence's attention; the gradients' tail rows (past the last sequence) set to `fill`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, causal, scale, fill):
+        from property_tests.planted_ragged import _varlen
+        with torch.enable_grad():
+            qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+            out = _varlen(qq, kk, vv, cu_q, cu_k, causal, scale)
+        ctx.save_for_backward(qq, kk, vv, out)
+        ctx.ends, ctx.fill = (int(cu_q[-1]), int(cu_k[-1])), fill
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, dout):
+        qq, kk, vv, out = ctx.saved_tensors
+        grads = [g.clone() for g in torch.autograd.grad(out, (qq, kk, vv), dout, allow_unused=True)]
+        for g, end in zip(grads, (ctx.ends[0], ctx.ends[1], ctx.ends[1])):
+            g[end:] = ctx.fill
+        return (*grads, None, None, None, None, None)
+
+
+def _tail_grad(fill):
+    def fn(q, k, v, *, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        return _TailGrad.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, fill)
+    fn.faverify_capabilities = {"varlen": True, "dense": False}
+    return fn
+
+
+tail_grads_nan = _tail_grad(float("nan"))  # the backward leaves the tail rows as uninitialized NaN
+tail_grads_zero = _tail_grad(0.0)  # the control
+tail_grads_ones = _tail_grad(1.0)  # finite, not 0: right only where the subject declares it leaves them
+tail_grads_ones_declared = _tail_grad(1.0)
+tail_grads_ones_declared.faverify_capabilities = {"varlen": True, "dense": False, "varlen_tail_grads": "finite"}

@@ -16,7 +16,7 @@ try:  # typer >= 0.2x vendors click; older typer (as on some GPU images) uses cl
 except ImportError:  # pragma: no cover - depends on the installed typer
     import click
 
-from faverify.errors import EnvironmentProblem, UsageError
+from faverify.errors import EnvironmentProblem, OwnError, UsageError
 
 
 class _Group(TyperGroup):
@@ -35,8 +35,12 @@ class _Group(TyperGroup):
             code = _error(f"{where}: {e.format_message()}{_given_value(e, args)}", e.exit_code)
         except _ABORT:
             code = _error("aborted", 130)
-        except (UsageError, EnvironmentProblem) as e:
+        except (UsageError, EnvironmentProblem, OwnError) as e:
             code = _error(str(e), 2)
+        except RecursionError:  # a JSON nested past the interpreter's limit, wherever it was read
+            code = _error("input nested too deeply to read (a JSON of more than a few hundred levels)", 2)
+        except Exception as e:  # faverify's own bug: one line naming where, never a traceback
+            code = _error(f"faverify's own error (a bug in faverify, not in your kernel): {_where(e)}", 2)
         if standalone_mode:
             sys.exit(code)
         return code
@@ -63,8 +67,22 @@ def _given_value(e: Exception, args: list) -> str:
     return ""
 
 
+def _where(e: BaseException) -> str:
+    """The exception and the line of faverify's code it came from."""
+    import traceback
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "faverify" in f.filename] or \
+        traceback.extract_tb(e.__traceback__)
+    place = f" (at {frames[-1].filename.rsplit('/', 2)[-2:][-1]}:{frames[-1].lineno})" if frames else ""
+    return f"{type(e).__name__}: {_bounded(str(e))}{place}"
+
+
+def _bounded(text: str, limit: int = 300) -> str:
+    """An error's text cut to `limit` characters: a message that echoes a 50 MB input is not 50 MB long."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"
+
+
 def _error(message: str, code: int) -> int:
-    typer.echo(f"faverify: error: {message}", err=True)
+    typer.echo(f"faverify: error: {_bounded(message, 1000)}", err=True)
     return code
 
 

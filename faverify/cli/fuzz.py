@@ -11,7 +11,7 @@ from faverify.cli.common import (AtolOpt, TightOpt, DeviceOpt, FactorOpt, MaxSeq
                                  check_max_seqlen, check_shrink_budget, check_timeout, check_writable, progress_bar,
                                  parse_choice, progress_factory, say, tolerance_from)
 from faverify.case import LAYOUTS, REGIMES
-from faverify.errors import EnvironmentProblem, UsageError
+from faverify.errors import EnvironmentProblem, OwnError, UsageError
 from faverify.signals import held, sigterm_interrupts
 
 
@@ -151,6 +151,10 @@ def _write_outputs(result, json_path: Optional[Path], markdown: Optional[Path]) 
 def _exit_code(result) -> int:
     from faverify.cli.app import INTERRUPTED_RUN
     INTERRUPTED_RUN["set"] = bool(result.settings.get("interrupted"))
+    if result.errors:
+        first = next(r for k in result.kernels for r in k["summary"].get("error_reasons", []))
+        raise OwnError(f"faverify's own code raised on {result.errors} case(s), a bug in faverify, not in the "
+                       f"kernel; the results were written; the first: {first.splitlines()[0]}")
     if result.settings.get("interrupted") and not result.failed:
         raise EnvironmentProblem(f"interrupted after {result.ran} cases with no failure; the results so far "
                                  "were written")

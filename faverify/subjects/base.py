@@ -56,6 +56,9 @@ class Capabilities:
     # the page sizes listed (None: any); split-KV partial results returned beside out and lse, the keys cut
     # into whole blocks of split_block keys
     varlen: bool = False
+    # the varlen gradients' tail rows, past the last sequence: "zero" (their gradient, by definition) or
+    # "finite" (a subject that declares it leaves them as they were)
+    varlen_tail_grads: str = "zero"
     paged: bool = False
     dense: bool = True  # False: varlen or paged cases only (flash_attn_varlen_func takes nothing else)
     page_sizes: tuple | None = None
@@ -94,6 +97,8 @@ class Capabilities:
             allowed = {"dtypes": DTYPES, "devices": ("cpu", "cuda"), "writes": INPUTS, "init_modes": INITS}[name]
             if not isinstance(value, tuple) or not all(isinstance(x, str) and x in allowed for x in value):
                 raise ValueError(f"{name} must be a list of {', '.join(allowed)}, got {value!r}")
+        if self.varlen_tail_grads not in ("zero", "finite"):
+            raise ValueError(f"varlen_tail_grads must be zero or finite, got {self.varlen_tail_grads!r}")
         if self.page_sizes is not None:
             if isinstance(self.page_sizes, list):
                 object.__setattr__(self, "page_sizes", tuple(self.page_sizes))
