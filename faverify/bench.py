@@ -310,7 +310,7 @@ VARIANT_HEADERS = HEADERS[:5] + ["variant"] + HEADERS[5:8] + ["time / dense", "v
 
 
 def table_rows(rows: list) -> list:
-    from faverify.report import fmt
+    from faverify.tables import fmt
     variants, others = _varied(rows), anchors(rows)
     out = []
     for r in rows:
@@ -345,7 +345,7 @@ def headers(rows: list) -> list:
 def markdown(rows: list, command: str, environment: list, interrupted: bool = False) -> str:
     """The bench as a pull-request comment: what ran where, the table, and TF/s against seqlen per shape."""
     from faverify.charts import tflops_charts
-    from faverify.report import table
+    from faverify.tables import table
     failed = [r for r in rows if r["validated"] == "fail"]
     verdict = ("**FAIL**: " + f"{len(failed)} configuration(s) failed the FP64 check first") if failed else \
         f"**{len(rows)} measurements**, each configuration checked against FP64 first"

@@ -131,7 +131,7 @@ HEADERS = ["kernel", "dtype", "d", "cache", "batch", "page", "splits", "ms", "ca
 
 
 def table_rows(rows: list) -> list:
-    from faverify.report import fmt
+    from faverify.tables import fmt
     return [[r["kernel"], r["dtype"], str(r["head_dim"]), str(r["cache_len"]), str(r["batch"]),
              str(r["page_size"] or "-"), str(r.get("splits", "-")), fmt(r.get("ms"), ".3f"),
              fmt(r.get("cache_tbps"), ".2f"), fmt(r.get("of_copy"), ".2f"), fmt(r.get("vs_sdpa-flash"), ".2f"),

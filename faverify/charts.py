@@ -9,7 +9,8 @@ from faverify.results import num as _num
 
 
 def _quoted(text: str) -> str:
-    return '"' + str(text).replace('"', "'") + '"'
+    """A label, quoted for Mermaid, on one line and without backticks: nothing in it can end the fence."""
+    return '"' + " ".join(str(text).split()).replace('"', "'").replace("`", "'") + '"'
 
 
 def _values(series: list) -> str:

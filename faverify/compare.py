@@ -130,7 +130,10 @@ def compare_runs(base: Run, head: Run, factor: float) -> dict:
                      if r["statistic"] == "usage_max" and r["mark"] == "+"})
     return {"factor": factor, "rows": rows, "counts": counts, "margin_shrank": [" ".join(k) for k in shrank],
             "environment_differences": environment_differences(base, head),
-            "regressed": counts["+"] > 0 or counts["!"] > 0}
+            "regressed": counts["+"] > 0 or counts["!"] > 0,
+            "comparable": sum(r["mark"] != "x" for r in rows),
+            "interrupted": [side for side, run in (("base", base), ("head", head))
+                            if run.settings.get("interrupted")]}
 
 
 _ORDER = {"!": 0, "+": 1, "-": 2, "x": 3, "": 4}
@@ -148,5 +151,8 @@ def summary_line(result: dict) -> str:
     shrank = result.get("margin_shrank", [])
     margins = f", the margin shrank on {', '.join(shrank[:3])}{', ...' if len(shrank) > 3 else ''}" if shrank else ""
     verdict = "REGRESSION: the head is worse" if result["regressed"] else "no regression: the head is not worse"
+    stopped = result.get("interrupted", [])
+    cut = (f"; the {' and the '.join(stopped)} run{'s were' if len(stopped) > 1 else ' was'} interrupted, "
+           "its statistics cover the cases it ran" if stopped else "")
     return (f"{verdict} ({c['!']} newly failing (!), {c['+']} worse (+){margins}; {c['-']} better (-), "
-            f"{c['x']} not comparable (x); factor {result['factor']:g})")
+            f"{c['x']} not comparable (x); factor {result['factor']:g}){cut}")

@@ -11,15 +11,31 @@ from pathlib import Path
 from faverify.errors import UsageError
 
 SCHEMA = "faverify.doctor"
+VERSIONS = (1,)  # the doctor report versions this faverify reads (doctor.py writes the newest)
+CHECK_FIELDS = ("check", "device", "status", "detail")  # each a string in every check of a report
 
 
 def read(path: Path) -> dict:
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError("RUN.json", str(path), f"cannot be read as JSON ({e})") from None
+    except (OSError, ValueError, RecursionError) as e:
+        raise UsageError("RUN.json", str(path), f"cannot be read as JSON ({type(e).__name__})") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("checks"), list):
         raise UsageError("RUN.json", str(path), "is not a doctor report (faverify doctor --json)")
+    if data.get("version") not in VERSIONS:
+        raise UsageError("RUN.json", str(path), f"is a doctor report of version {data.get('version')!r}; this "
+                                                f"faverify reads versions {', '.join(map(str, VERSIONS))}")
+    for i, check in enumerate(data["checks"]):
+        if not isinstance(check, dict) or not all(isinstance(check.get(f), str) for f in CHECK_FIELDS):
+            raise UsageError("RUN.json", str(path), f"checks[{i}] must be an object whose "
+                                                    f"{', '.join(CHECK_FIELDS)} are strings")
+    for name in ("node",):
+        if name in data and not isinstance(data[name], str):
+            raise UsageError("RUN.json", str(path), f"{name} must be a string")
+    env = data.get("environment", {})
+    if not isinstance(env, dict) or not isinstance(env.get("gpus", []), list) or not all(
+            isinstance(g, dict) and isinstance(g.get("name"), str) for g in env.get("gpus", [])):
+        raise UsageError("RUN.json", str(path), "environment must be an object whose gpus each have a name")
     return data
 
 
@@ -52,14 +68,16 @@ def fleet(named: list) -> dict:
             if b != majority:
                 row["outlier"] = f"bits differ from {n} of {len(members)} nodes' {model}"
     return {"schema": "faverify.fleet", "version": 1, "nodes": nodes, "rows": rows,
-            "failed": any(r["status"] == "Fail" or r["outlier"] for r in rows)}
+            "failed": any(r["status"] == "Fail" or r["outlier"] for r in rows),
+            "checked": sum(r["status"] in ("Pass", "Fail", "Warn") for r in rows)}
 
 
 def render(result: dict, style: str = "table") -> str:
-    from faverify.report import table
+    from faverify.tables import table
     failing = [r for r in result["rows"] if r["status"] == "Fail" or r["outlier"]]
     lead = (f"FAIL: {len(failing)} row(s) failing or outlying on {len({r['node'] for r in failing})} node(s)"
-            if failing else f"PASS: {len(result['nodes'])} nodes, no check failing, no outlier")
+            if failing else f"PASS: {len(result['nodes'])} nodes, no check failing, no outlier"
+            if result.get("checked", 1) else f"NOTHING CHECKED: {len(result['nodes'])} nodes, every check skipped")
     nodes = table([[n["node"], n["torch"] or "-", n["driver"] or "-", n["gpus"]] for n in result["nodes"]],
                   ["node", "torch", "driver", "GPUs"], style)
     rows = table([[r["node"], r["check"], r["device"], r["status"], r["outlier"] or "-", r["detail"][:120]]

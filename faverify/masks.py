@@ -47,6 +47,8 @@ def draw(case: Case, device) -> dict:
     if case.mask != "off":
         blocks = block_keep(case, device, g) if case.mask == "block" else None
         keep = mask_mod(case, device, g, blocks)
+        if blocks is not None:  # the documented shape: a key mask's one row of blocks for every query block
+            blocks = blocks.expand(*blocks.shape[:2], -(-case.seqlen_q // case.mask_block), blocks.shape[3])
         out.update(mask_mod=keep, attn_mask=evaluate(keep, mask_shape(case), device), block_mask=blocks)
     out.update(bias=draw_bias(case, device, g), score_mod=score_mod(case, device, g))
     return {name: value for name, value in out.items() if value is not None}

@@ -56,9 +56,13 @@ class Run:
         return {"schema": SCHEMA, "version": VERSION, "command": self.command, "environment": self.environment,
                 "settings": self.settings, "tolerance": self.tolerance, "kernels": self.kernels}
 
+    def to_text(self) -> str:
+        """The run file's text: JSON with NaN and Inf as strings."""
+        return json.dumps(_finite(self.to_dict()), indent=1) + "\n"
+
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(_finite(self.to_dict()), indent=1) + "\n")
+        path.write_text(self.to_text())
 
     @classmethod
     def read(cls, path: Path, *, argument: str = "RUN") -> "Run":

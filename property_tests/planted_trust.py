@@ -3,6 +3,7 @@ from it only in the bug. Plain torch, the subject signature (q, k, v, *, causal,
 import torch
 
 from property_tests.planted import _attention, correct
+from property_tests.planted import heads_first as _heads_first
 
 
 class _Scaled(torch.autograd.Function):
@@ -162,3 +163,24 @@ tail_grads_zero = _tail_grad(0.0)  # the control
 tail_grads_ones = _tail_grad(1.0)  # finite, not 0: right only where the subject declares it leaves them
 tail_grads_ones_declared = _tail_grad(1.0)
 tail_grads_ones_declared.faverify_capabilities = {"varlen": True, "dense": False, "varlen_tail_grads": "finite"}
+
+
+def block_mask_as_documented(q, k, v, *, causal, softmax_scale, block_mask=None, block_size=None):
+    """Reads block_mask as the contract gives it, bool [b|1, h|1, ceil(sq / n), ceil(sk / n)]: row block
+    i // n, key block j // n. Right."""
+    sq, sk = q.shape[1], k.shape[1]
+    qt, kt, vt, scale = _heads_first(q, k, v, softmax_scale)
+    s = qt @ kt.transpose(-1, -2) * scale
+    if block_mask is not None:
+        rows = torch.arange(sq, device=q.device) // block_size
+        cols = torch.arange(sk, device=q.device) // block_size
+        s = s.masked_fill(~block_mask[:, :, rows][:, :, :, cols], float("-inf"))  # [b|1, h|1, sq, sk]
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + sk - sq, float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return (p @ vt).transpose(1, 2).to(q.dtype)
+
+
+block_mask_as_documented.faverify_capabilities = {"block_mask": True}

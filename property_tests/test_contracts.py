@@ -91,3 +91,15 @@ def test_a_subject_raising_a_base_exception_fails_its_own_case(tmp_path, monkeyp
                 "--json", tmp_path / "run.json")
         failures = read_json(tmp_path / "run.json")["kernels"][0]["failures"]
         assert r.exit_code == 1 and failures and failures[0]["signature"].startswith("error:"), (isolate, r.stderr)
+
+
+def test_a_kernel_reading_the_block_mask_as_documented_passes_every_shape(tmp_path):
+    """A key mask ("keys", [b, 1, 1, sk]) drawn as blocks reaches the kernel with a row of blocks for every
+    query block, as the contract's [b|1, h|1, ceil(sq / n), ceil(sk / n)] says."""
+    case = Case(1, 17, 1, 1, 1, 16, dtype="fp32", mask="block", mask_shape="keys", mask_block=16, mask_rate=50, seed=1)
+    r = evaluate(resolve(f"{PLANTED}:block_mask_as_documented"), case, "cpu")
+    assert r.status == "pass", r.reason
+    r = cli("fuzz", "--kernel", f"{PLANTED}:block_mask_as_documented", "--iters", "60", "--device", "cpu", "--no-db",
+            "--json", tmp_path / "run.json")
+    masks = read_json(tmp_path / "run.json")["kernels"][0]["summary"]["masks"]
+    assert r.exit_code == 0 and masks, r.stderr

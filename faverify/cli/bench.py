@@ -49,7 +49,7 @@ def bench(
     from faverify.bench import YARDSTICKS, configs, headers, parse_variants, ratios, table_rows, time_row
     from faverify.bench import markdown as bench_markdown
     from faverify.dtypes import parse_dtypes
-    from faverify.report import table
+    from faverify.tables import table
     from faverify.subjects import resolve_many
 
     check_writable("--json", json_path)
@@ -117,7 +117,7 @@ def _decode(kernel: str, lengths: list, head_dims: list, dtype: str, page_sizes:
 
     from faverify import bench_decode
     from faverify.dtypes import parse_dtypes
-    from faverify.report import table
+    from faverify.tables import table
     from faverify.subjects import resolve_many
 
     kernel = "triton-paged" if kernel == "triton" else kernel  # the bundled decode kernel by default

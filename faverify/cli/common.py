@@ -29,9 +29,11 @@ class Mode(str, Enum):
 
 def check_writable(option: str, path, *, directory: bool = False) -> None:
     """Before any case runs: a file the run was asked to write must be writable when the run ends, so a
-    long run is not lost to a typo (a path under a file, a directory where a file should go). Creates the
-    missing folders, as the write would; writes nothing else."""
+    long run is not lost to a typo (a path under a file, a directory where a file should go, a FIFO or a
+    device where a file should go, a link to nothing). Creates the missing folders, as the write would;
+    writes nothing else. Call it after the kernels' names were checked: a wrong name creates no folder."""
     import os
+    import stat
     import tempfile
     from pathlib import Path
 
@@ -41,6 +43,10 @@ def check_writable(option: str, path, *, directory: bool = False) -> None:
     folder = path if directory else path.parent
     if not directory and path.is_dir():
         raise UsageError(option, str(path), "is a directory; give the path of a file to write")
+    if path.is_symlink() and not path.exists():
+        raise UsageError(option, str(path), "is a symbolic link to a file that does not exist")
+    if not directory and path.exists() and not stat.S_ISREG(path.stat().st_mode):
+        raise UsageError(option, str(path), "is not a regular file (a FIFO, a device or a socket): give a file")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".faverify-write-check-"):
@@ -49,6 +55,52 @@ def check_writable(option: str, path, *, directory: bool = False) -> None:
         raise UsageError(option, str(path), f"cannot be written ({e.strerror or e}: {folder})") from None
     if not directory and path.exists() and not os.access(path, os.W_OK):
         raise UsageError(option, str(path), "exists and cannot be written")
+
+
+def check_distinct(**paths) -> None:
+    """Two outputs of one command may not be the same file: the second would overwrite the first."""
+    import os
+    seen: dict = {}
+    for option, path in paths.items():
+        if path is None:
+            continue
+        key = os.path.realpath(path)
+        flag = "--" + option.replace("_", "-")
+        if key in seen:
+            raise UsageError(flag, str(path), f"is the same file as {seen[key]}: give each output its own path")
+        seen[key] = flag
+
+
+def write_outputs(outputs: list) -> None:
+    """(option, path, text or a function giving it) each written whole or not at all: into a temporary file
+    beside it, then renamed over it (a reader never sees half a file; a link is followed to its target).
+    A write that fails is told once every other output is written, as one exit-2 error naming each."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from faverify.errors import EnvironmentProblem
+    failed = []
+    for option, path, text in outputs:
+        if path is None:
+            continue
+        target = Path(os.path.realpath(path))
+        temporary = None
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=f".{target.name}.", delete=False) as f:
+                temporary = f.name
+                f.write(text() if callable(text) else text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, target)
+        except OSError as e:
+            if temporary is not None:
+                Path(temporary).unlink(missing_ok=True)
+            failed.append(f"{option} {path} ({e.strerror or e})")
+    if failed:
+        raise EnvironmentProblem("could not write " + "; ".join(failed) + "; what the terminal shows above is "
+                                 "what the file would have held")
 
 
 def check_timeout(timeout: float) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import check_writable, parse_choice
+from faverify.cli.common import check_writable, parse_choice, write_outputs
 from faverify.errors import EnvironmentProblem
 
 
@@ -32,20 +32,18 @@ def doctor(
 
     from faverify import doctor as doctor_checks
     from faverify.env import header_lines
-    from faverify.report import table
+    from faverify.tables import table
     from faverify.verdict import Tolerance
 
     check_writable("--json", json_path)
     from faverify.subjects.registry import LIBRARIES
     libraries = parse_choice(with_, LIBRARIES, "--with") if with_ is not None else ()
     report = doctor_checks.run(level.value, tolerance=Tolerance(), libraries=libraries)
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report, indent=1, default=str))
     for line in header_lines(report["environment"]):
         typer.echo(line)
     rows = [[c["check"], c["device"], c["status"], c["detail"]] for c in report["checks"]]
     typer.echo("\n" + table(rows, ["check", "device", "result", "detail"], "table"))
+    write_outputs([("--json", json_path, lambda: json.dumps(report, indent=1, default=str))])
     if report["failed"]:
         return 1
     if not report["passed_any"]:

@@ -8,9 +8,10 @@ import typer
 
 from faverify.cli.app import app
 from faverify.cli.common import (AtolOpt, TightOpt, DeviceOpt, FactorOpt, MaxSeqlenOpt, Mode, TimeoutOpt,
-                                 check_max_seqlen, check_shrink_budget, check_timeout, check_writable, progress_bar,
+                                 check_distinct, check_max_seqlen, check_shrink_budget, check_timeout, check_writable,
+                                 progress_bar, write_outputs,
                                  parse_choice, progress_factory, say, tolerance_from)
-from faverify.case import LAYOUTS, REGIMES
+from faverify.case import FEATURES, LAYOUTS, REGIMES
 from faverify.errors import EnvironmentProblem, OwnError, UsageError
 from faverify.signals import held, sigterm_interrupts
 
@@ -27,8 +28,8 @@ def fuzz(
     max_seqlen: MaxSeqlenOpt = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the full results as JSON")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="Write the report as Markdown")] = None,
-    features: Annotated[Optional[str], typer.Option(help="Variant features drawn, comma separated: window, softcap, "
-                                                         "alibi, sinks, head_dim_v, or none (dense only); "
+    features: Annotated[Optional[str], typer.Option(help="Features drawn, comma separated (faverify.case.FEATURES: "
+                                                         + ", ".join(FEATURES) + "), or none (dense only); "
                                                          "default: every feature the kernel declares")] = None,
     regimes: Annotated[Optional[str], typer.Option(help="Value regimes drawn, comma separated (faverify.case.REGIMES), "
                                                         "or each with a leading - to draw all but those")] = None,
@@ -81,10 +82,6 @@ def fuzz(
         raise UsageError("--repeat", repeat, "must be >= 1")
     if shapes is not None and shapes < 1:
         raise UsageError("--shapes", shapes, "must be >= 1")
-    check_writable("--json", json_path)
-    check_writable("--markdown", markdown)
-    if not no_db:
-        check_writable("--db", db, directory=True)
     dtypes = parse_dtypes(dtype)
     tolerance = tolerance_from(factor, atol, tight)
     wanted = parse_features(features)
@@ -95,7 +92,18 @@ def fuzz(
                                                "processes: leave --no-isolate out")
     narrow = {name: parse_choice(text, allowed, f"--{name}") for name, text, allowed
               in (("regimes", regimes, REGIMES), ("layouts", layouts, LAYOUTS)) if text is not None}
-    subjects = resolve_many(kernel)  # unknown kernels fail here, before any work
+    subjects = resolve_many(kernel)  # unknown kernels fail here, before any work or folder
+    check_distinct(json=json_path, markdown=markdown)
+    check_writable("--json", json_path)
+    check_writable("--markdown", markdown)
+    if not no_db:
+        check_writable("--db", db, directory=True)
+    for s in subjects if wanted else ():
+        undeclared = [f for f in wanted if f not in s.caps.features()]
+        if undeclared:
+            raise UsageError("--features", features, f"{s.name} does not declare {', '.join(undeclared)}, so no "
+                                                     f"case of it would draw that (it declares: "
+                                                     f"{', '.join(s.caps.features()) or 'no feature'})")
     targets = devices.resolve(device)
     if workers is None:
         workers = devices.default_workers(targets[0])
@@ -118,8 +126,8 @@ def fuzz(
                      conventions={s.name: s.caps.conventions.describe() for s in subjects}, repeat=repeat,
                      narrow_for={s.name: s.caps.draw() for s in subjects})
     with held():  # a signal now waits until everything asked for is written
-        _write_outputs(result, json_path, markdown)
         say(render(result, "table"))
+        _write_outputs(result, json_path, markdown)
     return _exit_code(result)
 
 
@@ -140,12 +148,10 @@ def parse_features(text: Optional[str]) -> tuple | None:
 
 
 def _write_outputs(result, json_path: Optional[Path], markdown: Optional[Path]) -> None:
+    """The run file and the Markdown report, after the terminal report was printed (check_writable made
+    sure they can be written; a disk that fills up in between is told, exit 2)."""
     from faverify.report import render
-    if json_path:
-        result.write(json_path)
-    if markdown:
-        markdown.parent.mkdir(parents=True, exist_ok=True)
-        markdown.write_text(render(result, "md"))
+    write_outputs([("--json", json_path, result.to_text), ("--markdown", markdown, lambda: render(result, "md"))])
 
 
 def _exit_code(result) -> int:

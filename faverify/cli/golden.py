@@ -31,7 +31,7 @@ def golden(
 ) -> int:
     """Stored cases with FP64 outputs: record them, or verify a kernel against them."""
     from faverify import devices, golden, golden_files
-    from faverify.report import table
+    from faverify.tables import table
 
     tolerance = tolerance_from(factor, atol, tight)  # every flag is checked before any work
     directory = directory or golden_files.DEFAULT_DIR

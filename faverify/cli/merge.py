@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import check_writable, say
+from faverify.cli.common import check_distinct, check_writable, say, write_outputs
+from faverify.errors import EnvironmentProblem
 
 
 @app.command()
@@ -25,22 +26,24 @@ def merge(
     from faverify.report import render
     from faverify.results import Run
 
+    check_distinct(json=json_path, markdown=markdown)
     check_writable("--json", json_path)
     check_writable("--markdown", markdown)
     if _is_doctor(runs[0]):
         from faverify import fleet
         result = fleet.fleet([(path, fleet.read(path)) for path in runs])
-        if json_path:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps(result, indent=1))
-        if markdown:
-            markdown.parent.mkdir(parents=True, exist_ok=True)
-            markdown.write_text(fleet.render(result, "md"))
         say(fleet.render(result, "table"))
-        return 1 if result["failed"] else 0
+        write_outputs([("--json", json_path, lambda: json.dumps(result, indent=1)),
+                       ("--markdown", markdown, lambda: fleet.render(result, "md"))])
+        if result["failed"]:
+            return 1
+        if not result.get("checked"):
+            raise EnvironmentProblem("the doctor reports hold no check that ran (none, or only Skip): "
+                                     "nothing was checked")
+        return 0
     merged = merge_runs([(path, Run.read(path, argument="RUN.json")) for path in runs])
-    _write_outputs(merged, json_path, markdown)
     say(render(merged, "table"))
+    _write_outputs(merged, json_path, markdown)
     return _exit_code(merged)
 
 

@@ -9,7 +9,8 @@ import typer
 from faverify.case import Case
 from faverify.cli.app import app
 from faverify.cli.common import (DeviceOpt, MaxSeqlenOpt, TimeoutOpt, check_max_seqlen, check_shrink_budget,
-                                 check_timeout, check_writable, progress_bar, progress_factory)
+                                 check_timeout, check_writable, progress_bar, progress_factory,
+                                 write_outputs)
 from faverify.errors import UsageError
 from faverify.signals import held, sigterm_interrupts
 
@@ -44,7 +45,7 @@ def mutants(
     from faverify.kernels.mutants.catalog import BY_NAME, left_out
     from faverify.mutants import run_mutants
     from faverify.scheduler import cores
-    from faverify.report import fmt, table
+    from faverify.tables import fmt, table
     from faverify.strategies import limits_for
     from faverify.verdict import Tolerance
 
@@ -84,10 +85,6 @@ def mutants(
         report = run_mutants(names, plan, targets, tolerance=Tolerance(), isolate=isolate, timeout=timeout,
                              progress_factory=progress_factory(progress, iters), jobs=jobs,
                              control_workers=workers, control_iters=control_iters)
-    with held():  # a signal now waits until the report is written
-        if json_path:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps(report, indent=1, default=str))
     rows = [[r["mutant"], "killed" if r["killed"] else ("SURVIVED" if not r["signature"] else
                                                         "NOT ATTRIBUTABLE (the control fails there too)"),
              str(r["cases_to_kill"] or "-"), f'{r["reached"]} of {r["cases"]}', r["signature"],
@@ -105,6 +102,8 @@ def mutants(
                f"{c['failed']} failed" + (f" ({'; '.join(c['failures'])})" if c["failures"] else ""))
     if report["interrupted"]:
         typer.echo("interrupted: the mutants above ran; the others and the control did not")
+    with held():  # a signal now waits until the report is written
+        write_outputs([("--json", json_path, lambda: json.dumps(report, indent=1, default=str))])
     return 1 if report["survived"] or c["failed"] or len(report["mutants"]) < len(names) or report["interrupted"] else 0
 
 

@@ -39,7 +39,7 @@ def compare(
 ) -> int:
     """What got worse (+), better (-), newly fails (!) or cannot be compared (x). Exit 1 on + or !."""
     from faverify.compare import compare_runs, summary_line
-    from faverify.report import fmt, ratio, table
+    from faverify.tables import Style, fmt, ratio, table
     from faverify.results import Run
 
     if not factor > 1:
@@ -54,14 +54,20 @@ def compare(
     shown = result["rows"] if all_rows else [r for r in result["rows"] if r["mark"]]
     rows = [[r["kernel"], r["dtype"], r["tensor"], r["statistic"], fmt(r["before"]), fmt(r["after"]),
              ratio(r["ratio"]), r["mark"]] for r in shown]
+    st = Style(style)
     parts = []
-    if style == "md":
+    if st.md:
         parts.append("### faverify: numerics comparison")
-    parts.append(summary_line(result))
+    parts.append(st.text(summary_line(result)))
     if result["environment_differences"]:
-        lead = "- " if style == "md" else "  "
-        parts.append("environment differences:\n" + "\n".join(lead + d for d in result["environment_differences"]))
+        lead = "- " if st.md else "  "
+        parts.append("environment differences:\n" + "\n".join(lead + st.text(d) for d in result["environment_differences"]))
     parts.append(table(rows, ["kernel", "dtype", "tensor", "statistic", "before", "after", "ratio", "mark"], style)
                  if rows else "(no statistic changed by more than the factor)")
     typer.echo("\n\n".join(parts))
-    return 1 if result["regressed"] else 0
+    if result["regressed"]:
+        return 1
+    if not result["comparable"]:  # a CI gate must not pass on runs that share nothing to compare
+        raise EnvironmentProblem("no row of the two runs can be compared (other kernels, dtypes or GPU models, "
+                                 "or statistics defined anew between their schema versions): nothing was compared")
+    return 0
