@@ -6,6 +6,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from faverify.case import FEATURES
+from faverify.edges import edges_of
 from faverify.reference import SPLIT_TENSORS, TENSORS
 from faverify.runner import CaseResult
 
@@ -100,6 +101,9 @@ class KernelStats:
     still_failing: list = field(default_factory=list)  # the replayed cases that still fail (kept in the store)
     keep_series: bool = False  # the run file keeps the per-case values too (a shard's, for merge.py)
     own_errors: list = field(default_factory=list)  # the first reasons of cases faverify's own code raised on
+    # 'feature: edge' (edges.py) -> cases run that lay on it, over the edges of the features the run draws
+    edges_listed: tuple = ()
+    edges: Counter = field(default_factory=Counter)
 
     def merge_replayed(self) -> None:
         """List each replayed failure whose signature the draw did not find too (the draw's own, shrunk,
@@ -125,6 +129,7 @@ class KernelStats:
                 if usage == usage and not usage <= row["usage_max"]:
                     row["usage_max"] = usage
         if r.status != "skip":
+            self.edges.update(edges_of(r.case))
             keys = [(self.regimes, r.case.regime), (self.layouts, r.case.layout)]
             keys += [(self.masks, kind) for kind in r.case.mask_kinds()]
             for counts, key in keys:
@@ -222,6 +227,7 @@ class KernelStats:
                 "paths": dict(self.paths),  # in the order first taken: fwd before bwd
                 "features": {f: self.features[f] for f in ("dense",) + FEATURES if self.features[f]},
                 "regimes": self.regimes, "layouts": self.layouts, "masks": self.masks,
+                "edges": {e: self.edges[e] for e in self.edges_listed},
                 "conventions": self.conventions,
                 "by_feature": {f: self.by_feature[f] for f in ("dense",) + FEATURES if f in self.by_feature},
                 "worker_restarts": self.restarts,

@@ -10,6 +10,7 @@ from faverify import examples
 from faverify.case import Case
 from faverify.collector import Failure, KernelStats
 from faverify.conventions import DEFAULT as DEFAULT_CONVENTIONS
+from faverify.edges import listed
 from faverify.plan import FuzzPlan
 from faverify.runner import CaseResult, own_error
 from faverify.signals import held
@@ -55,9 +56,10 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
         if plan.shapes:
             plan = dataclasses.replace(plan, narrow={**(plan.narrow or {}), "shapes": budget_pool(plan)})
         stats = KernelStats(kernel=name, conventions=(conventions or {}).get(name, DEFAULT_CONVENTIONS.describe()),
-                            keep_series=plan.shard is not None)  # merge.py recomputes statistics from them
+                            keep_series=plan.shard is not None,  # merge.py recomputes statistics from them
+                            edges_listed=tuple(listed(plan.case_args()["features"])))
         all_stats.append(stats)
-        pool = None
+        pool, stored = None, []
         try:
             warmup = warmup_cases(name, plan) if parallel else []
             if isolate:
@@ -76,7 +78,8 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
                                              gradcheck=gradcheck, repeat=repeat)
                     except Exception as e:  # faverify's own bug: this case's error, and the run goes on
                         return own_error(name, case, e, str(devices[0]))
-            replay(name, examples.load(plan.database, name), evaluate, stats)
+            stored = examples.load(plan.database, name)
+            replay(name, stored, evaluate, stats)
             if parallel:
                 fuzz_parallel(name, plan, pool, stats, progress_factory(name), warmup, keep=workers)
             else:
@@ -94,7 +97,8 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
         interrupted = _confirmed(stats, name, devices[0], interrupted, mode=mode, tolerance=tolerance,
                                  timeout=timeout, repeat=repeat)
         with held() as late:
-            examples.save(plan.database, name, stats.still_failing + [f.minimal.case for f in stats.failures])
+            examples.save(plan.database, name, stats.still_failing + [f.minimal.case for f in stats.failures],
+                          passed=[c for c in stored[:stats.replay["cases"]] if c not in stats.still_failing])
         interrupted = interrupted or bool(late)
         if interrupted:
             break

@@ -54,14 +54,24 @@ def merge_runs(named: list) -> Run:
     ordered = [shards[i] for i in range(count)]
     first_path, first, _ = ordered[0]
     for path, run, _ in ordered[1:]:
+        if run.version != first.version:  # a statistic may be defined anew between versions (run-schema.md)
+            raise UsageError("RUN.json", str(path), f"has run schema version {run.version}, {first_path} "
+                                                    f"{first.version}: merge shards of one faverify")
         for name in SAME:
             if run.settings.get(name) != first.settings.get(name):
                 raise UsageError(name, run.settings.get(name), f"differs between shards ({first.settings.get(name)!r} "
                                                                f"in {first_path}, this in {path})")
         if run.tolerance != first.tolerance:
             raise UsageError("tolerance", str(path), f"differs from {first_path}'s: the verdicts are not comparable")
-    stats = [_merged_kernel(name, [(f"{i}/{count}", run) for i, (_, run, _) in enumerate(ordered)])
-             for name in first.settings["kernels"].split(",")]
+    try:
+        stats = [_merged_kernel(name, [(f"{i}/{count}", run) for i, (_, run, _) in enumerate(ordered)])
+                 for name in str(first.settings["kernels"]).split(",")]
+    except (TypeError, ValueError, KeyError, AttributeError) as e:  # a field of a shard of the wrong type
+        if isinstance(e, UsageError):
+            raise
+        raise UsageError("RUN.json", ", ".join(str(p) for p, _, _ in ordered),
+                         f"a shard holds a field of the wrong type ({type(e).__name__}: {str(e)[:120]}): not a "
+                         "run file as faverify writes it") from None
     settings = {k: v for k, v in first.settings.items() if k != "shard"}
     settings.update(shards=count, interrupted=any(run.settings.get("interrupted") for _, run, _ in ordered))
     settings["shard_environments"] = [{"shard": f"{i}/{count}", **_environment(run)} for i, (_, run, _) in enumerate(ordered)]
@@ -90,6 +100,8 @@ def _merged_kernel(name: str, shards: list) -> KernelStats:
         stats.partial.update(s.get("partial_reasons", {}))
         stats.per_device.update({f"{label} {d}": n for d, n in s.get("per_device", {}).items()})
         stats.paths.update(s.get("paths", {}))
+        stats.edges.update(s.get("edges", {}))
+        stats.edges_listed = tuple(dict.fromkeys(stats.edges_listed + tuple(s.get("edges", {}))))
         stats.features.update(s.get("features", {}))
         for counts, field in ((stats.regimes, "regimes"), (stats.layouts, "layouts"), (stats.masks, "masks")):
             for key, v in s.get(field, {}).items():
@@ -122,7 +134,28 @@ def _merged_kernel(name: str, shards: list) -> KernelStats:
             stats.gradchecks[row["dtype"]].extend({**c, "rel_err": num(c["rel_err"])} for c in row.get("series", []))
         for f in entry["failures"]:
             _keep_smallest(stats, Failure.from_dict(f))
+    _one_per_root(stats)
     return stats
+
+
+def _one_per_root(stats: KernelStats) -> None:
+    """One failure per root, as the unsharded run reports them (plan.Roots): the shards' failures whose
+    signatures were found together on a case in any shard are one group, reported by its most frequent
+    signature (the smallest minimal case among equals), the others its companions."""
+    from faverify.plan import Roots
+    roots = Roots()
+    for f in stats.failures:
+        roots.add([f.signature, *f.companions])
+    groups: dict = {}
+    for f in stats.failures:
+        groups.setdefault(roots._find(f.signature), []).append(f)
+    kept = []
+    for members in groups.values():
+        best = min(members, key=lambda f: (-stats.signature_counts[f.signature], _size(f)))
+        together = {s for f in members for s in (f.signature, *f.companions)} - {best.signature}
+        best.companions = tuple(sorted(together))
+        kept.append(best)
+    stats.failures[:] = [f for f in stats.failures if f in kept]
 
 
 def _keep_smallest(stats: KernelStats, failure: Failure) -> None:

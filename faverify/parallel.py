@@ -14,7 +14,7 @@ from hypothesis.errors import Flaky
 from faverify.case import Case
 from faverify.collector import Failure, KernelStats
 from faverify.isolation import Task
-from faverify.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings, seed_only
+from faverify.plan import Evaluate, FuzzPlan, Interesting, Roots, Shrinker, hypothesis_settings, seed_only
 from faverify.runner import CaseResult, skipped_for_memory
 from faverify.scheduler import Pool, cores
 from faverify.strategies import cases
@@ -157,6 +157,7 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
         return index, result.signatures.index(signature)
 
     held: dict = {}  # index -> the skip of a case skipped for memory beside other workers
+    together: dict = {}  # index -> the signatures a failing case showed together (plan.Roots)
 
     def task(index: int, case: Case) -> Task:
         return Task(case, every > 0 and index % every == 0)
@@ -168,6 +169,8 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
         held.pop(index, None)
         stats.add(result)
         progress(result)
+        if result.signatures:
+            together[index] = result.signatures
         for s in result.signatures:
             if s not in first or index < first[s][0]:
                 first[s] = (index, result)
@@ -185,7 +188,9 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
             alone = {w.device: w for w in reversed(pool.workers)}
             Pool(list(alone.values())).map([(i, task(i, held[i].case)) for i in sorted(held)], record)
         shrinking = True
-        pending = [(sig, index, found) for sig, (index, found) in sorted(first.items(), key=found_order)]
+        roots = _roots(plan, together)
+        pending = [(sig, index, found) for sig, (index, found) in sorted(first.items(), key=found_order)
+                   if sig in roots.started and roots.primary(sig)]
         if pending:
             shrink_all(plan, pending, pool.workers[:min(MAX_PARALLEL_SHRINKS, max(1, cores() // 2))], shrunk)
     finally:
@@ -193,13 +198,25 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
             stats.add(held[i])
         # in the order the failures were found; interrupted: those not shrunk are reported as found
         note = "not shrunk: the run was interrupted" + (" while shrinking" if shrinking else "")
-        for signature, (index, found) in sorted(first.items(), key=found_order):
+        ordered = sorted(first.items(), key=found_order)
+        roots = _roots(plan, together)
+        for signature, (index, found) in ordered:
+            if signature not in roots.started or not roots.primary(signature):
+                continue  # a companion: reported with its root
             minimal, steps, why = shrunk.get(signature, (found, 0, note))
             stats.failures.append(Failure(kernel=kernel, signature=signature, first=found, minimal=minimal,
-                                          shrink_steps=steps, note=why))
+                                          shrink_steps=steps, note=why, companions=roots.companions(signature)))
         stats.seconds += time.perf_counter() - start
         stats.phases["draw"] += timing.get("draw", 0.0)
     return stats
+
+
+def _roots(plan: FuzzPlan, together: dict) -> Roots:
+    """The roots of the failing cases' signatures (plan.Roots), met in drawing order."""
+    roots = Roots(plan.all_failures)
+    for index in sorted(together):
+        roots.add(together[index])
+    return roots
 
 
 # Distinct failures shrunk at once, each on a worker of its own: at most the pool's workers and half the

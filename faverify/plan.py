@@ -42,12 +42,76 @@ class FuzzPlan:
     # a shape budget (`--shapes N`): every case takes one of N shapes of the seed's own draw
     # (strategies.shape_pool), for subjects that compile or plan per shape; 0: none
     shapes: int = 0
+    # every distinct signature shrunk as a failure of its own (`--all-failures`); by default one failure per
+    # root, its companions (the other signatures found on the same cases) reported with it (Roots)
+    all_failures: bool = False
 
     def case_args(self) -> dict:
         args = dict(self.narrow or {}, limits=self.limits)
         args.setdefault("features", self.features)
         args["dtypes"] = tuple(d for d in self.dtypes if d in args.get("dtypes", self.dtypes))
         return args
+
+
+class Roots:
+    """One failure per root cause. The signatures of one failing case belong together (one wrong kernel gives
+    out:tolerance, dq:tolerance, dk:masked-rows... on the same cases), and so, through them, do those of every
+    case that shares one: the groups are the connected parts of "found on one case". A case whose signatures
+    are all new starts a root, its first tensor's; a root whose group later joins an earlier root's is that
+    root's companion. One failure to shrink, not nine. With `every`, each signature is a root of its own."""
+
+    def __init__(self, every: bool = False):
+        self.every = every
+        self.parent: dict = {}  # signature -> a signature of its group (union-find)
+        self.started: list = []  # the roots, in the order they were started
+
+    def _find(self, s: str) -> str:
+        while self.parent[s] != s:
+            self.parent[s] = self.parent[self.parent[s]]
+            s = self.parent[s]
+        return s
+
+    def add(self, signatures: list) -> str | None:
+        """Record one failing case's signatures: the new root they start, or None."""
+        if self.every:
+            new = [s for s in signatures if s not in self.parent]
+            for s in new:
+                self.parent[s] = s
+                self.started.append(s)
+            return new[0] if new else None
+        if not signatures:
+            return None
+        known = any(s in self.parent for s in signatures)
+        for s in signatures:
+            self.parent.setdefault(s, s)
+        first = self._find(signatures[0])
+        for s in signatures[1:]:
+            other = self._find(s)
+            if other != first:  # the group of the earlier root stays the group's name
+                keep, gone = sorted((first, other), key=self._order)
+                self.parent[gone] = keep
+                first = keep
+        if known:
+            return None
+        self.started.append(signatures[0])
+        return signatures[0]
+
+    def _order(self, s: str) -> int:
+        found = [i for i, r in enumerate(self.started) if self._find(r) == s or r == s]
+        return found[0] if found else len(self.started)
+
+    def primary(self, signature: str) -> bool:
+        """Whether the failure of this root stands in the report (no earlier root's group took it in)."""
+        if self.every:
+            return True
+        group = self._find(signature)
+        return next(r for r in self.started if self._find(r) == group) == signature
+
+    def companions(self, root: str) -> tuple:
+        if self.every:
+            return ()
+        group = self._find(root)
+        return tuple(s for s in self.parent if s != root and self._find(s) == group)
 
 
 class Interesting(Exception):
@@ -82,22 +146,31 @@ def hypothesis_settings(plan: FuzzPlan, *, examples: int, database, phases) -> s
                     report_multiple_bugs=False, print_blob=False)
 
 
-# Hypothesis now and then draws a literal found in the source of the local modules loaded so far (its
-# "local constants"): which modules those are depends on the process (what it imported before the draw,
-# an editable install or a wheel, the caller's own code), so the same seed drew other cases after other
-# imports, and a replay could miss the case it replays. seed_only() leaves them out of faverify's draws,
-# for as long as any draw of this process runs (the parallel draw's thread and the shrinks' overlap).
+# Two habits of Hypothesis's generation are left out of faverify's draws, for as long as any draw of this
+# process runs (the parallel draw's thread and the shrinks' overlap):
+# - it now and then draws a literal found in the source of the local modules loaded so far (its "local
+#   constants"): which modules those are depends on the process (what it imported before the draw, an
+#   editable install or a wheel, the caller's own code), so the same seed drew other cases after other
+#   imports, and a replay could miss the case it replays;
+# - after each new example it runs up to five mutations of it that copy one part of its choices over another
+#   (ConjectureRunner.generate_mutations_from): five cases in six then repeat an earlier one's mask pattern,
+#   page order or lengths. 150 CPU cases of sdpa-math held 125-136 distinct cases and left 9 to 18 of the
+#   edges edges.py lists under 3 cases each (seeds 0-7); drawn without the mutations, 147-149 distinct cases
+#   and at most 7 such edges, before the strategies' weights were set for them.
 _CONSTANTS_LOCK = threading.Lock()
-_constants_state: dict = {"depth": 0, "saved": None, "empty": None}
+_constants_state: dict = {"depth": 0, "saved": None, "empty": None, "mutations": None}
 
 
 @contextmanager
 def seed_only():
-    """Within it, a seeded Hypothesis draw depends on the seed and the strategies alone. A Hypothesis
-    without local constants (or with them elsewhere) is left as it is: then this does nothing."""
+    """Within it, a seeded Hypothesis draw depends on the seed and the strategies alone, each case drawn
+    afresh. A Hypothesis without local constants or the mutator (or with them elsewhere) is left as it is
+    there."""
     try:
-        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.conjecture import engine, providers
         get, cache = providers._get_local_constants, providers.CONSTANTS_CACHE.cache
+        runner = engine.ConjectureRunner
+        runner.generate_mutations_from  # noqa: B018  (present, or the AttributeError below)
     except (ImportError, AttributeError):
         yield
         return
@@ -109,6 +182,8 @@ def seed_only():
             state["saved"] = get
             providers._get_local_constants = lambda: state["empty"]
             cache.clear()  # the permitted constants it cached were filtered from the local ones too
+            state["mutations"] = runner.generate_mutations_from
+            runner.generate_mutations_from = _no_mutations
         state["depth"] += 1
     try:
         yield
@@ -117,4 +192,9 @@ def seed_only():
             state["depth"] -= 1
             if state["depth"] == 0:
                 providers._get_local_constants = state["saved"]
+                runner.generate_mutations_from = state["mutations"]
                 cache.clear()
+
+
+def _no_mutations(self, data) -> None:
+    """ConjectureRunner.generate_mutations_from, left out of faverify's draws (above)."""

@@ -3,6 +3,7 @@ string a run file carries is escaped on its way into Markdown (tables.py says wh
 from __future__ import annotations
 
 from faverify.collector import REPLAY_PASSED, Failure
+from faverify.edges import EDGE_FLOOR
 from faverify.env import header_lines
 from faverify.results import Run
 from faverify.tables import Style, fmt, num, ratio, share, table
@@ -160,6 +161,9 @@ def summary_lines(run: Run) -> list:
         ("cases run per regime", _per_kernel(run, lambda s: _counted(s.get("regimes", {})))),
         ("cases run per layout", _per_kernel(run, lambda s: _counted(s.get("layouts", {})))),
         ("cases run per mask, bias and score_mod", _per_kernel(run, lambda s: _counted(s.get("masks", {})))),
+        (f"edges drawn fewer than {EDGE_FLOOR} times (edges.py; the counts are in the run file)",
+         _per_kernel(run, lambda s: ", ".join(f"{e} {n}" for e, n in s.get("edges", {}).items() if n < EDGE_FLOOR)
+                     or (f"none of {len(s['edges'])}" if s.get("edges") else ""))),
         ("warm-up (compiling each variant once, included in seconds)",
          _per_kernel(run, lambda s: f"{s['warmup']['cases']} cases in {s['warmup']['seconds']:.1f} s"
                      if s.get("warmup", {}).get("cases") else "")),

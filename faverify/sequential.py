@@ -16,9 +16,11 @@ from hypothesis.errors import Flaky
 
 from faverify.case import Case
 from faverify.collector import Failure, KernelStats
-from faverify.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings, seed_only
+from faverify.plan import Evaluate, FuzzPlan, Interesting, Roots, Shrinker, hypothesis_settings, seed_only
 from faverify.runner import CaseResult
 from faverify.strategies import cases
+
+STEERED = 0.2  # the share of the cases drawn under Hypothesis's steering toward the tolerance edge
 
 
 def fuzz_subject(kernel: str, plan: FuzzPlan, evaluate: Evaluate, stats: KernelStats,
@@ -31,11 +33,14 @@ def fuzz_subject(kernel: str, plan: FuzzPlan, evaluate: Evaluate, stats: KernelS
 
 
 def _fuzz_sequential(kernel, plan, evaluate, stats, progress) -> KernelStats:
-    known: set = set()
+    roots = Roots(plan.all_failures)
     generated = 0
     rounds = 0
+    unsteered = plan.iters - max(1, int(plan.iters * STEERED))
     while generated < plan.iters:
         state = {"shrinker": None}
+        steer = generated >= unsteered  # the last STEERED part of the cases is steered (below)
+        end = plan.iters if steer else unsteered
 
         def run_one(case: Case) -> None:
             if _interesting(case):
@@ -46,7 +51,7 @@ def _fuzz_sequential(kernel, plan, evaluate, stats, progress) -> KernelStats:
             nonlocal generated
             if state["shrinker"] is not None:  # shrinking: only the same signature counts
                 return state["shrinker"].still_fails(case)
-            if generated >= plan.iters:
+            if generated >= end:
                 return False
             gc = plan.gradcheck_every > 0 and generated % plan.gradcheck_every == 0
             r = evaluate(case, gc)
@@ -58,15 +63,18 @@ def _fuzz_sequential(kernel, plan, evaluate, stats, progress) -> KernelStats:
                 # (ill-conditioned) cases have huge ratios that mean nothing; they get none.
                 usage = m.max_abs / m.allowed if m.allowed > 0 and not m.waived else 0.0
                 target(min(usage, 1e6) if usage == usage else 0.0, label=f"{t} error / allowed")
-            new = [s for s in r.signatures if s not in known]
-            if new:
-                state["shrinker"] = Shrinker(plan, new[0], r, evaluate)
-            return bool(new)
+            root = roots.add(r.signatures)
+            if root is not None:
+                state["shrinker"] = Shrinker(plan, root, r, evaluate)
+            return root is not None
 
         # no database and no reuse phase: the seeded draw is the same whatever the example store holds
-        # (fuzz.replay runs the stored failures apart, first)
-        test = hypothesis_settings(plan, examples=plan.iters - generated, database=None,
-                                   phases=(Phase.explicit, Phase.generate, Phase.target, Phase.shrink))(
+        # (fuzz.replay runs the stored failures apart, first). Hypothesis's steering (its target phase) has
+        # the last STEERED part of the cases: run from the start, its hill-climbing took half of them (it
+        # optimises once, at half of max_examples, for as long as it improves), and 150 CPU cases of
+        # sdpa-math left up to 9 of the edges edges.py lists under 3 cases
+        phases = (Phase.explicit, Phase.generate) + ((Phase.target,) if steer else ()) + (Phase.shrink,)
+        test = hypothesis_settings(plan, examples=end - generated, database=None, phases=phases)(
             seed(plan.seed + rounds)(given(cases(**plan.case_args()))(run_one)))
         before = generated
         note = ""
@@ -80,18 +88,25 @@ def _fuzz_sequential(kernel, plan, evaluate, stats, progress) -> KernelStats:
         except KeyboardInterrupt:  # stopped while shrinking: the failure stays, as far as it was shrunk
             shrinker = state["shrinker"]
             if shrinker is not None:
-                stats.failures.append(Failure(kernel=kernel, signature=shrinker.signature, first=shrinker.first,
-                                              minimal=shrinker.best, shrink_steps=shrinker.steps,
-                                              note="not shrunk to the end: the run was interrupted while shrinking"))
+                stats.failures.append(_failure(kernel, shrinker, roots, "not shrunk to the end: the run was "
+                                                                        "interrupted while shrinking"))
             raise
         rounds += 1
         shrinker = state["shrinker"]
         if shrinker is not None:
-            known.add(shrinker.signature)
-            stats.failures.append(Failure(kernel=kernel, signature=shrinker.signature, first=shrinker.first,
-                                          minimal=shrinker.best, shrink_steps=shrinker.steps, note=note))
+            stats.failures.append(_failure(kernel, shrinker, roots, note))
             if plan.stop_at_first_failure:
                 break
-        elif generated == before or generated < plan.iters:
+        elif generated == before or generated < end:
             break  # Hypothesis ran out of distinct cases: nothing more to draw
+    # a root whose group met an earlier root's in a later case is that root's companion; the companions met
+    # after a root was shrunk count too
+    stats.failures[:] = [f for f in stats.failures if roots.primary(f.signature)]
+    for f in stats.failures:
+        f.companions = roots.companions(f.signature)
     return stats
+
+
+def _failure(kernel: str, shrinker: Shrinker, roots: "Roots", note: str) -> Failure:
+    return Failure(kernel=kernel, signature=shrinker.signature, first=shrinker.first, minimal=shrinker.best,
+                   shrink_steps=shrinker.steps, note=note, companions=roots.companions(shrinker.signature))

@@ -18,10 +18,11 @@ from faverify.errors import UsageError
 # Block boundaries of common tile sizes (16..128) and their neighbours, odd lengths, one-row cases, and the
 # tail tiles the trackers' bugs need: n % 32 == 1, n % 128 == 64 (a half tile), n % 128 == 127.
 SEQLENS = (1, 2, 17, 33, 63, 64, 65, 97, 113, 127, 128, 129, 192, 203, 255, 256, 257, 320, 383, 448, 511, 512,
-           513, 1000, 1023, 1024, 1025, 1088, 1089, 2047, 2048)
+           513, 704, 1000, 1023, 1024, 1025, 1088, 1089, 1344, 2047, 2048)
 ONE_KEY_ODDS = 16  # one case in this many more has seqlen_k = 1 (one key, every row on it): 17% of cases, 12% without
 # Powers of two and the non-powers real models use (40, 72, 80, 96, 160, 192).
 HEAD_DIMS = (16, 32, 40, 64, 72, 80, 96, 128, 160, 192, 256)
+COMMON_HEAD_DIMS = (64, 128)
 GROUPS = (1, 2, 4, 8)  # query heads per kv head: 1 is MHA, the rest GQA, nheads_k == 1 is MQA
 SCALES = (None, 1e-3, 2.0)  # default d^-0.5, tiny (near-uniform attention), large (sharp attention)
 # Caps small enough that typical logits reach them, and the ones models use (Gemma 2: 50, 30)
@@ -30,6 +31,7 @@ HEAD_DIMS_V = (64, 128, 512)  # MLA's 192/128 and 576/512 among the q/k head dim
 # A sequence of a varlen batch: one token (what shrinking goes to), none, and the tile edges
 SEQUENCE_LENGTHS = (1, 0, 2, 17, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 1023, 1024, 1025)
 TAILS = (0, 1, 7, 64)  # unused tokens past a varlen batch's last offset
+EMPTY_SIDES = ("none", "keys", "keys", "queries", "queries")  # a varlen batch's sequence made empty on one side
 # Page sizes: 1 first (shrinking goes there), the common 16 and 64, and non-powers of two
 PAGE_SIZES = (1, 16, 64, 3, 7, 13, 256)
 SPLITS = (2, 3, 4, 7, 16)
@@ -43,6 +45,14 @@ MASK_BLOCKS = (16, 32, 64, 128, 17, 48)
 MASK_RATES = (0, 50, 25, 75, 90, 100)
 MAX_DOCUMENTS = 4
 MAX_MASK_ELEMENTS = 1 << 24
+# How a case of a subject that declares features draws them: "plain", none (dense attention, the call users
+# make most; the kernels' plain build); "one", a single feature alone (a window alone, ALiBi alone: each has a
+# kernel path of its own); "each", every feature on or off by itself (the combinations). In a draw of many
+# features "each" alone left plain attention to 2 cases in 200 (triton, CPU).
+FEATURE_MIXES = ("plain", "one", "one", "one", "one", "each", "each", "each")
+SUB_FEATURES = {"mask_nan": "mask", "bias_grad": "bias"}  # drawn only with the feature they qualify
+EXCLUSIVE = ("varlen", "paged", "mask", "bias", "score_mod")  # a case has at most one of them (and splits)
+ON = (False, True, True)  # a variant feature of an "each" case is on two times in three (shrinks to off)
 
 
 @dataclass(frozen=True)
@@ -88,12 +98,14 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
           layouts: tuple = LAYOUTS, inits: tuple = INITS, causal: bool | None = None,
           head_dims: tuple = HEAD_DIMS, exact_head_dims: bool = False, features: tuple = (),
           always_split: bool = False, ragged_only: bool = False, masks: tuple = MASKS[1:],
-          speculative: bool = False, head_dim_multiple: int = 1, shapes: tuple = ()) -> Case:
+          speculative: bool = False, head_dim_multiple: int = 1, shapes: tuple = (),
+          mixes: tuple = FEATURE_MIXES, max_head_dim_v: int = MAX_HEAD_DIM_V) -> Case:
     """A Case within `limits`. Arguments narrow the choices; each must be a non-empty subset. Head dims
     are drawn from head_dims or anywhere between its least and largest, or only from it (exact; v's head
     dim too, where head_dim_v is drawn).
-    features: the variant features (case.FEATURES) drawn, each on or off per case, after every dense
-    field, so a dense draw is the same whatever the features; each shrinks to off. "varlen" and "paged"
+    features: the variant features (case.FEATURES) drawn after every dense field, so a dense draw is the
+    same whatever the features, in one of `mixes` per case (FEATURE_MIXES: none of them, one alone, or
+    each on or off); each shrinks to off. "varlen" and "paged"
     replace the batch by sequences of their own lengths (ragged); always_split: every case has splits
     (a split-KV combine's cases); ragged_only: every case varlen or paged (of those in features); masks:
     the mask patterns drawn when features has "mask" (case.MASKS); speculative: GQA groups of 2 or more
@@ -101,7 +113,8 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     several queries of several heads); head_dim_multiple: q/k's and v's head dims rounded up to multiples of
     it (a subject's Capabilities.head_dim_multiple), the draw otherwise the same; shapes: a shape budget
     (shape_pool), each case taking the tensors' shape of one of them (SHAPE_FIELDS), its values, regime,
-    layout and features its own, so a subject that compiles or plans per shape does so len(shapes) times."""
+    layout and features its own, so a subject that compiles or plans per shape does so len(shapes) times;
+    max_head_dim_v: the largest value head dim drawn (a subject's max_head_dim)."""
     for name, chosen, allowed in (("dtypes", dtypes, DTYPES), ("regimes", regimes, REGIMES),
                                   ("layouts", layouts, LAYOUTS), ("inits", inits, INITS)):
         if not chosen or not set(chosen) <= set(allowed):
@@ -118,19 +131,30 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     elif exact_head_dims:
         head_dim = draw(st.sampled_from(head_dims))
     else:
-        head_dim = draw(st.one_of(st.sampled_from(head_dims), st.integers(min(head_dims), max(head_dims))))
+        # the head dims models use most, a third of the time: the kernels' unpadded, aligned builds take them
+        common = [d for d in COMMON_HEAD_DIMS if min(head_dims) <= d <= max(head_dims)] or list(head_dims)
+        head_dim = draw(st.one_of(st.sampled_from(head_dims), st.integers(min(head_dims), max(head_dims)),
+                                  st.sampled_from(common)))
     head_dim = aligned(head_dim, head_dim_multiple, MAX_HEAD_DIM)
     least = 2 if speculative else 1  # the group
     nheads_k = draw(st.integers(1, max(1, min(4, limits.max_heads // least))))
-    group = draw(st.sampled_from([g for g in GROUPS if least <= g and g * nheads_k <= limits.max_heads] or [1]))
+    # every group drawn from all of GROUPS, then halved to fit: a list that depends on nheads_k would draw no
+    # choice where it has one element, and the shrinker cannot insert the choice that nheads_k 1 needs
+    group = draw(st.sampled_from(GROUPS[1:] if least > 1 else GROUPS))
+    while group > least and group * nheads_k > limits.max_heads:
+        group //= 2
     nheads = nheads_k * group
     cap = _seqlen_cap(limits, nheads, head_dim)
     seqlen_q = draw(seqlens(max_seqlen=cap))
     seqlen_k = draw(seqlens(max_seqlen=cap))
     if draw(st.sampled_from(range(ONE_KEY_ODDS))) == 0:  # shrinks to 0: seqlen_k 1, the simpler case
         seqlen_k = 1
-    batch = draw(st.integers(1, max(1, min(limits.max_batch,
-                                           limits.max_elements // (max(seqlen_q, seqlen_k) * nheads * head_dim)))))
+    most = max(1, min(limits.max_batch, limits.max_elements // (max(seqlen_q, seqlen_k) * nheads * head_dim)))
+    # the most that fits, two times in three: a batch of several is where per-batch strides and masks show.
+    # Drawn as a number and a choice, not a one_of: a shrink from just(most) to integers() would have to
+    # insert a choice, which Hypothesis's shrinker does not do (batch 2 stayed in minimal cases)
+    batch = draw(st.integers(1, most))
+    batch = most if draw(st.sampled_from((False, True, True))) else batch
     pooled = shapes[draw(st.integers(0, len(shapes) - 1))] if shapes else None  # shrinks to the first shape
     if pooled:
         batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, is_causal = (
@@ -145,7 +169,9 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
         init=draw(st.sampled_from(inits)),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
-    variant = draw(variants(tuple(f for f in VARIANT_FEATURES if f in features), seqlen_k=seqlen_k))
+    features, forced = draw(_mixture(features, mixes, ragged_only))
+    variant = draw(variants(tuple(f for f in VARIANT_FEATURES if f in features), seqlen_k=seqlen_k, forced=forced,
+                            max_head_dim_v=max_head_dim_v))
     if "head_dim_v" in variant:
         variant["head_dim_v"] = aligned(variant["head_dim_v"], head_dim_multiple, MAX_HEAD_DIM_V)
         if exact_head_dims:  # v's head dim one of them too (a draw of its own: the default draw is unchanged)
@@ -157,31 +183,60 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     if variant.get("sinks") and (always_split or "splits" in features):
         del variant["sinks"]  # split-KV partials take no sinks (a sink belongs to no key range)
     kinds = tuple(k for k in ("varlen", "paged") if k in features)
-    # drawn only when asked for, so a draw without them is the same as it always was
-    shape = draw(ragged(kinds, dense, limits, cap, ragged_only=ragged_only, speculative=speculative)) if kinds else {}
+    # drawn only when asked for, so a draw without them is the same as it always was; masks and biases take
+    # dense cases only, so a subject that declares them draws dense batches as often as ragged ones
+    dense_weight = len(kinds) if set(features) & {"mask", "bias", "score_mod"} else 1
+    shape = draw(ragged(kinds, dense, limits, cap, ragged_only=ragged_only or forced in kinds,
+                        speculative=speculative, dense_weight=dense_weight)) if kinds else {}
     if always_split or "splits" in features:
-        choices = SPLITS if always_split else (1,) + SPLITS
+        choices = SPLITS if always_split or forced == "splits" else (1,) + SPLITS
         shape["splits"] = draw(st.sampled_from(choices))
     mask_features = set(features) & {"mask", "bias", "score_mod"}
     if mask_features and not shape.get("cache_seqlens") and not shape.get("seqlens") and shape.get("splits", 1) == 1:
-        variant.update(draw(masked(tuple(features), dense, variant, masks)))
+        # may drop softcap and ALiBi
+        variant.update(draw(masked(tuple(features), dense, variant, masks, forced=forced)))
     return Case(**{**dense, **variant, **shape})
 
 
 @st.composite
-def masked(draw, features: tuple, dense: dict, variant: dict, patterns: tuple) -> dict:
+def _mixture(draw, features: tuple, mixes: tuple, ragged_only: bool) -> tuple:
+    """(the features this case draws, the one it must use or None): FEATURE_MIXES. A ragged-only subject's
+    varlen or paged is not optional, nor are the features qualifying another (SUB_FEATURES)."""
+    required = tuple(f for f in features if ragged_only and f in ("varlen", "paged"))
+    optional = [f for f in features if f not in SUB_FEATURES and f not in required]
+    if not optional:
+        return features, None
+    mix = draw(st.sampled_from(mixes))
+    if mix == "each":
+        return features, None
+    if mix == "plain":
+        return required, None
+    # the features that take a case of its own (ragged batches, masks, biases) twice as often: they share
+    # the cases among them, where the others add to any
+    one = draw(st.sampled_from(optional + [f for f in optional if f in EXCLUSIVE]))
+    return required + (one,) + tuple(f for f, of in SUB_FEATURES.items() if of == one and f in features), one
+
+
+@st.composite
+def masked(draw, features: tuple, dense: dict, variant: dict, patterns: tuple, forced: str | None = None) -> dict:
     """A mask or a bias (or neither: what it shrinks to), and a score_mod, for a dense case. Shrinking goes
     toward nothing masked: full lengths, no prefix, a masked percent of 0, one document."""
     b, h, sq, sk = dense["batch"], dense["nheads"], dense["seqlen_q"], dense["seqlen_k"]
     small = b * h * sq * sk <= MAX_MASK_ELEMENTS
     out = {}
-    # three cases in four of a subject that declares them carry a mask or a bias (shrinks to neither)
-    kinds = ["off"] + 3 * [k for k in ("mask", "bias") if k in features]
-    kind = draw(st.sampled_from(kinds))
+    # eight cases in nine of a subject that declares both carry a mask or a bias (shrinks to neither)
+    kinds = ["off"] + 4 * [k for k in ("mask", "bias") if k in features]
+    kind = forced if forced in ("mask", "bias") else draw(st.sampled_from(kinds))
     if kind == "mask":
-        pattern = draw(st.sampled_from(patterns))
+        # block and padding patterns twice as often: tail blocks, key masks, rows left without a key
+        pattern = draw(st.sampled_from(patterns + tuple(p for p in ("block", "padding") if p in patterns
+                                                        and len(patterns) > 1)))
         shapes = [s for s in (MASK_SHAPES if small else ("shared", "keys"))
                   if s != "keys" or pattern in KEY_MASKS] or ["shared"]
+        if pattern in KEY_MASKS:  # a key mask where the pattern can be one
+            shapes += ["keys"] * 3
+        if small and b >= 2 and h >= 2:  # a mask of its own per batch element and head, where there are several
+            shapes += ["full"] * 3
         out.update(mask=pattern, mask_shape=draw(st.sampled_from(shapes)))
         if pattern == "padding":
             out["mask_lengths"] = tuple((draw(_kept(sq)), draw(_kept(sk))) for _ in range(b))
@@ -197,15 +252,18 @@ def masked(draw, features: tuple, dense: dict, variant: dict, patterns: tuple) -
         if "mask_nan" in features:
             out["mask_nan"] = draw(st.booleans())
     elif kind == "bias":
-        out.update(bias=draw(st.sampled_from(("normal", "large", "min"))),
+        several = b >= 2 and h >= 2  # finfo.min at other positions per batch element and head
+        out.update(bias=draw(st.sampled_from(("normal",) + ("large", "min") * 2 + (("min",) * 2 if several else ()))),
                    bias_shape=draw(st.sampled_from(MASK_SHAPES[:-1] if small else ("shared",))),
                    bias_dtype=draw(st.sampled_from(("input", "fp32"))))
         if "bias_grad" in features:  # most cases of a subject that declares it (shrinks to no gradient)
             out["bias_grad"] = draw(st.sampled_from((False, True, True, True)))
-    # most cases of a subject that declares score_mod and draws no softcap or ALiBi (shrinks to none)
-    if "score_mod" in features and not variant.get("softcap") and not variant.get("alibi") \
-            and draw(st.sampled_from((False, True, True))):
+    # half the cases of a subject that declares score_mod (shrinks to none); a score_mod takes the place of
+    # softcap and ALiBi, which it expresses
+    if "score_mod" in features and (forced == "score_mod" or draw(st.booleans())):
         out["score_mod"] = draw(st.sampled_from(("relative", "alibi", "softcap")))
+        variant.pop("softcap", None)
+        variant.pop("alibi", None)
     return out
 
 
@@ -223,33 +281,43 @@ def _lengths(cap: int) -> st.SearchStrategy[int]:
 
 @st.composite
 def ragged(draw, kinds: tuple, dense: dict, limits: Limits, cap: int, ragged_only: bool = False,
-           speculative: bool = False) -> dict:
+           speculative: bool = False, dense_weight: int = 1) -> dict:
     """The fields of a varlen or a paged batch (or none: dense, what it shrinks to). Varlen: 1 to
     2 * max_batch sequences, each (seqlen_q, seqlen_k) from _lengths, one of them maybe as long as a dense
     case may be, and a tail. Paged: a decode step (1..16 queries) or the dense draw's seqlen_q against
     caches of _lengths, now and then one past max_seqlen, in pages of PAGE_SIZES laid out per PAGE_ORDERS."""
-    kind = draw(st.sampled_from(kinds if ragged_only else ("dense",) + kinds))
+    kind = draw(st.sampled_from(kinds if ragged_only else ("dense",) * dense_weight + kinds))
     if kind == "dense":
         return {}
-    n = draw(st.integers(1, max(2, 2 * limits.max_batch)))
+    most = max(2, 2 * limits.max_batch)
+    n = draw(st.one_of(st.just(1), st.integers(1, most), st.integers(min(3, most), most)))  # one, or three or more
     each = max(1, cap // n)
     heads, d = dense["nheads_k"], dense["head_dim"]
     if kind == "varlen":
         pairs = [[draw(_lengths(each)), draw(_lengths(each))] for _ in range(n)]
         if draw(st.booleans()):  # one long sequence among short ones
             pairs[draw(st.integers(0, n - 1))] = [draw(st.integers(each, cap)), draw(st.integers(each, cap))]
+        empty = draw(st.sampled_from(EMPTY_SIDES))  # a sequence with no key or no query (shrinks to neither)
+        if empty == "queries" and n == 1:  # one more sequence, whose queries are none
+            pairs.append([0, draw(_lengths(each))])
+        elif empty != "none":
+            pairs[draw(st.integers(0, n - 1))][1 if empty == "keys" else 0] = 0
         if max(p[0] for p in pairs) == 0:
             pairs[0][0] = 1  # at least one query row
-        return dict(batch=n, seqlen_q=max(p[0] for p in pairs), seqlen_k=max(p[1] for p in pairs),
+        return dict(batch=len(pairs), seqlen_q=max(p[0] for p in pairs), seqlen_k=max(p[1] for p in pairs),
                     seqlens=tuple(map(tuple, pairs)), tail=draw(st.sampled_from(TAILS)), layout="contiguous")
-    seqlen_q = draw(st.integers(2, 16) if speculative else st.one_of(st.integers(1, 16), st.just(dense["seqlen_q"])))
+    seqlen_q = draw(st.integers(2, 16) if speculative else
+                    st.one_of(st.just(1), st.integers(1, 16), st.just(dense["seqlen_q"])))
     # the values are drawn as a padded [n, longest, hk, d] batch: 32 dense cases' worth at most
     longest = max(min(limits.max_cache, 32 * limits.max_elements // (n * heads * d)), limits.max_seqlen)
     caches = [draw(_lengths(each)) for _ in range(n)]
+    if draw(st.sampled_from(EMPTY_SIDES)) != "none":  # an empty cache among the others (shrinks to none)
+        caches[draw(st.integers(0, n - 1))] = 0
     if longest > each and draw(st.sampled_from(range(LONG_CACHE_ODDS))) == LONG_CACHE_ODDS - 1:
         caches[draw(st.integers(0, n - 1))] = draw(st.integers(each, longest))
-    page_size = draw(st.sampled_from(PAGE_SIZES))
-    pages = draw(st.sampled_from(PAGE_ORDERS))
+    # one token a page four times as often, pages of no power of two twice as often
+    page_size = draw(st.sampled_from(PAGE_SIZES[:1] * 3 + PAGE_SIZES + tuple(n for n in PAGE_SIZES if n & (n - 1))))
+    pages = draw(st.sampled_from(PAGE_ORDERS + PAGE_ORDERS[1:]))  # out of order twice as often
     shape = dict(batch=n, seqlen_q=seqlen_q, seqlen_k=max(caches), cache_seqlens=tuple(caches), page_size=page_size,
                  pages=pages, layout="contiguous")
     page_elements = page_size * heads * d
@@ -296,18 +364,20 @@ def aligned(head_dim: int, multiple: int, limit: int) -> int:
 
 
 def _bound(seqlen_k: int) -> st.SearchStrategy[int]:
-    """One side of a window, at its edges most of the time: no bound, 0 (the diagonal alone), one key,
-    one short of seqlen_k, wider than seqlen_k."""
-    edges = st.sampled_from(sorted({-1, 0, 1, max(0, seqlen_k - 1), seqlen_k + 3}))
-    return st.one_of(edges, st.integers(-1, seqlen_k + 8))
+    """One side of a window, at its edges two times in three: no bound, 0 (the diagonal alone; twice as
+    often), one key, one short of seqlen_k, wider than seqlen_k."""
+    edges = st.sampled_from(sorted({-1, 0, 1, max(0, seqlen_k - 1), seqlen_k + 3}) + [0])
+    return st.one_of(edges, edges, st.integers(-1, seqlen_k + 8))
 
 
 @st.composite
-def variants(draw, features: tuple, *, seqlen_k: int) -> dict:
-    """The variant fields for the features given, each on or off (off first: shrinking turns it off)."""
+def variants(draw, features: tuple, *, seqlen_k: int, forced: str | None = None,
+             max_head_dim_v: int = MAX_HEAD_DIM_V) -> dict:
+    """The variant fields for the features given, each on or off (off first: shrinking turns it off), the
+    forced one on."""
     out = {}
     for f in features:
-        if not draw(st.booleans()):
+        if f != forced and not draw(st.sampled_from(ON)):
             continue
         if f == "window":
             out["window"] = (draw(_bound(seqlen_k)), draw(_bound(seqlen_k)))
@@ -316,9 +386,11 @@ def variants(draw, features: tuple, *, seqlen_k: int) -> dict:
         elif f == "alibi":
             out["alibi"] = draw(st.sampled_from(("head", "batch-head", "zero")))
         elif f == "sinks":
-            out["sinks"] = draw(st.sampled_from(("around", "above", "below")))
+            # about the rows' lse (twice as often: there its gradient is largest), all the weight, none
+            out["sinks"] = draw(st.sampled_from(("around", "above", "below", "around")))
         elif f == "head_dim_v":
             # up to 256 like q/k's (what most kernels take), 512 (MLA) among the edges
-            out["head_dim_v"] = draw(st.one_of(st.sampled_from(HEAD_DIMS_V + HEAD_DIMS),
-                                               st.integers(1, MAX_HEAD_DIM)))
+            listed = [d for d in HEAD_DIMS_V + HEAD_DIMS if d <= max_head_dim_v]
+            out["head_dim_v"] = draw(st.one_of(st.sampled_from(listed), st.integers(1, min(MAX_HEAD_DIM, max_head_dim_v)),
+                                               st.sampled_from(COMMON_HEAD_DIMS)))
     return out

@@ -26,7 +26,7 @@ def test_drawn_cases_respect_limits(case):
     ("head_dim", 300, "<= 256"),
     ("dtype", "fp8", "must be one of"),
     ("regime", "wild", "must be one of"),
-    ("softmax_scale", -1.0, "> 0"),
+    ("softmax_scale", -1.0, "in (0, "),
     ("seqlen_q", 0, ">= 1"),
     ("batch", 1.5, "integer"),
 ])
@@ -74,7 +74,8 @@ def test_a_subjects_head_dim_multiple_rounds_its_drawn_head_dims_and_skips_other
     from faverify.subjects.base import Capabilities
 
     caps = Capabilities(head_dim_multiple=8, head_dim_v=True)
-    assert caps.draw() == {"head_dim_multiple": 8} and Capabilities().draw() == {}
+    # v's head dims no larger than the subject takes (its max_head_dim, 256)
+    assert caps.draw() == {"head_dim_multiple": 8, "max_head_dim_v": 256} and Capabilities().draw() == {}
 
     @settings(max_examples=80, deadline=None, database=None)
     @given(cases(features=("head_dim_v",), **caps.draw()))
@@ -102,7 +103,8 @@ def test_a_subjects_listed_head_dims_are_all_it_draws_and_the_rest_are_skipped()
     from faverify.subjects.base import Capabilities
 
     caps = Capabilities(head_dims=[64, 128], head_dim_v=True)
-    assert caps.head_dims == (64, 128) and caps.draw() == {"head_dims": (64, 128), "exact_head_dims": True}
+    assert caps.head_dims == (64, 128) and caps.draw() == {"head_dims": (64, 128), "exact_head_dims": True,
+                                                           "max_head_dim_v": 256}
 
     @settings(max_examples=80, deadline=None, database=None)
     @given(cases(features=("head_dim_v",), **caps.draw()))

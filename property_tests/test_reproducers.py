@@ -23,7 +23,7 @@ def _run_reproducer(line: str):
 
 @pytest.mark.parametrize("kernel,flags,needs", [
     (f"{PLANTED}:fp32_backward_off", ("--iters", "4", "--gradcheck-every", "1", "--dtype", "bf16"), "--gradcheck"),
-    (f"{PLANTED}:forward_only_wrong", ("--iters", "10"), None),
+    (f"{PLANTED}:forward_only_wrong", ("--iters", "30"), None),
     (f"{PLANTED}:rounds_p", ("--iters", "10", "--factor", "0.1", "--atol", "0", "--tight", "0", "--mode", "fwd"),
      "--tight"),
 ])
@@ -96,3 +96,18 @@ def test_reproducer_words_are_quoted_for_the_shell():
     line = repro_command("k:f;touch PWNED;#", Case(1, 1, 1, 1, 1, 8).to_json(), "cpu", ("--tight", "out=0"))
     words = shlex.split(line)
     assert words[3] == "k:f;touch PWNED;#" and words[-2] == "--case" and ";" not in line.replace("'k:f;touch PWNED;#'", "")
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_one_bug_is_one_failure_with_its_companions(tmp_path, workers):
+    """A wrong scale fails out, dq, dk and dv on the same cases: one failure is shrunk, the other signatures
+    listed with it; --all-failures shrinks each apart."""
+    kernel = "property_tests.planted:wrong_scale"
+    r, run = _fuzz(tmp_path, kernel, "--iters", "30", "--workers", workers)
+    failures = run["kernels"][0]["failures"]
+    assert r.exit_code == 1 and len(failures) == 1, [f["signature"] for f in failures]
+    found = {failures[0]["signature"], *failures[0]["companions"]}
+    assert {"out:tolerance", "dq:tolerance", "dk:tolerance"} <= found, found
+    assert "with it on the same cases: " in r.stderr
+    r, run = _fuzz(tmp_path, kernel, "--iters", "30", "--workers", workers, "--all-failures")
+    assert len(run["kernels"][0]["failures"]) >= 2

@@ -104,7 +104,9 @@ def test_seqlen_k_one_and_tail_tiles_are_drawn_often():
     # "large" with one key (a logit of sd 1024 and more) also reaches below -5e4 and -88.7 now and then, so
     # the control leaves it out with them
     ("finite_sentinel", "out:", "--regimes", ("negative", "lone-key", "large"), ()),
-    ("exp_of_lse", "d", "--regimes", ("negative", "lone-key", "large"), ()),
+    # bf16-scale too: exp(s - lse) in fp32 sums its weights to 2 where lse cannot be told from the row's max,
+    # an out outside its values' hull, which the ill-conditioned cases check
+    ("exp_of_lse", "d", "--regimes", ("negative", "lone-key", "large", "bf16-scale"), ()),
     ("zero_stride_as_unset", "out:", "--layouts", ("broadcast",), ("--mode", "fwd")),
     ("reads_dout_contiguous", "d", "--layouts", ("transposed",), ()),
 ])
@@ -114,8 +116,8 @@ def test_each_trigger_catches_its_planted_bug_which_passes_without_it(bug, signa
     r = cli("fuzz", "--kernel", f"property_tests.planted:{bug}", *args, "--json", tmp_path / "run.json")
     assert r.exit_code == 1, r.stdout[-2000:]
     failures = json.loads((tmp_path / "run.json").read_text())["kernels"][0]["failures"]
-    mine = [f for f in failures if f["signature"].startswith(signature)]
-    assert mine, [f["signature"] for f in failures]
+    mine = [f for f in failures if any(s.startswith(signature) for s in [f["signature"], *f["companions"]])]
+    assert mine, [(f["signature"], f["companions"]) for f in failures]  # as the root, or found with it
     field = option[2:-1]  # --regimes -> regime
     assert Case.from_dict(mine[0]["minimal"]["case"]).to_dict().get(field) in catching
     met = json.loads((tmp_path / "run.json").read_text())["kernels"][0]["summary"][field + "s"]

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from faverify import conventions as _conventions
-from faverify.case import DTYPES, FEATURES, INITS, Case
+from faverify.case import DTYPES, FEATURES, INITS, MAX_HEAD_DIM_V, Case
 
 INPUTS = ("q", "k", "v", "dout")  # what a subject is given: dout through autograd
 # The keywords each variant feature is passed by (flash-attn's names); head_dim_v has none: v's shape says it.
@@ -170,8 +170,9 @@ class Capabilities:
     def draw(self) -> dict:
         """strategies.cases' arguments that every case of this subject needs: split cases for a combine,
         ragged ones for a subject that takes no dense batch, block patterns for one that takes masks as
-        blocks only, its head dims where it lists them."""
+        blocks only, its head dims where it lists them, v's no larger than it takes."""
         return {**({"always_split": True} if self.combine else {}),
+                **({"max_head_dim_v": self.max_head_dim} if self.head_dim_v and self.max_head_dim < MAX_HEAD_DIM_V else {}),
                 **({"head_dim_multiple": self.head_dim_multiple} if self.head_dim_multiple > 1 else {}),
                 **({"head_dims": self.head_dims, "exact_head_dims": True} if self.head_dims else {}),
                 **({"ragged_only": True} if not self.dense and (self.varlen or self.paged) else {}),

@@ -179,8 +179,9 @@ HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, ru
 def _variant(name, file, site, new, bug, why, features, subject="triton", always_split=False, paths=None,
              speculative=False):
     ragged = subject != "triton"
+    # mixes ("one",): every case uses one of the features (strategies.FEATURE_MIXES), none is spent elsewhere
     return Mutant(name, file, site, new, bug, why, subject=subject, paths=paths,
-                  cases=dict(features=features, **({"ragged_only": True} if ragged else {}),
+                  cases=dict(features=features, mixes=("one",), **({"ragged_only": True} if ragged else {}),
                              **({"always_split": True} if always_split else {}),
                              **({"speculative": True} if speculative else {})))
 
@@ -230,7 +231,8 @@ VARIANT_MUTANTS = (
     _variant("dsinks-wrong-sign", "variant_interface.py", "dsinks-sign",
              "dsinks = (p_sink * rows_d).sum(1)",
              "dsinks with the wrong sign",
-             "d lse / d z is +p_sink, and the minus of the softmax's Jacobian gets dropped", ("sinks",)),
+             "d lse / d z is +p_sink, and the minus of the softmax's Jacobian gets dropped", ("sinks",),
+             paths=("bwd triton", "bwd variant")),  # every backward of a case with sinks computes dsinks
     _variant("varlen-reads-next-key", "variant_forward.py", "varlen-keys",
              "seqlen_k = (tl.load(CuK + off_b + 1) - bos_k + 1).to(tl.int32)",
              "each varlen sequence also attends to the first key of the next sequence (or of the tail)",
