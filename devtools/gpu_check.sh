@@ -10,6 +10,8 @@
 #                    119 of its 155 tests took 300 s (each Triton variant compiles on first use): a call of its own
 #   gpu        [240] pytest -m gpu: only the GPU-marked tests (186 s on the H200)
 #   memory     [ 90] the seqlen-65536 memory test alone
+#   contracts  [ 90] the GPU-marked tests of the contract (property_tests/test_contracts.py: an output written
+#                    on a stream the caller never waits for)
 #   variants   [240] the variant kernels' tests (property_tests/test_triton_variants.py: the Hopper forward's
 #                    windows and softcap among them)
 #   fuzz       [560] faverify fuzz --kernel triton --iters 10000 --dtype bf16,fp16 --mode both (masks and biases
@@ -112,7 +114,7 @@ run() {  # run NAME SECONDS GREP COMMAND...: one time-boxed step, its log in $ou
   grep -v -i "warn" "$out/$name.log" | grep -E "$pattern" | tail -n 12 | cut -c1-200
 }
 fuzz() {  # fuzz NAME SECONDS KERNELS ITERS
-  run "$1" "$2" "passed|failed|cases/s|warm-up|code path|by phase|minimal case|signature|interrupted" \
+  run "$1" "$2" "passed|failed|cases/s|warm-up|code path|by phase|minimal case|signature|interrupted|^PASS|^FAIL|^INTERRUPTED" \
     python3 -m faverify fuzz --kernel "$3" --iters "$4" --dtype bf16,fp16 --mode both --no-db \
     --json "$out/$1.json"
 }
@@ -126,6 +128,8 @@ for step in $steps; do
     variants) run variants 240 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -rfs \
       property_tests/test_triton_variants.py ;;
     memory) run memory 90 "MiB|passed|failed" python3 -m pytest -q -p no:cacheprovider -s property_tests/test_memory.py ;;
+    contracts) run contracts 90 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -m gpu -rfs \
+      property_tests/test_contracts.py ;;
     fuzz) fuzz fuzz 560 triton 10000 ;;
     census)
       python3 -m faverify fuzz --kernel triton --iters 16 --dtype bf16,fp16 --mode both --no-db >"$out/census-warm.log" 2>&1
@@ -219,7 +223,7 @@ for step in $steps; do
         run "sanitize-$tool" 120 "ERROR SUMMARY|hazard|error" compute-sanitizer --tool "$tool" \
           python3 devtools/sanitize_cases.py
       done ;;
-    *) echo "unknown step: $step (steps: tests gpu variants masks memory floor fuzz fuzz-masks fuzz-ragged fuzz-cuda fuzz-sdpa fuzz-ragged-full fuzz-paged-rest fuzz-decode mutants mutants-full bench bench-variants bench-decode decode-sweep bench-cuda doctor fuzz-fa4 bench-fa4 doctor-libs flashinfer-prebuild fuzz-flashinfer hopper-bwd hopper-bwd-fast backward-profile sanitize)"
+    *) echo "unknown step: $step (steps: tests gpu variants masks memory contracts floor fuzz fuzz-masks fuzz-ragged fuzz-cuda fuzz-sdpa fuzz-ragged-full fuzz-paged-rest fuzz-decode mutants mutants-full bench bench-variants bench-decode decode-sweep bench-cuda doctor fuzz-fa4 bench-fa4 doctor-libs flashinfer-prebuild fuzz-flashinfer hopper-bwd hopper-bwd-fast backward-profile sanitize)"
        exit 2 ;;
   esac
 done

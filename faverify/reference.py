@@ -154,13 +154,7 @@ def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales)
                 s = rnd(s)
             if acc is not None and (bias is not None or mod is not None):
                 acc.add_logits(s)
-            hidden = torch.zeros(i1 - i0, sk, dtype=torch.bool, device=dev)
-            if mask is not None:
-                hidden = hidden | ~_rows(mask, i0, i1)
-            if variant.right is not None:
-                hidden |= cols[None, :] > diag + variant.right
-            if variant.left is not None:
-                hidden |= cols[None, :] < diag - variant.left
+            hidden = _hidden(variant, mask, i0, i1, cols, diag)
             s = s.masked_fill(hidden, float("-inf"))
             m = s.amax(dim=-1, keepdim=True)
             if sink is not None:
@@ -232,6 +226,53 @@ def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales)
         keep = {"dsinks": torch.float32, "dbias": variant.bias.dtype if variant.bias is not None else None}
         tensors = {name: t.to(keep.get(name) or round_to) for name, t in tensors.items()}
     return tensors, scales
+
+
+def _hidden(variant: Variant, mask, i0: int, i1: int, cols, diag) -> torch.Tensor:
+    """The keys rows i0..i1 may not see, True where hidden: [c, sk], or broadcast with a mask's [B, hk|1,
+    g|1, c, sk] (_five)."""
+    hidden = torch.zeros(i1 - i0, cols.numel(), dtype=torch.bool, device=cols.device)
+    if mask is not None:
+        hidden = hidden | ~_rows(mask, i0, i1)
+    if variant.right is not None:
+        hidden |= cols[None, :] > diag + variant.right
+    if variant.left is not None:
+        hidden |= cols[None, :] < diag - variant.left
+    return hidden
+
+
+_HULL_BUDGET = 64 << 20  # bytes of one chunk's [rows, keys, head dim] temporaries in value_hull
+
+
+def value_hull(q, k, v, *, causal: bool, variant: Variant | None = None) -> tuple:
+    """(lo, hi) [b, sq, h, dv] float64: the least and the largest value over the keys each row may see, per
+    head-dim column, 0 among them with a sink (its value) or where the row sees no key. out is a convex
+    combination of those values whatever the weights, so a result outside bounds it anyway: the check that
+    stands where the weights are not determined (an ill-conditioned case, verdict.py)."""
+    variant = variant or Variant.dense(causal)
+    b, sq, h, _ = q.shape
+    sk, hk, dv = k.shape[1], k.shape[2], v.shape[3]
+    g = h // hk
+    V = v.double().nan_to_num(nan=0.0).permute(0, 2, 1, 3).reshape(b, hk, 1, sk, dv)
+    mask = _five(variant.mask, h, hk)
+    lo = torch.zeros(b, hk, g, sq, dv, dtype=torch.float64, device=q.device)
+    hi = torch.zeros_like(lo)
+    cols = torch.arange(sk, device=q.device)
+    offset = sk - sq if variant.offset is None else variant.offset
+    chunk = max(1, _HULL_BUDGET // max(1, 16 * b * h * sk * dv))
+    for i0 in range(0, sq if sk else 0, chunk):
+        i1 = min(sq, i0 + chunk)
+        seen = ~_hidden(variant, mask, i0, i1, cols, torch.arange(i0, i1, device=q.device)[:, None] + offset)
+        seen = seen.expand(b, hk, g, i1 - i0, sk).unsqueeze(-1)
+        values = V.unsqueeze(3)  # [b, hk, 1, 1, sk, dv]
+        low = torch.where(seen, values, torch.inf).amin(-2)
+        high = torch.where(seen, values, -torch.inf).amax(-2)
+        none = ~seen.any(-2)
+        lo[:, :, :, i0:i1] = torch.where(none, 0.0, low)
+        hi[:, :, :, i0:i1] = torch.where(none, 0.0, high)
+    if variant.sinks is not None:
+        lo, hi = lo.clamp(max=0.0), hi.clamp(min=0.0)
+    return tuple(t.reshape(b, h, sq, dv).permute(0, 2, 1, 3) for t in (lo, hi))
 
 
 def _five(t: torch.Tensor | None, h: int, hk: int) -> torch.Tensor | None:

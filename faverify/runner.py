@@ -21,7 +21,7 @@ from faverify.inputs import Inputs, make_inputs, variant_of
 from faverify.metrics import TensorMetrics, error_stats
 from faverify.reference import naive, reference
 from faverify.subjects.base import Subject
-from faverify.verdict import Tolerance, judge_all, kind
+from faverify.verdict import FLUSHED, Tolerance, judge_all, kind
 
 MODES = {"fwd": ("out", "lse"), "bwd": ("dq", "dk", "dv", "dsinks", "dbias"),
          "both": ("out", "lse", "dq", "dk", "dv", "dsinks", "dbias")}
@@ -77,8 +77,11 @@ def own_error(kernel: str, case: Case, error: BaseException, device: str = "") -
 
 def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: str = "both",
              tolerance: Tolerance | None = None, gradcheck: bool = False, stored=None,
-             in_worker: bool = False, repeat: int = 1) -> CaseResult:
-    """stored: (inputs, reference, scales) from a golden file instead of drawing from the seed and
+             in_worker: bool = False, repeat: int = 1, tell=None) -> CaseResult:
+    """tell(phase): called with "judging" once the subject's own calls of the case are done and faverify's
+    judging begins, and with "subject" before the gradient check calls it again (a worker tells its parent,
+    whose timeout is the subject's alone: isolation.py).
+    stored: (inputs, reference, scales) from a golden file instead of drawing from the seed and
     computing the reference here (golden.py). in_worker: this process is a worker (isolation.py), where
     Ctrl-C is ignored, so a KeyboardInterrupt is the subject's own and fails its case; in the user's
     process it stops the run. repeat: run the subject that many times on the same inputs; a case whose
@@ -86,7 +89,7 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
     device = torch.device(device)
     tolerance = tolerance or Tolerance()
     start = time.perf_counter()
-    clock = _Clock(device)
+    clock = _Clock(device, tell)
     subject.take_paths()  # whatever ran (or compiled: a warm-up) before this case is not its
     subject.take_compile_seconds()
     result = _evaluate(subject, case, device, mode, tolerance, clock, stored, in_worker, repeat)
@@ -99,6 +102,7 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
         clock.laps["subject"] = max(0.0, clock.laps.get("subject", 0.0) - sum(compiling.values()))
     if gradcheck and result.status == "pass":
         from faverify.gradcheck import directional
+        clock.tell("subject")
         result.gradcheck = directional(subject, case, device).to_dict()
         clock.lap("gradcheck")
         if not result.gradcheck["passed"] and not result.gradcheck["skipped"]:
@@ -130,7 +134,8 @@ class _Clock:
     """Wall time per phase of a case; synchronizes the GPU at each lap so kernels are charged to their
     phase (the case ends in a device-to-host copy anyway)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, tell=None):
+        self.tell = tell or (lambda phase: None)
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
         self.device = device
         self.laps: dict = {}
@@ -189,9 +194,12 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     except SubjectRaised as e:  # the subject's failure, recorded with its message
         return failure(name, case, "fail", f"forward raised {e}", f"error:{e.name}")
     problem = _check_outputs(case, x.q, out, lse) or (_check_splits(case, splits) if splits is not None else None)
+    if problem is None and subject.caps.lse and lse is None:
+        problem = "the subject declares lse: true but returned out alone (return (out, lse))"
     if problem:
         return failure(name, case, "fail", problem, "contract")
 
+    out, lse = _as_the_caller_sees(out), _as_the_caller_sees(lse)
     got = {"out": out, "lse": lse}
     forward_only = judged_on_less
     if backward and not out.requires_grad:  # judged on its forward alone, and the case says so
@@ -209,9 +217,10 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         names = tuple(wrt)
         for gname, grad, inp in zip(names, grads, wrt.values()):
             got[gname] = grad if grad is not None else torch.zeros_like(inp)
-        problem = next((p for g in names if (p := _on_device(g, got[g], x.q.device))), None)
+        problem = next((p for g in names if (p := _plain(g, got[g]) or _on_device(g, got[g], x.q.device))), None)
         if problem:
             return failure(name, case, "fail", problem, "contract")
+        got.update({g: _as_the_caller_sees(got[g]) for g in names})
     failing = _changed_inputs(x, pristine, subject.caps.writes)
     if backward:
         from faverify.ragged import tail_gradients
@@ -231,6 +240,7 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         except SubjectRaised as e:
             failing.append((f"error:{e.name}", f"a repeated run raised {e}"))
         clock.lap("repeat")
+    clock.tell("judging")
     try:
         metrics = judge(case, pristine, got, tolerance, MODES[mode], reference_given, subject.caps.conventions,
                         lap=clock.lap)
@@ -293,13 +303,15 @@ def _evaluate_combine(subject: Subject, case: Case, device: torch.device, tolera
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         return failure(name, case, "fail", "a combine must return (out, lse)", "contract")
     out, lse = result
-    problem = _check_outputs(case, x.q, out if not isinstance(out, torch.Tensor) else out.to(x.q.dtype), lse)
+    problem = _plain("out", out) or _plain("lse", lse) or \
+        _check_outputs(case, x.q, out if not isinstance(out, torch.Tensor) else out.to(x.q.dtype), lse)
     if problem:
         return failure(name, case, "fail", problem, "contract")
     failing = [(f"{n}:modified", f"modified {n} in place") for n, a, b in
                (("out_splits", outs, given[0]), ("lse_splits", lses, given[1]))
                if not torch.equal(a.nan_to_num(), b.nan_to_num())]
     clock.lap("subject")
+    clock.tell("judging")
     base = combine(given[0].to(x.q.dtype), given[1], x.q.dtype)
     metrics = judge(case, x, {"out": out, "lse": lse}, tolerance, ("out", "lse"), None, conventions,
                     baseline={"out": base[0], "lse": base[1]}, lap=clock.lap)
@@ -318,6 +330,8 @@ def _split_shape(case: Case) -> tuple:
 def _check_splits(case: Case, splits) -> str | None:
     want = _split_shape(case)
     for name, t, shape in zip(("out_splits", "lse_splits"), splits, want):
+        if _plain(name, t):
+            return _plain(name, t)
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
             return f"{name} has shape {tuple(getattr(t, 'shape', ()))}, expected {shape}"
     return None
@@ -373,12 +387,29 @@ def _bytes_needed(case: Case, device: torch.device, backward: bool) -> int:
     if case.kind == "paged":  # the pools, k and v, twice (the inputs and their untouched copy)
         pages = case.pool or case.pages_used + 1
         need += 2 * pages * case.page_size * case.nheads_k * (case.head_dim + case.dv) * itemsize
+    if case.kind == "varlen":  # the tail's tokens of q, k, v and dO, in the inputs, copies and gradients
+        token = case.nheads * (case.head_dim + case.dv) + case.nheads_k * (case.head_dim + case.dv)
+        need += 4 * case.tail * token * itemsize
     return need
+
+
+# multiply-adds of a case's FP64 reference past which it is refused: about an hour of a CPU's FP64 (1e10 a
+# second), or of an H200's (1e13)
+MAX_WORK = {"cpu": 1 << 45, "cuda": 1 << 55}
+
+
+def _work(case: Case) -> int:
+    """The FP64 reference's multiply-adds: every row against every key, forward and backward."""
+    return sum(sq * sk for sq, sk in case.sequences) * case.nheads * (case.head_dim + case.dv) * 4
 
 
 def _too_big(case: Case, device: torch.device, backward: bool) -> str | None:
     """Why the case cannot fit on the device (about what it would take, against what is free), or None.
     A drawn case that does not fit is skipped with this reason; `repro` of one is exit 2."""
+    work = _work(case)
+    if work > MAX_WORK.get(device.type, MAX_WORK["cuda"]):
+        return (f"too large for this device: its FP64 reference would take {work:.2g} multiply-adds, more than "
+                f"{MAX_WORK.get(device.type, MAX_WORK['cuda']):.2g} ({device.type})")
     need = _bytes_needed(case, device, backward)
     if need <= CHECK_MEMORY_ABOVE:
         return None
@@ -549,7 +580,27 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
         hint = _lse_base_hint(got["lse"], ref["lse"], lse.allowed, conventions)
         if hint:
             lse.reason += f"; {hint}"
+    out = metrics.get("out")
+    if out is not None and out.waived and out.passed:
+        _within_hull(out, got["out"], (q, k, v), case, variant)
     return metrics
+
+
+def _within_hull(m, out, qkv: tuple, case: Case, variant) -> None:
+    """Where the weights are not determined (a waived case) out is still a convex combination of the values
+    each row sees: fail m for the elements outside their hull, past twice the floor unit of the values' size
+    (the fp32 sum of the weighted values rounds too: 3 ulps past 133120 over 33 keys, sdpa-math)."""
+    from faverify.dtypes import FLOOR_UNIT
+    from faverify.reference import value_hull
+    with torch.no_grad():
+        lo, hi = value_hull(*qkv, causal=case.causal, variant=variant)
+        slack = 2 * FLOOR_UNIT[case.dtype] * torch.maximum(lo.abs(), hi.abs()) + FLUSHED
+        got = out.detach().double()
+        outside = int(((got < lo - slack) | (got > hi + slack)).sum())
+    if outside:
+        m.passed = False
+        m.reason = (f"{outside} entries outside the least and largest values their row sees (out is a convex "
+                    "combination of them, whatever the weights of this ill-conditioned case)")
 
 
 def _judge_ragged(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple, backward: bool,
@@ -617,6 +668,24 @@ def _lse_base_hint(got, ref, allowed: float, conventions: Conventions) -> str:
     return ""
 
 
+def _as_the_caller_sees(t):
+    """A CUDA output as a caller reads it: copied on the current stream, before anything synchronizes the
+    device. A kernel that writes its output on a stream of its own and returns without making the caller's
+    stream wait gives a caller whatever the buffer held at that moment; the device-wide synchronize the
+    metrics make would otherwise hide the race."""
+    return t.clone() if isinstance(t, torch.Tensor) and t.is_cuda else t
+
+
+def _plain(name: str, t) -> str | None:
+    """A subclass of torch.Tensor answers the judging's own operations as it likes (zeros whose subtraction
+    and isnan say "equal" passed every check): faverify judges plain tensors only, and reads nothing of a
+    subclass before refusing it."""
+    if isinstance(t, torch.Tensor) and type(t) is not torch.Tensor:
+        return (f"{name} is a {type(t).__module__}.{type(t).__qualname__}, a subclass of torch.Tensor: return "
+                f"a plain tensor (faverify judges only those)")
+    return None
+
+
 def _on_device(name: str, t, device: torch.device) -> str | None:
     if isinstance(t, torch.Tensor) and t.device != device:
         return f"{name} is on {t.device}, expected the inputs' device {device}"
@@ -642,7 +711,8 @@ def _check_outputs(case: Case, q: torch.Tensor, out, lse) -> str | None:
     (varlen: packed, expected_out_shape)."""
     if not isinstance(out, torch.Tensor):
         return f"out is {type(out).__name__}, expected a tensor"
-    problem = _on_device("out", out, q.device) or _on_device("lse", lse, q.device)
+    problem = _plain("out", out) or _plain("lse", lse) or _on_device("out", out, q.device) \
+        or _on_device("lse", lse, q.device)
     if problem:
         return problem
     want_out = expected_out_shape(case)

@@ -257,8 +257,12 @@ def _variant(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.
         full = s
     lse_all = torch.logsumexp(full, dim=-1)
     lse_keys = torch.logsumexp(s, dim=-1)
-    m = torch.where(torch.isfinite(lse_all), lse_all, torch.zeros_like(lse_all))
-    p = torch.exp(s - m[..., None])
+    # normalized by the sum of the weights, not by exp(lse): where fp32 cannot tell lse from the row's max
+    # (logits near 7e10, whose ulp is 8192, beside log 2) exp(s - lse) sums to 2, out of its values' hull
+    top = full.amax(dim=-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    total = torch.exp(full - top).sum(dim=-1, keepdim=True)
+    p = torch.where(total > 0, torch.exp(s - top) / total, torch.zeros_like(s))
     out = (p @ vt).transpose(1, 2).to(q.dtype)
     lse = lse_keys if bug == "sink-not-in-lse" else lse_all
     return out, lse.float()

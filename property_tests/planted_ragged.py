@@ -147,7 +147,12 @@ def _split(q, k, v, causal, softmax_scale, splits, drop_last_key):
         if causal:
             logits = logits.masked_fill(j > i + sk - sq, float("-inf"))
         lse = torch.logsumexp(logits, dim=-1) if hi > lo else torch.full((b, h, sq), float("-inf"), device=q.device)
-        p = torch.exp(logits - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
+        # normalized by the weights' sum: exp(logits - lse) sums to 2 where fp32 cannot tell lse from the max
+        top = logits.amax(dim=-1, keepdim=True) if hi > lo else torch.zeros(b, h, sq, 1, device=q.device)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        weights = torch.exp(logits - top)
+        total = weights.sum(dim=-1, keepdim=True)
+        p = torch.where(total > 0, weights / total, torch.zeros_like(weights))
         outs.append((p @ vt[:, :, lo:hi]).transpose(1, 2))
         lses.append(lse)
     outs, lses = torch.stack(outs), torch.stack(lses)

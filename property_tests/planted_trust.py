@@ -184,3 +184,78 @@ def block_mask_as_documented(q, k, v, *, causal, softmax_scale, block_mask=None,
 
 
 block_mask_as_documented.faverify_capabilities = {"block_mask": True}
+
+
+class Agreeable(torch.Tensor):
+    """Zeros that answer the comparisons a careless judge makes: every difference is 0, nothing is NaN."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        result = super().__torch_function__(func, types, args, kwargs or {})
+        name = getattr(func, "__name__", "")
+        if name in ("sub", "__sub__", "abs", "ne", "__ne__") and isinstance(result, torch.Tensor):
+            return torch.zeros_like(result.as_subclass(torch.Tensor))
+        if name in ("isnan", "isinf") and isinstance(result, torch.Tensor):
+            return torch.zeros_like(result.as_subclass(torch.Tensor), dtype=torch.bool)
+        return result
+
+
+def agreeable_zeros(q, k, v, *, causal, softmax_scale):
+    """Zeros in a tensor subclass that says it matches whatever it is compared with."""
+    return torch.zeros(*q.shape[:3], v.shape[3], dtype=q.dtype, device=q.device).as_subclass(Agreeable)
+
+
+agreeable_zeros.faverify_capabilities = {"backward": False}
+
+
+def _side_stream(q, k, v, causal, softmax_scale, wait: bool):
+    """The attention computed on a stream of the kernel's own, after a long matmul there; the caller's
+    stream made to wait for it, or not."""
+    out = torch.empty(*q.shape[:3], v.shape[3], dtype=q.dtype, device=q.device)
+    side = torch.cuda.Stream(device=q.device)
+    side.wait_stream(torch.cuda.current_stream(q.device))
+    with torch.cuda.stream(side):
+        busy = torch.randn(4096, 4096, device=q.device)
+        for _ in range(8):
+            busy = busy @ busy * 1e-3
+        with torch.no_grad():
+            out.copy_(correct(q, k, v, causal=causal, softmax_scale=softmax_scale))
+    if wait:
+        torch.cuda.current_stream(q.device).wait_stream(side)
+    return out
+
+
+def side_stream_unsynced(q, k, v, *, causal, softmax_scale):
+    """Returns out before the stream that computes it is done, the caller's stream not told."""
+    return _side_stream(q, k, v, causal, softmax_scale, wait=False)
+
+
+def side_stream_synced(q, k, v, *, causal, softmax_scale):
+    """The control: the caller's stream waits for the kernel's."""
+    return _side_stream(q, k, v, causal, softmax_scale, wait=True)
+
+
+for _fn in (side_stream_unsynced, side_stream_synced):
+    _fn.faverify_capabilities = {"backward": False, "devices": ["cuda"]}
+
+
+def zeros(q, k, v, *, causal, softmax_scale):
+    """Zeros of out's shape: what every careless comparator must still fail."""
+    return torch.zeros(*q.shape[:3], v.shape[3], dtype=q.dtype, device=q.device)
+
+
+def mean_of_v(q, k, v, *, causal, softmax_scale):
+    """Each row the mean of the values over all keys, whatever the logits."""
+    _, _, vt, _ = _heads_first(q, k, v, softmax_scale)
+    return vt.mean(dim=2, keepdim=True).expand(-1, -1, q.shape[1], -1).transpose(1, 2).to(q.dtype)
+
+
+for _fn in (zeros, mean_of_v):
+    _fn.faverify_capabilities = {"backward": False}
+
+
+def leaves_a_child(q, k, v, *, causal, softmax_scale):
+    """Starts a process that would outlive the run, holding its output open, then computes right."""
+    import subprocess
+    subprocess.Popen(["sleep", "301.7"])
+    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)

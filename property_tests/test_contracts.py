@@ -103,3 +103,69 @@ def test_a_kernel_reading_the_block_mask_as_documented_passes_every_shape(tmp_pa
             "--json", tmp_path / "run.json")
     masks = read_json(tmp_path / "run.json")["kernels"][0]["summary"]["masks"]
     assert r.exit_code == 0 and masks, r.stderr
+
+
+def test_a_tensor_subclass_is_refused_before_anything_reads_it():
+    r = evaluate(resolve(f"{PLANTED}:agreeable_zeros"), Case(1, 8, 8, 2, 2, 16, dtype="bf16", seed=1), "cpu")
+    assert r.status == "fail" and r.signatures == ["contract"] and "subclass of torch.Tensor" in r.reason, r.reason
+
+
+@pytest.mark.gpu
+def test_an_output_computed_on_a_stream_the_caller_never_waits_for_fails():
+    """Read on the caller's stream, as a caller would: the race shows; the control waits and passes."""
+    case = Case(1, 128, 128, 2, 2, 64, dtype="bf16", seed=1)
+    bad = [evaluate(resolve(f"{PLANTED}:side_stream_unsynced"), case, "cuda") for _ in range(3)]
+    assert all(r.status == "fail" for r in bad), [r.reason for r in bad]
+    good = evaluate(resolve(f"{PLANTED}:side_stream_synced"), case, "cuda")
+    assert good.status == "pass", good.reason
+
+
+@pytest.mark.parametrize("subject,case", [
+    (subject, case) for case in (
+        Case(1, 128, 128, 2, 2, 64, dtype="bf16", regime="large", seed=1),  # a baseline nearly as wrong as zeros
+        Case(1, 16, 16, 2, 2, 32, dtype="bf16", regime="bf16-scale", seed=1),  # ill-conditioned: every v 133120
+        Case(1, 16, 16, 2, 2, 32, dtype="fp16", regime="bf16-scale", seed=1),
+        Case(1, 8, 8, 2, 2, 32, dtype="bf16", causal=True, regime="lone-key", seed=3),  # a row sees one key
+    ) for subject in ("zeros", "mean_of_v") if not (subject == "mean_of_v" and case.regime == "bf16-scale")
+], ids=lambda x: x if isinstance(x, str) else f"{x.dtype}-{x.regime}")  # every v alike: their mean is right
+def test_zeros_and_the_mean_of_v_fail_where_the_tolerance_is_widest(subject, case):
+    """Forward-only subjects without lse are judged on out alone: a large regime's baseline allowed them, and
+    a waived case checked nothing; out is now capped by its own size and held to the hull of its values."""
+    r = evaluate(resolve(f"{PLANTED}:{subject}"), case, "cpu", mode="fwd")
+    assert r.status == "fail" and "out:" in " ".join(r.signatures), (r.status, r.reason)
+    right = evaluate(resolve("sdpa-math"), case, "cpu", mode="fwd")
+    assert right.status == "pass", right.reason
+
+
+@pytest.mark.parametrize("body", ["import os\nos._exit(0)", "import posix\nposix._exit(0)", "import sys\nsys.exit(0)"])
+def test_a_module_that_exits_while_it_is_imported_is_exit_2(tmp_path, monkeypatch, body):
+    module = f"exits_at_import_{abs(hash(body))}"
+    (tmp_path / f"{module}.py").write_text(body + "\ndef attn(q, k, v, *, causal, softmax_scale):\n    return q\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for command in (("fuzz", "--iters", "2"), ("repro", "--case", Case(1, 1, 1, 1, 1, 8).to_json())):
+        r = cli(*command, "--kernel", f"{module}:attn", "--device", "cpu", *(("--no-db",) if command[0] == "fuzz" else ()))
+        assert r.exit_code == 2 and "cannot import module" in r.stderr, (command, r.stderr)
+
+
+def test_a_declared_lse_is_required(tmp_path, monkeypatch):
+    (tmp_path / "declares_lse.py").write_text(
+        "from property_tests.planted import correct\n"
+        "def attn(q, k, v, *, causal, softmax_scale):\n    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)\n"
+        "attn.faverify_capabilities = {'lse': True}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = evaluate(resolve("declares_lse:attn"), Case(1, 4, 4, 1, 1, 8, seed=1), "cpu")
+    assert r.status == "fail" and r.signatures == ["contract"] and "declares lse" in r.reason, r.reason
+
+
+def test_the_timeout_is_the_subjects_alone_not_faverifys_reference():
+    """A kernel that returns at once on a case whose FP64 reference takes seconds: judged (zeros fail on
+    their values), not timed out; --timeout counts the subject's time only."""
+    from faverify.isolation import Worker
+    case = Case(1, 2048, 2048, 8, 8, 128, dtype="bf16", seed=1)  # its reference: 2 s on the CPU
+    worker = Worker(f"{PLANTED}:zeros", "cpu", "fwd", __import__("faverify.verdict", fromlist=["x"]).Tolerance().to_dict(),
+                    timeout=1.0)
+    try:
+        r = worker.evaluate(case)
+    finally:
+        worker.stop()
+    assert r.status == "fail" and "out:" in " ".join(r.signatures), (r.status, r.reason)

@@ -168,11 +168,11 @@ def test_rule_is_printed_with_every_factor():
     assert "out: factor 2" in text and "dq: factor 3" in text and "2^-18 fp32" in text and "tight 0.25" in text
 
 
-def _stats(err: float, baseline: float, tensor: str = "out"):
+def _stats(err: float, baseline: float, tensor: str = "out", ref_max: float = 1.0):
     """One tensor's statistics with the floor unit F = u(bf16) * scale = 1: err and baseline in units of F."""
     from faverify.dtypes import FLOOR_UNIT
     from faverify.metrics import ErrorStats
-    values = {"max_abs": err, "mean_abs": err, "rmse": err, "ref_max": 1.0, "max_ulp": 0.0, "nan": 0.0,
+    values = {"max_abs": err, "mean_abs": err, "rmse": err, "ref_max": ref_max, "max_ulp": 0.0, "nan": 0.0,
               "inf": 0.0, "masked_bad": 0.0, "baseline_max_abs": baseline, "worst": 0.0}
     return ErrorStats(tensor, values, 1 / FLOOR_UNIT["bf16"], 0.0, [0])
 
@@ -182,7 +182,7 @@ def test_the_floor_shrinks_beside_an_informative_baseline():
     floor added to 2x the baseline allowed it); with the baseline exact, the full floor stands; the
     allowed error is split into its two parts."""
     full = Tolerance(tight={t: 1.0 for t in DEFAULT_FACTOR})  # the floor that never shrinks
-    three_times = _stats(1.5, 0.5)
+    three_times = _stats(1.5, 0.5, ref_max=10.0)
     assert judge(three_times, "bf16", full).passed
     m = judge(three_times, "bf16", Tolerance())
     assert not m.passed and m.allowed == pytest.approx(2 * 0.5 + 0.25) and m.floor == pytest.approx(0.25)
@@ -251,6 +251,11 @@ def test_dsinks_from_an_fp16_out_below_the_smallest_normal_passes_and_a_larger_e
     case = Case(1, 8, 1, 1, 1, 40, dtype="fp16", window=(-1, 0), softmax_scale=2.0, sinks="around", seed=33)
     x = make_inputs(case, "cpu")
     q, k, v = x.tensors()
+    import dataclasses
+    keys_only, _ = reference(q, k, v, causal=case.causal, scale=case.scale,
+                             variant=dataclasses.replace(variant_of(case, x, DEFAULT), sinks=None))
+    seen = keys_only["lse"][torch.isfinite(keys_only["lse"])]
+    x.sinks = torch.full_like(x.sinks, float(seen.max()) + 12.0)  # the keys' weight near e^-12 of the sink's
     ref, _ = reference(q, k, v, x.dout, causal=case.causal, scale=case.scale, variant=variant_of(case, x, DEFAULT))
     got = {t: ref[t].to(q.dtype) for t in ("out", "dq", "dk", "dv")}
     got["lse"] = ref["lse"].float()
@@ -264,3 +269,15 @@ def test_dsinks_from_an_fp16_out_below_the_smallest_normal_passes_and_a_larger_e
     assert metric.passed and metric.max_abs > 0, metric.reason
     got["dsinks"] = got["dsinks"] + 10 * metric.allowed
     assert not judge_case(case, x, got, Tolerance(), tensors)["dsinks"].passed
+
+
+def test_outs_baseline_term_is_capped_at_half_its_size_and_no_lower_than_a_subnormal():
+    """A baseline as wrong as the reference is large (bf16 logits of 1e3 rounded) allows no more than half of
+    max|ref|: zeros fail. The cap never goes below the dtype's smallest subnormal, which an out rounded to
+    the dtype may lose whole."""
+    from faverify.verdict import OUT_CAP
+    wide = judge(_stats(1.0, 1.0, ref_max=1.0), "bf16", Tolerance())
+    assert not wide.passed and wide.allowed == pytest.approx(OUT_CAP * 1.0 + wide.floor)
+    tiny = _stats(7e-15, 7e-15, ref_max=7e-15)
+    assert judge(tiny, "fp16", Tolerance()).passed
+    assert judge(_stats(1.0, 1.0, "dq", ref_max=1.0), "bf16", Tolerance()).passed  # gradients are not capped
