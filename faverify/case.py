@@ -24,6 +24,11 @@ INITS = ("-inf", "-1e30")
 MAX_HEAD_DIM = 256
 MAX_HEAD_DIM_V = 512  # MLA's value head dim (576/512 for q/k and v)
 MAX_SEED = 2**63
+# every length, count and bound a kernel indexes with fits a signed 32-bit integer
+MAX_INT = 2**31 - 1
+# the largest softmax_scale and softcap: past it the logits of ordinary inputs overflow fp32
+MAX_SCALE = 1e6
+MAX_SEQUENCES = 1 << 16  # of a varlen or paged case
 # ALiBi slopes: per head, per batch and head, or all zero (must give dense attention); drawn from the seed
 ALIBI = ("off", "head", "batch-head", "zero")
 # Sink logits per head, drawn from the seed: about the size of the rows' own log-sum-exp, far above every
@@ -118,9 +123,7 @@ class Case:
             _require_int(name, getattr(self, name), minimum=1)
         for name in ("seqlen_q", "seqlen_k"):
             _require_int(name, getattr(self, name), minimum=0)
-        _require_int("seed", self.seed, minimum=0)
-        if self.seed >= MAX_SEED:  # torch.Generator.manual_seed takes 64 bits
-            raise UsageError("seed", self.seed, f"must be < 2^63 ({MAX_SEED})")
+        _require_int("seed", self.seed, minimum=0, maximum=MAX_SEED - 1)  # torch.Generator.manual_seed: 64 bits
         if self.seqlen_q == 0:
             raise UsageError("seqlen_q", 0, "must be >= 1 (a case with no query rows checks nothing)")
         if self.head_dim > MAX_HEAD_DIM:
@@ -135,8 +138,9 @@ class Case:
             raise UsageError("causal", self.causal, "must be true or false")
         if self.softmax_scale is not None:
             s = self.softmax_scale
-            if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
-                raise UsageError("softmax_scale", s, "must be a finite number > 0, or null for head_dim ** -0.5")
+            if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0 < s <= MAX_SCALE:
+                raise UsageError("softmax_scale", s, f"must be a number in (0, {MAX_SCALE:g}], or null for "
+                                                     "head_dim ** -0.5 (past it fp32 logits overflow)")
         self._check_variants()
 
     def _check_variants(self) -> None:
@@ -144,12 +148,14 @@ class Case:
         if not isinstance(w, (list, tuple)) or len(w) != 2:
             raise UsageError("window", w, "must be [left, right]")
         for side, bound in zip(("left", "right"), w):
-            if isinstance(bound, bool) or not isinstance(bound, int) or bound < -1:
-                raise UsageError("window", list(w), f"the {side} bound must be an integer >= -1 (-1: no bound)")
+            if isinstance(bound, bool) or not isinstance(bound, int) or not -1 <= bound <= MAX_INT:
+                raise UsageError("window", f"[{side} bound of {_digits(bound)}]",
+                                 f"the {side} bound must be an integer in -1..{MAX_INT} (-1: no bound)")
         object.__setattr__(self, "window", tuple(w))  # JSON gives a list
         c = self.softcap
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or c < 0:
-            raise UsageError("softcap", c, "must be a finite number >= 0 (0: off)")
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or not 0 <= c <= MAX_SCALE:
+            raise UsageError("softcap", c, f"must be a number in [0, {MAX_SCALE:g}] (0: off; a larger cap leaves "
+                                           "every logit as it is)")
         for name, allowed in (("alibi", ALIBI), ("sinks", SINKS)):
             if getattr(self, name) not in allowed:
                 raise UsageError(name, getattr(self, name), f"must be one of {', '.join(allowed)}")
@@ -268,6 +274,9 @@ class Case:
 
     def _require_shape(self, name: str, value: list, batch: int, seqlen_q: int, seqlen_k: int) -> None:
         """batch, seqlen_q and seqlen_k of a varlen or paged case are what its sequences give."""
+        if batch > MAX_SEQUENCES:
+            raise UsageError(name, f"[{batch} sequences]", f"must have at most {MAX_SEQUENCES} sequences (the FP64 "
+                                                           "reference takes them one at a time)")
         if self.layout != "contiguous":
             raise UsageError("layout", self.layout, f"must be contiguous for a case with {name}")
         want = {"batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k}
@@ -428,6 +437,10 @@ class Case:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise UsageError("case", text[:80], f"is not valid JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:
+            raise UsageError("case", text[:80], "is nested too deeply to be a case") from None
+        except ValueError as e:  # an integer of thousands of digits: Python refuses to convert it
+            raise UsageError("case", text[:80], f"is not a case ({e})") from None
         return cls.from_dict(data)
 
     def short(self) -> str:
@@ -485,8 +498,18 @@ class Case:
         return flags
 
 
-def _require_int(name: str, value: object, *, minimum: int) -> None:
+def _digits(value) -> str:
+    """A value for an error message: a huge integer by its size, not its thousands of digits."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() >= 64:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)[:40]
+
+
+def _require_int(name: str, value: object, *, minimum: int, maximum: int = MAX_INT) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise UsageError(name, value, "must be an integer")
     if value < minimum:
         raise UsageError(name, value, f"must be >= {minimum}")
+    if value > maximum:
+        raise UsageError(name, value if value.bit_length() < 64 else f"an integer of {value.bit_length()} bits",
+                         f"must be <= {maximum}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,7 +158,7 @@ def record(directory: Path = DEFAULT_DIR, names=None) -> list:
         np.savez_compressed(buffer, **arrays)
         data = buffer.getvalue()
         rel = f"cases/{name}.npz"
-        (directory / rel).write_bytes(data)
+        _write_new(directory, rel, data)
         entries.append({"name": name, "case": case.to_dict(), "file": rel, "sha256": hashlib.sha256(data).hexdigest(),
                         "bytes": len(data)})
     kept = []
@@ -169,9 +170,36 @@ def record(directory: Path = DEFAULT_DIR, names=None) -> list:
             kept = []  # no index, or none readable: the new one holds what was recorded
     order = {name: i for i, name in enumerate(CASES)}
     index_entries = sorted(kept + entries, key=lambda e: order.get(e["name"], len(order)))
-    (directory / "index.json").write_text(json.dumps({"schema": "faverify.golden", "version": INDEX_VERSION,
-                                                      "cases": index_entries}, indent=1) + "\n")
+    _write_new(directory, "index.json", (json.dumps({"schema": "faverify.golden", "version": INDEX_VERSION,
+                                                     "cases": index_entries}, indent=1) + "\n").encode())
     return entries
+
+
+def inside(directory: Path, rel: str) -> Path:
+    """directory / rel, refused unless it is a relative path that stays inside the directory (no "..", no
+    absolute path, no link out of it): a golden index is read from wherever the user points faverify."""
+    root = Path(directory).resolve()
+    if not isinstance(rel, str) or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise GoldenFileProblem(f"{rel!r}: a golden file must be named by a relative path inside {directory}")
+    path = (root / rel).resolve()
+    if root not in path.parents:
+        raise GoldenFileProblem(f"{rel!r}: leads out of {directory} (through a symbolic link)")
+    return path
+
+
+def _write_new(directory: Path, rel: str, data: bytes) -> None:
+    """Write a file inside the directory as a new file renamed into place: a symbolic link planted at its
+    name, or on the way to it, is never written through."""
+    target = Path(directory) / rel
+    if target.parent.resolve() != Path(directory).resolve() / Path(rel).parent:
+        raise GoldenFileProblem(f"{target.parent}: is a symbolic link; golden record writes only inside "
+                                f"{directory}")
+    temporary = target.with_name(f".{target.name}.{os.getpid()}")
+    temporary.unlink(missing_ok=True)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(temporary, target)  # a link at target is replaced, not followed
 
 
 def index(directory: Path = DEFAULT_DIR) -> list:
@@ -184,12 +212,17 @@ def index(directory: Path = DEFAULT_DIR) -> list:
         raise GoldenFileProblem(f"{path}: is a directory, not a golden index") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise GoldenFileProblem(f"{path}: not valid JSON ({e})") from None
+    except (RecursionError, ValueError) as e:
+        raise GoldenFileProblem(f"{path}: not a golden index ({type(e).__name__})") from None
     except OSError as e:
         raise GoldenFileProblem(f"{path}: cannot be read ({e.strerror or e})") from None
     if not isinstance(data, dict) or data.get("schema") != "faverify.golden" or data.get("version") != INDEX_VERSION:
         raise GoldenFileProblem(f"{path}: not a version-{INDEX_VERSION} golden index")
     try:
-        return [Entry(e["name"], Case.from_dict(e["case"]), e["file"], e["sha256"]) for e in data["cases"]]
+        entries = [Entry(e["name"], Case.from_dict(e["case"]), e["file"], e["sha256"]) for e in data["cases"]]
+        for e in entries:
+            inside(directory, e.file)
+        return entries
     except (KeyError, TypeError, UsageError) as e:
         raise GoldenFileProblem(f"{path}: an entry is not valid ({type(e).__name__}: {e}); each needs name, "
                                 "case, file and sha256") from None
@@ -197,7 +230,7 @@ def index(directory: Path = DEFAULT_DIR) -> list:
 
 def read(directory: Path, entry: Entry) -> bytes:
     """The file's bytes, after checking them against the index's sha256."""
-    path = Path(directory) / entry.file
+    path = inside(directory, entry.file)
     try:
         data = path.read_bytes()
     except FileNotFoundError:

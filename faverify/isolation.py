@@ -22,6 +22,9 @@ from faverify.scheduler import POLL_SECONDS, cores
 _POISONED = ("CUDA error", "illegal memory access", "device-side assert", "unspecified launch failure",
              "CUBLAS_STATUS_EXECUTION_FAILED", "misaligned address")
 STARTUP_SECONDS = 120.0  # importing torch and initializing CUDA happen once per worker, not per case
+# faverify's own time on a case after the subject returned (the FP64 reference, the metrics, a gradient check),
+# beside the subject's --timeout: past it the case is faverify's error, never the kernel's timeout
+JUDGING_SECONDS = 600.0
 
 
 class Task(NamedTuple):
@@ -34,15 +37,29 @@ class Task(NamedTuple):
 
 
 def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1, threads: int = 0) -> None:
+    """The worker: _work until told to stop; when its parent is gone (a stop while it started, a killed run)
+    it leaves quietly, since nobody reads what it would say."""
+    try:
+        _work(conn, kernel, device, mode, tolerance, repeat, threads)
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        return
+
+
+def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1, threads: int = 0) -> None:
     """The worker's loop: (case, gradcheck, golden) in, CaseResult dict out, until None or a poisoned
     context. The worker has this one's environment (TRITON_INTERPRET among it): processes.start.
     threads: torch's CPU threads in this worker (0: torch's default, one a core)."""
     import signal
+    try:  # a process group of its own: what the subject starts ends with the worker (Worker.stop)
+        os.setpgid(0, 0)
+    except OSError:
+        pass
     if threads:
         import torch
         torch.set_num_threads(threads)
-    # Ctrl-C reaches the whole process group; the parent stops the workers itself. So a KeyboardInterrupt
-    # raised in here is the subject's own doing, and runner.evaluate reports it as its failure.
+    # The parent stops the workers itself (a worker leads a process group of its own, out of the terminal's
+    # reach). So a KeyboardInterrupt raised in here is the subject's own doing, and runner.evaluate reports it
+    # as its failure.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         from faverify.runner import evaluate
@@ -74,7 +91,8 @@ def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: i
                     directory, entry = golden
                     stored = golden_files.load(directory, entry, device)
                 result = evaluate(subject, case, device, mode=mode, tolerance=tol, gradcheck=gradcheck,
-                                  stored=stored, in_worker=True, repeat=repeat)
+                                  stored=stored, in_worker=True, repeat=repeat,
+                                  tell=lambda phase: conn.send((phase, None)))
         except BaseException as e:  # faverify's own bug while judging: its error, not the subject's failure
             result = own_error(kernel, case, e, device)
         poisoned = result.failed and any(marker in result.reason for marker in _POISONED)
@@ -109,7 +127,9 @@ class Worker:
         self.conn = None
         self.ready = False
         self.pending: Case | None = None
-        self.sent_at = 0.0
+        self.judging = False  # the pending case's subject has returned: faverify judges it (JUDGING_SECONDS)
+        self.sent_at = 0.0  # when the time the pending case is allowed began (its subject's, or faverify's)
+        self.submitted = 0.0  # when the pending case was sent, for its round trip
         self.restarts = 0
 
     def start(self) -> None:
@@ -129,6 +149,8 @@ class Worker:
             if self.process.is_alive():
                 self.process.kill()
                 self.process.join(5)
+        if self.process is not None:
+            _end_group(self.process.pid)
         self.process = None
 
     def submit(self, task: Task) -> None:
@@ -136,9 +158,9 @@ class Worker:
             if self.conn is not None:  # it ran before: this is a fresh worker after a crash or a timeout
                 self.restarts += 1
             self.start()
-        self.pending = task.case
+        self.pending, self.judging = task.case, False
         if self.ready:
-            self.sent_at = time.monotonic()
+            self.sent_at = self.submitted = time.monotonic()
         self.conn.send((task.case.to_dict(), task.gradcheck, task.golden, task.warm))
 
     def collect(self) -> CaseResult | None:
@@ -149,6 +171,10 @@ class Worker:
                 kind, payload = self.conn.recv()
                 if kind == "ready":
                     self.ready, self.sent_at = True, time.monotonic()
+                    self.submitted = self.sent_at
+                    continue
+                if kind in ("judging", "subject"):  # whose time runs from here: faverify's, or the subject's again
+                    self.judging, self.sent_at = kind == "judging", time.monotonic()
                     continue
                 self.pending = None
                 if kind == "error":  # the subject would not load in the worker
@@ -159,7 +185,7 @@ class Worker:
                 if self.ready and result.seconds:
                     # the round trip less the worker's own time on the case: sending the case, returning
                     # its result (tensors' metrics, not tensors), and this process's turn to collect it
-                    result.phases["transfer"] = max(0.0, time.monotonic() - self.sent_at - result.seconds)
+                    result.phases["transfer"] = max(0.0, time.monotonic() - self.submitted - result.seconds)
                 if result.status == "crash":
                     self.stop()
                 return result
@@ -167,13 +193,18 @@ class Worker:
             pass
         else:
             if self.process.is_alive():
-                limit = self.timeout if self.ready else STARTUP_SECONDS + self.timeout
+                limit = (JUDGING_SECONDS + self.timeout if self.judging else self.timeout if self.ready
+                         else STARTUP_SECONDS + self.timeout)
                 if time.monotonic() - self.sent_at <= limit:
                     return None
                 self.stop()
                 self.pending = None
-                return failure(self.kernel, case, "timeout", f"no result within {self.timeout:g} s: the worker "
-                               "was killed and the run went on in a fresh one", "timeout", self.device)
+                if self.judging:  # the subject had returned: the time was faverify's, not the kernel's
+                    return own_error(self.kernel, case, TimeoutError(
+                        f"faverify's judging of the case took more than {limit:g} s after the subject returned"),
+                        self.device)
+                return failure(self.kernel, case, "timeout", f"the subject gave no result within {self.timeout:g} "
+                               "s: the worker was killed and the run went on in a fresh one", "timeout", self.device)
         if self.process is not None:
             # a forked worker's exit status comes through its server (processes.py), which may tell it a
             # moment after the pipe's end: a segfault read as exit code None before the wait
@@ -194,6 +225,20 @@ class Worker:
             result = self.collect()
             if result is not None:
                 return result
+
+
+def _end_group(pid: int) -> None:
+    """Kill what is left of a worker's process group: processes the subject started, which would otherwise
+    outlive the run and hold its output open (a `| cat` after it waits for them)."""
+    import signal
+    try:
+        if os.getpgid(pid) == pid:  # still its own group's leader, or gone (ProcessLookupError below)
+            os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the leader has exited; its group may live on in its children
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
 
 
 def case_workers(kernel: str, devices: list, per_device: int, mode: str, tolerance: dict, timeout: float,

@@ -74,6 +74,8 @@ class Run:
             raise UsageError(argument, str(path), "is a directory; give a run file (faverify fuzz --json)") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UsageError(argument, str(path), f"is not valid JSON ({e})") from None
+        except (RecursionError, ValueError) as e:  # nested past the interpreter's limit, a number too long
+            raise UsageError(argument, str(path), f"is not a run file ({type(e).__name__})") from None
         except OSError as e:
             raise UsageError(argument, str(path), f"cannot be read ({e.strerror or e})") from None
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:

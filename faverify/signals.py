@@ -13,12 +13,15 @@ import signal
 import threading
 
 
+STOPS = (signal.SIGTERM, signal.SIGHUP)  # a CI job's timeout; a closed terminal or SSH session
+
+
 @contextlib.contextmanager
 def sigterm_interrupts():
-    """Within the block, SIGTERM raises KeyboardInterrupt as Ctrl-C does."""
+    """Within the block, SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt
-    with _handlers({signal.SIGTERM: interrupt}):
+    with _handlers({s: interrupt for s in STOPS}):
         yield
 
 
@@ -27,7 +30,7 @@ def held():
     """Within the block SIGINT and SIGTERM are recorded, not raised; yields the list of those received
     (empty if none), so the caller can mark its results as interrupted."""
     received: list = []
-    with _handlers({s: (lambda signum, frame: received.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}):
+    with _handlers({s: (lambda signum, frame: received.append(signum)) for s in (signal.SIGINT,) + STOPS}):
         yield received
 
 

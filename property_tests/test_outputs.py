@@ -73,3 +73,70 @@ def test_a_hostile_run_file_renders_as_text_in_markdown(tmp_path):
             columns = line.count("|") - line.count("\\|")
         elif line.startswith("|") and "evil" in line:
             assert line.count("|") - line.count("\\|") == columns, line
+
+
+def test_golden_record_and_the_example_store_write_through_no_planted_link(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    golden = tmp_path / "golden"
+    (golden / "cases").mkdir(parents=True)
+    os.symlink(outside, golden / "cases" / "one-key.npz")
+    os.symlink(outside, golden / "index.json")
+    r = cli("golden", "record", "--dir", golden, "--only", "one-key")
+    assert r.exit_code == 0 and outside.read_text() == "keep", r.stderr
+    assert not (golden / "index.json").is_symlink() and json.loads((golden / "index.json").read_text())["cases"]
+    store = tmp_path / "db"
+    store.mkdir()
+    from faverify import examples
+    from faverify.case import Case
+    path = examples._file(store, "k")
+    os.symlink(outside, path)
+    examples.save(store, "k", [Case(1, 1, 1, 1, 1, 8)])
+    assert outside.read_text() == "keep" and examples.load(store, "k") == [Case(1, 1, 1, 1, 1, 8)]
+
+
+@pytest.mark.parametrize("file", ["../../outside/x.npz", "/etc/passwd"])
+def test_a_golden_index_naming_a_file_outside_its_folder_is_refused(tmp_path, file):
+    golden = tmp_path / "golden"
+    assert cli("golden", "record", "--dir", golden, "--only", "one-key").exit_code == 0
+    index = json.loads((golden / "index.json").read_text())
+    index["cases"][0]["file"] = file
+    (golden / "index.json").write_text(json.dumps(index))
+    r = cli("golden", "verify", "--kernel", "sdpa-math", "--device", "cpu", "--dir", golden)
+    assert r.exit_code != 0 and "inside" in (r.stderr + r.stdout) and "Traceback" not in r.stderr, r.stderr
+
+
+def test_two_runs_sharing_a_store_keep_each_others_cases(tmp_path):
+    from faverify import examples
+    from faverify.case import Case
+    a, b = Case(1, 1, 2, 1, 1, 8), Case(1, 2, 2, 1, 1, 8)
+    examples.save(tmp_path, "k", [a])
+    examples.save(tmp_path, "k", [b])  # a run that did not replay a: a stays
+    assert set(examples.load(tmp_path, "k")) == {a, b}
+    examples.save(tmp_path, "k", [], passed=[a])  # a run that replayed a and saw it pass: a leaves
+    assert examples.load(tmp_path, "k") == [b]
+    (tmp_path / examples._file(tmp_path, "k").name).write_text("[" * 5000 + "\n" + b.to_json() + "\n")
+    assert examples.load(tmp_path, "k") == [b]  # a line too deep to be a case is passed over
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d["kernels"][0]["summary"].update(skip_reasons=5),
+    lambda d: d["kernels"][0]["summary"].update(per_device=[1, 2]),
+    lambda d: d["kernels"][0]["stats"][0].update(series=7),
+    lambda d: d.update(version=5),
+])
+def test_merging_shards_with_fields_of_the_wrong_type_is_exit_2(tmp_path, mutate):
+    for i in range(2):
+        cli("fuzz", "--kernel", "sdpa-math", "--iters", "4", "--device", "cpu", "--no-db", "--mode", "fwd",
+            "--shard", f"{i}/2", "--json", tmp_path / f"s{i}.json")
+    data = json.loads((tmp_path / "s1.json").read_text())
+    mutate(data)
+    (tmp_path / "s1.json").write_text(json.dumps(data))
+    r = cli("merge", tmp_path / "s0.json", tmp_path / "s1.json")
+    assert r.exit_code == 2 and "Traceback" not in r.stderr and "own error" not in r.stderr, r.stderr
+
+
+def test_a_run_file_nested_too_deeply_is_exit_2(tmp_path):
+    (tmp_path / "deep.json").write_text("[" * 100000 + "]" * 100000)
+    r = cli("report", tmp_path / "deep.json")
+    assert r.exit_code == 2 and "Traceback" not in r.stderr, r.stderr

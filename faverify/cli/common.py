@@ -103,6 +103,23 @@ def write_outputs(outputs: list) -> None:
                                  "what the file would have held")
 
 
+def within(low=None, high=None):
+    """A typer callback that refuses an option's value outside [low, high], in faverify's one-line form
+    (--iters=0: must be >= 1); None passes (an option left unset), NaN never does."""
+    def check(ctx: typer.Context, param: typer.CallbackParam, value):
+        if value is None or ctx.resilient_parsing:
+            return value
+        option = max(param.opts, key=len)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(option, value, "must be a finite number")
+        if low is not None and value < low:
+            raise UsageError(option, value, f"must be >= {low}" + (f" and <= {high}" if high is not None else ""))
+        if high is not None and value > high:
+            raise UsageError(option, value, f"must be <= {high}")
+        return value
+    return check
+
+
 def check_timeout(timeout: float) -> None:
     if not math.isfinite(timeout) or timeout <= 0:  # NaN compares false with everything: test it first
         raise UsageError("--timeout", timeout, "must be a finite number of seconds > 0")
@@ -113,8 +130,17 @@ def check_shrink_budget(budget: int) -> None:
         raise UsageError("--shrink-budget", budget, "must be >= 0")
 
 
-TimeoutOpt = Annotated[float, typer.Option(help="Seconds one case may take before its worker is killed")]
-MaxSeqlenOpt = Annotated[Optional[int], typer.Option(help="Longest seqlen drawn (default 256 on CPU, 2048 on GPU)")]
+def _positive_seconds(ctx: typer.Context, param: typer.CallbackParam, value):
+    if value is not None and not ctx.resilient_parsing:
+        check_timeout(value)
+    return value
+
+
+MAX_WORKERS = 256  # worker processes per device
+TimeoutOpt = Annotated[float, typer.Option(help="Seconds one case may take before its worker is killed",
+                                           callback=_positive_seconds)]
+MaxSeqlenOpt = Annotated[Optional[int], typer.Option(help="Longest seqlen drawn (default 256 on CPU, 2048 on GPU)",
+                                                     callback=within(1, 1 << 20))]
 
 
 def check_max_seqlen(max_seqlen: Optional[int]) -> None:

@@ -7,10 +7,9 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import (AtolOpt, TightOpt, DeviceOpt, FactorOpt, MaxSeqlenOpt, Mode, TimeoutOpt,
-                                 check_distinct, check_max_seqlen, check_shrink_budget, check_timeout, check_writable,
-                                 progress_bar, write_outputs,
-                                 parse_choice, progress_factory, say, tolerance_from)
+from faverify.cli.common import (MAX_WORKERS, AtolOpt, DeviceOpt, FactorOpt, MaxSeqlenOpt, Mode, TightOpt,
+                                 TimeoutOpt, check_distinct, check_writable, parse_choice, progress_bar,
+                                 progress_factory, say, tolerance_from, within, write_outputs)
 from faverify.case import FEATURES, LAYOUTS, REGIMES
 from faverify.errors import EnvironmentProblem, OwnError, UsageError
 from faverify.signals import held, sigterm_interrupts
@@ -20,8 +19,8 @@ from faverify.signals import held, sigterm_interrupts
 def fuzz(
     kernel: Annotated[str, typer.Option(help="Subjects, comma separated: built-in names (faverify kernels), "
                                              "package.module:function, or mutant:NAME")] = "triton",
-    iters: Annotated[int, typer.Option(help="Cases per kernel")] = 100,
-    seed: Annotated[int, typer.Option(help="Same seed, same cases")] = 0,
+    iters: Annotated[int, typer.Option(help="Cases per kernel", callback=within(1, 10**9))] = 100,
+    seed: Annotated[int, typer.Option(help="Same seed, same cases", callback=within(0, 2**63 - 1))] = 0,
     dtype: Annotated[str, typer.Option(help="Comma separated: bf16, fp16, fp32")] = "bf16,fp16",
     mode: Annotated[Mode, typer.Option(help="Check the forward (out, lse), the backward (dq, dk, dv) or both")] = Mode.both,
     device: DeviceOpt = "auto",
@@ -38,97 +37,132 @@ def fuzz(
     shard: Annotated[Optional[str], typer.Option(help="I/N: run shard I (0-based) of N of the seed's cases; "
                                                      "`faverify merge` makes one run of the N run files")] = None,
     repeat: Annotated[int, typer.Option(help="Run each case N times; outputs that differ in any bit fail it "
-                                             "(\"nondeterministic\")")] = 1,
+                                             "(\"nondeterministic\")", callback=within(1, 1000))] = 1,
     factor: FactorOpt = None,
     atol: AtolOpt = None,
     tight: TightOpt = None,
-    gradcheck_every: Annotated[int, typer.Option(help="Finite-difference gradient check every N cases (0: never)")] = 25,
+    gradcheck_every: Annotated[int, typer.Option(help="Finite-difference gradient check every N cases (0: never)",
+                                                 callback=within(0))] = 25,
     db: Annotated[Optional[Path], typer.Option(help="Example store: the failures found are replayed first next "
                                                     "time, reported apart; the seeded draw never depends on it")]
     = Path(".faverify/examples"),
     no_db: Annotated[bool, typer.Option("--no-db", help="Use no example store")] = False,
-    shrink_budget: Annotated[int, typer.Option(help="Evaluations spent shrinking each distinct failure")] = 300,
+    shrink_budget: Annotated[int, typer.Option(help="Evaluations spent shrinking each distinct failure",
+                                               callback=within(0, 10**6))] = 300,
+    all_failures: Annotated[bool, typer.Option("--all-failures", help="Shrink every distinct signature as a "
+                                               "failure of its own; by default one failure per root, the other "
+                                               "signatures of its cases reported with it")] = False,
     shapes: Annotated[Optional[int], typer.Option(help="A shape budget: every case takes one of N shapes "
                                                   "(sizes, head dims, dtype, causal) drawn from the seed, its "
                                                   "values, layout and variants its own; for subjects that compile "
-                                                  "or plan per shape (flex, sdpa-cudnn)")] = None,
+                                                  "or plan per shape (flex, sdpa-cudnn)", callback=within(1))] = None,
     workers: Annotated[Optional[int], typer.Option(help="Worker processes per device (default: 1 on the CPU, "
-                                                        "6 per GPU: a GPU case is bound by launches)")] = None,
+                                                        "6 per GPU: a GPU case is bound by launches)",
+                                                   callback=within(1, MAX_WORKERS))] = None,
     timeout: TimeoutOpt = 300.0,
     isolate: Annotated[bool, typer.Option(help="Run subjects in worker processes, so a crash or a hang is a "
-                                               "failing case, not the end of the run")] = True,
+                                               "failing case, not the end of the run; --no-isolate runs them in "
+                                               "this process, where a subject that ends it (a segfault, libc "
+                                               "_exit) ends the run with no report")] = True,
 ) -> int:
     """Fuzz kernels against the FP64 reference; shrink each failure to a minimal case."""
-    from faverify import devices
-    from faverify.dtypes import parse_dtypes
-    from faverify.fuzz import run
-    from faverify.plan import FuzzPlan
-    from faverify.report import render
-    from faverify.strategies import limits_for
-    from faverify.subjects import resolve_many
-
-    if iters < 1:
-        raise UsageError("--iters", iters, "must be >= 1")
-    if not 0 <= seed < 2**63:
-        raise UsageError("--seed", seed, "must be in 0..2^63-1")
-    if gradcheck_every < 0:
-        raise UsageError("--gradcheck-every", gradcheck_every, "must be >= 0")
-    check_max_seqlen(max_seqlen)
-    check_shrink_budget(shrink_budget)
-    if workers is not None and workers < 1:
-        raise UsageError("--workers", workers, "must be >= 1")
-    check_timeout(timeout)
-    if repeat < 1:
-        raise UsageError("--repeat", repeat, "must be >= 1")
-    if shapes is not None and shapes < 1:
-        raise UsageError("--shapes", shapes, "must be >= 1")
-    dtypes = parse_dtypes(dtype)
-    tolerance = tolerance_from(factor, atol, tight)
-    wanted = parse_features(features)
-    from faverify.merge import parse_shard
-    shard_of = parse_shard(shard) if shard is not None else None
-    if shard_of is not None and not isolate:
-        raise UsageError("--no-isolate", True, "a shard runs its part of the seed's up-front draw in worker "
-                                               "processes: leave --no-isolate out")
-    narrow = {name: parse_choice(text, allowed, f"--{name}") for name, text, allowed
-              in (("regimes", regimes, REGIMES), ("layouts", layouts, LAYOUTS)) if text is not None}
-    subjects = resolve_many(kernel)  # unknown kernels fail here, before any work or folder
-    check_distinct(json=json_path, markdown=markdown)
-    check_writable("--json", json_path)
-    check_writable("--markdown", markdown)
-    if not no_db:
-        check_writable("--db", db, directory=True)
-    for s in subjects if wanted else ():
-        undeclared = [f for f in wanted if f not in s.caps.features()]
-        if undeclared:
-            raise UsageError("--features", features, f"{s.name} does not declare {', '.join(undeclared)}, so no "
-                                                     f"case of it would draw that (it declares: "
-                                                     f"{', '.join(s.caps.features()) or 'no feature'})")
-    targets = devices.resolve(device)
-    if workers is None:
-        workers = devices.default_workers(targets[0])
-    if not isolate and (workers > 1 or len(targets) > 1):
-        raise UsageError("--no-isolate", True, "runs in this process: one device and one worker only")
-    plan = FuzzPlan(iters=iters, seed=seed, dtypes=dtypes, limits=limits_for(targets[0].type, max_seqlen),
-                    database=None if no_db else db, gradcheck_every=gradcheck_every, shrink_budget=shrink_budget,
-                    narrow=narrow or None, shard=shard_of, shapes=shapes or 0)
-    command = (f"fuzz --kernel {kernel} --iters {iters} --seed {seed} --dtype {','.join(dtypes)} "
-               f"--mode {mode.value} --device {device}" + (f" --max-seqlen {max_seqlen}" if max_seqlen else "")
-               + (f" --features {features}" if features else "")
-               + (f" --regimes {regimes}" if regimes else "") + (f" --layouts {layouts}" if layouts else "")
-               + (f" --shard {shard_of[0]}/{shard_of[1]}" if shard_of else "") + (f" --repeat {repeat}" if repeat > 1 else "")
-               + (f" --shapes {shapes}" if shapes else ""))
-    with progress_bar() as progress, sigterm_interrupts():
-        result = run([s.name for s in subjects], plan, targets, mode=mode.value, tolerance=tolerance,
-                     command=command, workers=workers, isolate=isolate, timeout=timeout,
-                     progress_factory=progress_factory(progress, iters),
-                     features={s.name: s.caps.features() if wanted is None else wanted for s in subjects},
-                     conventions={s.name: s.caps.conventions.describe() for s in subjects}, repeat=repeat,
-                     narrow_for={s.name: s.caps.draw() for s in subjects})
+    with sigterm_interrupts():  # from the first moment: a stop before the first case still writes the run
+        try:
+            subjects, plan, settings = _plan(locals())
+        except KeyboardInterrupt:
+            return _stopped_before_any_case(kernel, json_path, markdown)
+        result = _run(subjects, plan, settings)
     with held():  # a signal now waits until everything asked for is written
+        from faverify.report import render
         say(render(result, "table"))
         _write_outputs(result, json_path, markdown)
     return _exit_code(result)
+
+
+def _plan(given: dict) -> tuple:
+    """The options checked against each other, the subjects loaded (an unknown kernel fails here, before any
+    work or folder), the outputs checked writable: (subjects, FuzzPlan, the run's other settings)."""
+    from faverify import devices
+    from faverify.dtypes import parse_dtypes
+    from faverify.merge import parse_shard
+    from faverify.plan import FuzzPlan
+    from faverify.strategies import limits_for
+    from faverify.subjects import resolve_many
+    g = dict(given)
+    dtypes = parse_dtypes(g["dtype"])
+    tolerance = tolerance_from(g["factor"], g["atol"], g["tight"])
+    wanted = parse_features(g["features"])
+    shard_of = parse_shard(g["shard"]) if g["shard"] is not None else None
+    if shard_of is not None and not g["isolate"]:
+        raise UsageError("--no-isolate", True, "a shard runs its part of the seed's up-front draw in worker "
+                                               "processes: leave --no-isolate out")
+    narrow = {name: parse_choice(text, allowed, f"--{name}") for name, text, allowed
+              in (("regimes", g["regimes"], REGIMES), ("layouts", g["layouts"], LAYOUTS)) if text is not None}
+    subjects = resolve_many(g["kernel"])
+    check_distinct(json=g["json_path"], markdown=g["markdown"])
+    check_writable("--json", g["json_path"])
+    check_writable("--markdown", g["markdown"])
+    if not g["no_db"]:
+        check_writable("--db", g["db"], directory=True)
+    for s in subjects if wanted else ():
+        undeclared = [f for f in wanted if f not in s.caps.features()]
+        if undeclared:
+            raise UsageError("--features", g["features"], f"{s.name} does not declare {', '.join(undeclared)}, so "
+                                                          f"no case of it would draw that (it declares: "
+                                                          f"{', '.join(s.caps.features()) or 'no feature'})")
+    targets = devices.resolve(g["device"])
+    workers = g["workers"] or devices.default_workers(targets[0])
+    if not g["isolate"] and (workers > 1 or len(targets) > 1):
+        raise UsageError("--no-isolate", True, "runs in this process: one device and one worker only")
+    plan = FuzzPlan(iters=g["iters"], seed=g["seed"], dtypes=dtypes, limits=limits_for(targets[0].type, g["max_seqlen"]),
+                    database=None if g["no_db"] else g["db"], gradcheck_every=g["gradcheck_every"],
+                    shrink_budget=g["shrink_budget"], narrow=narrow or None, shard=shard_of, shapes=g["shapes"] or 0,
+                    all_failures=g["all_failures"])
+    settings = dict(targets=targets, workers=workers, tolerance=tolerance, wanted=wanted, mode=g["mode"].value,
+                    isolate=g["isolate"], timeout=g["timeout"], repeat=g["repeat"], command=_command(g, dtypes, shard_of))
+    return subjects, plan, settings
+
+
+def _command(g: dict, dtypes: tuple, shard_of) -> str:
+    """The fuzz command line, normalized, for the run file and the report's heading."""
+    return (f"fuzz --kernel {g['kernel']} --iters {g['iters']} --seed {g['seed']} --dtype {','.join(dtypes)} "
+            f"--mode {g['mode'].value} --device {g['device']}" + (f" --max-seqlen {g['max_seqlen']}" if g["max_seqlen"] else "")
+            + (f" --features {g['features']}" if g["features"] else "")
+            + (f" --regimes {g['regimes']}" if g["regimes"] else "") + (f" --layouts {g['layouts']}" if g["layouts"] else "")
+            + (f" --shard {shard_of[0]}/{shard_of[1]}" if shard_of else "")
+            + (f" --repeat {g['repeat']}" if g["repeat"] > 1 else "")
+            + (f" --shapes {g['shapes']}" if g["shapes"] else "") + (" --all-failures" if g["all_failures"] else ""))
+
+
+def _run(subjects: list, plan, settings: dict):
+    from faverify.fuzz import run
+    wanted = settings["wanted"]
+    with progress_bar() as progress:
+        return run([s.name for s in subjects], plan, settings["targets"], mode=settings["mode"],
+                   tolerance=settings["tolerance"], command=settings["command"], workers=settings["workers"],
+                   isolate=settings["isolate"], timeout=settings["timeout"],
+                   progress_factory=progress_factory(progress, plan.iters),
+                   features={s.name: s.caps.features() if wanted is None else wanted for s in subjects},
+                   conventions={s.name: s.caps.conventions.describe() for s in subjects}, repeat=settings["repeat"],
+                   narrow_for={s.name: s.caps.draw() for s in subjects})
+
+
+def _stopped_before_any_case(kernel: str, json_path, markdown) -> int:
+    """A stop (Ctrl-C, SIGTERM, SIGHUP) before the first case: a run of no case, marked interrupted, is
+    written where it was asked for, and the exit is 2: nothing was proven."""
+    from faverify import env as environment
+    from faverify.collector import KernelStats
+    from faverify.results import Run
+    from faverify.verdict import Tolerance
+    with held():
+        names = [n.strip() for n in kernel.split(",") if n.strip()] or [kernel]
+        result = Run.from_stats(f"fuzz --kernel {kernel}", environment.collect(), {"interrupted": True},
+                                Tolerance().to_dict(), [KernelStats(kernel=n) for n in names])
+        try:
+            _write_outputs(result, json_path, markdown)
+        except EnvironmentProblem as e:
+            say(f"faverify: {e}")
+    raise EnvironmentProblem("interrupted before the first case: nothing ran; the empty run was written")
 
 
 def parse_features(text: Optional[str]) -> tuple | None:

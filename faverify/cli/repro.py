@@ -8,7 +8,7 @@ import typer
 
 from faverify.case import Case
 from faverify.cli.app import app
-from faverify.cli.common import AtolOpt, TightOpt, DeviceOpt, FactorOpt, Mode, TimeoutOpt, check_timeout, say, tolerance_from
+from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, Mode, TightOpt, TimeoutOpt, say, tolerance_from
 from faverify.errors import EnvironmentProblem, UsageError
 
 
@@ -35,7 +35,6 @@ def repro(
     from faverify.runner import evaluate
     from faverify.subjects import resolve
 
-    check_timeout(timeout)
     tolerance = tolerance_from(factor, atol, tight)
     text = case
     if case.startswith("@"):
@@ -50,9 +49,11 @@ def repro(
     target = devices.resolve(device)[0]
     if isolate:
         from faverify.isolation import Worker
+        from faverify.signals import sigterm_interrupts
         worker = Worker(kernel, str(target), mode.value, tolerance.to_dict(), timeout, repeat)
         try:
-            result = worker.evaluate(the_case, gradcheck)
+            with sigterm_interrupts():  # a stop ends the worker too, and what the kernel started
+                result = worker.evaluate(the_case, gradcheck)
         finally:
             worker.stop()
     else:

@@ -6,12 +6,33 @@ what it supports; cases outside it are skipped with the reason.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import posix
 import sys
 
 from faverify.errors import UsageError
 from faverify.subjects.base import Capabilities, Subject, missing_keywords, takes_init
+
+
+class _Exited(Exception):
+    """The module called os._exit while it was imported."""
+
+
+@contextlib.contextmanager
+def _no_exit():
+    """While a user's module is imported, os._exit raises: at import it would end faverify with the
+    module's exit code, 0 a pass for nothing."""
+    originals = os._exit, posix._exit
+
+    def refuse(code=0):
+        raise _Exited(f"the module called os._exit({code}) while it was imported")
+    os._exit = posix._exit = refuse
+    try:
+        yield
+    finally:
+        os._exit, posix._exit = originals
 
 
 def load(spec: str) -> Subject:
@@ -21,8 +42,11 @@ def load(spec: str) -> Subject:
     if os.getcwd() not in sys.path:  # the console script does not put the working directory on the path
         sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
-    except (Exception, SystemExit) as e:  # any import failure is the user's module, not ours (sys.exit too)
+        with _no_exit():
+            module = importlib.import_module(module_name)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # any import failure is the user's module, not ours (sys.exit, os._exit too)
         raise UsageError("--kernel", spec, f"cannot import module {module_name!r}: {type(e).__name__}: {e}") from None
     fn = getattr(module, attr, None)
     if fn is None or not callable(fn):

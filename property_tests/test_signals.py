@@ -1,0 +1,80 @@
+"""A stop by any of the signals a machine sends loses nothing: SIGHUP as SIGTERM, a stop before the first
+case, a stop of a repro whose kernel hangs."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from faverify.case import Case
+
+
+def _start(*args, cwd):
+    return subprocess.Popen([sys.executable, "-m", "faverify", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
+
+
+def _wait_for(path, seconds=60.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not path.exists():
+        time.sleep(0.05)
+    return path.exists()
+
+
+def test_sighup_stops_a_fuzz_and_its_run_is_written(tmp_path):
+    out = tmp_path / "run.json"
+    p = _start("fuzz", "--kernel", "sdpa-math", "--iters", "100000", "--device", "cpu", "--no-db", "--json", str(out),
+               cwd=tmp_path)
+    time.sleep(8)  # imported, running cases
+    p.send_signal(signal.SIGHUP)
+    p.wait(timeout=120)
+    run = json.loads(out.read_text())
+    assert run["settings"]["interrupted"] is True and p.returncode in (1, 2), p.stderr.read()
+
+
+def test_a_stop_in_the_first_moment_still_writes_the_run(tmp_path):
+    """SIGTERM while faverify is still importing and loading the kernel: an empty run, marked interrupted."""
+    out = tmp_path / "run.json"
+    p = _start("fuzz", "--kernel", "sdpa-math", "--iters", "5", "--device", "cpu", "--no-db", "--json", str(out),
+               cwd=tmp_path)
+    time.sleep(1.5)
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=60)
+    stderr = p.stderr.read()
+    assert out.exists() and json.loads(out.read_text())["settings"]["interrupted"] is True, stderr
+    assert "Traceback" not in stderr
+
+
+def _marked(mark: str) -> list:
+    """The processes whose environment carries the mark: the CLI, its forkserver and the workers it forked."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_sigterm_to_a_repro_of_a_hanging_kernel_ends_its_worker(tmp_path):
+    mark = f"FAVERIFY_TEST_MARK=repro-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, mark.split("=")[0]: mark.split("=")[1],
+           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    p = subprocess.Popen([sys.executable, "-m", "faverify", "repro", "--kernel", "property_tests.planted:hangs",
+                          "--device", "cpu", "--case", Case(1, 128, 4, 1, 1, 8).to_json()],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(_marked(mark)) < 3:  # the CLI, its forkserver, the worker
+        time.sleep(0.2)
+    assert len(_marked(mark)) >= 3
+    time.sleep(2)  # inside the kernel's sleep
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _marked(mark):
+        time.sleep(0.2)
+    assert _marked(mark) == [], p.stderr.read()
