@@ -31,7 +31,8 @@ HEAD_DIMS_V = (64, 128, 512)  # MLA's 192/128 and 576/512 among the q/k head dim
 # A sequence of a varlen batch: one token (what shrinking goes to), none, and the tile edges
 SEQUENCE_LENGTHS = (1, 0, 2, 17, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 1023, 1024, 1025)
 TAILS = (0, 1, 7, 64)  # unused tokens past a varlen batch's last offset
-EMPTY_SIDES = ("none", "keys", "keys", "queries", "queries")  # a varlen batch's sequence made empty on one side
+EMPTY_SIDES = ("none", "keys", "keys", "queries", "queries")
+EMPTY_CACHE = (False, False, True)  # a paged batch's cache made empty, one in three  # a varlen batch's sequence made empty on one side
 # Page sizes: 1 first (shrinking goes there), the common 16 and 64, and non-powers of two
 PAGE_SIZES = (1, 16, 64, 3, 7, 13, 256)
 SPLITS = (2, 3, 4, 7, 16)
@@ -211,9 +212,10 @@ def _mixture(draw, features: tuple, mixes: tuple, ragged_only: bool) -> tuple:
         return features, None
     if mix == "plain":
         return required, None
-    # the features that take a case of its own (ragged batches, masks, biases) twice as often: they share
-    # the cases among them, where the others add to any
-    one = draw(st.sampled_from(optional + [f for f in optional if f in EXCLUSIVE]))
+    # where ragged batches and masks compete for the cases (masks take dense batches alone), the features that
+    # take a case of their own twice as often: they share the cases among them, where the others add to any
+    competing = {"varlen", "paged"} & set(optional)
+    one = draw(st.sampled_from(optional + [f for f in optional if f in EXCLUSIVE and competing]))
     return required + (one,) + tuple(f for f, of in SUB_FEATURES.items() if of == one and f in features), one
 
 
@@ -236,7 +238,7 @@ def masked(draw, features: tuple, dense: dict, variant: dict, patterns: tuple, f
         if pattern in KEY_MASKS:  # a key mask where the pattern can be one
             shapes += ["keys"] * 3
         if small and b >= 2 and h >= 2:  # a mask of its own per batch element and head, where there are several
-            shapes += ["full"] * 3
+            shapes += ["full"] * 5
         out.update(mask=pattern, mask_shape=draw(st.sampled_from(shapes)))
         if pattern == "padding":
             out["mask_lengths"] = tuple((draw(_kept(sq)), draw(_kept(sk))) for _ in range(b))
@@ -311,7 +313,7 @@ def ragged(draw, kinds: tuple, dense: dict, limits: Limits, cap: int, ragged_onl
     # the values are drawn as a padded [n, longest, hk, d] batch: 32 dense cases' worth at most
     longest = max(min(limits.max_cache, 32 * limits.max_elements // (n * heads * d)), limits.max_seqlen)
     caches = [draw(_lengths(each)) for _ in range(n)]
-    if draw(st.sampled_from(EMPTY_SIDES)) != "none":  # an empty cache among the others (shrinks to none)
+    if draw(st.sampled_from(EMPTY_CACHE)) and n > 1:  # an empty cache among the others (shrinks to none)
         caches[draw(st.integers(0, n - 1))] = 0
     if longest > each and draw(st.sampled_from(range(LONG_CACHE_ODDS))) == LONG_CACHE_ODDS - 1:
         caches[draw(st.integers(0, n - 1))] = draw(st.integers(each, longest))

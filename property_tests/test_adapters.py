@@ -112,7 +112,7 @@ def test_flash_attn_4_names_its_wheels_version_and_draws_head_dims_it_takes(fake
     monkeypatch.setattr(metadata, "version", lambda name: "4.0.0b36" if name == "flash-attn-4" else real(name))
     subject = resolve("flash-attn-4")
     assert "flash-attn 4 (4.0.0b36)" in subject.description, subject.description
-    assert subject.caps.draw() == {"head_dim_multiple": 8}
+    assert subject.caps.draw() == {"head_dim_multiple": 8, "max_head_dim_v": 256}
     from property_tests.cli_helpers import cli
     row = next(line for line in cli("kernels").stdout.splitlines() if line.startswith("flash-attn-4 "))
     assert " 8..256 x8 " in row and "flash-attn 4 (4.0.0b36)" in row, row
