@@ -13,9 +13,9 @@ One line per backend and shape: each kernel's mean time a call, how many times i
 import argparse
 
 import torch
+from backward_shapes import add_arguments, inputs  # devtools/, beside this script
 from torch.profiler import ProfilerActivity, profile
 
-from backward_shapes import add_arguments, inputs  # devtools/, beside this script
 from faverify.kernels.triton import interface
 
 SDPA = {"sdpa-cudnn": "CUDNN_ATTENTION", "sdpa-flash": "FLASH_ATTENTION"}

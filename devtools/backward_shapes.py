@@ -3,7 +3,7 @@ seqlen = 16384 tokens, heads x head dim = 2048) at the head dims and seqlens ask
 random q, k, v and dO on the GPU."""
 import torch
 
-from faverify.bench import Config
+from faverify.commands.bench import Config
 
 
 def add_arguments(parser) -> None:

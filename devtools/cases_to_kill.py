@@ -25,8 +25,8 @@ def main() -> int:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     warnings.simplefilter("ignore")
     sys.path.insert(0, os.getcwd())
-    from faverify.runner import evaluate
-    from faverify.strategies import cases
+    from faverify.cases.strategies import cases
+    from faverify.run.evaluate import evaluate
     from faverify.subjects import resolve
 
     subject = resolve(a.kernel)

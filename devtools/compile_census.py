@@ -13,14 +13,13 @@ import time
 import warnings
 from collections import Counter
 
-import torch
 from triton import knobs
 
+from faverify.cases.strategies import limits_for
 from faverify.cli.fuzz import parse_features
-from faverify.parallel import draw_cases, warmup_cases
-from faverify.plan import FuzzPlan
-from faverify.runner import evaluate, exercise
-from faverify.strategies import limits_for
+from faverify.run.evaluate import evaluate, exercise
+from faverify.run.parallel import draw_cases, warmup_cases
+from faverify.run.plan import FuzzPlan
 from faverify.subjects import resolve
 
 warnings.simplefilter("ignore")

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from faverify.bench import Config, _time
+from faverify.commands.bench import Config, _time
+from faverify.judge.reference import reference
 from faverify.kernels.cuda.interface import flash_attn_func
-from faverify.reference import reference
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -13,9 +13,9 @@ import dataclasses
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from faverify import bench_decode
-from faverify.bench import graphed
-from faverify.inputs import make_inputs
+from faverify.cases.inputs import make_inputs
+from faverify.commands import bench_decode
+from faverify.commands.bench import graphed
 from faverify.subjects import resolve
 
 

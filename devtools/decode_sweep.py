@@ -4,7 +4,8 @@ in one process, next to the default tile (configs.decode) and the split rule's c
 GPU only: under the interpreter it runs, slowly, with --tokens small.
 
     python3 devtools/decode_sweep.py [--headdims 128] [--dtype bf16] [--pages 16,64]
-                                     [--caches 4096,16384,65536,131072] [--splits 1,2,4,8,16,32] [--tokens N] [--no-tiles]
+                                     [--caches 4096,16384,65536,131072] [--splits 1,2,4,8,16,32]
+                                     [--tokens N] [--no-tiles]
                                      [--json F]
 
 --splits: multiples of the rule's split count (and MAX_SPLITS), timed with the default tile; then every tile
@@ -20,10 +21,10 @@ import json
 
 import torch
 
-from faverify import bench_decode
-from faverify.bench import time_forward
-from faverify.case import MAX_SPLITS
-from faverify.inputs import make_inputs
+from faverify.cases.inputs import make_inputs
+from faverify.cases.vocabulary import MAX_SPLITS
+from faverify.commands import bench_decode
+from faverify.commands.bench import time_forward
 from faverify.kernels.triton import configs, variant_interface
 from faverify.kernels.triton.configs import Tile
 from faverify.subjects import resolve

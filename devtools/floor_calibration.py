@@ -19,7 +19,6 @@ import warnings
 from hypothesis import HealthCheck, given, seed, settings
 
 
-
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--kernels", required=True)
@@ -32,11 +31,11 @@ def main() -> int:
     if a.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     warnings.simplefilter("ignore")
+    from faverify.cases.strategies import cases, limits_for
     from faverify.dtypes import FLOOR_UNIT
-    from faverify.runner import evaluate
-    from faverify.strategies import cases, limits_for
+    from faverify.judge.verdict import DEFAULT_ATOL, DEFAULT_FACTOR, KNEE, TENSORS, Tolerance
+    from faverify.run.evaluate import evaluate
     from faverify.subjects import resolve
-    from faverify.verdict import DEFAULT_ATOL, DEFAULT_FACTOR, KNEE, TENSORS, Tolerance
 
     drawn = []
 

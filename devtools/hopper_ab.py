@@ -12,7 +12,7 @@ import importlib.util
 import torch
 from hopper_specialize import bench, bench_row  # devtools/, the script's own folder
 
-from faverify.bench import Config
+from faverify.commands.bench import Config
 from faverify.kernels.triton import forward_hopper, interface
 
 ROWS = ((64, True, 4096), (64, True, 16384), (64, False, 4096), (128, True, 4096), (128, False, 4096))

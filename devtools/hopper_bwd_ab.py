@@ -10,8 +10,8 @@ import argparse
 
 import torch
 import triton.testing
-
 from backward_shapes import add_arguments, inputs  # devtools/, beside this script
+
 from faverify.kernels.triton import interface
 
 

@@ -11,7 +11,7 @@ import torch
 import triton.testing
 from triton.experimental import gluon
 
-from faverify.bench import Config
+from faverify.commands.bench import Config
 from faverify.kernels.triton import forward_hopper, interface
 
 SIZES = ["n_bh", "nheads", "group", "seqlen_q", "seqlen_k"]

@@ -1,5 +1,6 @@
 """One forward and one backward of a bundled kernel (or an SDPA backend) at a bench shape, for Nsight Compute
-to profile (the device's ncu reads hardware counters; keep --clock-control none, so the clocks are the ones a bench sees):
+to profile (the device's ncu reads hardware counters; keep --clock-control none, so the clocks are the
+ones a bench sees):
 
     ncu --clock-control none -k regex:'fwd|dq_kernel|dkdv' --set full python3 devtools/ncu_cuda.py 16384 128 0
     ncu --clock-control none -k regex:'_fwd|cudnn|sm90' python3 devtools/ncu_cuda.py 16384 128 0 triton
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from faverify.bench import Config
+from faverify.commands.bench import Config
 
 seqlen, head_dim, causal = int(sys.argv[1]), int(sys.argv[2]), bool(int(sys.argv[3]))
 which = sys.argv[4] if len(sys.argv) > 4 else "cuda"

@@ -17,10 +17,10 @@ import warnings
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from faverify import runner
-from faverify.parallel import draw_cases
-from faverify.plan import FuzzPlan
-from faverify.strategies import limits_for
+from faverify.cases.strategies import limits_for
+from faverify.run import evaluate as runner
+from faverify.run.parallel import draw_cases
+from faverify.run.plan import FuzzPlan
 from faverify.subjects import resolve
 
 # operations that only describe memory already there: no kernel

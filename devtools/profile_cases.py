@@ -10,8 +10,8 @@ import warnings
 import torch
 from hypothesis import HealthCheck, given, seed, settings
 
-from faverify.runner import evaluate
-from faverify.strategies import GPU_LIMITS, cases
+from faverify.cases.strategies import GPU_LIMITS, cases
+from faverify.run.evaluate import evaluate
 from faverify.subjects import resolve
 
 warnings.simplefilter("ignore")
@@ -43,7 +43,8 @@ print(f"{name}: {len(drawn) - 10} cases in {time.perf_counter() - t:.2f} s; phas
 s = io.StringIO()
 pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
 print(s.getvalue()[-5000:])
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as p:
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                        torch.profiler.ProfilerActivity.CUDA]) as p:
     for c in drawn[10:40]:
         evaluate(subject, c, "cuda")
 print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))

@@ -8,8 +8,8 @@ import sys
 
 import torch
 
-from faverify.case import Case
-from faverify.inputs import make_inputs
+from faverify.cases.case import Case
+from faverify.cases.inputs import make_inputs
 from faverify.kernels.cuda import flash_attn_func
 
 CASES = [

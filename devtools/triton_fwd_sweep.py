@@ -18,7 +18,7 @@ import time
 import torch
 import triton.testing
 
-from faverify.bench import Config
+from faverify.commands.bench import Config
 from faverify.kernels.triton import configs, forward_hopper, interface
 from faverify.kernels.triton.configs import Tile
 

@@ -17,7 +17,7 @@ import math
 import torch
 import triton.testing
 
-from faverify.bench import Config
+from faverify.commands.bench import Config
 from faverify.kernels.triton import configs, variant_interface
 from faverify.kernels.triton.configs import Tile
 

@@ -231,7 +231,8 @@ def main() -> int:
     p.add_argument("--load-mib", type=int, default=48)
     p.add_argument("--extra", action="append", default=[], help="also the requirements under this extra")
     p.add_argument("--without", action="append", default=[], help="a package left out of the set")
-    p.add_argument("--trim", action="store_true", help="shed the files TRIMS names (FlashInfer's other kernels' sources)")
+    p.add_argument("--trim", action="store_true",
+                   help="shed the files TRIMS names (FlashInfer's other kernels' sources)")
     a = p.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     wheels = closure(a.package, a.dir, tuple(a.extra), tuple(a.without))

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import torch
 
-from faverify.case import FEATURES, Case
-from faverify.conventions import PRESETS, parse as parse_conventions
-from faverify.collector import repro_command
-from faverify.inputs import Inputs, make_inputs
-from faverify.report import METRIC_HEADERS, metrics_rows, table
-from faverify.reference import TENSORS
-from faverify.runner import judge
-from faverify.strategies import CPU_LIMITS, GPU_LIMITS, Limits, cases
-from faverify.verdict import Tolerance
+from faverify.cases.case import Case
+from faverify.cases.conventions import PRESETS
+from faverify.cases.conventions import parse as parse_conventions
+from faverify.cases.inputs import Inputs, make_inputs
+from faverify.cases.strategies import CPU_LIMITS, GPU_LIMITS, Limits, cases
+from faverify.cases.vocabulary import FEATURES, TENSORS
+from faverify.judge.verdict import Tolerance
+from faverify.reports.collector import repro_command
+from faverify.reports.report import METRIC_HEADERS, metrics_rows, table
+from faverify.run.evaluate import judge
 
 __all__ = ["assert_attention_close", "cases", "make_inputs", "Case", "Inputs", "Limits", "CPU_LIMITS",
            "GPU_LIMITS", "Tolerance", "FEATURES", "PRESETS"]

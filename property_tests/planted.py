@@ -303,7 +303,7 @@ def declares_window_without_keyword(q, k, v, *, causal, softmax_scale):
 declares_window_without_keyword.faverify_capabilities = {"window": True}
 
 
-# The same subjects under other libraries' conventions (faverify.conventions.PRESETS): each passes when it
+# The same subjects under other libraries' conventions (faverify.cases.conventions.PRESETS): each passes when it
 # declares what it does.
 
 def lse_base2(q, k, v, *, causal, softmax_scale):
@@ -378,7 +378,7 @@ def nondeterministic(q, k, v, *, causal, softmax_scale):
     return out
 
 
-# Dense bugs from the trackers, each caught only by the regime or layout made for it (case.REGIMES, LAYOUTS).
+# Dense bugs from the trackers, each caught only by the regime or layout made for it (vocabulary.REGIMES, LAYOUTS).
 
 FINITE_SENTINEL = -5e4  # FlashInfer's math::inf stands for -inf
 

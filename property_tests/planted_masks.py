@@ -36,7 +36,8 @@ def _attend(q, k, v, *, causal, softmax_scale, attn_mask=None, block_mask=None, 
         kt, vt = kt.nan_to_num(nan=0.0), vt.nan_to_num(nan=0.0)
     s = qt @ kt.transpose(-1, -2)
     if score_mod is not None:
-        grid = (torch.arange(b, device=q.device)[:, None, None, None], torch.arange(h, device=q.device)[None, :, None, None],
+        grid = (torch.arange(b, device=q.device)[:, None, None, None], torch.arange(h, device=q.device)[None, :, None,
+                                                                                                        None],
                 i[None, None], j[None, None])
         s = score_mod(s, *grid) * scale if bug == "score-mod-before-scale" else score_mod(s * scale, *grid)
     else:
@@ -114,7 +115,8 @@ def score_mod_correct(q, k, v, *, causal, softmax_scale, score_mod=None):
 
 def score_mod_before_scale(q, k, v, *, causal, softmax_scale, score_mod=None):
     """A score_mod applied to q.k, then scaled."""
-    return _attend(q, k, v, causal=causal, softmax_scale=softmax_scale, score_mod=score_mod, bug="score-mod-before-scale")
+    return _attend(q, k, v, causal=causal, softmax_scale=softmax_scale, score_mod=score_mod,
+                   bug="score-mod-before-scale")
 
 
 score_mod_correct.faverify_capabilities = {"score_mod": True}

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from faverify.case import Case
+from faverify.cases.case import Case
 from faverify.errors import EnvironmentProblem
-from faverify.runner import evaluate
+from faverify.run.evaluate import evaluate
 from faverify.subjects import resolve
 from property_tests import fake_libraries
 
@@ -164,7 +164,7 @@ def test_a_flashinfer_fuzz_draws_only_the_head_dims_its_kernels_are_built_for(fa
     import torch
     from hypothesis import given, settings
 
-    from faverify.strategies import cases
+    from faverify.cases.strategies import cases
     CUDA = torch.device("cuda")
     caps = resolve("flashinfer").caps
     assert caps.draw() == {"head_dims": (64, 128, 256), "exact_head_dims": True}

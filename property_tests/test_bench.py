@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from faverify import bench
+from faverify.commands import bench
 from faverify.subjects import resolve
 
 

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from faverify import bench, bench_decode
-from faverify.bench_decode import DecodeConfig
+from faverify.commands import bench, bench_decode
+from faverify.commands.bench_decode import DecodeConfig
 from property_tests.cli_helpers import cli
 
 
@@ -92,8 +92,8 @@ def test_a_decode_is_timed_from_a_cuda_graph_and_a_call_that_cannot_be_captured_
     changes the graph's out as a fresh call's); the bundled decode, whose block-table check syncs outside
     a capture only, is captured; a call that syncs with the host inside one too cannot be, and is timed
     eagerly with the reason, as is one that a capture refuses for any other reason."""
-    from faverify.bench import graphed
-    from faverify.inputs import make_inputs
+    from faverify.cases.inputs import make_inputs
+    from faverify.commands.bench import graphed
     from faverify.subjects import resolve
     subject = resolve("triton-paged")
     config = DecodeConfig("bf16", 128, 4096, 16, tokens=8192)
@@ -124,7 +124,7 @@ def test_a_decode_is_timed_from_a_cuda_graph_and_a_call_that_cannot_be_captured_
 
 
 def test_without_a_gpu_a_call_is_timed_as_it_is():
-    from faverify.bench import graphed
+    from faverify.commands.bench import graphed
 
     def fn():
         return 1

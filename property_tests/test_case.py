@@ -3,9 +3,9 @@ import dataclasses
 import pytest
 from hypothesis import given
 
-from faverify.case import Case
+from faverify.cases.case import Case
+from faverify.cases.strategies import CPU_LIMITS, GPU_LIMITS, cases
 from faverify.errors import UsageError
-from faverify.strategies import CPU_LIMITS, GPU_LIMITS, cases
 
 
 @given(cases(limits=GPU_LIMITS))
@@ -56,7 +56,8 @@ def test_bottom_right_causal_visibility():
 
 def test_exact_head_dims_draw_only_the_listed_ones():
     from hypothesis import given, settings
-    from faverify.strategies import cases
+
+    from faverify.cases.strategies import cases
 
     @settings(max_examples=60, deadline=None)
     @given(cases(head_dims=(48, 96), exact_head_dims=True))
@@ -82,7 +83,7 @@ def test_a_subjects_head_dim_multiple_rounds_its_drawn_head_dims_and_skips_other
     def check(case):
         assert case.head_dim % 8 == 0 and case.dv % 8 == 0 and 8 <= case.head_dim <= 256 and case.dv <= 512
     check()
-    from faverify.strategies import aligned
+    from faverify.cases.strategies import aligned
     assert (aligned(43, 8, 256), aligned(256, 8, 256), aligned(1, 8, 256), aligned(250, 48, 256)) == (48, 256, 8, 240)
     # an odd head dim is drawn where the multiple is 1; a case off the multiple is skipped with the reason
     odd = find(cases(features=("head_dim_v",)), lambda c: c.head_dim % 8 == 3 and c.head_dim_v is None,
@@ -125,10 +126,10 @@ def test_a_subjects_listed_head_dims_are_all_it_draws_and_the_rest_are_skipped()
 def test_a_shape_budget_draws_every_case_in_one_of_its_shapes_the_same_for_the_same_seed():
     """--shapes N: the pool is the first N distinct shapes of the seed's own draw, and every case takes one of
     them (SHAPE_FIELDS), its values, regime, layout and variants its own."""
-    from faverify.fuzz import budget_pool
-    from faverify.parallel import draw_cases
-    from faverify.plan import FuzzPlan
-    from faverify.strategies import SHAPE_FIELDS
+    from faverify.cases.strategies import SHAPE_FIELDS
+    from faverify.run.fuzz import budget_pool
+    from faverify.run.parallel import draw_cases
+    from faverify.run.plan import FuzzPlan
 
     plan = FuzzPlan(iters=60, seed=3, dtypes=("bf16", "fp16"), limits=CPU_LIMITS, database=None,
                     features=("window", "head_dim_v"), shapes=3)
@@ -166,10 +167,11 @@ def test_the_same_seed_draws_the_same_cases_whatever_modules_are_loaded(tmp_path
     install beside a wheel) changes no case, and a replay reaches the case it replays. The literals stay
     Hypothesis's own elsewhere."""
     import importlib
+
     from hypothesis.internal.conjecture import providers
 
-    from faverify.parallel import draw_cases
-    from faverify.plan import FuzzPlan, seed_only
+    from faverify.run.parallel import draw_cases
+    from faverify.run.plan import FuzzPlan, seed_only
 
     plan = FuzzPlan(iters=80, seed=11, dtypes=("bf16", "fp16"), limits=CPU_LIMITS, database=None,
                     features=("window", "softcap", "alibi", "sinks", "head_dim_v"))

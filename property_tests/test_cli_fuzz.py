@@ -155,9 +155,9 @@ def test_a_shape_budget_runs_shrinks_and_reports_within_its_shapes(tmp_path):
     under --shapes 2 shrinks by replaying the budgeted draw (it reaches the failing case again) to a case of
     one of the two shapes, not to the least shape, where it would end without a budget; the settings say
     the budget; a budget below 1 is refused, naming the rule."""
-    from faverify.fuzz import budget_pool
-    from faverify.plan import FuzzPlan
-    from faverify.strategies import CPU_LIMITS, SHAPE_FIELDS
+    from faverify.cases.strategies import CPU_LIMITS, SHAPE_FIELDS
+    from faverify.run.fuzz import budget_pool
+    from faverify.run.plan import FuzzPlan
 
     def pool(seed):
         return budget_pool(FuzzPlan(iters=12, seed=seed, dtypes=("bf16", "fp16"), limits=CPU_LIMITS, database=None,

@@ -7,11 +7,11 @@ import functools
 import pytest
 import torch
 
-from faverify.case import Case
-from faverify.inputs import make_inputs
-from faverify.runner import evaluate, judge
+from faverify.cases.case import Case
+from faverify.cases.inputs import make_inputs
+from faverify.judge.verdict import Tolerance
+from faverify.run.evaluate import evaluate, judge
 from faverify.subjects import resolve
-from faverify.verdict import Tolerance
 
 HAS_GPU = torch.cuda.is_available()
 BUNDLED = ("triton", "cuda", "cuda-simt")
@@ -152,7 +152,8 @@ def test_odd_shapes_pass_against_fp64(name, case):
     (lambda f, q, k, v: f(q, k, v, softmax_scale=-1.0), "softmax_scale must be a finite number > 0"),
     (lambda f, q, k, v: f(q[0], k[0], v[0]), "must have 4 dimensions"),
     (lambda f, q, k, v: f(q.to(torch.int32), k, v), "dtype"),
-    (lambda f, q, k, v: f(*(torch.zeros(1, 4, 1, 264, dtype=q.dtype, device=q.device),) * 3), "head_dim must be in 1..256"),
+    (lambda f, q, k, v: f(*(torch.zeros(1, 4, 1, 264, dtype=q.dtype, device=q.device),) * 3),
+     "head_dim must be in 1..256"),
 ])
 def test_bad_inputs_name_the_rule(name, call, message):
     q = torch.randn(1, 8, 4, 32, device=device_of(name), dtype=torch.float16)

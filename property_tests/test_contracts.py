@@ -3,8 +3,8 @@ judged where it was not before (the gradients' varlen tail rows), taken where it
 subject with split-KV partials)."""
 import pytest
 
-from faverify.case import Case
-from faverify.runner import evaluate
+from faverify.cases.case import Case
+from faverify.run.evaluate import evaluate
 from faverify.subjects import resolve
 from property_tests.cli_helpers import cli, read_json
 
@@ -43,7 +43,7 @@ def test_a_varlen_subject_with_split_partials_is_judged_not_crashed(tmp_path):
 def test_faverify_s_own_error_is_its_own_not_the_subject_s(tmp_path, monkeypatch):
     """An exception of faverify's own code on a case is neither a pass nor the subject's failure: the run goes
     on, writes its results, names the error and exits 2."""
-    from faverify import runner
+    from faverify.run import evaluate as runner
     original = runner.judge
 
     def broken(case, *args, **kwargs):
@@ -62,9 +62,9 @@ def test_a_worker_reports_faverify_s_own_error_apart_from_a_crash(monkeypatch):
     """The worker's loop (isolation._serve) run here, its evaluate broken: the case comes back as an error."""
     import multiprocessing as mp
 
-    from faverify import isolation
-    from faverify.runner import CaseResult
-    from faverify.verdict import Tolerance
+    from faverify.judge.verdict import Tolerance
+    from faverify.reports.case_result import CaseResult
+    from faverify.run import isolation
 
     def broken(*args, **kwargs):
         raise KeyError("planted")
@@ -143,14 +143,16 @@ def test_a_module_that_exits_while_it_is_imported_is_exit_2(tmp_path, monkeypatc
     (tmp_path / f"{module}.py").write_text(body + "\ndef attn(q, k, v, *, causal, softmax_scale):\n    return q\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     for command in (("fuzz", "--iters", "2"), ("repro", "--case", Case(1, 1, 1, 1, 1, 8).to_json())):
-        r = cli(*command, "--kernel", f"{module}:attn", "--device", "cpu", *(("--no-db",) if command[0] == "fuzz" else ()))
+        r = cli(*command, "--kernel", f"{module}:attn", "--device", "cpu",
+                *(("--no-db",) if command[0] == "fuzz" else ()))
         assert r.exit_code == 2 and "cannot import module" in r.stderr, (command, r.stderr)
 
 
 def test_a_declared_lse_is_required(tmp_path, monkeypatch):
     (tmp_path / "declares_lse.py").write_text(
         "from property_tests.planted import correct\n"
-        "def attn(q, k, v, *, causal, softmax_scale):\n    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)\n"
+        "def attn(q, k, v, *, causal, softmax_scale):\n"
+        "    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)\n"
         "attn.faverify_capabilities = {'lse': True}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     r = evaluate(resolve("declares_lse:attn"), Case(1, 4, 4, 1, 1, 8, seed=1), "cpu")
@@ -160,9 +162,10 @@ def test_a_declared_lse_is_required(tmp_path, monkeypatch):
 def test_the_timeout_is_the_subjects_alone_not_faverifys_reference():
     """A kernel that returns at once on a case whose FP64 reference takes seconds: judged (zeros fail on
     their values), not timed out; --timeout counts the subject's time only."""
-    from faverify.isolation import Worker
+    from faverify.run.isolation import Worker
     case = Case(1, 2048, 2048, 8, 8, 128, dtype="bf16", seed=1)  # its reference: 2 s on the CPU
-    worker = Worker(f"{PLANTED}:zeros", "cpu", "fwd", __import__("faverify.verdict", fromlist=["x"]).Tolerance().to_dict(),
+    worker = Worker(f"{PLANTED}:zeros", "cpu", "fwd", __import__("faverify.verdict",
+                                                                 fromlist=["x"]).Tolerance().to_dict(),
                     timeout=1.0)
     try:
         r = worker.evaluate(case)

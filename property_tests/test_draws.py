@@ -12,9 +12,9 @@ CASES = 200
 
 
 def _draw(kernel: str) -> list:
-    from faverify.parallel import draw_cases
-    from faverify.plan import FuzzPlan
-    from faverify.strategies import CPU_LIMITS
+    from faverify.cases.strategies import CPU_LIMITS
+    from faverify.run.parallel import draw_cases
+    from faverify.run.plan import FuzzPlan
     from faverify.subjects import resolve
     caps = resolve(kernel).caps
     plan = FuzzPlan(iters=CASES, seed=0, dtypes=("bf16", "fp16"), limits=CPU_LIMITS, database=None,

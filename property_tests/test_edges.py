@@ -4,10 +4,10 @@ import collections
 
 import pytest
 
-from faverify.edges import EDGE_CASES, edges_of, listed, predicate
-from faverify.parallel import draw_cases
-from faverify.plan import FuzzPlan
-from faverify.strategies import CPU_LIMITS
+from faverify.cases.edges import EDGE_CASES, edges_of, listed, predicate
+from faverify.cases.strategies import CPU_LIMITS
+from faverify.run.parallel import draw_cases
+from faverify.run.plan import FuzzPlan
 from faverify.subjects import resolve
 from property_tests.cli_helpers import cli, read_json
 
@@ -56,7 +56,7 @@ def test_the_run_file_counts_each_edge_of_the_cases_that_ran(tmp_path):
 
 
 def test_an_edge_is_told_by_its_predicate():
-    from faverify.case import Case
+    from faverify.cases.case import Case
     assert predicate("varlen: a sequence with no key, not causal")(
         Case(2, 3, 5, 1, 1, 8, seqlens=((3, 0), (1, 5))))
     assert not predicate("varlen: a sequence with no key, not causal")(

@@ -5,8 +5,9 @@ import shutil
 import numpy as np
 import pytest
 
-from faverify import golden, golden_files
-from faverify.verdict import Tolerance
+from faverify.cases import golden_files
+from faverify.commands import golden
+from faverify.judge.verdict import Tolerance
 from property_tests.cli_helpers import cli, read_json
 
 
@@ -67,8 +68,8 @@ def test_golden_files_load_without_unpickling(copy):
 
 def test_record_is_deterministic(tmp_path):
     names = ["gqa-113x203", "masked-rows-1023x17"]
-    a = golden_files.record(tmp_path / "a", names=names)
-    b = golden_files.record(tmp_path / "b", names=names)
+    a = golden.record(tmp_path / "a", names=names)
+    b = golden.record(tmp_path / "b", names=names)
     assert [e["sha256"] for e in a] == [e["sha256"] for e in b]
     # The committed files are what record makes: the inputs bit for bit (they come from the seed), the FP64
     # reference to its last bits. Those depend on the CPU's BLAS kernels (1 ulp, 2e-16 of the largest
@@ -103,9 +104,10 @@ def test_doctor_without_a_gpu_warns_and_passes(tmp_path):
 
 
 def test_doctor_fails_when_a_check_fails(monkeypatch, tmp_path):
-    from faverify import doctor
+    from faverify.commands import doctor
     monkeypatch.setattr(doctor, "_golden_check",
-                        lambda kernel, device, names, tol, isolate: doctor.Check(f"golden: {kernel}", device, "Fail", "x"))
+                        lambda kernel, device, names, tol, isolate: doctor.Check(f"golden: {kernel}", device, "Fail",
+                                                                                 "x"))
     r = cli("doctor")
     assert r.exit_code == 1 and "Fail" in r.stdout
 
@@ -117,7 +119,7 @@ def test_doctor_with_libraries_names_why_each_was_not_checked(monkeypatch, tmp_p
 
     import torch
 
-    from faverify import doctor
+    from faverify.commands import doctor
     from property_tests import fake_libraries
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the library would be checked on it")
@@ -127,14 +129,17 @@ def test_doctor_with_libraries_names_why_each_was_not_checked(monkeypatch, tmp_p
     monkeypatch.setitem(sys.modules, "flash_attn.cute", package.cute)
     monkeypatch.setitem(sys.modules, "flashinfer", None)  # import raises ImportError
     monkeypatch.setattr(doctor, "_golden_check",
-                        lambda kernel, device, names, tol, isolate: doctor.Check(f"golden: {kernel}", device, "Pass", "x"))
+                        lambda kernel, device, names, tol, isolate: doctor.Check(f"golden: {kernel}", device, "Pass",
+                                                                                 "x"))
     r = cli("doctor", "--with", "flash-attn-4,flashinfer", "--json", tmp_path / "d.json")
     assert r.exit_code == 0, r.stdout + r.stderr
     rows = {c["check"]: c for c in read_json(tmp_path / "d.json")["checks"]}
-    assert rows["golden: flashinfer"]["status"] == "Skip" and "does not import here" in rows["golden: flashinfer"]["detail"]
-    assert rows["golden: flash-attn-4"]["status"] == "Skip" and rows["golden: flash-attn-4"]["detail"] == "needs a CUDA GPU"
+    flashinfer, fa4 = rows["golden: flashinfer"], rows["golden: flash-attn-4"]
+    assert flashinfer["status"] == "Skip" and "does not import here" in flashinfer["detail"]
+    assert fa4["status"] == "Skip" and fa4["detail"] == "needs a CUDA GPU"
     r = cli("doctor", "--with", "flash-attn-5")
-    assert r.exit_code == 2 and "--with" in r.stderr and "flash-attn-5" in r.stderr and "each must be one of" in r.stderr
+    assert r.exit_code == 2 and "--with" in r.stderr and "flash-attn-5" in r.stderr
+    assert "each must be one of" in r.stderr
     # with a GPU (stood in for): the library's golden check runs on it beside the SDPA backends
     asked = {}
 
@@ -161,16 +166,18 @@ def test_golden_verify_usage_errors():
 
 
 def _rows(*bad):
-    from faverify.case import Case
+    from faverify.cases.case import Case
     good = {"name": "ok", "status": "pass", "reason": "", "case": Case(1, 4, 4, 1, 1, 8)}
     return [good] + [{"name": n, "status": "fail", "reason": reason, "case": case} for n, case, reason in bad]
 
 
 @pytest.mark.parametrize("kernel,bad,expected", [
     # the flash backend's NaN gradients at bf16-scale values: documented, a Warn that names it
-    ("sdpa-flash", [("b", dict(regime="bf16-scale", dtype="bf16"), "dq: 64 NaN where the reference is finite")], "Warn"),
+    ("sdpa-flash", [("b", dict(regime="bf16-scale", dtype="bf16"), "dq: 64 NaN where the reference is finite")],
+     "Warn"),
     # the same backend wrong on its output there, or wrong elsewhere: a Fail
-    ("sdpa-flash", [("b", dict(regime="bf16-scale", dtype="bf16"), "out: 3 NaN where the reference is finite")], "Fail"),
+    ("sdpa-flash", [("b", dict(regime="bf16-scale", dtype="bf16"), "out: 3 NaN where the reference is finite")],
+     "Fail"),
     ("sdpa-flash", [("n", dict(regime="normal", dtype="bf16"), "dq: 4.1x the allowed error")], "Fail"),
     # a defect documented for another backend does not excuse this one
     ("sdpa-flash", [("m", dict(causal=True, seqlen_q=9, seqlen_k=3), "out: 2x the allowed error")], "Fail"),
@@ -178,9 +185,9 @@ def _rows(*bad):
     ("triton", [("b", dict(regime="bf16-scale", dtype="bf16"), "dq: 64 NaN where the reference is finite")], "Fail"),
 ])
 def test_doctor_warns_only_for_a_backends_documented_defects(monkeypatch, kernel, bad, expected):
-    from faverify import doctor, golden
-    from faverify.case import Case
-    from faverify.verdict import Tolerance
+    from faverify.cases.case import Case
+    from faverify.commands import doctor, golden
+    from faverify.judge.verdict import Tolerance
     rows = _rows(*[(n, Case(**{**dict(batch=1, seqlen_q=4, seqlen_k=4, nheads=1, nheads_k=1, head_dim=8), **fields}),
                         reason) for n, fields, reason in bad])
     monkeypatch.setattr(golden, "verify", lambda *a, **k: rows)

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from faverify.case import Case
-from faverify.gradcheck import directional
+from faverify.cases.case import Case
+from faverify.judge.gradcheck import directional
 from faverify.subjects import resolve
 from faverify.subjects.base import Capabilities, Subject
 from property_tests.planted import correct
@@ -139,7 +139,7 @@ def test_a_subject_that_raises_in_the_checks_dtype_fails_the_check_not_the_worke
     """A kernel that passes in the case's dtype but raises in the check's (flex on the H200: no Triton
     config fits the shared memory in fp32 at head dim 192) is a failing check with the subject's message
     and a signature of its own, as a forward that raises is, not an exception out of the case."""
-    from faverify.runner import evaluate
+    from faverify.run.evaluate import evaluate
 
     def fp32_out_of_resources(q, k, v, *, causal, softmax_scale):
         if q.dtype == torch.float32:

@@ -1,4 +1,4 @@
-"""faverify's own import graph has no cycle: data and control flow one way (docs/design.md, "Data flow").
+"""faverify's import graph follows its layers and has no cycle (docs/design.md, "Layers").
 
 Every import counts, those inside functions too (a lazy import is still a dependency), between the
 modules of faverify/ and of kernels/ (imported as faverify.kernels)."""
@@ -68,13 +68,106 @@ def cycles(graph: dict) -> list:
     return found
 
 
-def test_no_import_cycle_inside_faverify():
+# The layers, highest first: a module imports its own layer's modules and those of lower rank. The
+# reports read the judge's records (metrics) and never the run; the kernels' adapters (their subject
+# modules) and the seeded bugs are subjects; the ahead-of-time compile reports are tools over the kernels
+# and their mutants, beside the commands.
+LAYERS = {
+    "cli": (9, ("faverify.cli", "faverify.__main__")),
+    "commands": (8, ("faverify.commands", "faverify.testing", "faverify.kernels.triton.aot",
+                     "faverify.kernels.cuda.compile_report")),
+    "run": (7, ("faverify.run",)),
+    "reports": (6, ("faverify.reports",)),
+    "judge": (5, ("faverify.judge",)),
+    "subjects": (4, ("faverify.subjects", "faverify.kernels.triton.subject", "faverify.kernels.cuda.subject",
+                     "faverify.kernels.mutants")),
+    "kernels": (3, ("faverify.kernels",)),
+    "cases": (2, ("faverify.cases",)),
+    "base": (1, ("faverify",)),
+}
+
+
+def layer(module: str) -> str:
+    """The layer of the longest prefix that names the module or a package above it."""
+    best = max(((p, name) for name, (_, prefixes) in LAYERS.items() for p in prefixes
+                if module == p or module.startswith(p + ".")), key=lambda pn: len(pn[0]))
+    return best[1]
+
+
+def against_the_layers(graph: dict) -> list:
+    wrong = []
+    for importer, imported in graph.items():
+        for target in imported:
+            if (target.startswith("faverify.kernels.mutants.") and importer.startswith("faverify.kernels.")
+                    and layer(importer) != "commands" and not importer.startswith("faverify.kernels.mutants")):
+                wrong.append(f"{importer} imports {target}: kernels never import their mutants")
+                continue
+            a, b = layer(importer), layer(target)
+            if a != b and LAYERS[a][0] <= LAYERS[b][0]:
+                wrong.append(f"{importer} ({a}) imports {target} ({b})")
+    return sorted(wrong)
+
+
+def the_graph() -> dict:
     known = modules()
-    graph = {name: imports(name, path, known) for name, path in known.items()}
-    assert len(graph) > 40 and graph["faverify.fuzz"] >= {"faverify.plan"}  # the graph is really read
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def test_no_import_cycle_inside_faverify():
+    graph = the_graph()
+    assert graph["faverify.run.fuzz"] >= {"faverify.run.plan"}  # the graph is really read
     assert cycles(graph) == []
+
+
+def test_every_import_follows_the_layers():
+    assert against_the_layers(the_graph()) == []
+
+
+def test_an_import_against_the_layers_is_caught():
+    graph = the_graph()
+    graph["faverify.reports.collector"] = graph["faverify.reports.collector"] | {"faverify.run.evaluate"}
+    graph["faverify.cases.inputs"] = graph["faverify.cases.inputs"] | {"faverify.judge.reference"}
+    graph["faverify.judge.verdict"] = graph["faverify.judge.verdict"] | {"faverify.reports.results"}
+    graph["faverify.kernels.triton.forward"] = {"faverify.kernels.mutants.catalog"}
+    graph["faverify.kernels.triton.subject"] = {"faverify.kernels.mutants.build"}
+    assert against_the_layers(graph) == [
+        "faverify.cases.inputs (cases) imports faverify.judge.reference (judge)",
+        "faverify.judge.verdict (judge) imports faverify.reports.results (reports)",
+        "faverify.kernels.triton.forward imports faverify.kernels.mutants.catalog: kernels never import their mutants",
+        "faverify.kernels.triton.subject imports faverify.kernels.mutants.build: kernels never import their mutants",
+        "faverify.reports.collector (reports) imports faverify.run.evaluate (run)"]
+
+
+def test_every_module_has_a_layer_and_every_subpackage_says_what_it_holds():
+    for name, path in modules().items():
+        assert layer(name) in LAYERS
+        if path.name == "__init__.py" and path.parent.parent.name == "faverify":
+            assert ast.get_docstring(ast.parse(path.read_text())), f"{path}: no docstring"
+    top = [p for p in PACKAGES["faverify"].glob("*.py")]
+    assert len(top) <= 12, sorted(p.name for p in top)
 
 
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_rendering_a_run_file_imports_neither_the_evaluation_nor_the_reference_nor_the_draw(tmp_path):
+    """`faverify report run.json` reads JSON and prints: the reports layer, not the pipeline that made it."""
+    import subprocess
+    import sys
+
+    from property_tests.cli_helpers import cli
+    cli("fuzz", "--kernel", "sdpa-math", "--iters", "3", "--device", "cpu", "--no-db", "--no-isolate",
+        "--json", tmp_path / "run.json")
+    script = ("import sys, faverify.cli\n"
+              "from typer.testing import CliRunner\n"
+              "from faverify.cli.app import app\n"
+              f"r = CliRunner().invoke(app, ['report', {str(tmp_path / 'run.json')!r}])\n"
+              "assert r.exit_code == 0 and 'PASS' in r.output, r.output\n"
+              "print(' '.join(m for m in sys.modules if m.startswith('faverify')))\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    loaded = set(r.stdout.split())
+    assert "faverify.reports.report" in loaded  # the run file was really rendered
+    assert not loaded & {"faverify.run.evaluate", "faverify.judge.reference", "faverify.cases.strategies"}, loaded

@@ -4,9 +4,10 @@ import pytest
 import torch
 from hypothesis import given
 
-from faverify.case import LAYOUTS, Case
-from faverify.inputs import BF16_SCALE_VALUE, FP16_SCALE_VALUE, make_inputs
-from faverify.strategies import cases
+from faverify.cases.case import Case
+from faverify.cases.inputs import BF16_SCALE_VALUE, FP16_SCALE_VALUE, make_inputs
+from faverify.cases.strategies import cases
+from faverify.cases.vocabulary import LAYOUTS
 
 
 @given(cases())
@@ -56,7 +57,8 @@ def test_large_regime_makes_logit_gaps_past_1e3():
     assert (s.amax(-1) - s.amin(-1)).min() > 1e3
 
 
-@pytest.mark.parametrize("dtype,value", [("bf16", BF16_SCALE_VALUE), ("fp16", FP16_SCALE_VALUE), ("fp32", BF16_SCALE_VALUE)])
+@pytest.mark.parametrize("dtype,value", [("bf16", BF16_SCALE_VALUE), ("fp16", FP16_SCALE_VALUE), ("fp32",
+                                                                                                  BF16_SCALE_VALUE)])
 def test_bf16_scale_regime_is_constant_and_exact(dtype, value):
     x = make_inputs(Case(1, 4, 4, 1, 1, 8, regime="bf16-scale", dtype=dtype), "cpu")
     for t in x.tensors():

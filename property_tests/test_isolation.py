@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from faverify.case import Case
-from faverify.isolation import Worker
-from faverify.verdict import Tolerance
+from faverify.cases.case import Case
+from faverify.judge.verdict import Tolerance
+from faverify.run.isolation import Worker
 from property_tests.cli_helpers import cli, read_json
 
 
@@ -36,7 +36,7 @@ def test_a_hanging_subject_times_out_and_the_run_goes_on(tmp_path):
 
 
 def test_worker_results_match_in_process_results():
-    from faverify.runner import evaluate
+    from faverify.run.evaluate import evaluate
     from faverify.subjects import resolve
     case = Case(2, 33, 17, 4, 2, 40, dtype="fp16", causal=True, seed=3)
     w = Worker("sdpa-math", "cpu", "both", Tolerance().to_dict(), timeout=60)
@@ -72,7 +72,7 @@ def test_parallel_workers_give_the_same_cases_as_one(tmp_path):
 
 
 def test_interrupted_runs_still_write_their_results(tmp_path, monkeypatch):
-    import faverify.sequential as sequential
+    import faverify.run.sequential as sequential
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -84,7 +84,7 @@ def test_interrupted_runs_still_write_their_results(tmp_path, monkeypatch):
 
 
 def test_an_interrupted_parallel_run_still_lists_its_failures(tmp_path, monkeypatch):
-    from faverify.scheduler import Pool
+    from faverify.run.scheduler import Pool
     original = Pool.map
 
     def map_some_then_interrupt(self, items, on_result):
@@ -102,8 +102,8 @@ def test_an_interrupted_parallel_run_still_lists_its_failures(tmp_path, monkeypa
 def test_warm_up_runs_cases_unjudged_in_the_workers():
     """Warm-up cases (parallel.warm_up) run in the workers without a verdict: a clean run is a skip marked
     warm-up, a raising one a failure that names the warm-up (the parent discards both)."""
-    from faverify.isolation import Task, case_workers
-    from faverify.scheduler import Pool
+    from faverify.run.isolation import Task, case_workers
+    from faverify.run.scheduler import Pool
     pool = Pool(case_workers("property_tests.planted:raises_type_error", ["cpu"], 2, "both", Tolerance().to_dict(), 60))
     got = {}
     cases = [Case(1, 9, 9, 2, 1, 16, causal=c, seed=i) for i, c in enumerate((False, True, False))]
@@ -122,8 +122,8 @@ def test_workers_that_run_at_once_share_the_cores_between_their_threads(monkeypa
     workers take cores / workers threads each, at least one and at most OMP_NUM_THREADS where it is set;
     unset here, so a lone worker takes every core (this suite's workers fork from a server whose torch
     has the one thread conftest.py gives it)."""
-    from faverify.isolation import Task, case_workers, thread_share
-    from faverify.scheduler import Pool, cores
+    from faverify.run.isolation import Task, case_workers, thread_share
+    from faverify.run.scheduler import Pool, cores
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert thread_share(1) == 1
     monkeypatch.delenv("OMP_NUM_THREADS")
@@ -142,11 +142,11 @@ def test_workers_that_run_at_once_share_the_cores_between_their_threads(monkeypa
 
 
 def test_parallel_fuzz_warms_up_before_its_cases():
-    from faverify.collector import KernelStats
-    from faverify.plan import FuzzPlan
-    from faverify.parallel import fuzz_parallel
-    from faverify.runner import CaseResult
-    from faverify.strategies import limits_for
+    from faverify.cases.strategies import limits_for
+    from faverify.reports.case_result import CaseResult
+    from faverify.reports.collector import KernelStats
+    from faverify.run.parallel import fuzz_parallel
+    from faverify.run.plan import FuzzPlan
 
     class Recording:
         calls = []
@@ -183,9 +183,9 @@ def _warm_up_of(monkeypatch, cases):
 def test_warm_up_covers_the_gradient_checks_dtype(monkeypatch):
     """The gradient check runs the subject in fp32 where it can: a fuzz of bf16 and fp16 that checks
     gradients also meets the fp32 variants, so its warm-up must compile them."""
-    from faverify.plan import FuzzPlan
-    from faverify.parallel import warmup_cases
-    from faverify.strategies import limits_for
+    from faverify.cases.strategies import limits_for
+    from faverify.run.parallel import warmup_cases
+    from faverify.run.plan import FuzzPlan
 
     _warm_up_of(monkeypatch, lambda dtypes, features: [Case(1, 8, 8, 1, 1, 16, dtype=d) for d in dtypes])
     plan = FuzzPlan(iters=1, seed=0, dtypes=("bf16", "fp16"), limits=limits_for("cpu"), database=None)
@@ -197,9 +197,9 @@ def test_the_warm_up_is_asked_for_the_features_the_plan_draws(monkeypatch):
     """A build for a feature the fuzz does not draw is compiled for nothing (a dense fuzz, or a mutant
     narrowed to one feature, paid for every variant's): the subject's warm-up gets the plan's features,
     narrowed where the plan narrows them."""
-    from faverify.plan import FuzzPlan
-    from faverify.parallel import warmup_cases
-    from faverify.strategies import limits_for
+    from faverify.cases.strategies import limits_for
+    from faverify.run.parallel import warmup_cases
+    from faverify.run.plan import FuzzPlan
 
     asked = []
     _warm_up_of(monkeypatch, lambda dtypes, features: asked.append(features) or [])
@@ -213,9 +213,9 @@ def test_the_warm_up_is_asked_for_the_features_the_plan_draws(monkeypatch):
 def test_cases_streamed_from_a_thread_are_the_seeds_cases():
     """A parallel fuzz takes its cases from Hypothesis drawing in a thread while workers run: the same
     cases in the same order as drawn in this thread (the shrink replays that order, parallel.shrink_by_replay)."""
-    from faverify.plan import FuzzPlan
-    from faverify.parallel import draw_cases, stream_cases
-    from faverify.strategies import limits_for
+    from faverify.cases.strategies import limits_for
+    from faverify.run.parallel import draw_cases, stream_cases
+    from faverify.run.plan import FuzzPlan
     plan = FuzzPlan(iters=150, seed=11, dtypes=("bf16", "fp32"), limits=limits_for("cuda"), database=None)
     streamed = list(stream_cases(plan))
     assert len(streamed) == 150 and streamed == draw_cases(plan)
@@ -229,7 +229,7 @@ def test_a_signal_while_the_workers_stop_loses_nothing(tmp_path, monkeypatch):
     import os
     import signal
 
-    from faverify.scheduler import Pool
+    from faverify.run.scheduler import Pool
     original = Pool.close
 
     def close_under_a_signal(self):
@@ -248,13 +248,12 @@ def test_sigterm_to_the_process_group_stops_a_long_parallel_fuzz_within_seconds(
     draw stops with the consumer (left drawing, it holds the interpreter's lock) and the CLI leaves
     without the interpreter's teardown once its results are written."""
     import os
+    import re
     import signal
     import subprocess
     import sys
-    import time
-
-    import re
     import threading
+    import time
 
     out = tmp_path / "run.json"
     p = subprocess.Popen([sys.executable, "-m", "faverify", "fuzz", "--kernel", "sdpa-math", "--iters", "100000",
@@ -290,7 +289,7 @@ def test_held_signals_are_recorded_not_raised():
     import os
     import signal
 
-    from faverify.signals import held, sigterm_interrupts
+    from faverify.run.signals import held, sigterm_interrupts
     with sigterm_interrupts():
         with held() as received:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -302,7 +301,7 @@ def test_held_signals_are_recorded_not_raised():
 def test_failures_shrunk_at_once_match_those_shrunk_one_by_one(tmp_path, monkeypatch):
     """parallel.shrink_all shrinks each distinct failure in a thread with a worker of its own; the minimal
     cases are the ones a one-at-a-time shrink finds."""
-    import faverify.parallel as parallel_module
+    import faverify.run.parallel as parallel_module
     found = {}
     monkeypatch.setattr(parallel_module, "cores", lambda: 64)  # as on a GPU host (this machine has 2)
     for parallel in (1, 64):
@@ -321,7 +320,7 @@ def test_failures_are_listed_in_drawing_order_whatever_order_the_workers_finish(
     """The workers return cases as they finish. Failures are listed by the case that first showed them,
     then by tensor within that case, so a loaded machine gives the same report (a CI run under load once
     swapped dk and dv here)."""
-    from faverify.scheduler import Pool
+    from faverify.run.scheduler import Pool
     original = Pool.map
 
     def finish_backwards(self, items, on_result):
@@ -330,19 +329,21 @@ def test_failures_are_listed_in_drawing_order_whatever_order_the_workers_finish(
         for i, r in reversed(done):
             on_result(i, r)
 
-    listed = [[f["signature"] for f in run["failures"]] for run in _planted_runs(tmp_path, monkeypatch, finish_backwards)]
+    listed = [[f["signature"] for f in run["failures"]] for run in _planted_runs(tmp_path, monkeypatch,
+                                                                                 finish_backwards)]
     assert len(listed[0]) >= 3 and listed[0] == listed[1]
 
 
 def _planted_runs(tmp_path, monkeypatch, patched_map) -> list:
     """A 12-case fuzz of a planted bug on 2 workers, as it is and then with scheduler.Pool.map replaced by
     patched_map: each run's entry for the subject in its run file."""
-    from faverify.scheduler import Pool
+    from faverify.run.scheduler import Pool
     runs = []
     for patch in (None, patched_map):
         if patch:
             monkeypatch.setattr(Pool, "map", patch)
-        cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "12", "--all-failures", "--device", "cpu", "--no-db",
+        cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "12", "--all-failures", "--device",
+            "cpu", "--no-db",
             "--workers", "2", "--shrink-budget", "0", "--gradcheck-every", "0", "--json", tmp_path / "r.json")
         runs.append(read_json(tmp_path / "r.json")["kernels"][0])
     return runs
@@ -357,7 +358,7 @@ def test_a_worker_gets_the_environment_of_the_moment_it_starts(monkeypatch):
     still reaches the next worker, and one removed is gone from it."""
     import multiprocessing as mp
 
-    from faverify import processes
+    from faverify.run import processes
 
     def ask(name):
         parent, child = mp.Pipe()
@@ -383,8 +384,8 @@ def test_cases_skipped_for_memory_beside_other_workers_run_again_alone(tmp_path,
     run without them."""
     import dataclasses
 
-    from faverify.runner import skipped_for_memory
-    from faverify.scheduler import Pool
+    from faverify.reports.case_result import skipped_for_memory
+    from faverify.run.scheduler import Pool
     original = Pool.map
     first_seen: set = set()
 

@@ -6,12 +6,11 @@ import math
 import pytest
 import torch
 
-from faverify import masks
-from faverify.case import Case
+from faverify.cases.case import Case
+from faverify.cases.inputs import make_inputs, variant_of
 from faverify.errors import UsageError
-from faverify.inputs import make_inputs, variant_of
-from faverify.reference import reference
-from faverify.runner import evaluate
+from faverify.judge.reference import reference
+from faverify.run.evaluate import evaluate
 from faverify.subjects import resolve
 from faverify.subjects.base import Capabilities, Subject
 from property_tests.cli_helpers import cli
@@ -82,7 +81,8 @@ def test_nan_keys_sit_only_where_no_row_looks():
     dead = torch.isnan(x.k).any(-1)[:, :, 0]  # [b, sk]
     assert dead[0].tolist() == [False] * 4 + [True] * 2
     # batch 1: one query row (the first), causal bottom-right: it sees keys 0..3
-    assert dead[1].tolist() == [False] * 4 + [True] * 2 and torch.equal(torch.isnan(x.v).any(-1), torch.isnan(x.k).any(-1))
+    assert dead[1].tolist() == [False] * 4 + [True] * 2 and torch.equal(torch.isnan(x.v).any(-1),
+                                                                        torch.isnan(x.k).any(-1))
 
 
 def _brute_force(case, x):
@@ -158,7 +158,8 @@ def test_each_subject_gets_the_mask_in_the_form_it_declares():
     r = evaluate(Subject("b", fn, Capabilities(block_mask=True)),
                  Case(1, 4, 4, 1, 1, 8, mask="random", mask_rate=20, mask_shape="shared"), "cpu")
     assert r.status == "skip" and "mask not declared" in r.reason
-    r = evaluate(Subject("n", fn, Capabilities(mask=True)), Case(1, 4, 4, 1, 1, 8, bias="normal", bias_grad=True), "cpu")
+    r = evaluate(Subject("n", fn, Capabilities(mask=True)), Case(1, 4, 4, 1, 1, 8, bias="normal", bias_grad=True),
+                 "cpu")
     assert r.status == "skip" and "bias, bias_grad not declared" in r.reason
 
 
@@ -222,7 +223,7 @@ def test_the_gradient_check_takes_normal_biases_where_the_case_draws_finfo_min()
     """Next to a logit of 3.4e38 a step of q changes no logit (s + h rounds to s), while the softmax still
     depends on s: a difference quotient far from a backward that is right. The H200's fuzz found that
     misjudgement on the triton subject with this case; sdpa-math shows it too (-26.2 against -37.2)."""
-    from faverify.gradcheck import directional
+    from faverify.judge.gradcheck import directional
     case = Case(4, 2, 2, 2, 1, 86, dtype="fp16", causal=True, regime="peaked", init="-1e30", seed=2147483647,
                 bias="min", bias_shape="heads", bias_dtype="fp32", bias_grad=True)
     x = make_inputs(case, "cpu")

@@ -3,8 +3,8 @@ no seqlen^2 buffer (a 65536^2 score matrix alone would be 16 GiB in bf16)."""
 import pytest
 import torch
 
-from faverify.case import Case
-from faverify.inputs import make_inputs
+from faverify.cases.case import Case
+from faverify.cases.inputs import make_inputs
 from faverify.subjects import resolve
 
 
@@ -32,7 +32,7 @@ def test_a_gpu_worker_gives_back_the_memory_of_a_large_case_only():
     """runner.gives_back: a case past GIVE_BACK_ABOVE (or with a huge paged pool) hands its memory back to
     the device, for the workers beside this one; a small one keeps the allocator's cache (emptying it
     costs a device sync); on the CPU there is no cache to give back."""
-    from faverify.runner import GIVE_BACK_ABOVE, _bytes_needed, gives_back
+    from faverify.run.evaluate import GIVE_BACK_ABOVE, _bytes_needed, gives_back
     cuda = torch.device("cuda")
     small = Case(1, 128, 128, 2, 2, 64, dtype="bf16")
     large = Case(1, 1, 131072, 32, 4, 128, dtype="bf16", cache_seqlens=(131072,), page_size=16)

@@ -43,8 +43,9 @@ def test_a_mutant_survives_reformatting_of_its_statement(tmp_path):
     from faverify.kernels.mutants.catalog import BY_NAME
     mutant = BY_NAME["no-l-guard"]
     text = (KERNELS / mutant.file).read_text()
-    reformatted = text.replace("out = acc / tl.where(seen, l_i, 1.0)[:, None]  # [mutant site: final-division]",
-                               "out = acc/tl.where(seen, l_i, 1.0)[:, None]  # the division  [mutant site: final-division]")
+    marked = "  # [mutant site: final-division]"
+    reformatted = text.replace("out = acc / tl.where(seen, l_i, 1.0)[:, None]" + marked,
+                               "out = acc/tl.where(seen, l_i, 1.0)[:, None]  # the division" + marked)
     assert reformatted != text
     assert mutate(reformatted, mutant) == mutate(text, mutant)
 
@@ -146,9 +147,9 @@ def test_a_mutant_reaches_only_the_paths_of_its_file():
 def test_a_hopper_mutant_fails_in_a_worker_process():
     """faverify mutants on a GPU runs each case in a worker process: there, a mutant of the Hopper forward
     must launch its own mutated kernel and fail, not the unmutated one the parent process imported."""
-    from faverify.case import Case
-    from faverify.isolation import Worker
-    from faverify.verdict import Tolerance
+    from faverify.cases.case import Case
+    from faverify.judge.verdict import Tolerance
+    from faverify.run.isolation import Worker
     case = Case(1, 129, 129, 2, 2, 64, dtype="bf16", seed=1)  # rows past 64: the second consumer's
     results = {}
     for kernel in ("triton", "mutant:hopper-consumer-rows"):
@@ -166,14 +167,14 @@ def test_a_hopper_mutant_is_fuzzed_only_with_cases_that_reach_the_hopper_forward
     """A Hopper mutant's fuzz draws from HOPPER_CASES (FuzzPlan.narrow): every case must be one the launcher
     sends to the Hopper forward on sm_90 (16-bit, padded head dim 64 or 128, strides multiples of 16), and
     the case mix must stay wide (both dtypes, causal and not, each allowed layout, tails)."""
-    from faverify.plan import FuzzPlan
-    from faverify.inputs import make_inputs
-    from faverify.kernels.mutants.catalog import HOPPER_CASES
+    from faverify.cases.inputs import make_inputs
+    from faverify.cases.strategies import Limits
+    from faverify.kernels.constants import HOPPER_CASES
     from faverify.kernels.triton import configs
     from faverify.kernels.triton.common import block_d
     from faverify.kernels.triton.interface import _aligned
-    from faverify.parallel import draw_cases
-    from faverify.strategies import Limits
+    from faverify.run.parallel import draw_cases
+    from faverify.run.plan import FuzzPlan
     limits = Limits(max_seqlen=300, max_batch=2, max_heads=8, max_elements=1 << 16)
     plan = FuzzPlan(iters=150, seed=3, dtypes=("bf16", "fp16", "fp32"), limits=limits, database=None,
                     narrow=HOPPER_CASES)
@@ -200,11 +201,11 @@ def test_a_mutant_whose_dtypes_were_not_asked_for_is_left_out_with_the_rule():
 def test_a_mutant_that_does_not_parse_is_an_error_row_not_a_kill():
     """A replacement that leaves a stray indent would make the worker fail to import the mutant, and a crash
     would count as a kill. The mutated source must parse, and kill() reports it as an error row."""
-    from faverify.plan import FuzzPlan
+    from faverify.cases.strategies import Limits
+    from faverify.commands.mutants import kill
+    from faverify.judge.verdict import Tolerance
     from faverify.kernels.mutants import catalog
-    from faverify.mutants import kill
-    from faverify.strategies import Limits
-    from faverify.verdict import Tolerance
+    from faverify.run.plan import FuzzPlan
     broken = Mutant("broken-indent", "forward.py", "causal-diagonal", "    diag = 0", "bug", "why")
     with pytest.raises(RuntimeError, match="no longer parses"):
         source(broken)
@@ -222,11 +223,11 @@ def test_a_kill_counts_only_where_the_control_passes_what_the_mutant_failed():
     """The unmutated kernels are run on a kill's minimal case in the mode of the mutant's failure: the
     forward alone for out or lse (the interpreter's backward costs twice the forward), both otherwise. A
     failure the control shares there is the kernels' own, not a kill."""
-    from faverify.mutants import control_mode, kill
-    from faverify.plan import FuzzPlan
-    from faverify.runner import CaseResult
-    from faverify.strategies import Limits
-    from faverify.verdict import Tolerance
+    from faverify.cases.strategies import Limits
+    from faverify.commands.mutants import control_mode, kill
+    from faverify.judge.verdict import Tolerance
+    from faverify.reports.case_result import CaseResult
+    from faverify.run.plan import FuzzPlan
     assert [control_mode(s) for s in ("out:tolerance", "lse:nan", "out_splits:inf", "dq:nan", "dv:tolerance",
                                       "error:RuntimeError", "gradcheck", "crash")] == ["fwd"] * 3 + ["both"] * 5
     asked = []

@@ -87,8 +87,8 @@ def test_golden_record_and_the_example_store_write_through_no_planted_link(tmp_p
     assert not (golden / "index.json").is_symlink() and json.loads((golden / "index.json").read_text())["cases"]
     store = tmp_path / "db"
     store.mkdir()
-    from faverify import examples
-    from faverify.case import Case
+    from faverify.cases.case import Case
+    from faverify.run import examples
     path = examples._file(store, "k")
     os.symlink(outside, path)
     examples.save(store, "k", [Case(1, 1, 1, 1, 1, 8)])
@@ -107,8 +107,8 @@ def test_a_golden_index_naming_a_file_outside_its_folder_is_refused(tmp_path, fi
 
 
 def test_two_runs_sharing_a_store_keep_each_others_cases(tmp_path):
-    from faverify import examples
-    from faverify.case import Case
+    from faverify.cases.case import Case
+    from faverify.run import examples
     a, b = Case(1, 1, 2, 1, 1, 8), Case(1, 2, 2, 1, 1, 8)
     examples.save(tmp_path, "k", [a])
     examples.save(tmp_path, "k", [b])  # a run that did not replay a: a stays

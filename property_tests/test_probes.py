@@ -4,8 +4,9 @@ import json
 import pytest
 import torch
 
-from faverify.case import LAYOUTS, Case
-from faverify.inputs import make_inputs
+from faverify.cases.case import Case
+from faverify.cases.inputs import make_inputs
+from faverify.cases.vocabulary import LAYOUTS
 from property_tests.cli_helpers import cli
 
 

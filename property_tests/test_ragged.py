@@ -8,13 +8,15 @@ import pytest
 import torch
 from hypothesis import given, seed, settings
 
-from faverify.case import PAGE_ORDERS, Case
-from faverify.conventions import DEFAULT
+from faverify.cases.case import Case
+from faverify.cases.conventions import DEFAULT
+from faverify.cases.inputs import make_inputs
+from faverify.cases.strategies import CPU_LIMITS, GPU_LIMITS, INT32_ELEMENTS, cases
+from faverify.cases.variant import Variant
+from faverify.cases.vocabulary import PAGE_ORDERS
 from faverify.errors import UsageError
-from faverify.inputs import make_inputs
-from faverify.reference import Variant, reference
-from faverify.sequences import yardsticks
-from faverify.strategies import CPU_LIMITS, GPU_LIMITS, INT32_ELEMENTS, cases
+from faverify.judge.reference import reference
+from faverify.judge.sequences import yardsticks
 from property_tests.cli_helpers import cli
 
 VARLEN = Case(3, 4, 5, 2, 1, 16, dtype="fp32", causal=True, seqlens=((3, 5), (0, 2), (4, 1)), tail=2, seed=3)
@@ -251,7 +253,7 @@ def test_a_ragged_reproducer_replays_the_same_verdict(tmp_path):
 
 
 def test_flex_runs_a_varlen_case_one_sequence_at_a_time():
-    from faverify.runner import evaluate
+    from faverify.run.evaluate import evaluate
     from faverify.subjects import resolve
     c = Case(2, 5, 7, 2, 2, 16, dtype="fp32", causal=True, seqlens=((5, 7), (3, 2)), tail=1, seed=4)
     r = evaluate(resolve("flex"), c, "cpu", mode="fwd")
@@ -261,7 +263,7 @@ def test_flex_runs_a_varlen_case_one_sequence_at_a_time():
 @pytest.mark.gpu
 def test_int32_page_offsets_fail_on_a_pool_past_two_to_the_31_elements():
     """A small pool of large pages: 129 pages of 2^16 tokens x 256 = 2^31 + 2^24 elements (4 GiB in bf16)."""
-    from faverify.runner import evaluate
+    from faverify.run.evaluate import evaluate
     from faverify.subjects import resolve
     c = Case(1, 1, 4, 1, 1, 256, dtype="bf16", cache_seqlens=(4,), page_size=1 << 16, pages="random",
              pool=129, seed=7)
@@ -275,6 +277,6 @@ def test_int32_page_offsets_fail_on_a_pool_past_two_to_the_31_elements():
 
 
 def _page_above(case, seed_value):
-    from faverify.ragged import page_table
+    from faverify.cases.ragged import page_table
     table, _, _ = page_table(dataclasses.replace(case, seed=seed_value))
     return table[0][0] * case.page_size * case.head_dim >= INT32_ELEMENTS

@@ -7,11 +7,11 @@ import torch.nn.functional as F
 from hypothesis import example, given, settings
 from torch.nn.attention.bias import causal_lower_right
 
-import faverify.reference as reference_module
-from faverify.case import Case
-from faverify.inputs import make_inputs
-from faverify.reference import naive, reference
-from faverify.strategies import Limits, cases
+import faverify.judge.reference as reference_module
+from faverify.cases.case import Case
+from faverify.cases.inputs import make_inputs
+from faverify.cases.strategies import Limits, cases
+from faverify.judge.reference import naive, reference
 
 SMALL = Limits(max_seqlen=70, max_batch=2, max_heads=4, max_elements=1 << 14)
 
@@ -181,7 +181,8 @@ def test_the_softcap_gradient_is_exact_where_the_cap_saturates():
     """One query, keys at q.k = +25 and -25, cap 1: both capped logits round to +-1 (tanh(25) is 1 in FP64),
     yet the softmax is not saturated, and dq = sum_j dS_j sech^2(s_j) k_j = 2 * 25 * P0 P1 * 4 e^-50, about
     4e-20. From 1 - tanh^2 it would be exactly 0."""
-    from faverify.reference import Variant, reference
+    from faverify.cases.variant import Variant
+    from faverify.judge.reference import reference
     q = torch.ones(1, 1, 1, 1, dtype=torch.float64)
     k = torch.tensor([25.0, -25.0], dtype=torch.float64).reshape(1, 2, 1, 1)
     v = torch.tensor([1.0, 0.0], dtype=torch.float64).reshape(1, 2, 1, 1)

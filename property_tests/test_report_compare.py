@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("runs")
-    for name, kernel in (("good", "sdpa-math"), ("again", "sdpa-math"), ("bad", "property_tests.planted:top_left_mask")):
+    for name, kernel in (("good", "sdpa-math"), ("again", "sdpa-math"), ("bad",
+                                                                         "property_tests.planted:top_left_mask")):
         cli("fuzz", "--kernel", kernel, "--iters", "40", "--device", "cpu", "--no-db", "--seed", "4",
             "--no-isolate", "--json", d / f"{name}.json")
     return d

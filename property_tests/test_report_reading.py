@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from faverify.bench import markdown as bench_markdown
+from faverify.commands.bench import markdown as bench_markdown
 from faverify.env import header_lines
 from property_tests.cli_helpers import cli
 
@@ -138,7 +138,7 @@ def test_compare_reads_version_2_and_leaves_the_redefined_statistics_uncompared(
     assert cli("report", old).exit_code == 0
     r = cli("compare", old, runs / "good.json", "--all")
     assert r.exit_code == 0, r.stdout
-    from faverify.results import VERSION
+    from faverify.reports.results import VERSION
     assert f"run schema version 2 -> {VERSION}: max_rel, max_ulp, ratio_p99 defined anew, not compared" in r.stdout
     marks = {line.split()[3]: line.split()[-1] for line in r.stdout.splitlines() if line.startswith("sdpa-math ")
              and line.split()[2] == "out"}
@@ -165,7 +165,7 @@ def test_bench_variants_count_their_pairs_and_compare_with_dense_and_flex():
     """A window's FLOPs count the (query, key) pairs it keeps; a variant row's time is given against the
     same subject's dense row and its speed against flex's row of the same variant; the variant is a column
     and a chart of its own."""
-    from faverify.bench import Config, headers, ratios, table_rows
+    from faverify.commands.bench import Config, headers, ratios, table_rows
     dense, wide = Config("bf16", 128, True, 1024), Config("bf16", 128, True, 1024, "window=1023")
     assert wide.pairs() == dense.pairs() + 512  # the diagonal: n(n+1)/2 against flash-attn's n^2/2
     assert Config("bf16", 128, True, 1024, "window=0").pairs() == 1024
@@ -189,7 +189,7 @@ def test_bench_variants_count_their_pairs_and_compare_with_dense_and_flex():
 def test_bench_rows_compare_with_each_library_the_run_timed():
     """With flash-attn-4 (an anchor library, bench.ANCHORS) in the run, every row gets its speed against
     flash-attn-4's row of the same configuration and variant, a column per direction; without it, none."""
-    from faverify.bench import headers, ratios, table_rows
+    from faverify.commands.bench import headers, ratios, table_rows
     rows = [dict(_bench_row(k, 1024, f, b, causal=True), variant="dense")
             for k, f, b in (("triton", 400.0, 300.0), ("flash-attn-4", 500.0, 600.0), ("sdpa-cudnn", 450.0, 520.0))]
     rows = ratios(rows)

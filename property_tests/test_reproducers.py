@@ -59,7 +59,8 @@ def _without(words: list, needs: str) -> list:
 
 @pytest.mark.parametrize("control", [f"{PLANTED}:fp32_backward_right", f"{PLANTED}:forward_only_right"])
 def test_the_controls_pass(tmp_path, control):
-    flags = ("--iters", "4", "--gradcheck-every", "1", "--dtype", "bf16") if "backward" in control else ("--iters", "10")
+    flags = ("--iters", "4", "--gradcheck-every", "1", "--dtype", "bf16") if "backward" in control else ("--iters",
+                                                                                                         "10")
     r, run = _fuzz(tmp_path, control, *flags)
     assert r.exit_code == 0, r.stderr
     assert run["kernels"][0]["summary"]["passed"] == run["kernels"][0]["summary"]["cases"]
@@ -91,11 +92,12 @@ def test_a_failure_that_needs_earlier_calls_prints_no_reproducer_that_passes(tmp
 
 
 def test_reproducer_words_are_quoted_for_the_shell():
-    from faverify.case import Case
-    from faverify.collector import repro_command
+    from faverify.cases.case import Case
+    from faverify.reports.collector import repro_command
     line = repro_command("k:f;touch PWNED;#", Case(1, 1, 1, 1, 1, 8).to_json(), "cpu", ("--tight", "out=0"))
     words = shlex.split(line)
-    assert words[3] == "k:f;touch PWNED;#" and words[-2] == "--case" and ";" not in line.replace("'k:f;touch PWNED;#'", "")
+    assert words[3] == "k:f;touch PWNED;#" and words[-2] == "--case" and ";" not in line.replace("'k:f;touch PWNED;#'",
+                                                                                                 "")
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

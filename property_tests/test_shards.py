@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from faverify.merge import parse_shard
-from faverify.parallel import draw_cases
-from faverify.plan import FuzzPlan
-from faverify.strategies import CPU_LIMITS
+from faverify.cases.strategies import CPU_LIMITS
+from faverify.reports.merge import parse_shard
+from faverify.run.parallel import draw_cases
+from faverify.run.plan import FuzzPlan
 from property_tests.cli_helpers import assert_commands_exist, cli, read_json
 
 ROOT = Path(__file__).resolve().parent.parent

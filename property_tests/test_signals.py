@@ -7,13 +7,14 @@ import subprocess
 import sys
 import time
 
-from faverify.case import Case
+from faverify.cases.case import Case
 
 
 def _start(*args, cwd):
     return subprocess.Popen([sys.executable, "-m", "faverify", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, cwd=cwd, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
+                            env={**os.environ,
+                                 "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
 
 
 def _wait_for(path, seconds=60.0) -> bool:

@@ -1,8 +1,8 @@
 import pytest
 
-from faverify.case import Case
+from faverify.cases.case import Case
 from faverify.errors import UsageError
-from faverify.runner import evaluate
+from faverify.run.evaluate import evaluate
 from faverify.subjects import resolve
 
 

@@ -17,7 +17,7 @@ def test_a_correct_kernel_passes_in_a_users_suite(case):
 
 
 def test_a_wrong_kernel_fails_with_table_and_reproducer():
-    from faverify.case import Case
+    from faverify.cases.case import Case
     case = Case(1, 1, 2, 1, 1, 16, causal=True)
     x = make_inputs(case, "cpu")
     with pytest.raises(AssertionError) as e:
@@ -51,7 +51,7 @@ def test_variant_cases_in_a_users_suite(case):
 
 
 def test_conventions_in_a_users_suite():
-    from faverify.case import Case
+    from faverify.cases.case import Case
     from property_tests.planted import lse_base2
     case = Case(1, 8, 8, 2, 2, 16, dtype="fp32")
     x = make_inputs(case, "cpu")

@@ -3,9 +3,9 @@ against faverify's own paged inputs."""
 import pytest
 import torch
 
-from faverify.case import Case
+from faverify.cases.case import Case
+from faverify.cases.inputs import make_inputs
 from faverify.errors import Unsupported
-from faverify.inputs import make_inputs
 from faverify.subjects.translate import flash_attn_4_window, flashinfer_paged, flashinfer_window
 
 

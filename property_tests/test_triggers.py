@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
-from faverify.case import LAYOUTS, REGIMES, Case
-from faverify.inputs import LONE_KEY_SCORE, NEGATIVE_MAXIMA, make_inputs
-from faverify.reference import reference
+from faverify.cases.case import Case
+from faverify.cases.inputs import LONE_KEY_SCORE, NEGATIVE_MAXIMA, make_inputs
+from faverify.cases.vocabulary import LAYOUTS, REGIMES
+from faverify.judge.reference import reference
 from property_tests.cli_helpers import cli
 
 
@@ -22,7 +23,8 @@ def _logits(case, x):
 def test_negative_rows_score_every_key_far_below_zero_and_reach_each_maximum(dtype):
     reached = set()
     for seed in range(24):
-        c = Case(2, 48, 40, 2, 1, 64, dtype=dtype, regime="negative", seed=seed, softmax_scale=[None, 1e-3, 2.0][seed % 3])
+        c = Case(2, 48, 40, 2, 1, 64, dtype=dtype, regime="negative", seed=seed, softmax_scale=[None, 1e-3,
+                                                                                                2.0][seed % 3])
         x = make_inputs(c, "cpu")
         assert all(torch.isfinite(t).all() for t in x.tensors())
         row_max = _logits(c, x).amax(dim=-1)  # [b, h, sq]
@@ -84,7 +86,8 @@ def test_seqlen_k_one_and_tail_tiles_are_drawn_often():
     """A seeded draw: 71 of 400 cases have seqlen_k = 1 (49 without the extra one-key draw) and 50 a half
     tile past 128 (n % 128 == 64, which no boundary length gave before)."""
     from hypothesis import given, seed, settings
-    from faverify.strategies import GPU_LIMITS, cases
+
+    from faverify.cases.strategies import GPU_LIMITS, cases
     seen = []
 
     @seed(0)
@@ -110,7 +113,8 @@ def test_seqlen_k_one_and_tail_tiles_are_drawn_often():
     ("zero_stride_as_unset", "out:", "--layouts", ("broadcast",), ("--mode", "fwd")),
     ("reads_dout_contiguous", "d", "--layouts", ("transposed",), ()),
 ])
-def test_each_trigger_catches_its_planted_bug_which_passes_without_it(bug, signature, option, catching, extra, tmp_path):
+def test_each_trigger_catches_its_planted_bug_which_passes_without_it(bug, signature, option, catching, extra,
+                                                                      tmp_path):
     args = ("--iters", "100", "--device", "cpu", "--no-db", "--no-isolate", "--dtype", "fp32,bf16",
             "--shrink-budget", "60", *extra)
     r = cli("fuzz", "--kernel", f"property_tests.planted:{bug}", *args, "--json", tmp_path / "run.json")
@@ -140,9 +144,10 @@ def test_bad_regimes_are_refused_naming_the_argument(value, needle):
 
 def test_regimes_and_layouts_narrow_the_draw(tmp_path):
     from hypothesis import given, settings
+
+    from faverify.cases.strategies import CPU_LIMITS, cases
     from faverify.cli.fuzz import parse_choice
-    from faverify.plan import FuzzPlan
-    from faverify.strategies import CPU_LIMITS, cases
+    from faverify.run.plan import FuzzPlan
     narrow = {"regimes": parse_choice("lone-key", REGIMES, "--regimes"),
               "layouts": parse_choice("-contiguous,-transposed,-strided,-packed", LAYOUTS, "--layouts")}
     plan = FuzzPlan(iters=1, seed=0, dtypes=("bf16",), limits=CPU_LIMITS, database=None, narrow=narrow)

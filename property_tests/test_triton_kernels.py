@@ -6,12 +6,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from faverify.case import Case
-from faverify.inputs import make_inputs
-from faverify.runner import evaluate, judge
-from faverify.strategies import Limits, cases
+from faverify.cases.case import Case
+from faverify.cases.inputs import make_inputs
+from faverify.cases.strategies import Limits, cases
+from faverify.judge.verdict import Tolerance
+from faverify.run.evaluate import evaluate, judge
 from faverify.subjects import resolve
-from faverify.verdict import Tolerance
 from property_tests.cli_helpers import cli, read_json
 
 HAS_GPU = torch.cuda.is_available()
@@ -217,7 +217,8 @@ def test_the_hopper_backward_subjects_ask_for_it_in_their_mode(monkeypatch):
     for name, deterministic in (("triton-hopper-bwd", True), ("triton-hopper-bwd-fast", False)):
         subject = resolve(name)
         caps = subject.caps
-        assert caps.devices == ("cuda",) and caps.dtypes == ("bf16", "fp16") and caps.head_dims == (48, 64, 80, 96, 112, 128)
+        assert caps.devices == ("cuda",) and caps.dtypes == ("bf16", "fp16") and caps.head_dims == (48, 64, 80, 96, 112,
+                                                                                                    128)
         assert not any((caps.window, caps.softcap, caps.alibi, caps.sinks, caps.head_dim_v, caps.mask, caps.bias))
         subject.fn(q, q, q, causal=True)
         assert seen[-1] == dict(return_lse=True, causal=True,
@@ -398,10 +399,10 @@ def test_warmup_cases_cover_every_variant_a_fuzz_draws():
     """The GPU fuzz warm-up (parallel.warm_up) compiles each variant once, ahead of the cases; a variant it
     missed would compile in every worker again. Every variant of 400 drawn cases is among the warm-up's,
     and of 400 drawing ALiBi, whose cases without another feature take the dense backward's ALIBI build."""
-    from faverify.plan import FuzzPlan
-    from faverify.parallel import draw_cases
     from faverify.kernels.triton.common import BLOCK_DS
     from faverify.kernels.triton.subject import warmup_cases
+    from faverify.run.parallel import draw_cases
+    from faverify.run.plan import FuzzPlan
     dtypes = ("bf16", "fp16")
     warmed = {_variant(c) for c in warmup_cases(dtypes)}
     # every padded head dim, both causal settings, fast and generic builds for a head dim that fills its
@@ -441,7 +442,9 @@ def test_compile_time_is_the_cases_compile_phase_not_its_subjects(monkeypatch):
     not charged to it. The interpreter compiles nothing, so the hooks are fired here by hand around a
     launch, as Triton fires them around a compile."""
     import time
+
     from triton import knobs
+
     from faverify.kernels.triton import compile_clock, interface
 
     subject = resolve("triton")

@@ -4,10 +4,10 @@ verdict (runner.evaluate), on the CPU through the interpreter, on the GPU compil
 import pytest
 import torch
 
-from faverify.case import Case
-from faverify.runner import evaluate
+from faverify.cases.case import Case
+from faverify.judge.verdict import Tolerance
+from faverify.run.evaluate import evaluate
 from faverify.subjects import resolve
-from faverify.verdict import Tolerance
 
 HAS_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_GPU else "cpu")
@@ -95,7 +95,7 @@ def test_sinks_and_alibi_take_the_dense_backward_and_beside_a_variant_the_varian
 def test_the_variant_kernel_with_no_variant_gives_the_dense_kernels_bits():
     """Same algorithm, same tiles under the interpreter, same order of keys: with no-op variant values the
     variant forward and backward give the dense kernels' bits, so a variant's error is the variant's own."""
-    from faverify.inputs import make_inputs
+    from faverify.cases.inputs import make_inputs
     from faverify.kernels.triton import interface, variant_interface
     for case in (Case(2, 97, 130, 4, 2, 40, dtype="bf16", causal=True, seed=11),
                  Case(1, 64, 33, 2, 1, 64, dtype="fp16", seed=12)):
@@ -180,7 +180,8 @@ def _inputs():
     (dict(window_size=5), "window_size must be (left, right)"),
     (dict(softcap=-1.0), "softcap must be a finite number >= 0 (0: off), got -1.0"),
     (dict(softcap=float("nan")), "softcap must be a finite number >= 0"),
-    (dict(alibi_slopes=torch.ones(3)), "alibi_slopes must be a float32 tensor of shape [4] or [2, 4], got torch.float32 (3,)"),
+    (dict(alibi_slopes=torch.ones(3)),
+     "alibi_slopes must be a float32 tensor of shape [4] or [2, 4], got torch.float32 (3,)"),
     (dict(alibi_slopes=torch.ones(4, dtype=torch.float16)), "alibi_slopes must be a float32 tensor"),
     (dict(sinks=torch.ones(2, 4)), "sinks must be a float32 tensor of shape [4], got torch.float32 (2, 4)"),
 ])
@@ -220,7 +221,8 @@ def test_bad_cache_arguments_are_refused_before_any_launch():
             ((lengths + 1, table), {}, "cache_seqlens[0] = 9 must be in 0..8 (max_pages 2 x page_size 4)"),
             ((lengths, table + 3), {}, "block_table[1] names page 5, outside the pool's 5 pages"),
             ((lengths, table[:1]), {}, "block_table must be an int32 tensor [batch=2, max_pages]"),
-            ((lengths, table), {"num_splits": -1}, "num_splits must be an int >= 0 (0: chosen by the launcher), got -1")):
+            ((lengths, table), {"num_splits": -1},
+             "num_splits must be an int >= 0 (0: chosen by the launcher), got -1")):
         with pytest.raises(ValueError) as e:
             flash_attn_with_kvcache(q, pool, pool, *args, **kwargs)
         assert message in str(e.value), str(e.value)
@@ -305,8 +307,8 @@ def test_the_paged_kernel_reads_pages_past_two_to_the_31_elements():
     one: an int32 page offset would wrap and read the wrong page (test_ragged.py plants that bug)."""
     import dataclasses
 
-    from faverify.ragged import page_table
-    from faverify.strategies import INT32_ELEMENTS
+    from faverify.cases.ragged import page_table
+    from faverify.cases.strategies import INT32_ELEMENTS
     c = Case(1, 1, 4, 1, 1, 256, dtype="bf16", cache_seqlens=(4,), page_size=1 << 16, pages="random", pool=129)
     seed = next(s for s in range(2000)
                 if page_table(dataclasses.replace(c, seed=s))[0][0][0] * c.page_size * c.head_dim >= INT32_ELEMENTS)
@@ -336,12 +338,12 @@ def test_the_warm_up_launches_every_variant_build_a_fuzz_draws(kind, monkeypatch
     (recorded from the launchers, with kernels that run nothing): a build it missed would compile in each
     GPU worker that meets it. The tiles are the interpreter's, the decisions that pick a build the GPU's
     (its shared padding of q/k and v too)."""
+    from faverify.cases.strategies import CPU_LIMITS
     from faverify.kernels.triton import variant_backward, variant_forward, variant_interface
     from faverify.kernels.triton.subject import variant_warmup_cases
-    from faverify.parallel import draw_cases
-    from faverify.plan import FuzzPlan
-    from faverify.runner import exercise
-    from faverify.strategies import CPU_LIMITS
+    from faverify.run.evaluate import exercise
+    from faverify.run.parallel import draw_cases
+    from faverify.run.plan import FuzzPlan
     seen: set = set()
     monkeypatch.setattr(variant_interface, "SHARED_PADDING", True)
     for module, name in ((variant_forward, "_fwd_kernel"), (variant_forward, "_combine_kernel"),
@@ -492,7 +494,7 @@ def test_the_warm_up_runs_both_builds_of_each_hopper_forward_it_reaches():
     """The Hopper forward has a build for seqlens that are both multiples of 16 and one for any others
     (forward_hopper.kernel): the warm-up runs each of its compiled variants (dtype, head dim, causal and
     the switches) at both, so no GPU worker compiles one when a drawn case has seqlens 128 or 1024."""
-    from faverify.case import FEATURES
+    from faverify.cases.vocabulary import FEATURES
     from faverify.kernels.triton import forward_hopper
     from faverify.kernels.triton.subject import WARMUPS
 
@@ -519,7 +521,7 @@ def test_the_warm_up_compiles_only_what_the_drawn_features_need():
     compile-time) only for switch sets wholly drawn: 15 sets of window, softcap, ALiBi and sinks, the 7
     without a window causal or not, at head dims 64 and 128 and each 16-bit dtype, each at seqlens that
     are multiples of 16 and at others."""
-    from faverify.case import FEATURES
+    from faverify.cases.vocabulary import FEATURES
     from faverify.kernels.triton.subject import WARMUPS, hopper_variant_warmup_cases
     dtypes = ("bf16", "fp16")
     assert len(hopper_variant_warmup_cases(dtypes)) == 2 * 2 * (15 + 7) * 2

@@ -3,8 +3,8 @@ blamed on the subject, capabilities refused when they do not make sense."""
 import pytest
 import torch
 
-from faverify.case import Case
-from faverify.runner import evaluate
+from faverify.cases.case import Case
+from faverify.run.evaluate import evaluate
 from faverify.subjects import resolve
 from property_tests.cli_helpers import cli, read_json
 
@@ -86,7 +86,7 @@ def test_a_module_that_exits_at_import_is_exit_2_with_a_message(tmp_path, monkey
 
 
 def test_the_output_device_is_checked_for_the_gradients_too():
-    from faverify.runner import _on_device
+    from faverify.run.evaluate import _on_device
     assert _on_device("dq", torch.zeros(1, device="meta"), torch.device("cpu")) == \
         "dq is on meta, expected the inputs' device cpu"
     assert _on_device("dq", torch.zeros(1), torch.device("cpu")) is None
@@ -177,7 +177,7 @@ def test_golden_record_into_an_unwritable_directory_is_exit_2(tmp_path):
 def test_golden_record_of_one_case_keeps_the_other_entries(tmp_path):
     import shutil
 
-    from faverify import golden_files
+    from faverify.cases import golden_files
     copy = tmp_path / "golden"
     shutil.copytree(golden_files.DEFAULT_DIR, copy)
     before = [e.name for e in golden_files.index(copy)]
@@ -250,7 +250,7 @@ def test_out_of_range_seeds_and_an_empty_device_are_one_line_errors(args, messag
 def test_an_interrupt_while_shrinking_keeps_the_failure(tmp_path, monkeypatch):
     """One worker (the sequential mode): the failure being shrunk when Ctrl-C lands is reported, as far as
     it was shrunk, with its reproducer, in the table and the JSON."""
-    from faverify import plan as plan_module
+    from faverify.run import plan as plan_module
     original = plan_module.Shrinker.still_fails
 
     def interrupt_after_two_steps(self, case):
@@ -274,7 +274,7 @@ def test_a_case_too_large_for_the_device_is_refused_with_the_estimate():
 
 
 def test_drawn_cases_that_do_not_fit_are_skipped_with_the_reason(monkeypatch):
-    from faverify import runner
+    from faverify.run import evaluate as runner
     monkeypatch.setattr(runner, "CHECK_MEMORY_ABOVE", 0)
     monkeypatch.setattr(runner, "free_memory", lambda device: 1 << 20)  # 1 MiB free
     r = evaluate(resolve("sdpa-math"), CASE, "cpu")
@@ -286,8 +286,8 @@ def test_drawn_cases_that_do_not_fit_are_skipped_with_the_reason(monkeypatch):
 def test_the_memory_estimate_covers_what_the_reference_returns():
     """The estimate is at least the FP64 tensors the reference hands back plus the inputs, and grows with the
     sequence; it is what a case is refused by, so it must not undercount."""
-    from faverify.inputs import make_inputs
-    from faverify.reference import bytes_needed, reference
+    from faverify.cases.inputs import make_inputs
+    from faverify.judge.reference import bytes_needed, reference
     case = Case(2, 300, 500, 4, 2, 48, dtype="bf16", seed=1)
     x = make_inputs(case, "cpu")
     ref, _ = reference(x.q, x.k, x.v, x.dout, causal=False, scale=case.scale)
@@ -312,7 +312,7 @@ def test_an_undecodable_golden_file_reads_the_same_with_and_without_isolation(tm
     import json
     import shutil
 
-    from faverify import golden_files
+    from faverify.cases import golden_files
     copy = tmp_path / "golden"
     shutil.copytree(golden_files.DEFAULT_DIR, copy)
     garbage = b"not an npz file at all"
@@ -339,7 +339,8 @@ def test_the_environment_header_leaves_triton_unimported():
     import subprocess
     import sys
     code = ("import sys; from faverify import env; env.collect(); assert 'triton' not in sys.modules; "
-            "from faverify.case import Case; from faverify.runner import evaluate; from faverify.subjects import resolve; "
+            "from faverify.cases.case import Case; from faverify.run.evaluate import evaluate; "
+            "from faverify.subjects import resolve; "
             "r = evaluate(resolve('triton'), Case(1, 20, 20, 1, 1, 16, dtype='bf16', causal=True), 'cpu'); "
             "print(r.status, r.reason[:200])")
     environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -352,7 +353,7 @@ def test_the_environment_header_leaves_triton_unimported():
 def test_changed_inputs_are_counted_in_slices_as_in_one_pass():
     """The in-place check counts a pool of billions of elements slice by slice (runner.changed_elements):
     the count must be the one-pass count at any slice size, NaN equal to NaN, also for a strided view."""
-    from faverify.runner import changed_elements
+    from faverify.run.evaluate import changed_elements
     g = torch.Generator().manual_seed(0)
     before = torch.randn(37, 5, 3, 8, generator=g)
     before[3, 1] = float("nan")

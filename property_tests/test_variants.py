@@ -6,11 +6,13 @@ import math
 import pytest
 import torch
 
-from faverify.case import MASK_FEATURES, VARIANT_FEATURES, Case
+from faverify.cases.case import Case
+from faverify.cases.inputs import make_inputs, variant_of
+from faverify.cases.variant import Variant
+from faverify.cases.vocabulary import MASK_FEATURES, VARIANT_FEATURES
 from faverify.errors import UsageError
-from faverify.inputs import make_inputs, variant_of
-from faverify.reference import Variant, reference
-from faverify.runner import evaluate
+from faverify.judge.reference import reference
+from faverify.run.evaluate import evaluate
 from faverify.subjects import resolve
 from property_tests.cli_helpers import cli
 
@@ -206,7 +208,8 @@ def test_a_subject_passes_under_the_conventions_it_declares(kernel, features, ca
     declaration, and the report says what it judged by."""
     from faverify.subjects.base import Capabilities, Subject
     declared = resolve(f"property_tests.planted:{kernel}")
-    default = Subject("default", declared.fn, Capabilities(**{**declared.caps.to_dict(), "conventions": "flash-attn-3"}))
+    default = Subject("default", declared.fn, Capabilities(**{**declared.caps.to_dict(),
+                                                              "conventions": "flash-attn-3"}))
     assert evaluate(declared, case, "cpu", mode="fwd").status == "pass"
     assert evaluate(default, case, "cpu", mode="fwd").status == "fail"
     r = cli("fuzz", "--kernel", f"property_tests.planted:{kernel}", "--iters", "25", "--device", "cpu", "--no-db",

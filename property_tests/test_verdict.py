@@ -3,12 +3,12 @@ import math
 import pytest
 import torch
 
-from faverify.case import Case
+from faverify.cases.case import Case
+from faverify.cases.inputs import make_inputs
 from faverify.errors import UsageError
-from faverify.inputs import make_inputs
-from faverify.metrics import error_stats
-from faverify.reference import naive, reference
-from faverify.verdict import DEFAULT_FACTOR, Tolerance, judge, parse_overrides
+from faverify.judge.metrics import error_stats
+from faverify.judge.reference import naive, reference
+from faverify.judge.verdict import DEFAULT_FACTOR, Tolerance, judge, parse_overrides
 
 
 def _tensor_stats(got, ref, base, scale, tensor="dv"):
@@ -109,8 +109,8 @@ def test_an_elements_own_rounding_into_the_dtype_is_not_counted_against_the_kern
 def test_an_inf_gradient_passes_only_where_the_weights_are_undetermined():
     """Logits near 1e10 (ill-conditioned): dq and dk of a kernel's legitimate weights may pass the dtype's
     range; NaN still fails, and so does Inf in out or where the case is well-conditioned."""
-    from faverify.metrics import ErrorStats
-    from faverify.verdict import judge
+    from faverify.judge.metrics import ErrorStats
+    from faverify.judge.verdict import judge
     values = dict(max_abs=0.0, mean_abs=0.0, rmse=0.0, ref_max=1e-30, max_ulp=0.0, nan=0.0, inf=160.0,
                   masked_bad=0.0, baseline_max_abs=0.0, worst=0.0, beyond_rounding=0.0)
     tol = Tolerance()
@@ -171,7 +171,7 @@ def test_rule_is_printed_with_every_factor():
 def _stats(err: float, baseline: float, tensor: str = "out", ref_max: float = 1.0):
     """One tensor's statistics with the floor unit F = u(bf16) * scale = 1: err and baseline in units of F."""
     from faverify.dtypes import FLOOR_UNIT
-    from faverify.metrics import ErrorStats
+    from faverify.judge.metrics import ErrorStats
     values = {"max_abs": err, "mean_abs": err, "rmse": err, "ref_max": ref_max, "max_ulp": 0.0, "nan": 0.0,
               "inf": 0.0, "masked_bad": 0.0, "baseline_max_abs": baseline, "worst": 0.0}
     return ErrorStats(tensor, values, 1 / FLOOR_UNIT["bf16"], 0.0, [0])
@@ -191,7 +191,7 @@ def test_the_floor_shrinks_beside_an_informative_baseline():
     assert m.floor == pytest.approx(1.0) and m.allowed == pytest.approx(1.0)
     assert not judge(_stats(1.1, 0.0), "bf16", Tolerance()).passed
     # a baseline error halfway to the knee leaves half the full floor
-    from faverify.verdict import KNEE
+    from faverify.judge.verdict import KNEE
     assert judge(_stats(0, KNEE / 2), "bf16", Tolerance()).floor == pytest.approx(0.5)
 
 
@@ -201,8 +201,8 @@ def test_a_kernel_several_times_the_baseline_error_is_caught_more_often():
     regimes of ordinary logits, where the error is P's rounding and not the logits' extremes)."""
     from hypothesis import HealthCheck, given, seed, settings
 
-    from faverify.runner import evaluate
-    from faverify.strategies import cases
+    from faverify.cases.strategies import cases
+    from faverify.run.evaluate import evaluate
     from faverify.subjects import resolve
     drawn = []
 
@@ -214,7 +214,8 @@ def test_a_kernel_several_times_the_baseline_error_is_caught_more_often():
     draw()
     subject = resolve("property_tests.planted:bf16_weights")
     full = Tolerance(tight={t: 1.0 for t in DEFAULT_FACTOR})
-    caught = {name: [i for i, c in enumerate(drawn) if evaluate(subject, c, "cpu", mode="fwd", tolerance=tol).status == "fail"]
+    caught = {name: [i for i, c in enumerate(drawn) if evaluate(subject, c, "cpu", mode="fwd",
+                                                                tolerance=tol).status == "fail"]
               for name, tol in (("full", full), ("tight", Tolerance()))}
     assert len(caught["tight"]) > len(caught["full"]) and set(caught["full"]) <= set(caught["tight"])
     control = resolve("property_tests.planted:correct")
@@ -224,7 +225,7 @@ def test_a_kernel_several_times_the_baseline_error_is_caught_more_often():
 def test_errors_of_flushed_subnormals_pass_and_larger_ones_fail():
     """A GPU flushes fp32 subnormals to zero: a tensor of terms near 1e-40 (a sink with all the weight)
     comes back as 0, an error of about 2^-125 that passes; 1e-36 at that scale fails."""
-    from faverify.metrics import ErrorStats
+    from faverify.judge.metrics import ErrorStats
     for err, passes in ((2.2e-38, True), (1e-36, False)):
         values = {"max_abs": err, "mean_abs": err, "rmse": err, "ref_max": 1e-38, "max_ulp": 0.0, "nan": 0.0,
                   "inf": 0.0, "masked_bad": 0.0, "baseline_max_abs": 0.0, "worst": 0.0}
@@ -234,7 +235,7 @@ def test_errors_of_flushed_subnormals_pass_and_larger_ones_fail():
 def test_a_subnormal_scale_does_not_divide_by_zero():
     """The terms' magnitude can be a subnormal double: at 256 x 5e-324 the floor unit u(bf16) * scale is the
     smallest one, and the knee KNEE * u rounds to 0."""
-    from faverify.metrics import ErrorStats
+    from faverify.judge.metrics import ErrorStats
     values = {"max_abs": 0.0, "mean_abs": 0.0, "rmse": 0.0, "ref_max": 0.0, "max_ulp": 0.0, "nan": 0.0,
               "inf": 0.0, "masked_bad": 0.0, "baseline_max_abs": 1e-320, "worst": 0.0}
     assert judge(ErrorStats("out", values, 256 * 5e-324, 0.0, [0]), "bf16", Tolerance()).passed
@@ -245,9 +246,9 @@ def test_dsinks_from_an_fp16_out_below_the_smallest_normal_passes_and_a_larger_e
     smallest normal carry half a subnormal step of error whatever their size. A kernel exact but for that
     rounding (here a sink that takes nearly all the weight, so out is near 1e-7) passes; dsinks ten times
     the allowance off fails."""
-    from faverify.conventions import DEFAULT
-    from faverify.inputs import variant_of
-    from faverify.runner import judge as judge_case
+    from faverify.cases.conventions import DEFAULT
+    from faverify.cases.inputs import variant_of
+    from faverify.run.evaluate import judge as judge_case
     case = Case(1, 8, 1, 1, 1, 40, dtype="fp16", window=(-1, 0), softmax_scale=2.0, sinks="around", seed=33)
     x = make_inputs(case, "cpu")
     q, k, v = x.tensors()
@@ -275,7 +276,7 @@ def test_outs_baseline_term_is_capped_at_half_its_size_and_no_lower_than_a_subno
     """A baseline as wrong as the reference is large (bf16 logits of 1e3 rounded) allows no more than half of
     max|ref|: zeros fail. The cap never goes below the dtype's smallest subnormal, which an out rounded to
     the dtype may lose whole."""
-    from faverify.verdict import OUT_CAP
+    from faverify.judge.verdict import OUT_CAP
     wide = judge(_stats(1.0, 1.0, ref_max=1.0), "bf16", Tolerance())
     assert not wide.passed and wide.allowed == pytest.approx(OUT_CAP * 1.0 + wide.floor)
     tiny = _stats(7e-15, 7e-15, ref_max=7e-15)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from faverify.golden_files import CASES
+from faverify.cases.golden_files import CASES
 from faverify.subjects.registry import LIBRARIES
 
 ROOT = Path(__file__).resolve().parent.parent

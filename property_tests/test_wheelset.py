@@ -32,7 +32,8 @@ def test_trim_sheds_flashinfers_other_kernels_sources_and_rewrites_the_record(tm
     _module().trim(str(wheel))
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-        record = [row[0] for row in csv.reader(z.read("flashinfer_python-0.7.4.dist-info/RECORD").decode().splitlines())]
+        lines = z.read("flashinfer_python-0.7.4.dist-info/RECORD").decode().splitlines()
+        record = [row[0] for row in csv.reader(lines)]
     kept = {name for name, data in files.items() if data != b"drop"}
     assert names == kept | {"flashinfer_python-0.7.4.dist-info/RECORD"}
     assert set(record) == names

@@ -7,7 +7,7 @@ import os
 # core is busy (a second worker, a compile) spin against each other, 31 ms each (128x256 @ 256x128 fp32,
 # the 2-core CPU machine). Worker processes inherit the variable.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-from faverify.cli import bench, doctor, fuzz, golden, kernels, merge, mutants, repro, report  # noqa: F401  (registration)
+from faverify.cli import bench, doctor, fuzz, golden, kernels, merge, mutants, report, repro  # noqa: F401  (registration)
 from faverify.cli.app import app
 
 __all__ = ["app", "main"]
@@ -16,6 +16,7 @@ __all__ = ["app", "main"]
 def main() -> None:
     import os
     import sys
+
     from faverify.cli.app import INTERRUPTED_RUN
     code = app(standalone_mode=False)
     if INTERRUPTED_RUN["set"]:

@@ -9,7 +9,7 @@ import typer
 from faverify.cli.app import app
 from faverify.cli.common import DeviceOpt, Mode, check_writable, progress_bar
 from faverify.errors import EnvironmentProblem, UsageError
-from faverify.signals import held, sigterm_interrupts
+from faverify.run.signals import held, sigterm_interrupts
 
 
 def ints(text: str, argument: str) -> list:
@@ -34,7 +34,8 @@ def bench(
     variants: Annotated[str, typer.Option(help="Comma separated: dense, window=L, softcap=C, alibi, sinks "
                                                "(each timed where a subject declares it)")] = "dense",
     decode: Annotated[bool, typer.Option(help="Time decode instead: one query token against a KV cache, GQA 8, "
-                                              "paged where a subject declares it (the cache read's bandwidth)")] = False,
+                                              "paged where a subject declares it (the cache read's "
+                                              "bandwidth)")] = False,
     page_sizes: Annotated[str, typer.Option(help="With --decode: comma separated page sizes")] = "16,64",
     mode: Annotated[Mode, typer.Option(help="Time the forward, the backward, or both")] = Mode.both,
     tune: Annotated[bool, typer.Option(help="Try the candidate tiles of the bundled Triton kernels per shape")] = True,
@@ -46,10 +47,10 @@ def bench(
     import json
 
     from faverify import devices
-    from faverify.bench import YARDSTICKS, configs, headers, parse_variants, ratios, table_rows, time_row
-    from faverify.bench import markdown as bench_markdown
+    from faverify.commands.bench import YARDSTICKS, configs, headers, parse_variants, ratios, table_rows, time_row
+    from faverify.commands.bench import markdown as bench_markdown
     from faverify.dtypes import parse_dtypes
-    from faverify.tables import table
+    from faverify.reports.tables import table
     from faverify.subjects import resolve_many
 
     check_writable("--json", json_path)
@@ -61,7 +62,7 @@ def bench(
     variant_names = parse_variants(variants)
     if max(head_dims) > 256:
         raise UsageError("--headdims", headdims, "each head dim must be <= 256")
-    from faverify.bench_decode import CACHE_LENS
+    from faverify.commands.bench_decode import CACHE_LENS
     seqlens = seqlens or ",".join(str(n) for n in (CACHE_LENS if decode else (1024, 4096, 16384)))
     lengths = ints(seqlens, "--seqlens")
     pages = ints(page_sizes, "--page-sizes")
@@ -115,9 +116,9 @@ def _decode(kernel: str, lengths: list, head_dims: list, dtype: str, page_sizes:
     """bench --decode: bench_decode's rows, each subject against the dense path and flex."""
     import json
 
-    from faverify import bench_decode
+    from faverify.commands import bench_decode
     from faverify.dtypes import parse_dtypes
-    from faverify.tables import table
+    from faverify.reports.tables import table
     from faverify.subjects import resolve_many
 
     kernel = "triton-paged" if kernel == "triton" else kernel  # the bundled decode kernel by default
@@ -143,11 +144,13 @@ def _decode(kernel: str, lengths: list, head_dims: list, dtype: str, page_sizes:
         header = f"device copy bandwidth {peak * 1e-12:.2f} TB/s (read + write of 2 GiB), measured first"
         if json_path:
             json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps({"schema": "faverify.bench-decode", "version": 1, "interrupted": interrupted,
+            json_path.write_text(json.dumps({"schema": "faverify.bench-decode", "version": 1,
+                                             "interrupted": interrupted,
                                              "copy_tbps": peak * 1e-12, "rows": rows}, indent=1, default=str))
         if markdown:
             markdown.parent.mkdir(parents=True, exist_ok=True)
-            markdown.write_text(f"# faverify bench --decode --kernel {kernel} --seqlens {','.join(map(str, lengths))}\n\n- {header}\n\n"
+            seqlens = ",".join(map(str, lengths))
+            markdown.write_text(f"# faverify bench --decode --kernel {kernel} --seqlens {seqlens}\n\n- {header}\n\n"
                                 + table(bench_decode.table_rows(rows), bench_decode.HEADERS, "md") + "\n")
     typer.echo(header + "\n" + text)
     failed = [r for r in rows if r["validated"] == "fail"]

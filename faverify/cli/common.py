@@ -149,7 +149,7 @@ def check_max_seqlen(max_seqlen: Optional[int]) -> None:
 
 
 def tolerance_from(factor: Optional[str], atol: Optional[str], tight: Optional[str] = None):
-    from faverify.verdict import DEFAULT_ATOL, DEFAULT_FACTOR, DEFAULT_TIGHT, Tolerance, parse_overrides
+    from faverify.judge.verdict import DEFAULT_ATOL, DEFAULT_FACTOR, DEFAULT_TIGHT, Tolerance, parse_overrides
     return Tolerance(factor=parse_overrides(factor, DEFAULT_FACTOR, "--factor"),
                      atol=parse_overrides(atol, DEFAULT_ATOL, "--atol"),
                      tight=parse_overrides(tight, DEFAULT_TIGHT, "--tight"))

@@ -30,10 +30,10 @@ def doctor(
     on any Fail."""
     import json
 
-    from faverify import doctor as doctor_checks
+    from faverify.commands import doctor as doctor_checks
     from faverify.env import header_lines
-    from faverify.tables import table
-    from faverify.verdict import Tolerance
+    from faverify.judge.verdict import Tolerance
+    from faverify.reports.tables import table
 
     check_writable("--json", json_path)
     from faverify.subjects.registry import LIBRARIES

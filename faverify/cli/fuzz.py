@@ -6,13 +6,29 @@ from typing import Annotated, Optional
 
 import typer
 
+from faverify.cases.vocabulary import FEATURES, LAYOUTS, REGIMES
 from faverify.cli.app import app
-from faverify.cli.common import (MAX_WORKERS, AtolOpt, DeviceOpt, FactorOpt, MaxSeqlenOpt, Mode, TightOpt,
-                                 TimeoutOpt, check_distinct, check_writable, parse_choice, progress_bar,
-                                 progress_factory, say, tolerance_from, within, write_outputs)
-from faverify.case import FEATURES, LAYOUTS, REGIMES
+from faverify.cli.common import (
+    MAX_WORKERS,
+    AtolOpt,
+    DeviceOpt,
+    FactorOpt,
+    MaxSeqlenOpt,
+    Mode,
+    TightOpt,
+    TimeoutOpt,
+    check_distinct,
+    check_writable,
+    parse_choice,
+    progress_bar,
+    progress_factory,
+    say,
+    tolerance_from,
+    within,
+    write_outputs,
+)
 from faverify.errors import EnvironmentProblem, OwnError, UsageError
-from faverify.signals import held, sigterm_interrupts
+from faverify.run.signals import held, sigterm_interrupts
 
 
 @app.command()
@@ -22,18 +38,22 @@ def fuzz(
     iters: Annotated[int, typer.Option(help="Cases per kernel", callback=within(1, 10**9))] = 100,
     seed: Annotated[int, typer.Option(help="Same seed, same cases", callback=within(0, 2**63 - 1))] = 0,
     dtype: Annotated[str, typer.Option(help="Comma separated: bf16, fp16, fp32")] = "bf16,fp16",
-    mode: Annotated[Mode, typer.Option(help="Check the forward (out, lse), the backward (dq, dk, dv) or both")] = Mode.both,
+    mode: Annotated[Mode,
+                    typer.Option(help="Check the forward (out, lse), the backward (dq, dk, dv) or both")] = Mode.both,
     device: DeviceOpt = "auto",
     max_seqlen: MaxSeqlenOpt = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the full results as JSON")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="Write the report as Markdown")] = None,
-    features: Annotated[Optional[str], typer.Option(help="Features drawn, comma separated (faverify.case.FEATURES: "
+    features: Annotated[Optional[str],
+                        typer.Option(help="Features drawn, comma separated (faverify.cases.vocabulary.FEATURES: "
                                                          + ", ".join(FEATURES) + "), or none (dense only); "
                                                          "default: every feature the kernel declares")] = None,
-    regimes: Annotated[Optional[str], typer.Option(help="Value regimes drawn, comma separated (faverify.case.REGIMES), "
+    regimes: Annotated[Optional[str],
+                       typer.Option(help="Value regimes drawn, comma separated (faverify.cases.vocabulary.REGIMES), "
                                                         "or each with a leading - to draw all but those")] = None,
     layouts: Annotated[Optional[str], typer.Option(help="Memory layouts drawn, comma separated "
-                                                        "(faverify.case.LAYOUTS), or all but those given with -")] = None,
+                                                        "(faverify.cases.vocabulary.LAYOUTS), or all but those "
+                                                        "given with -")] = None,
     shard: Annotated[Optional[str], typer.Option(help="I/N: run shard I (0-based) of N of the seed's cases; "
                                                      "`faverify merge` makes one run of the N run files")] = None,
     repeat: Annotated[int, typer.Option(help="Run each case N times; outputs that differ in any bit fail it "
@@ -73,7 +93,7 @@ def fuzz(
             return _stopped_before_any_case(kernel, json_path, markdown)
         result = _run(subjects, plan, settings)
     with held():  # a signal now waits until everything asked for is written
-        from faverify.report import render
+        from faverify.reports.report import render
         say(render(result, "table"))
         _write_outputs(result, json_path, markdown)
     return _exit_code(result)
@@ -83,10 +103,10 @@ def _plan(given: dict) -> tuple:
     """The options checked against each other, the subjects loaded (an unknown kernel fails here, before any
     work or folder), the outputs checked writable: (subjects, FuzzPlan, the run's other settings)."""
     from faverify import devices
+    from faverify.cases.strategies import limits_for
     from faverify.dtypes import parse_dtypes
-    from faverify.merge import parse_shard
-    from faverify.plan import FuzzPlan
-    from faverify.strategies import limits_for
+    from faverify.reports.merge import parse_shard
+    from faverify.run.plan import FuzzPlan
     from faverify.subjects import resolve_many
     g = dict(given)
     dtypes = parse_dtypes(g["dtype"])
@@ -114,28 +134,32 @@ def _plan(given: dict) -> tuple:
     workers = g["workers"] or devices.default_workers(targets[0])
     if not g["isolate"] and (workers > 1 or len(targets) > 1):
         raise UsageError("--no-isolate", True, "runs in this process: one device and one worker only")
-    plan = FuzzPlan(iters=g["iters"], seed=g["seed"], dtypes=dtypes, limits=limits_for(targets[0].type, g["max_seqlen"]),
+    plan = FuzzPlan(iters=g["iters"], seed=g["seed"], dtypes=dtypes, limits=limits_for(targets[0].type,
+                                                                                       g["max_seqlen"]),
                     database=None if g["no_db"] else g["db"], gradcheck_every=g["gradcheck_every"],
                     shrink_budget=g["shrink_budget"], narrow=narrow or None, shard=shard_of, shapes=g["shapes"] or 0,
                     all_failures=g["all_failures"])
     settings = dict(targets=targets, workers=workers, tolerance=tolerance, wanted=wanted, mode=g["mode"].value,
-                    isolate=g["isolate"], timeout=g["timeout"], repeat=g["repeat"], command=_command(g, dtypes, shard_of))
+                    isolate=g["isolate"], timeout=g["timeout"], repeat=g["repeat"], command=_command(g, dtypes,
+                                                                                                     shard_of))
     return subjects, plan, settings
 
 
 def _command(g: dict, dtypes: tuple, shard_of) -> str:
     """The fuzz command line, normalized, for the run file and the report's heading."""
     return (f"fuzz --kernel {g['kernel']} --iters {g['iters']} --seed {g['seed']} --dtype {','.join(dtypes)} "
-            f"--mode {g['mode'].value} --device {g['device']}" + (f" --max-seqlen {g['max_seqlen']}" if g["max_seqlen"] else "")
+            f"--mode {g['mode'].value} --device {g['device']}"
+            + (f" --max-seqlen {g['max_seqlen']}" if g["max_seqlen"] else "")
             + (f" --features {g['features']}" if g["features"] else "")
-            + (f" --regimes {g['regimes']}" if g["regimes"] else "") + (f" --layouts {g['layouts']}" if g["layouts"] else "")
+            + (f" --regimes {g['regimes']}" if g["regimes"] else "")
+            + (f" --layouts {g['layouts']}" if g["layouts"] else "")
             + (f" --shard {shard_of[0]}/{shard_of[1]}" if shard_of else "")
             + (f" --repeat {g['repeat']}" if g["repeat"] > 1 else "")
             + (f" --shapes {g['shapes']}" if g["shapes"] else "") + (" --all-failures" if g["all_failures"] else ""))
 
 
 def _run(subjects: list, plan, settings: dict):
-    from faverify.fuzz import run
+    from faverify.run.fuzz import run
     wanted = settings["wanted"]
     with progress_bar() as progress:
         return run([s.name for s in subjects], plan, settings["targets"], mode=settings["mode"],
@@ -151,9 +175,9 @@ def _stopped_before_any_case(kernel: str, json_path, markdown) -> int:
     """A stop (Ctrl-C, SIGTERM, SIGHUP) before the first case: a run of no case, marked interrupted, is
     written where it was asked for, and the exit is 2: nothing was proven."""
     from faverify import env as environment
-    from faverify.collector import KernelStats
-    from faverify.results import Run
-    from faverify.verdict import Tolerance
+    from faverify.judge.verdict import Tolerance
+    from faverify.reports.collector import KernelStats
+    from faverify.reports.results import Run
     with held():
         names = [n.strip() for n in kernel.split(",") if n.strip()] or [kernel]
         result = Run.from_stats(f"fuzz --kernel {kernel}", environment.collect(), {"interrupted": True},
@@ -167,7 +191,7 @@ def _stopped_before_any_case(kernel: str, json_path, markdown) -> int:
 
 def parse_features(text: Optional[str]) -> tuple | None:
     """--features: None (the kernel's own), () for "none", or the named features in FEATURES order."""
-    from faverify.case import FEATURES
+    from faverify.cases.vocabulary import FEATURES
     if text is None:
         return None
     names = [n.strip() for n in text.split(",") if n.strip()]
@@ -184,7 +208,7 @@ def parse_features(text: Optional[str]) -> tuple | None:
 def _write_outputs(result, json_path: Optional[Path], markdown: Optional[Path]) -> None:
     """The run file and the Markdown report, after the terminal report was printed (check_writable made
     sure they can be written; a disk that fills up in between is told, exit 2)."""
-    from faverify.report import render
+    from faverify.reports.report import render
     write_outputs([("--json", json_path, result.to_text), ("--markdown", markdown, lambda: render(result, "md"))])
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import AtolOpt, TightOpt, DeviceOpt, FactorOpt, check_writable, say, tolerance_from
+from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, TightOpt, check_writable, say, tolerance_from
 from faverify.errors import EnvironmentProblem, UsageError
 
 
@@ -22,7 +22,8 @@ def golden(
     action: Annotated[Action, typer.Argument(help="record: rebuild the files; verify: check a kernel against them")],
     kernel: Annotated[Optional[str], typer.Option(help="The subject to verify")] = None,
     device: DeviceOpt = "auto",
-    directory: Annotated[Optional[Path], typer.Option("--dir", help="The golden directory (default: the files installed with faverify)")] = None,
+    directory: Annotated[Optional[Path], typer.Option(
+        "--dir", help="The golden directory (default: the files installed with faverify)")] = None,
     only: Annotated[Optional[str], typer.Option(help="Comma separated case names")] = None,
     factor: FactorOpt = None,
     atol: AtolOpt = None,
@@ -30,8 +31,10 @@ def golden(
     isolate: Annotated[bool, typer.Option(help="Run the subject in a worker process")] = True,
 ) -> int:
     """Stored cases with FP64 outputs: record them, or verify a kernel against them."""
-    from faverify import devices, golden, golden_files
-    from faverify.tables import table
+    from faverify import devices
+    from faverify.cases import golden_files
+    from faverify.commands import golden
+    from faverify.reports.tables import table
 
     tolerance = tolerance_from(factor, atol, tight)  # every flag is checked before any work
     directory = directory or golden_files.DEFAULT_DIR
@@ -41,7 +44,7 @@ def golden(
             raise UsageError("--only", n, f"unknown golden case; cases: {', '.join(golden_files.CASES)}")
     if action == Action.record:
         check_writable("--dir", directory, directory=True)
-        entries = golden_files.record(directory, names)
+        entries = golden.record(directory, names)
         typer.echo(f"recorded {len(entries)} cases in {directory} "
                    f"({sum(e['bytes'] for e in entries) / 1e6:.1f} MB)")
         return 0

@@ -9,7 +9,7 @@ from faverify.cli.app import app
 @app.command()
 def kernels() -> int:
     """List the built-in subjects and what each supports."""
-    from faverify.tables import table
+    from faverify.reports.tables import table
     from faverify.subjects import builtin_names, resolve
 
     rows = []

@@ -13,7 +13,8 @@ from faverify.errors import EnvironmentProblem
 
 @app.command()
 def merge(
-    runs: Annotated[list[Path], typer.Argument(metavar="RUN.json...", help="Every shard's run file (fuzz --shard I/N --json)")],
+    runs: Annotated[list[Path], typer.Argument(metavar="RUN.json...",
+                                               help="Every shard's run file (fuzz --shard I/N --json)")],
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the merged run as JSON")] = None,
     markdown: Annotated[Optional[Path], typer.Option(help="Write the merged report as Markdown")] = None,
 ) -> int:
@@ -22,15 +23,15 @@ def merge(
     import json
 
     from faverify.cli.fuzz import _exit_code, _write_outputs
-    from faverify.merge import merge_runs
-    from faverify.report import render
-    from faverify.results import Run
+    from faverify.reports.merge import merge_runs
+    from faverify.reports.report import render
+    from faverify.reports.results import Run
 
     check_distinct(json=json_path, markdown=markdown)
     check_writable("--json", json_path)
     check_writable("--markdown", markdown)
     if _is_doctor(runs[0]):
-        from faverify import fleet
+        from faverify.reports import fleet
         result = fleet.fleet([(path, fleet.read(path)) for path in runs])
         say(fleet.render(result, "table"))
         write_outputs([("--json", json_path, lambda: json.dumps(result, indent=1)),

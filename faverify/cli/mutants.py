@@ -6,13 +6,22 @@ from typing import Annotated, Optional
 
 import typer
 
-from faverify.case import Case
+from faverify.cases.case import Case
 from faverify.cli.app import app
-from faverify.cli.common import (DeviceOpt, MaxSeqlenOpt, TimeoutOpt, check_max_seqlen, check_shrink_budget,
-                                 check_timeout, check_writable, progress_bar, progress_factory,
-                                 write_outputs)
+from faverify.cli.common import (
+    DeviceOpt,
+    MaxSeqlenOpt,
+    TimeoutOpt,
+    check_max_seqlen,
+    check_shrink_budget,
+    check_timeout,
+    check_writable,
+    progress_bar,
+    progress_factory,
+    write_outputs,
+)
 from faverify.errors import UsageError
-from faverify.signals import held, sigterm_interrupts
+from faverify.run.signals import held, sigterm_interrupts
 
 
 @app.command()
@@ -40,14 +49,14 @@ def mutants(
     import json
 
     from faverify import devices
+    from faverify.cases.strategies import limits_for
+    from faverify.commands.mutants import run_mutants
     from faverify.dtypes import parse_dtypes
-    from faverify.plan import FuzzPlan
+    from faverify.judge.verdict import Tolerance
     from faverify.kernels.mutants.catalog import BY_NAME, left_out
-    from faverify.mutants import run_mutants
-    from faverify.scheduler import cores
-    from faverify.tables import fmt, table
-    from faverify.strategies import limits_for
-    from faverify.verdict import Tolerance
+    from faverify.reports.tables import fmt, table
+    from faverify.run.plan import FuzzPlan
+    from faverify.run.scheduler import cores
 
     if iters < 1:
         raise UsageError("--iters", iters, "must be >= 1")

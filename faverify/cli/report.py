@@ -22,8 +22,8 @@ def report(
     format: Annotated[Format, typer.Option("--format", help="md: GitHub Markdown; table: the terminal")] = Format.table,
 ) -> int:
     """Render a run as GitHub-flavored Markdown (for a pull request) or terminal tables."""
-    from faverify.report import render
-    from faverify.results import Run
+    from faverify.reports.report import render
+    from faverify.reports.results import Run
 
     typer.echo(render(Run.read(run_file, argument="RUN.json"), format.value), nl=False)
     return 0
@@ -34,13 +34,14 @@ def compare(
     base: Annotated[Path, typer.Argument(metavar="BASE.json", help="The run before the change")],
     head: Annotated[Path, typer.Argument(metavar="HEAD.json", help="The run after it")],
     factor: Annotated[float, typer.Option(help="A statistic changed by more than this factor is marked")] = 1.5,
-    format: Annotated[Format, typer.Option("--format", help="md: a pull-request comment; table: the terminal")] = Format.table,
+    format: Annotated[Format, typer.Option("--format",
+                                           help="md: a pull-request comment; table: the terminal")] = Format.table,
     all_rows: Annotated[bool, typer.Option("--all", help="Show every row, not only the marked ones")] = False,
 ) -> int:
     """What got worse (+), better (-), newly fails (!) or cannot be compared (x). Exit 1 on + or !."""
-    from faverify.compare import compare_runs, summary_line
-    from faverify.tables import Style, fmt, ratio, table
-    from faverify.results import Run
+    from faverify.reports.compare import compare_runs, summary_line
+    from faverify.reports.results import Run
+    from faverify.reports.tables import Style, fmt, ratio, table
 
     if not factor > 1:
         raise UsageError("--factor", factor, "must be a number > 1")
@@ -61,7 +62,8 @@ def compare(
     parts.append(st.text(summary_line(result)))
     if result["environment_differences"]:
         lead = "- " if st.md else "  "
-        parts.append("environment differences:\n" + "\n".join(lead + st.text(d) for d in result["environment_differences"]))
+        differences = result["environment_differences"]
+        parts.append("environment differences:\n" + "\n".join(lead + st.text(d) for d in differences))
     parts.append(table(rows, ["kernel", "dtype", "tensor", "statistic", "before", "after", "ratio", "mark"], style)
                  if rows else "(no statistic changed by more than the factor)")
     typer.echo("\n\n".join(parts))

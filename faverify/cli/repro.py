@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from faverify.case import Case
+from faverify.cases.case import Case
 from faverify.cli.app import app
 from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, Mode, TightOpt, TimeoutOpt, say, tolerance_from
 from faverify.errors import EnvironmentProblem, UsageError
@@ -22,8 +22,9 @@ def repro(
     atol: AtolOpt = None,
     tight: TightOpt = None,
     timeout: TimeoutOpt = 300.0,
-    gradcheck: Annotated[bool, typer.Option("--gradcheck", help="Also run the finite-difference gradient check "
-                                                                "(fuzz runs it every --gradcheck-every cases)")] = False,
+    gradcheck: Annotated[bool, typer.Option(
+        "--gradcheck", help="Also run the finite-difference gradient check (fuzz runs it every --gradcheck-every "
+                            "cases)")] = False,
     repeat: Annotated[int, typer.Option(help="Run the case N times; outputs that differ in any bit fail it "
                                              "(\"nondeterministic\")", min=1, max=1000)] = 1,
     isolate: Annotated[bool, typer.Option(help="Run the subject in a worker process, as fuzz does: a crash, a "
@@ -31,8 +32,8 @@ def repro(
 ) -> int:
     """Run one case (as printed by fuzz) and print its error table."""
     from faverify import devices
-    from faverify.report import METRIC_HEADERS, metrics_rows, table
-    from faverify.runner import evaluate
+    from faverify.reports.report import METRIC_HEADERS, metrics_rows, table
+    from faverify.run.evaluate import evaluate
     from faverify.subjects import resolve
 
     tolerance = tolerance_from(factor, atol, tight)
@@ -48,8 +49,8 @@ def repro(
     subject = resolve(kernel)
     target = devices.resolve(device)[0]
     if isolate:
-        from faverify.isolation import Worker
-        from faverify.signals import sigterm_interrupts
+        from faverify.run.isolation import Worker
+        from faverify.run.signals import sigterm_interrupts
         worker = Worker(kernel, str(target), mode.value, tolerance.to_dict(), timeout, repeat)
         try:
             with sigterm_interrupts():  # a stop ends the worker too, and what the kernel started

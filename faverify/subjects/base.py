@@ -14,8 +14,9 @@ from typing import Callable
 
 import torch
 
-from faverify import conventions as _conventions
-from faverify.case import DTYPES, FEATURES, INITS, MAX_HEAD_DIM_V, Case
+from faverify.cases import conventions as _conventions
+from faverify.cases.case import Case
+from faverify.cases.vocabulary import DTYPES, FEATURES, INITS, MAX_HEAD_DIM_V
 
 INPUTS = ("q", "k", "v", "dout")  # what a subject is given: dout through autograd
 # The keywords each variant feature is passed by (flash-attn's names); head_dim_v has none: v's shape says it.
@@ -46,7 +47,7 @@ class Capabilities:
     # inputs the subject may write (a kernel that appends to a KV cache it is given); any other input it
     # changes is a failing case ("modified q in place"), judged against references from the untouched copy
     writes: tuple = ()
-    # variant features (case.FEATURES): a case using one the subject does not declare is skipped
+    # variant features (vocabulary.FEATURES): a case using one the subject does not declare is skipped
     window: bool = False
     softcap: bool = False
     alibi: bool = False
@@ -172,7 +173,8 @@ class Capabilities:
         ragged ones for a subject that takes no dense batch, block patterns for one that takes masks as
         blocks only, its head dims where it lists them, v's no larger than it takes."""
         return {**({"always_split": True} if self.combine else {}),
-                **({"max_head_dim_v": self.max_head_dim} if self.head_dim_v and self.max_head_dim < MAX_HEAD_DIM_V else {}),
+                **({"max_head_dim_v": self.max_head_dim}
+                   if self.head_dim_v and self.max_head_dim < MAX_HEAD_DIM_V else {}),
                 **({"head_dim_multiple": self.head_dim_multiple} if self.head_dim_multiple > 1 else {}),
                 **({"head_dims": self.head_dims, "exact_head_dims": True} if self.head_dims else {}),
                 **({"ragged_only": True} if not self.dense and (self.varlen or self.paged) else {}),

@@ -1,4 +1,4 @@
-"""`combine`: the split-KV combine formula (sequences.combine) as a subject, in fp32 as kernels run it.
+"""`combine`: the split-KV combine formula (cases/splits.py) as a subject, in fp32 as kernels run it.
 
 A combine is called as fn(out_splits, lse_splits) -> (out, lse) on the partial results of a split case
 (out_splits [splits, b, sq, h, dv], lse_splits [splits, b, h, sq], float32, natural log; an empty
@@ -15,7 +15,7 @@ CAPS = Capabilities(combine=True, splits=True, backward=False, lse=True, window=
 
 
 def combine(out_splits, lse_splits):
-    from faverify.sequences import combine as formula
+    from faverify.cases.splits import combine as formula
     return formula(out_splits.float(), lse_splits.float())
 
 

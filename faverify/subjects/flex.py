@@ -1,14 +1,14 @@
 """torch's FlexAttention as a subject: a production kernel generator, compiled, and the first real client
 of the variant contract.
 
-Softcap and ALiBi are a score_mod, causal masks and windows a mask_mod and its block mask, bottom-right
-aligned like the rest of faverify. A case's own mask and score_mod (masks.py, mods.py) are passed to it as
-the functions the reference applies. Varlen and paged cases run one sequence at a time (per_sequence.py). Their parameters live in tensors the mods read, so a new softcap, slope
-or window does not recompile; on a GPU sizes are dynamic, so a new head dim or dtype is what compiles;
-on the CPU each shape compiles (see _flex's caller for why). On the CPU
-torch compiles FlexAttention for inference only and without lse: the subject runs the forward there under
-no_grad and says so per case; on a GPU it runs forward and backward and returns lse. The first call for
-each (device, dtype, head dims, grad) is counted as compile time, reported apart from the kernel's.
+Softcap and ALiBi are a score_mod, causal masks and windows a mask_mod and its block mask, bottom-right aligned like
+the rest of faverify. A case's own mask and score_mod (masks.py, mods.py) are passed to it as the functions the
+reference applies. Varlen and paged cases run one sequence at a time (per_sequence.py). Their parameters live in
+tensors the mods read, so a new softcap, slope or window does not recompile; on a GPU sizes are dynamic, so a new
+head dim or dtype is what compiles; on the CPU each shape compiles (see _flex's caller for why). On the CPU torch
+compiles FlexAttention for inference only and without lse: the subject runs the forward there under no_grad and says
+so per case; on a GPU it runs forward and backward and returns lse. The first call for each (device, dtype, head
+dims, grad) is counted as compile time, reported apart from the kernel's.
 """
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def flex(q, k, v, *, causal: bool, softmax_scale, window_size=None, softcap=None
     key = (dev.type, q.dtype, d, v.shape[-1], not cpu and q.requires_grad) + ((b, h, sq, sk) if cpu else ())
     start = time.perf_counter()
     with torch.no_grad() if cpu else torch.enable_grad():
-        result = _flex(not cpu)(qt, kt, vt, score_mod=score_mod or _score_mod, block_mask=block_mask, scale=softmax_scale,
+        result = _flex(not cpu)(qt, kt, vt, score_mod=score_mod or _score_mod, block_mask=block_mask,
+                                scale=softmax_scale,
                          enable_gqa=kt.shape[1] != qt.shape[1], return_lse=not cpu)
     if key not in _SEEN:  # this call compiled: its time is the compiler's, not the kernel's
         if dev.type == "cuda":
@@ -99,5 +100,6 @@ def make() -> Subject:
     # lse is returned on a GPU and judged there; not declared, since the CPU's compiled FlexAttention has none
     caps = Capabilities(window=True, softcap=True, alibi=True, head_dim_v=True, varlen=True, paged=True,
                         mask_mod=True, score_mod=True)
-    return Subject(name="flex", fn=ragged(flex), caps=caps, description="torch FlexAttention, compiled (forward only on "
+    return Subject(name="flex", fn=ragged(flex), caps=caps,
+                   description="torch FlexAttention, compiled (forward only on "
                    "the CPU)", compile_seconds=_take_compile_seconds)

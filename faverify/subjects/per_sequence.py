@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from faverify.ragged import gather_pages
+from faverify.cases.ragged import gather_pages
 
 
 def ragged(dense):

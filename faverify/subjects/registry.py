@@ -65,7 +65,7 @@ def resolve(name: str) -> Subject:
         mutant = name.split(":", 1)[1]
         if mutant not in BY_NAME:
             raise UsageError("--kernel", name, f"unknown mutant; mutants: {', '.join(BY_NAME)}")
-        from faverify.kernels.triton.subject import make_mutant
+        from faverify.kernels.mutants.subject import make_mutant
         return make_mutant(mutant)
     if ":" in name:
         return user.load(name)

@@ -13,8 +13,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from faverify.cases.mods import sech2
 from faverify.errors import Unsupported
-from faverify.reference import sech2
 from faverify.subjects.base import Capabilities, Subject
 
 _BACKENDS = {
@@ -107,7 +107,7 @@ def _with_causal(attn_mask, sq: int, sk: int):
     -inf above the diagonal (masked_fill: a bias's gradient stays the caller's where it is kept)."""
     import torch
 
-    from faverify.masks import window_keep
+    from faverify.cases.masks import window_keep
     keep = window_keep(sq, sk, None, 0, attn_mask.device)
     if attn_mask.dtype == torch.bool:
         return attn_mask & keep
@@ -116,7 +116,7 @@ def _with_causal(attn_mask, sq: int, sk: int):
 
 class _Capped(torch.autograd.Function):
     """cap * tanh(s / cap), with the derivative sech^2(s / cap) taken as the reference takes it
-    (reference.sech2): autograd's 1 - tanh^2 is exactly 0 where fp32's tanh rounds to 1 (past |u| of about
+    (mods.sech2): autograd's 1 - tanh^2 is exactly 0 where fp32's tanh rounds to 1 (past |u| of about
     9), and dq and dk with it, where the true slope is still 1e-8 and below (a bf16 case with softcap 5 and
     scale 2 lost dq and dk of 3e-33 there, 3.6x the baseline's error)."""
 
@@ -141,7 +141,7 @@ def _variant_mask(qt, kt, vt, causal, softmax_scale, window_size, softcap, alibi
     the variants of a 16-bit kernel are the other subjects' to show)."""
     import torch
 
-    from faverify.masks import window_keep
+    from faverify.cases.masks import window_keep
     b, h, sq, d = qt.shape
     sk = kt.shape[2]
     scale = d ** -0.5 if softmax_scale is None else softmax_scale

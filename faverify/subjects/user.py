@@ -1,8 +1,8 @@
 """A subject the user names as package.module:function.
 
 function(q, k, v, *, causal, softmax_scale[, init][, window_size, softcap, alibi_slopes, sinks]) takes
-[b, s, h, d] tensors and returns out or (out, lse). It may carry a `faverify_capabilities` dict (keys of subjects.base.Capabilities) to declare
-what it supports; cases outside it are skipped with the reason.
+[b, s, h, d] tensors and returns out or (out, lse). It may carry a `faverify_capabilities` dict (keys of
+subjects.base.Capabilities) to declare what it supports; cases outside it are skipped with the reason.
 """
 from __future__ import annotations
 

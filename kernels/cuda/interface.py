@@ -91,8 +91,7 @@ def forward(q, k, v, scale: float, causal: bool, init: str, variant: str):
 
 def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, variant: str):
     rowmax, log2l = rows
-    dq, dk, dv = torch.empty_like(q, memory_format=torch.contiguous_format), \
-        torch.empty_like(k, memory_format=torch.contiguous_format), torch.empty_like(v, memory_format=torch.contiguous_format)
+    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     if q.shape[1] == 0 or k.shape[1] == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     if dout.stride(-1) != 1:  # autograd may hand us an expanded gradient (stride 0): one copy of dO only

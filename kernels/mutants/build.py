@@ -27,8 +27,9 @@ MARKER = "[mutant site: {}]"
 
 
 def mutate(text: str, mutant: Mutant) -> str:
-    """The file's text with the statement on the line marked `[mutant site: SITE]` replaced by the mutant's
-    code (several lines take the marked line's indentation; empty code deletes the line). The marker, not
+    """The file's text with the statement on the line marked `[mutant site: SITE]` (or on the line below a
+    comment line that holds the marker alone) replaced by the mutant's code (several lines take the marked
+    line's indentation; empty code deletes the line). The marker, not
     the statement's exact text, anchors the mutant: reformatting the kernels leaves it applicable."""
     marker = MARKER.format(mutant.site)
     lines = text.split("\n")
@@ -37,9 +38,11 @@ def mutate(text: str, mutant: Mutant) -> str:
         raise RuntimeError(f"mutant {mutant.name}: {marker} marks {len(marked)} lines of kernels/triton/{mutant.file} "
                            "(must be exactly one); update kernels/mutants/catalog.py or the marker")
     i = marked[0]
+    if lines[i].lstrip().startswith("#"):  # a marker on a line of its own marks the statement below it
+        i += 1
     line = lines[i]
     indent = line[:len(line) - len(line.lstrip())]
-    code = line[:line.rindex("#", 0, line.index(marker))].strip()
+    code = (line[:line.rindex("#", 0, line.index(marker))] if marker in line else line.split("  #")[0]).strip()
     if code == mutant.new:
         raise RuntimeError(f"mutant {mutant.name}: its code is the marked statement's own; it would change nothing")
     lines[i:i + 1] = [indent + part for part in mutant.new.split("\n")] if mutant.new else []
@@ -58,7 +61,8 @@ def source(mutant: Mutant) -> dict:
                        "forward_hopper as _fwd_hopper",
                        "variant_forward as _vfwd", "variant_backward as _vbwd", "variant_interface as _var"):
             text = text.replace(f"from faverify.kernels.triton import {module}", f"from {package} import {module}")
-        text = text.replace("from faverify.kernels.triton.variant_forward import", f"from {package}.variant_forward import")
+        text = text.replace("from faverify.kernels.triton.variant_forward import",
+                            f"from {package}.variant_forward import")
         if name == mutant.file:
             text = mutate(text, mutant)
             try:

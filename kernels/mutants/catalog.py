@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from faverify.kernels.constants import HOPPER_CASES
+
 
 @dataclass(frozen=True)
 class Mutant:
@@ -127,8 +129,6 @@ MUTANTS = (
 # Its cases (configs.hopper_forward, interface._use_hopper): 16-bit, padded head dim 64 or 128, every stride
 # a multiple of 16 elements: head dims that are multiples of 16, in the layouts that keep them so ("strided"
 # pads rows by 8).
-HOPPER_CASES = {"dtypes": ("bf16", "fp16"), "head_dims": (48, 64, 80, 96, 112, 128), "exact_head_dims": True,
-               "layouts": ("contiguous", "transposed", "packed")}
 HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, runs_on="sm_90", cases=HOPPER_CASES)
                        for name, site, new, bug, why in (
     ("hopper-no-neg-inf-guard", "neg-inf-guard", "m_use = m_new",
@@ -224,7 +224,8 @@ VARIANT_MUTANTS = (
            "block masks are often built at the kernel's tile size, and a mask of 64-blocks hides the bug",
            cases=dict(features=("mask",), masks=("block",))),
     _variant("dbias-not-summed", "variant_interface.py", "dbias-sum",
-             "summed = ds_full[tuple(slice(0, 1) if i in dims else slice(None) for i in range(4))] if dims else ds_full",
+             "summed = ds_full[tuple(slice(0, 1) if i in dims else slice(None) for i in range(4))] "
+             "if dims else ds_full",
              "dbias of a bias that broadcasts over batch or heads is the first batch element's or head's dS, "
              "not the sum over them", "a full-shape bias (what most tests pass) has nothing to sum",
              ("bias", "bias_grad")),

@@ -395,7 +395,8 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     results = compile_all(tuple(int(a) for a in args.arch.split(",")), args.jobs)
     rows = [[r["variant"], f"sm_{r['sm']}", r["tile"], r.get("shared", "-"), r.get("registers", "-"),
-             r.get("stack", "-"), r.get("seconds", "-"), ("ok" if r.get("stack", 0) + r.get("local", 0) == 0 else "ok, spills")
+             r.get("stack", "-"), r.get("seconds", "-"), ("ok" if r.get("stack", 0) + r.get("local",
+                                                                                            0) == 0 else "ok, spills")
              if r["ok"] else "FAIL: " + r["error"]] for r in results]
     print(tabulate(rows, headers=["variant", "arch", "tile", "shared B", "regs", "stack B", "compile s", "result"],
                    tablefmt="simple"))

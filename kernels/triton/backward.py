@@ -23,8 +23,20 @@ ALiBi, with sinks or alone, takes these kernels (variant_interface.Variant.backw
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import (NO_BOUND, alibi_row, alibi_scores, alibi_split, cast, generic_args, key_ranges,
-                                           load_rows, mask_scores, mm, row_stats, saturate)
+from faverify.kernels.triton.common import (
+    NO_BOUND,
+    alibi_row,
+    alibi_scores,
+    alibi_split,
+    cast,
+    generic_args,
+    key_ranges,
+    load_rows,
+    mask_scores,
+    mm,
+    row_stats,
+    saturate,
+)
 
 _NO_BOUND = tl.constexpr(NO_BOUND)  # a global a kernel may read
 
@@ -60,8 +72,10 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + offs_m0
         # q^T tile [BLOCK_D, BLOCK_M] and dO tile [BLOCK_M, BLOCK_D]
-        qT = load_rows(q_ptrs + start_m * stride_qs, offs_m, seqlen_q, cols_ok_t, ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
-        do = load_rows(do_ptrs + start_m * stride_ds, offs_m, seqlen_q, cols_ok, ROWS_ALONG_0=True, MASK_ROWS=MASK, EVEN_D=EVEN_D)
+        qT = load_rows(q_ptrs + start_m * stride_qs, offs_m, seqlen_q, cols_ok_t, ROWS_ALONG_0=False, MASK_ROWS=MASK,
+                       EVEN_D=EVEN_D)
+        do = load_rows(do_ptrs + start_m * stride_ds, offs_m, seqlen_q, cols_ok, ROWS_ALONG_0=True, MASK_ROWS=MASK,
+                       EVEN_D=EVEN_D)
         m, l2, delta = row_stats(m_ptr, l2_ptr, delta_ptr, offs_m, seqlen_q, MASK)
         # P^T = exp2(min((k q^T - m) c, 0) - log2 l)  [BLOCK_N, BLOCK_M]; masked logits -> -inf first
         # (a hidden logit can exceed m by far: exp2 of it would overflow before a mask zeroed it)
@@ -174,8 +188,10 @@ def _dq_inner(dq, q, do, m, l2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n0
-        kT = load_rows(k_ptrs + start_n * stride_ks, cols, seqlen_k, cols_ok_t, ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
-        vT = load_rows(v_ptrs + start_n * stride_vs, cols, seqlen_k, cols_ok_t, ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
+        kT = load_rows(k_ptrs + start_n * stride_ks, cols, seqlen_k, cols_ok_t, ROWS_ALONG_0=False, MASK_ROWS=MASK,
+                       EVEN_D=EVEN_D)
+        vT = load_rows(v_ptrs + start_n * stride_vs, cols, seqlen_k, cols_ok_t, ROWS_ALONG_0=False, MASK_ROWS=MASK,
+                       EVEN_D=EVEN_D)
         s = mm(q, kT, INTERPRETED, IEEE)
         m_tile = m
         if ALIBI:
@@ -247,7 +263,8 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ,  #
 
 
 _SIZES = ["seqlen_q", "seqlen_k", "head_dim", "nheads", "nheads_k", "group", "stride_ab"]
-_bwd_preprocess = triton.jit(do_not_specialize=[a for a in _SIZES if a in _preprocess.__code__.co_varnames])(_preprocess)
+_bwd_preprocess = triton.jit(do_not_specialize=[a for a in _SIZES
+                                                if a in _preprocess.__code__.co_varnames])(_preprocess)
 _bwd_dkdv = triton.jit(do_not_specialize=[a for a in _SIZES if a in _dkdv.__code__.co_varnames])(_dkdv)
 _bwd_dq = triton.jit(do_not_specialize=[a for a in _SIZES if a in _dq.__code__.co_varnames])(_dq)
 _bwd_preprocess_generic = triton.jit(do_not_specialize=generic_args(_preprocess))(_preprocess)

@@ -248,8 +248,8 @@ _MASKED = {(4, "fwd"): Tile(16, 32, 8, 1), (2, 64, "dkdv"): Tile(16, 32, 8, 2), 
 # dq M128 N64 w8 s3, the forward M128 N64 w8 s3 (406 and 183; M64 N64 w4 366 and 190); at 64 dk/dv M32 N128
 # w4 (228 and 120), dq M128 N64 w8 s3, the forward M64 N64 w4 (258 and 143). Some spill (the AOT report:
 # up to 816 bytes of stack, dq with varlen and softcap on sm_80; _FAST_SM80 below) and still ran faster
-# than the tiles that do not: the generic build's tiles gave 22-30 TF/s backward. At 256 (not swept) M32 N64 w8 for the forward and dq, which spill nothing, and the
-# generic build's dk/dv tile.
+# than the tiles that do not: the generic build's tiles gave 22-30 TF/s backward. At 256 (not swept) M32
+# N64 w8 for the forward and dq, which spill nothing, and the generic build's dk/dv tile.
 _FAST = {64: {"fwd": Tile(64, 64, 4, 2), "dkdv": Tile(32, 128, 4, 2), "dq": Tile(128, 64, 8, 3)},
          128: {"fwd": Tile(128, 64, 8, 3), "dkdv": Tile(32, 128, 8, 1), "dq": Tile(128, 64, 8, 3)},
          256: {"fwd": Tile(32, 64, 8, 2), "dkdv": _VARIANT_WIDE["dkdv"], "dq": Tile(32, 64, 8, 2)}}

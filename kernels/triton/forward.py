@@ -46,7 +46,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs,  #
         if TMA:
             k = k_src.load([start_n, 0]).T
         else:
-            k = load_rows(k_src + start_n * stride_ks, cols, seqlen_k, mask_dk, ROWS_ALONG_0=False, MASK_ROWS=MASK, EVEN_D=EVEN_D)
+            k = load_rows(k_src + start_n * stride_ks, cols, seqlen_k, mask_dk, ROWS_ALONG_0=False, MASK_ROWS=MASK,
+                          EVEN_D=EVEN_D)
         # s = q k^T (raw: scaled only after the max is subtracted, see the module docstring)
         qk = mm(q, k, INTERPRETED, IEEE)  # [mutant site: qk]
         if MASK:
@@ -62,9 +63,11 @@ def _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_ks, stride_vs,  #
         if TMA:
             v = v_src.load([start_n, 0])
         else:
-            v = load_rows(v_src + start_n * stride_vs, cols, seqlen_k, mask_dv, ROWS_ALONG_0=True, MASK_ROWS=MASK, EVEN_D=EVEN_D)
+            v = load_rows(v_src + start_n * stride_vs, cols, seqlen_k, mask_dv, ROWS_ALONG_0=True, MASK_ROWS=MASK,
+                          EVEN_D=EVEN_D)
         # acc = acc * alpha + P V, P rounded to the input dtype as the matmul operand
-        acc = acc * alpha[:, None] + mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE)  # [mutant site: pv-accumulate]
+        # [mutant site: pv-accumulate]
+        acc = acc * alpha[:, None] + mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -140,7 +143,8 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l,  #
     elif EVEN_D:
         tl.store(o_ptrs, cast(out, Out.dtype.element_ty, INTERPRETED), mask=offs_m[:, None] < seqlen_q)
     else:
-        tl.store(o_ptrs, cast(out, Out.dtype.element_ty, INTERPRETED), mask=(offs_m[:, None] < seqlen_q) & mask_d[None, :])
+        tl.store(o_ptrs, cast(out, Out.dtype.element_ty, INTERPRETED), mask=(offs_m[:, None] < seqlen_q) & mask_d[None,
+                                                                                                                  :])
     tl.store(Lse + rows, lse, mask=offs_m < seqlen_q)
 
 

@@ -39,8 +39,13 @@ one program per SM (equal without a mask, 3-13% slower with the causal one).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from faverify.kernels.triton.common import LN2
 
@@ -358,7 +363,8 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
                 acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                 s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # q k^T in; p v may still run
                 mbarrier.arrive(k_empty.index(stage), count=1)
-                p, alpha, l_i, m_i = _softmax(s, m_i, l_i, mine_lo + j, full_lo, full_hi, first, offs_m, offs_n, seqlen_k,
+                p, alpha, l_i, m_i = _softmax(s, m_i, l_i, mine_lo + j, full_lo, full_hi, first, offs_m, offs_n,
+                                              seqlen_k,
                                               diag, left, right, qk_scale, cap_scale, inv_cap_scale, slope, CAUSAL,
                                               BLOCK_N, WINDOW, SOFTCAP, ALIBI)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))

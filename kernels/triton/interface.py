@@ -8,18 +8,25 @@ import functools
 import torch
 import triton
 
-from faverify.kernels.triton import configs
+from faverify.kernels.constants import INIT_VALUE, MAX_SPLITS
 from faverify.kernels.triton import backward as _bwd
-from faverify.kernels.triton import forward as _fwd
 from faverify.kernels.triton import backward_hopper as _bwd_hopper
+from faverify.kernels.triton import configs
+from faverify.kernels.triton import forward as _fwd
 from faverify.kernels.triton import forward_hopper as _fwd_hopper
 from faverify.kernels.triton import variant_interface as _var
-from faverify.kernels.constants import INIT_VALUE, MAX_SPLITS
-from faverify.kernels.triton.common import INTERPRET, LAUNCHED as _LAUNCHED, LOG2E, block_d, quiet
+from faverify.kernels.triton.common import (
+    INTERPRET,
+    LOG2E,
+    block_d,
+    quiet,
+    take_paths,  # noqa: F401  (the subject's Subject.paths)
+)
+from faverify.kernels.triton.common import LAUNCHED as _LAUNCHED
 from faverify.kernels.triton.common import aligned as _aligned
 from faverify.kernels.triton.common import seq_strides as _strides
-from faverify.kernels.triton.common import take_paths  # noqa: F401  (the subject's Subject.paths)
 from faverify.kernels.validate import check_inputs, check_kvcache, check_masks, check_variant, check_varlen
+
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
@@ -247,7 +254,8 @@ def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles:
             **c, ALIBI=alibi is not None)
     t = pick["dq"]
     _build("_bwd_dq", q, k, v, dout, dq)[(triton.cdiv(sq, t.block_m), b * h)](
-        q, k, v, dout, rowmax, log2l, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq),
+        q, k, v, dout, rowmax, log2l, delta, dq,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq),
         h, h // hk, sq, sk, d, scale, scale * LOG2E, *bias,
         CAUSAL=causal, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **c,
         ALIBI=alibi is not None)
@@ -307,7 +315,8 @@ def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None =
                   batch=q.shape[0])
     check_masks(q, k, attn_mask=attn_mask, block_mask=block_mask, block_size=block_size)
     if attn_mask is not None and attn_mask.dtype == torch.bool:  # a bias of 0 and -inf, with no gradient
-        attn_mask = torch.zeros(attn_mask.shape, dtype=torch.float32, device=q.device).masked_fill(~attn_mask, -torch.inf)
+        attn_mask = torch.zeros(attn_mask.shape, dtype=torch.float32, device=q.device).masked_fill(~attn_mask,
+                                                                                                   -torch.inf)
     launch = launch or DEFAULT
     if tuple(window_size) != (-1, -1) or softcap or alibi_slopes is not None or sinks is not None \
             or v.shape[-1] != q.shape[-1] or attn_mask is not None or block_mask is not None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+
 import torch
 
-from faverify.kernels.mutants.catalog import HOPPER_CASES
+from faverify.kernels.constants import HOPPER_CASES
 from faverify.subjects.base import Capabilities, Subject
 
 
@@ -30,7 +31,7 @@ KINDS = {"triton": dict(sinks=True, init_modes=("-inf", "-1e30"), mask=True, blo
 # faster than the Triton one: these subjects ask for it, so a fuzz and the mutants reach it. Its cases are
 # dense 16-bit attention without ALiBi, head dims that fill 16-byte rows, on sm_90; elsewhere (or in the
 # "strided" layout) the Triton backward runs, and the path counts say so: the Hopper kernels' cases, which
-# their mutants draw too (catalog.HOPPER_CASES). Name -> Launch.deterministic.
+# their mutants draw too (constants.HOPPER_CASES). Name -> Launch.deterministic.
 HOPPER_BACKWARDS = {"triton-hopper-bwd": True, "triton-hopper-bwd-fast": False}
 for _name in HOPPER_BACKWARDS:
     KINDS[_name] = dict(devices=("cuda",), dtypes=HOPPER_CASES["dtypes"], head_dims=HOPPER_CASES["head_dims"],
@@ -78,7 +79,7 @@ def warmup_cases(dtypes: tuple) -> list:
     layout (row pitch head_dim + 8) always takes the generic one. The tiles are the defaults, which do
     not depend on the shape, so one shape serves. Ordered so that concurrent workers start on different
     variants."""
-    from faverify.case import Case
+    from faverify.cases.case import Case
     from faverify.kernels.triton.common import BLOCK_DS
 
     def head_dims(bd: int, layout: str) -> tuple:
@@ -114,7 +115,8 @@ def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
     that fills its padding (the fast build, variant_interface.fast_build) and one less (the generic); the
     paged decode's tiles of 16 query rows and its prefill's; for triton the bias and block-mask builds
     (generic whatever the head dim). The Hopper forward's builds are hopper_variant_warmup_cases'."""
-    from faverify.case import BIAS_DTYPES, Case
+    from faverify.cases.case import Case
+    from faverify.cases.vocabulary import BIAS_DTYPES
     from faverify.kernels.triton.common import BLOCK_DS
 
     out = []
@@ -148,7 +150,7 @@ def hopper_variant_warmup_cases(dtypes: tuple) -> list:
     them a build a fuzz draws; CAUSAL orders the blocks where no window is set) at its head dims, 16-bit,
     seqlens that are no multiples of 16 (the build specialized on nothing; forward_hopper.kernel) and their
     aligned twins."""
-    from faverify.case import Case
+    from faverify.cases.case import Case
     switches = []
     for window, softcap, alibi, sinks in itertools.product((False, True), repeat=4):
         on = dict(window=(16, 3) if window else (-1, -1), softcap=5.0 if softcap else 0.0,
@@ -171,7 +173,7 @@ def for_features(cases: list, features: tuple, runtime: tuple = tuple(RUNTIME_FE
     """The warm-up cases a fuzz drawing `features` needs: the runtime features it does not draw turned off
     (a case may then take the dense kernels, whose warm-up it is), and the cases that still use a feature
     it does not draw left out. The batch layouts (varlen, paged, splits) are the subject's own."""
-    from faverify.case import BATCH_FEATURES
+    from faverify.cases.vocabulary import BATCH_FEATURES
     drawn = set(features) | set(BATCH_FEATURES)
     out: list = []
     for case in cases:
@@ -216,13 +218,3 @@ def make(kind: str = "triton") -> Subject:
     _choose_interpreter()
     from faverify.kernels.triton import interface
     return _wrap(kind, interface, DESCRIPTIONS[kind], kind)
-
-
-def make_mutant(name: str) -> Subject:
-    """`mutant:NAME`: the Triton kernels with one seeded bug (kernels/mutants/catalog.py), behind the
-    subject whose code the bug is in."""
-    _choose_interpreter()
-    from faverify.kernels.mutants.build import load
-    from faverify.kernels.mutants.catalog import BY_NAME
-    mutant = BY_NAME[name]
-    return _wrap(f"mutant:{name}", load(name), f"mutant: {mutant.bug}", mutant.subject)

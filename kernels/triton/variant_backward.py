@@ -17,8 +17,17 @@ variant forward's switches:
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import (alibi_row, alibi_split, cast, generic_args, load_rows, mm, row_stats, saturate,
-                                           streamed_args)
+from faverify.kernels.triton.common import (
+    alibi_row,
+    alibi_split,
+    cast,
+    generic_args,
+    load_rows,
+    mm,
+    row_stats,
+    saturate,
+    streamed_args,
+)
 from faverify.kernels.triton.variant_forward import extra_scores, variant_scores, visible_tiles
 
 
@@ -72,7 +81,8 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV, CuQ, CuK, Alibi, Bias, Bloc
           stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,  #
           stride_db, stride_ds, stride_dh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
           stride_lb, stride_lh, stride_ab,  #
-          stride_bb, stride_bh, stride_bm, stride_bn, stride_kmb, stride_kmh, stride_km, stride_kn, mask_block, bias_scale,  #
+          stride_bb, stride_bh, stride_bm, stride_bn, stride_kmb, stride_kmh, stride_km, stride_kn,  #
+          mask_block, bias_scale,  #
           nheads_k, group, seqlen_q, seqlen_k, head_dim, head_dim_v, softmax_scale, qk_scale,  #
           left, right, cap_scale, inv_cap_scale, bias_unit,  #
           SOFTCAP: tl.constexpr, VARLEN: tl.constexpr, BIAS: tl.constexpr, BLOCKS: tl.constexpr,  #
@@ -99,7 +109,8 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV, CuQ, CuK, Alibi, Bias, Bloc
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     diag = seqlen_k - seqlen_q
     # the query rows that see key j: [j - diag - right, j - diag + left]
-    lo, full_lo, full_hi, hi = visible_tiles(start_n, BLOCK_N, -diag - right, -diag + left, seqlen_q, BLOCK_M)  # [mutant site: dkdv-rows]
+    # [mutant site: dkdv-rows]
+    lo, full_lo, full_hi, hi = visible_tiles(start_n, BLOCK_N, -diag - right, -diag + left, seqlen_q, BLOCK_M)
     for g in range(0, group):
         off_h = off_hk * group + g
         slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit  # 0 without ALiBi
@@ -177,7 +188,8 @@ def _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs,  #
 def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ, CuQ, CuK, Alibi, Bias, Blocks, DBias,  #
         stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,  #
         stride_db, stride_ds, stride_dh, stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh, stride_ab,  #
-        stride_bb, stride_bh, stride_bm, stride_bn, stride_kmb, stride_kmh, stride_km, stride_kn, mask_block, bias_scale,  #
+        stride_bb, stride_bh, stride_bm, stride_bn, stride_kmb, stride_kmh, stride_km, stride_kn,  #
+        mask_block, bias_scale,  #
         stride_gb, stride_gh, stride_gm,  # dS's [b, h, sq, sk] buffer (DBIAS)
         nheads, group, seqlen_q, seqlen_k, head_dim, head_dim_v, softmax_scale, qk_scale,  #
         left, right, cap_scale, inv_cap_scale, bias_unit,  #
@@ -236,7 +248,8 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ, CuQ, CuK, Alibi, Bias, Blocks, DB
                    EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
     dq = dq * softmax_scale
     tl.store(DQ + off_b * stride_dqb + rows_m * stride_dqs + off_h * stride_dqh + offs_d[None, :],
-             cast(dq, DQ.dtype.element_ty, INTERPRETED), mask=(offs_m < seqlen_q)[:, None] & (offs_d < head_dim)[None, :])
+             cast(dq, DQ.dtype.element_ty, INTERPRETED), mask=(offs_m < seqlen_q)[:, None] & (offs_d < head_dim)[None,
+                                                                                                                 :])
 
 
 # the generic and the fast build of each (variant_forward.py's two builds)

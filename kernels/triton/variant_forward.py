@@ -30,8 +30,20 @@ it nothing:
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import (LN2, LOG2E, alibi_distance, alibi_row, alibi_scores, alibi_split, cast,
-                                           generic_args, load_rows, mm, streamed_args, tanh_slope)
+from faverify.kernels.triton.common import (
+    LN2,
+    LOG2E,
+    alibi_distance,
+    alibi_row,
+    alibi_scores,
+    alibi_split,
+    cast,
+    generic_args,
+    load_rows,
+    mm,
+    streamed_args,
+    tanh_slope,
+)
 
 LOG2E_ = tl.constexpr(LOG2E)  # a global a kernel may read (Triton takes only constexpr globals)
 
@@ -57,7 +69,8 @@ def block_keep(blocks, stride_km, stride_kn, i, j, seqlen_q, seqlen_k, mask_bloc
     """The block mask's entry of each (query i, key j): element (i, j) reads block (i // n, j // n); 0 past
     the sequences' ends."""
     ok = (i < seqlen_q) & (j < seqlen_k)
-    return tl.load(blocks + (i // mask_block) * stride_km + (j // mask_block) * stride_kn, mask=ok, other=0)  # [mutant site: block-size]
+    # [mutant site: block-size]
+    return tl.load(blocks + (i // mask_block) * stride_km + (j // mask_block) * stride_kn, mask=ok, other=0)
 
 
 @triton.jit
@@ -145,7 +158,8 @@ def _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride
         cols = start_n + offs_n
         run = True
         if BLOCKS:  # a tile the block mask hides wholly is skipped
-            run = any_block(blocks, stride_km, stride_kn, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, mask_block)
+            run = any_block(blocks, stride_km, stride_kn, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k,
+                            mask_block)
         if run:
             if PAGED:  # gathered key by key through the block table
                 k_off, v_off = key_offsets(cols, seqlen_k, table, page_size, stride_kp, stride_ks, stride_vp,
@@ -256,7 +270,8 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, A
          nheads, group, seqlen_q, seqlen_k, head_dim, head_dim_v, page_size, num_splits,  #
          qk_scale, init, left, right, cap_scale, inv_cap_scale, bias_unit,  #
          SOFTCAP: tl.constexpr, VARLEN: tl.constexpr,  #
-         PAGED: tl.constexpr, SPLIT_BLOCK: tl.constexpr, STATS: tl.constexpr, BIAS: tl.constexpr, BLOCKS: tl.constexpr,  #
+         PAGED: tl.constexpr, SPLIT_BLOCK: tl.constexpr, STATS: tl.constexpr, BIAS: tl.constexpr,  #
+         BLOCKS: tl.constexpr,  #
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,  #
          EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
     start_m = tl.program_id(0)

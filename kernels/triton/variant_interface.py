@@ -9,11 +9,12 @@ import os
 import torch
 import triton
 
+from faverify.kernels.constants import INIT_VALUE
 from faverify.kernels.triton import configs
 from faverify.kernels.triton import variant_backward as _vbwd
 from faverify.kernels.triton import variant_forward as _vfwd
-from faverify.kernels.constants import INIT_VALUE
-from faverify.kernels.triton.common import INTERPRET, LAUNCHED as _LAUNCHED, LOG2E, NO_BOUND, aligned, block_d, quiet
+from faverify.kernels.triton.common import INTERPRET, LOG2E, NO_BOUND, aligned, block_d, quiet
+from faverify.kernels.triton.common import LAUNCHED as _LAUNCHED
 from faverify.kernels.triton.common import seq_strides as _qstrides
 
 # Split-KV cuts the keys into whole blocks of this many (case.split_ranges' block): a multiple of every
@@ -350,7 +351,8 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
         # The clamp is that bound: at logits near 1e10 lse's fp32 rounding (hundreds) would make e^(z - lse)
         # inf, and inf * D NaN (D = 0 on a row that sees no key)
         rows_lse, rows_d, z = ((lse[:, :packed], delta[:, :packed], var.sinks[:, None]) if varlen
-                               else (lse.transpose(0, 1).flatten(1), delta.transpose(0, 1).flatten(1), var.sinks[:, None]))
+                               else (lse.transpose(0, 1).flatten(1), delta.transpose(0, 1).flatten(1), var.sinks[:,
+                                                                                                                 None]))
         p_sink = torch.exp((z - rows_lse).clamp(max=0.0))
         dsinks = -(p_sink * rows_d).sum(1)  # [mutant site: dsinks-sign]
     # dS of every (batch, head, row, key), summed below over the dimensions the bias broadcasts over

@@ -1,0 +1,222 @@
+"""The checks a Case passes when it is made: each field's type, range and consistency with the others, so a
+case no kernel call could mean is refused with the field, its value and the rule (UsageError)."""
+from __future__ import annotations
+
+import math
+
+from faverify.cases.vocabulary import (
+    ALIBI,
+    BIAS_DTYPES,
+    BIASES,
+    DTYPES,
+    INITS,
+    KEY_MASKS,
+    LAYOUTS,
+    MASK_SHAPES,
+    MASKS,
+    MAX_HEAD_DIM,
+    MAX_HEAD_DIM_V,
+    MAX_INT,
+    MAX_SCALE,
+    MAX_SEED,
+    MAX_SEQUENCES,
+    MAX_SPLITS,
+    PAGE_ORDERS,
+    REGIMES,
+    SCORE_MODS,
+    SINKS,
+    VARIANT_DEFAULTS,
+)
+from faverify.errors import UsageError
+
+
+def check(case) -> None:
+    """Refuse a case no kernel call could mean (UsageError names the field, its value and the rule);
+    normalize the fields JSON gives as lists."""
+    for name in ("batch", "nheads", "nheads_k", "head_dim"):
+        _require_int(name, getattr(case, name), minimum=1)
+    for name in ("seqlen_q", "seqlen_k"):
+        _require_int(name, getattr(case, name), minimum=0)
+    _require_int("seed", case.seed, minimum=0, maximum=MAX_SEED - 1)  # torch.Generator.manual_seed: 64 bits
+    if case.seqlen_q == 0:
+        raise UsageError("seqlen_q", 0, "must be >= 1 (a case with no query rows checks nothing)")
+    if case.head_dim > MAX_HEAD_DIM:
+        raise UsageError("head_dim", case.head_dim, f"must be <= {MAX_HEAD_DIM}")
+    if case.nheads % case.nheads_k:
+        raise UsageError("nheads_k", case.nheads_k,
+                         f"number of heads in key/value must divide nheads={case.nheads}")
+    for name, allowed in (("dtype", DTYPES), ("regime", REGIMES), ("layout", LAYOUTS), ("init", INITS)):
+        if getattr(case, name) not in allowed:
+            raise UsageError(name, getattr(case, name), f"must be one of {', '.join(allowed)}")
+    if not isinstance(case.causal, bool):
+        raise UsageError("causal", case.causal, "must be true or false")
+    if case.softmax_scale is not None:
+        s = case.softmax_scale
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0 < s <= MAX_SCALE:
+            raise UsageError("softmax_scale", s, f"must be a number in (0, {MAX_SCALE:g}], or null for "
+                                                 "head_dim ** -0.5 (past it fp32 logits overflow)")
+    _check_variants(case)
+
+
+def _check_variants(case) -> None:
+    w = case.window
+    if not isinstance(w, (list, tuple)) or len(w) != 2:
+        raise UsageError("window", w, "must be [left, right]")
+    for side, bound in zip(("left", "right"), w):
+        if isinstance(bound, bool) or not isinstance(bound, int) or not -1 <= bound <= MAX_INT:
+            raise UsageError("window", f"[{side} bound of {_digits(bound)}]",
+                             f"the {side} bound must be an integer in -1..{MAX_INT} (-1: no bound)")
+    object.__setattr__(case, "window", tuple(w))  # JSON gives a list
+    c = case.softcap
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) or not 0 <= c <= MAX_SCALE:
+        raise UsageError("softcap", c, f"must be a number in [0, {MAX_SCALE:g}] (0: off; a larger cap leaves "
+                                       "every logit as it is)")
+    for name, allowed in (("alibi", ALIBI), ("sinks", SINKS)):
+        if getattr(case, name) not in allowed:
+            raise UsageError(name, getattr(case, name), f"must be one of {', '.join(allowed)}")
+    if case.head_dim_v is not None:
+        _require_int("head_dim_v", case.head_dim_v, minimum=1)
+        if case.head_dim_v > MAX_HEAD_DIM_V:
+            raise UsageError("head_dim_v", case.head_dim_v, f"must be in 1..{MAX_HEAD_DIM_V}, or null for head_dim")
+    _check_ragged(case)
+    _check_masks(case)
+
+
+def _check_masks(case) -> None:
+    for name, allowed in (("mask", MASKS), ("mask_shape", MASK_SHAPES), ("bias", BIASES),
+                          ("bias_shape", MASK_SHAPES[:-1]), ("bias_dtype", BIAS_DTYPES), ("score_mod", SCORE_MODS)):
+        if getattr(case, name) not in allowed:
+            raise UsageError(name, getattr(case, name), f"must be one of {', '.join(allowed)}")
+    for name in ("mask_nan", "bias_grad"):
+        if not isinstance(getattr(case, name), bool):
+            raise UsageError(name, getattr(case, name), "must be true or false")
+    _require_int("mask_block", case.mask_block, minimum=0)
+    _require_int("mask_rate", case.mask_rate, minimum=0)
+    if case.mask_rate > 100:
+        raise UsageError("mask_rate", case.mask_rate, "must be a percent in 0..100")
+    used = [n for n in ("mask", "bias", "score_mod") if getattr(case, n) != "off"]
+    if used and (case.kind != "dense" or case.splits > 1):
+        raise UsageError(used[0], getattr(case, used[0]), "is for dense cases only (not varlen, paged or split)")
+    if case.mask != "off" and case.bias != "off":
+        raise UsageError("bias", case.bias, "a case has a mask or a bias, not both (SDPA takes one attn_mask)")
+    if case.score_mod != "off" and (case.softcap or case.alibi != "off"):
+        raise UsageError("score_mod", case.score_mod, "replaces softcap and alibi: leave those off")
+    if case.mask == "off":
+        for name in ("mask_shape", "mask_block", "mask_rate", "mask_lengths", "mask_nan"):
+            if getattr(case, name) != VARIANT_DEFAULTS[name]:
+                raise UsageError(name, getattr(case, name), "is for cases with a mask (mask is off)")
+    if case.bias == "off":
+        for name in ("bias_shape", "bias_dtype", "bias_grad"):
+            if getattr(case, name) != VARIANT_DEFAULTS[name]:
+                raise UsageError(name, getattr(case, name), "is for cases with a bias (bias is off)")
+    if case.mask_shape == "keys" and case.mask not in KEY_MASKS:
+        raise UsageError("mask_shape", "keys", f"takes a key mask: mask must be one of {', '.join(KEY_MASKS)}")
+    if case.mask == "block":
+        _require_int("mask_block", case.mask_block, minimum=1)
+    elif case.mask_block:
+        raise UsageError("mask_block", case.mask_block, "is for mask \"block\" only")
+    if case.mask_rate and case.mask not in ("block", "random"):
+        raise UsageError("mask_rate", case.mask_rate, "is for masks \"block\" and \"random\" only")
+    _check_mask_lengths(case)
+
+
+def _check_mask_lengths(case) -> None:
+    """padding: [q_len, k_len] per batch element; document: [q_len, k_len] per document; prefix: [n]."""
+    lengths = case.mask_lengths
+    if case.mask not in ("padding", "document", "prefix"):
+        if lengths is not None:
+            raise UsageError("mask_lengths", lengths, "is for masks padding, document and prefix only")
+        return
+    width = 1 if case.mask == "prefix" else 2
+    rule = "[prefix]" if width == 1 else "a list of [q_len, k_len] pairs"
+    if not isinstance(lengths, (list, tuple)) or not lengths or not all(
+            isinstance(p, (list, tuple)) and len(p) == width for p in lengths):
+        raise UsageError("mask_lengths", lengths, f"must be {rule} for mask {case.mask}"
+                         if width == 2 else "must be [[prefix]] for mask prefix")
+    for pair in lengths:
+        for n in pair:
+            _require_int("mask_lengths", n, minimum=0)
+    lengths = tuple(tuple(p) for p in lengths)
+    object.__setattr__(case, "mask_lengths", lengths)
+    if case.mask == "padding" and len(lengths) != case.batch:
+        raise UsageError("mask_lengths", list(map(list, lengths)),
+                         f"must have one pair per batch element ({case.batch})")
+    if case.mask == "padding" and any(a > case.seqlen_q or b > case.seqlen_k for a, b in lengths):
+        raise UsageError("mask_lengths", list(map(list, lengths)),
+                         f"each [q_len, k_len] must be within [{case.seqlen_q}, {case.seqlen_k}]")
+    if case.mask == "prefix" and len(lengths) != 1:
+        raise UsageError("mask_lengths", list(map(list, lengths)), "must be [[prefix]] for mask prefix")
+
+
+def _check_ragged(case) -> None:
+    if case.seqlens is not None and case.cache_seqlens is not None:
+        raise UsageError("seqlens", list(case.seqlens), "a case is varlen or paged, not both (cache_seqlens is set)")
+    _require_int("tail", case.tail, minimum=0)
+    _require_int("splits", case.splits, minimum=1)
+    if case.splits > MAX_SPLITS:
+        raise UsageError("splits", case.splits, f"must be in 1..{MAX_SPLITS}")
+    if case.splits > 1 and case.sinks != "off":
+        raise UsageError("splits", case.splits, "split-KV partials do not take sinks (a sink belongs to no key range)")
+    if case.seqlens is not None:
+        pairs = case.seqlens
+        if not isinstance(pairs, (list, tuple)) or not pairs or not all(
+                isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+            raise UsageError("seqlens", pairs, "must be a non-empty list of [seqlen_q, seqlen_k] pairs")
+        for pair in pairs:
+            for n in pair:
+                _require_int("seqlens", n, minimum=0)
+        pairs = tuple(tuple(p) for p in pairs)
+        object.__setattr__(case, "seqlens", pairs)
+        _require_shape(case, "seqlens", list(map(list, pairs)), len(pairs), max(p[0] for p in pairs),
+                            max(p[1] for p in pairs))
+    elif case.tail:
+        raise UsageError("tail", case.tail, "is for varlen cases only (seqlens is not set)")
+    if case.cache_seqlens is None:
+        for name in ("page_size", "pages", "pool"):
+            if getattr(case, name) != VARIANT_DEFAULTS[name]:
+                raise UsageError(name, getattr(case, name), "is for paged cases only (cache_seqlens is not set)")
+        return
+    lengths = case.cache_seqlens
+    if not isinstance(lengths, (list, tuple)) or not lengths:
+        raise UsageError("cache_seqlens", lengths, "must be a non-empty list of key counts, one per sequence")
+    for n in lengths:
+        _require_int("cache_seqlens", n, minimum=0)
+    object.__setattr__(case, "cache_seqlens", tuple(lengths))
+    _require_shape(case, "cache_seqlens", list(lengths), len(lengths), case.seqlen_q, max(lengths))
+    _require_int("page_size", case.page_size, minimum=1)
+    if case.pages not in PAGE_ORDERS:
+        raise UsageError("pages", case.pages, f"must be one of {', '.join(PAGE_ORDERS)}")
+    _require_int("pool", case.pool, minimum=0)
+    need = case.pages_used + 1
+    if case.pool and case.pool < need:
+        raise UsageError("pool", case.pool, f"must be 0 or at least {need} (the pages used, and one unused)")
+
+
+def _require_shape(case, name: str, value: list, batch: int, seqlen_q: int, seqlen_k: int) -> None:
+    """batch, seqlen_q and seqlen_k of a varlen or paged case are what its sequences give."""
+    if batch > MAX_SEQUENCES:
+        raise UsageError(name, f"[{batch} sequences]", f"must have at most {MAX_SEQUENCES} sequences (the FP64 "
+                                                       "reference takes them one at a time)")
+    if case.layout != "contiguous":
+        raise UsageError("layout", case.layout, f"must be contiguous for a case with {name}")
+    want = {"batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k}
+    for field, n in want.items():
+        if getattr(case, field) != n:
+            raise UsageError(field, getattr(case, field), f"must be {n}, as {name} {value} gives")
+
+
+def _digits(value) -> str:
+    """A value for an error message: a huge integer by its size, not its thousands of digits."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() >= 64:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)[:40]
+
+
+def _require_int(name: str, value: object, *, minimum: int, maximum: int = MAX_INT) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(name, value, "must be an integer")
+    if value < minimum:
+        raise UsageError(name, value, f"must be >= {minimum}")
+    if value > maximum:
+        raise UsageError(name, value if value.bit_length() < 64 else f"an integer of {value.bit_length()} bits",
+                         f"must be <= {maximum}")

@@ -1,0 +1,412 @@
+"""Hypothesis strategies that draw Cases.
+
+Every strategy shrinks toward the simplest case that still fails: batch 1, one head, no GQA, seqlen 1,
+the first head dim of HEAD_DIMS, regime "normal", layout "contiguous", init "-inf", default scale,
+seed 0. Sequence lengths come from block-boundary values most of the time (where tail handling breaks)
+and from the whole range otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+from faverify.cases.case import Case
+from faverify.cases.vocabulary import (
+    DTYPES,
+    FEATURES,
+    INITS,
+    KEY_MASKS,
+    LAYOUTS,
+    MASK_SHAPES,
+    MASKS,
+    MAX_HEAD_DIM,
+    MAX_HEAD_DIM_V,
+    PAGE_ORDERS,
+    REGIMES,
+    VARIANT_FEATURES,
+)
+from faverify.errors import UsageError
+
+# Block boundaries of common tile sizes (16..128) and their neighbours, odd lengths, one-row cases, and the
+# tail tiles the trackers' bugs need: n % 32 == 1, n % 128 == 64 (a half tile), n % 128 == 127.
+SEQLENS = (1, 2, 17, 33, 63, 64, 65, 97, 113, 127, 128, 129, 192, 203, 255, 256, 257, 320, 383, 448, 511, 512,
+           513, 704, 1000, 1023, 1024, 1025, 1088, 1089, 1344, 2047, 2048)
+ONE_KEY_ODDS = 16  # one case in this many more has seqlen_k = 1 (one key, every row on it): 17% of cases, 12% without
+# Powers of two and the non-powers real models use (40, 72, 80, 96, 160, 192).
+HEAD_DIMS = (16, 32, 40, 64, 72, 80, 96, 128, 160, 192, 256)
+COMMON_HEAD_DIMS = (64, 128)
+GROUPS = (1, 2, 4, 8)  # query heads per kv head: 1 is MHA, the rest GQA, nheads_k == 1 is MQA
+SCALES = (None, 1e-3, 2.0)  # default d^-0.5, tiny (near-uniform attention), large (sharp attention)
+# Caps small enough that typical logits reach them, and the ones models use (Gemma 2: 50, 30)
+SOFTCAPS = (0.5, 1.0, 5.0, 30.0, 50.0)
+HEAD_DIMS_V = (64, 128, 512)  # MLA's 192/128 and 576/512 among the q/k head dims drawn
+# A sequence of a varlen batch: one token (what shrinking goes to), none, and the tile edges
+SEQUENCE_LENGTHS = (1, 0, 2, 17, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 1023, 1024, 1025)
+TAILS = (0, 1, 7, 64)  # unused tokens past a varlen batch's last offset
+EMPTY_SIDES = ("none", "keys", "keys", "queries", "queries")
+EMPTY_CACHE = (False, False, True)  # a paged batch's cache made empty, one in three
+# Page sizes: 1 first (shrinking goes there), the common 16 and 64, and non-powers of two
+PAGE_SIZES = (1, 16, 64, 3, 7, 13, 256)
+SPLITS = (2, 3, 4, 7, 16)
+LONG_CACHE_ODDS = 16  # one paged case in this many has a cache past max_seqlen (up to Limits.max_cache)
+HUGE_POOL_ODDS = 32  # one paged case in this many has a pool past 2^32 elements, where Limits allow it
+INT32_ELEMENTS = 1 << 31  # offsets into a pool this large overflow a signed 32-bit product
+# Masks and biases: block sizes (16 first; 17 and 48 leave tails in every tile size), percents of blocks or
+# elements masked (0 first: nothing masked), and the most elements a per-batch, per-head mask or bias may
+# have (b * h * sq * sk): past it only the shared shapes are drawn (the FP64 dbias alone is 8 bytes each)
+MASK_BLOCKS = (16, 32, 64, 128, 17, 48)
+MASK_RATES = (0, 50, 25, 75, 90, 100)
+MAX_DOCUMENTS = 4
+MAX_MASK_ELEMENTS = 1 << 24
+# How a case of a subject that declares features draws them: "plain", none (dense attention, the call users
+# make most; the kernels' plain build); "one", a single feature alone (a window alone, ALiBi alone: each has a
+# kernel path of its own); "each", every feature on or off by itself (the combinations). In a draw of many
+# features "each" alone left plain attention to 2 cases in 200 (triton, CPU).
+FEATURE_MIXES = ("plain", "one", "one", "one", "one", "each", "each", "each")
+SUB_FEATURES = {"mask_nan": "mask", "bias_grad": "bias"}  # drawn only with the feature they qualify
+EXCLUSIVE = ("varlen", "paged", "mask", "bias", "score_mod")  # a case has at most one of them (and splits)
+ON = (False, True, True)  # a variant feature of an "each" case is on two times in three (shrinks to off)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Largest shapes drawn; they follow the device so a CPU run stays quick."""
+
+    max_seqlen: int
+    max_batch: int
+    max_heads: int
+    max_elements: int  # cap on batch * seqlen * nheads * head_dim of the largest of q, k
+    max_cache: int = 0  # longest paged cache drawn (0: max_seqlen)
+    # largest page pool, in elements of k_cache: a pool past 2^31 elements overflows 32-bit offset products
+    # (vLLM tests 32768 pages for it); 0: no pool larger than its pages need
+    max_pool_elements: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_seqlen", "max_batch", "max_heads", "max_elements"):
+            if getattr(self, name) < 1:
+                raise UsageError(name.replace("_", "-"), getattr(self, name), "must be >= 1")
+
+
+CPU_LIMITS = Limits(max_seqlen=256, max_batch=2, max_heads=4, max_elements=1 << 17)
+GPU_LIMITS = Limits(max_seqlen=2048, max_batch=4, max_heads=16, max_elements=1 << 22, max_cache=1 << 17,
+                    max_pool_elements=1 << 33)
+
+
+def limits_for(device_type: str, max_seqlen: int | None = None) -> Limits:
+    base = GPU_LIMITS if device_type == "cuda" else CPU_LIMITS
+    if max_seqlen is None:
+        return base
+    return Limits(max_seqlen, base.max_batch, base.max_heads, max(base.max_elements, max_seqlen * 16),
+                  max(base.max_cache, max_seqlen), base.max_pool_elements)
+
+
+def seqlens(*, max_seqlen: int) -> st.SearchStrategy[int]:
+    """Block-boundary lengths first (shrinks to 1), then any length up to max_seqlen."""
+    boundary = [s for s in SEQLENS if s <= max_seqlen] or [1]
+    return st.one_of(st.sampled_from(boundary), st.integers(min_value=1, max_value=max_seqlen))
+
+
+@st.composite
+def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes: tuple = REGIMES,
+          layouts: tuple = LAYOUTS, inits: tuple = INITS, causal: bool | None = None,
+          head_dims: tuple = HEAD_DIMS, exact_head_dims: bool = False, features: tuple = (),
+          always_split: bool = False, ragged_only: bool = False, masks: tuple = MASKS[1:],
+          speculative: bool = False, head_dim_multiple: int = 1, shapes: tuple = (),
+          mixes: tuple = FEATURE_MIXES, max_head_dim_v: int = MAX_HEAD_DIM_V) -> Case:
+    """A Case within `limits`. Arguments narrow the choices; each must be a non-empty subset. Head dims
+    are drawn from head_dims or anywhere between its least and largest, or only from it (exact; v's head
+    dim too, where head_dim_v is drawn).
+    features: the variant features (vocabulary.FEATURES) drawn after every dense field, so a dense draw is the
+    same whatever the features, in one of `mixes` per case (FEATURE_MIXES: none of them, one alone, or
+    each on or off); each shrinks to off. "varlen" and "paged"
+    replace the batch by sequences of their own lengths (ragged); always_split: every case has splits
+    (a split-KV combine's cases); ragged_only: every case varlen or paged (of those in features); masks:
+    the mask patterns drawn when features has "mask" (vocabulary.MASKS); speculative: GQA groups of 2 or more
+    and, for paged cases, 2 to 16 query rows (a speculative decode: a packed decode tile then holds
+    several queries of several heads); head_dim_multiple: q/k's and v's head dims rounded up to multiples of
+    it (a subject's Capabilities.head_dim_multiple), the draw otherwise the same; shapes: a shape budget
+    (shape_pool), each case taking the tensors' shape of one of them (SHAPE_FIELDS), its values, regime,
+    layout and features its own, so a subject that compiles or plans per shape does so len(shapes) times;
+    max_head_dim_v: the largest value head dim drawn (a subject's max_head_dim)."""
+    for name, chosen, allowed in (("dtypes", dtypes, DTYPES), ("regimes", regimes, REGIMES),
+                                  ("layouts", layouts, LAYOUTS), ("inits", inits, INITS)):
+        if not chosen or not set(chosen) <= set(allowed):
+            raise UsageError(name, chosen, f"must be a non-empty subset of {', '.join(allowed)}")
+    if not head_dims or not all(1 <= d <= MAX_HEAD_DIM for d in head_dims):
+        raise UsageError("head_dims", head_dims, f"must be non-empty, each in 1..{MAX_HEAD_DIM}")
+    if not set(features) <= set(FEATURES):
+        raise UsageError("features", features, f"each must be one of {', '.join(FEATURES)}")
+
+    dtype = draw(st.sampled_from(dtypes))
+    is_causal = draw(st.booleans()) if causal is None else causal
+    if len(head_dims) == 1:
+        head_dim = head_dims[0]
+    elif exact_head_dims:
+        head_dim = draw(st.sampled_from(head_dims))
+    else:
+        # the head dims models use most, a third of the time: the kernels' unpadded, aligned builds take them
+        common = [d for d in COMMON_HEAD_DIMS if min(head_dims) <= d <= max(head_dims)] or list(head_dims)
+        head_dim = draw(st.one_of(st.sampled_from(head_dims), st.integers(min(head_dims), max(head_dims)),
+                                  st.sampled_from(common)))
+    head_dim = aligned(head_dim, head_dim_multiple, MAX_HEAD_DIM)
+    least = 2 if speculative else 1  # the group
+    nheads_k = draw(st.integers(1, max(1, min(4, limits.max_heads // least))))
+    # every group drawn from all of GROUPS, then halved to fit: a list that depends on nheads_k would draw no
+    # choice where it has one element, and the shrinker cannot insert the choice that nheads_k 1 needs
+    group = draw(st.sampled_from(GROUPS[1:] if least > 1 else GROUPS))
+    while group > least and group * nheads_k > limits.max_heads:
+        group //= 2
+    nheads = nheads_k * group
+    cap = _seqlen_cap(limits, nheads, head_dim)
+    seqlen_q = draw(seqlens(max_seqlen=cap))
+    seqlen_k = draw(seqlens(max_seqlen=cap))
+    if draw(st.sampled_from(range(ONE_KEY_ODDS))) == 0:  # shrinks to 0: seqlen_k 1, the simpler case
+        seqlen_k = 1
+    most = max(1, min(limits.max_batch, limits.max_elements // (max(seqlen_q, seqlen_k) * nheads * head_dim)))
+    # the most that fits, two times in three: a batch of several is where per-batch strides and masks show.
+    # Drawn as a number and a choice, not a one_of: a shrink from just(most) to integers() would have to
+    # insert a choice, which Hypothesis's shrinker does not do (batch 2 stayed in minimal cases)
+    batch = draw(st.integers(1, most))
+    batch = most if draw(st.sampled_from((False, True, True))) else batch
+    pooled = shapes[draw(st.integers(0, len(shapes) - 1))] if shapes else None  # shrinks to the first shape
+    if pooled:
+        batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, is_causal = (
+            pooled[f] for f in ("batch", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "dtype", "causal"))
+        cap = _seqlen_cap(limits, nheads, head_dim)
+    dense = dict(
+        batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, nheads=nheads, nheads_k=nheads_k, head_dim=head_dim,
+        dtype=dtype, causal=is_causal,
+        softmax_scale=draw(st.sampled_from(SCALES)),
+        regime=draw(st.sampled_from(regimes)),
+        layout=draw(st.sampled_from(layouts)),
+        init=draw(st.sampled_from(inits)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+    features, forced = draw(_mixture(features, mixes, ragged_only))
+    variant = draw(variants(tuple(f for f in VARIANT_FEATURES if f in features), seqlen_k=seqlen_k, forced=forced,
+                            max_head_dim_v=max_head_dim_v))
+    if "head_dim_v" in variant:
+        variant["head_dim_v"] = aligned(variant["head_dim_v"], head_dim_multiple, MAX_HEAD_DIM_V)
+        if exact_head_dims:  # v's head dim one of them too (a draw of its own: the default draw is unchanged)
+            variant["head_dim_v"] = draw(st.sampled_from(head_dims))
+    if pooled:  # v's head dim is the shape's too
+        variant.pop("head_dim_v", None)
+        if pooled["head_dim_v"] is not None:
+            variant["head_dim_v"] = pooled["head_dim_v"]
+    if variant.get("sinks") and (always_split or "splits" in features):
+        del variant["sinks"]  # split-KV partials take no sinks (a sink belongs to no key range)
+    kinds = tuple(k for k in ("varlen", "paged") if k in features)
+    # drawn only when asked for, so a draw without them is the same as it always was; masks and biases take
+    # dense cases only, so a subject that declares them draws dense batches as often as ragged ones
+    dense_weight = len(kinds) if set(features) & {"mask", "bias", "score_mod"} else 1
+    shape = draw(ragged(kinds, dense, limits, cap, ragged_only=ragged_only or forced in kinds,
+                        speculative=speculative, dense_weight=dense_weight)) if kinds else {}
+    if always_split or "splits" in features:
+        choices = SPLITS if always_split or forced == "splits" else (1,) + SPLITS
+        shape["splits"] = draw(st.sampled_from(choices))
+    mask_features = set(features) & {"mask", "bias", "score_mod"}
+    if mask_features and not shape.get("cache_seqlens") and not shape.get("seqlens") and shape.get("splits", 1) == 1:
+        # may drop softcap and ALiBi
+        variant.update(draw(masked(tuple(features), dense, variant, masks, forced=forced)))
+    return Case(**{**dense, **variant, **shape})
+
+
+@st.composite
+def _mixture(draw, features: tuple, mixes: tuple, ragged_only: bool) -> tuple:
+    """(the features this case draws, the one it must use or None): FEATURE_MIXES. A ragged-only subject's
+    varlen or paged is not optional, nor are the features qualifying another (SUB_FEATURES)."""
+    required = tuple(f for f in features if ragged_only and f in ("varlen", "paged"))
+    optional = [f for f in features if f not in SUB_FEATURES and f not in required]
+    if not optional:
+        return features, None
+    mix = draw(st.sampled_from(mixes))
+    if mix == "each":
+        return features, None
+    if mix == "plain":
+        return required, None
+    # where ragged batches and masks compete for the cases (masks take dense batches alone), the features that
+    # take a case of their own twice as often: they share the cases among them, where the others add to any
+    competing = {"varlen", "paged"} & set(optional)
+    one = draw(st.sampled_from(optional + [f for f in optional if f in EXCLUSIVE and competing]))
+    return required + (one,) + tuple(f for f, of in SUB_FEATURES.items() if of == one and f in features), one
+
+
+@st.composite
+def masked(draw, features: tuple, dense: dict, variant: dict, patterns: tuple, forced: str | None = None) -> dict:
+    """A mask or a bias (or neither: what it shrinks to), and a score_mod, for a dense case. Shrinking goes
+    toward nothing masked: full lengths, no prefix, a masked percent of 0, one document."""
+    b, h, sq, sk = dense["batch"], dense["nheads"], dense["seqlen_q"], dense["seqlen_k"]
+    small = b * h * sq * sk <= MAX_MASK_ELEMENTS
+    out = {}
+    # eight cases in nine of a subject that declares both carry a mask or a bias (shrinks to neither)
+    kinds = ["off"] + 4 * [k for k in ("mask", "bias") if k in features]
+    kind = forced if forced in ("mask", "bias") else draw(st.sampled_from(kinds))
+    if kind == "mask":
+        # block and padding patterns twice as often: tail blocks, key masks, rows left without a key
+        pattern = draw(st.sampled_from(patterns + tuple(p for p in ("block", "padding") if p in patterns
+                                                        and len(patterns) > 1)))
+        shapes = [s for s in (MASK_SHAPES if small else ("shared", "keys"))
+                  if s != "keys" or pattern in KEY_MASKS] or ["shared"]
+        if pattern in KEY_MASKS:  # a key mask where the pattern can be one
+            shapes += ["keys"] * 3
+        if small and b >= 2 and h >= 2:  # a mask of its own per batch element and head, where there are several
+            shapes += ["full"] * 5
+        out.update(mask=pattern, mask_shape=draw(st.sampled_from(shapes)))
+        if pattern == "padding":
+            out["mask_lengths"] = tuple((draw(_kept(sq)), draw(_kept(sk))) for _ in range(b))
+        elif pattern == "document":
+            n = draw(st.integers(1, MAX_DOCUMENTS))
+            out["mask_lengths"] = tuple((draw(st.integers(0, sq)), draw(st.integers(0, sk))) for _ in range(n))
+        elif pattern == "prefix":
+            out["mask_lengths"] = ((draw(st.integers(0, sk)),),)
+        if pattern == "block":
+            out["mask_block"] = draw(st.sampled_from(MASK_BLOCKS))
+        if pattern in ("block", "random"):
+            out["mask_rate"] = draw(st.one_of(st.sampled_from(MASK_RATES), st.integers(0, 100)))
+        if "mask_nan" in features:
+            out["mask_nan"] = draw(st.booleans())
+    elif kind == "bias":
+        several = b >= 2 and h >= 2  # finfo.min at other positions per batch element and head
+        out.update(bias=draw(st.sampled_from(("normal",) + ("large", "min") * 2 + (("min",) * 2 if several else ()))),
+                   bias_shape=draw(st.sampled_from(MASK_SHAPES[:-1] if small else ("shared",))),
+                   bias_dtype=draw(st.sampled_from(("input", "fp32"))))
+        if "bias_grad" in features:  # most cases of a subject that declares it (shrinks to no gradient)
+            out["bias_grad"] = draw(st.sampled_from((False, True, True, True)))
+    # half the cases of a subject that declares score_mod (shrinks to none); a score_mod takes the place of
+    # softcap and ALiBi, which it expresses
+    if "score_mod" in features and (forced == "score_mod" or draw(st.booleans())):
+        out["score_mod"] = draw(st.sampled_from(("relative", "alibi", "softcap")))
+        variant.pop("softcap", None)
+        variant.pop("alibi", None)
+    return out
+
+
+def _kept(n: int) -> st.SearchStrategy[int]:
+    """A padding length in 0..n: n first (nothing padded), then the edges (none kept, one, one short)."""
+    return st.one_of(st.sampled_from(list(dict.fromkeys((n, 0, 1, max(0, n - 1))))), st.integers(0, n))
+
+
+def _lengths(cap: int) -> st.SearchStrategy[int]:
+    """One sequence's length: tile edges most of the time (0, a zero-length sequence, among them), any
+    length up to cap otherwise; shrinks to 1."""
+    edges = [n for n in SEQUENCE_LENGTHS if n <= cap] or [1]
+    return st.one_of(st.sampled_from(edges), st.integers(0, cap))
+
+
+@st.composite
+def ragged(draw, kinds: tuple, dense: dict, limits: Limits, cap: int, ragged_only: bool = False,
+           speculative: bool = False, dense_weight: int = 1) -> dict:
+    """The fields of a varlen or a paged batch (or none: dense, what it shrinks to). Varlen: 1 to
+    2 * max_batch sequences, each (seqlen_q, seqlen_k) from _lengths, one of them maybe as long as a dense
+    case may be, and a tail. Paged: a decode step (1..16 queries) or the dense draw's seqlen_q against
+    caches of _lengths, now and then one past max_seqlen, in pages of PAGE_SIZES laid out per PAGE_ORDERS."""
+    kind = draw(st.sampled_from(kinds if ragged_only else ("dense",) * dense_weight + kinds))
+    if kind == "dense":
+        return {}
+    most = max(2, 2 * limits.max_batch)
+    n = draw(st.one_of(st.just(1), st.integers(1, most), st.integers(min(3, most), most)))  # one, or three or more
+    each = max(1, cap // n)
+    heads, d = dense["nheads_k"], dense["head_dim"]
+    if kind == "varlen":
+        pairs = [[draw(_lengths(each)), draw(_lengths(each))] for _ in range(n)]
+        if draw(st.booleans()):  # one long sequence among short ones
+            pairs[draw(st.integers(0, n - 1))] = [draw(st.integers(each, cap)), draw(st.integers(each, cap))]
+        empty = draw(st.sampled_from(EMPTY_SIDES))  # a sequence with no key or no query (shrinks to neither)
+        if empty == "queries" and n == 1:  # one more sequence, whose queries are none
+            pairs.append([0, draw(_lengths(each))])
+        elif empty != "none":
+            pairs[draw(st.integers(0, n - 1))][1 if empty == "keys" else 0] = 0
+        if max(p[0] for p in pairs) == 0:
+            pairs[0][0] = 1  # at least one query row
+        return dict(batch=len(pairs), seqlen_q=max(p[0] for p in pairs), seqlen_k=max(p[1] for p in pairs),
+                    seqlens=tuple(map(tuple, pairs)), tail=draw(st.sampled_from(TAILS)), layout="contiguous")
+    seqlen_q = draw(st.integers(2, 16) if speculative else
+                    st.one_of(st.just(1), st.integers(1, 16), st.just(dense["seqlen_q"])))
+    # the values are drawn as a padded [n, longest, hk, d] batch: 32 dense cases' worth at most
+    longest = max(min(limits.max_cache, 32 * limits.max_elements // (n * heads * d)), limits.max_seqlen)
+    caches = [draw(_lengths(each)) for _ in range(n)]
+    if draw(st.sampled_from(EMPTY_CACHE)) and n > 1:  # an empty cache among the others (shrinks to none)
+        caches[draw(st.integers(0, n - 1))] = 0
+    if longest > each and draw(st.sampled_from(range(LONG_CACHE_ODDS))) == LONG_CACHE_ODDS - 1:
+        caches[draw(st.integers(0, n - 1))] = draw(st.integers(each, longest))
+    # one token a page four times as often, pages of no power of two twice as often
+    page_size = draw(st.sampled_from(PAGE_SIZES[:1] * 3 + PAGE_SIZES + tuple(n for n in PAGE_SIZES if n & (n - 1))))
+    pages = draw(st.sampled_from(PAGE_ORDERS + PAGE_ORDERS[1:]))  # out of order twice as often
+    shape = dict(batch=n, seqlen_q=seqlen_q, seqlen_k=max(caches), cache_seqlens=tuple(caches), page_size=page_size,
+                 pages=pages, layout="contiguous")
+    page_elements = page_size * heads * d
+    huge = -(-2 * INT32_ELEMENTS // page_elements)  # half the pool past the 32-bit offsets
+    if (huge * page_elements <= limits.max_pool_elements
+            and draw(st.sampled_from(range(HUGE_POOL_ODDS))) == HUGE_POOL_ODDS - 1):
+        used = Case(**{**dense, **shape}).pages_used
+        shape.update(pool=max(huge, used + 1), pages="random")
+    return shape
+
+
+# What a shape budget keeps to its pool: the tensors' shapes, dtype and causal (what a JIT compiles, or a
+# cuDNN plan is built, for). A ragged case's sequences are drawn as ever, within the pooled batch.
+SHAPE_FIELDS = ("batch", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "head_dim_v", "dtype", "causal")
+
+
+def shape_pool(drawn: list, budget: int) -> tuple:
+    """`budget` distinct shapes (SHAPE_FIELDS) of the drawn cases, as dicts, spread evenly over the distinct
+    ones in drawing order: Hypothesis draws small cases first (its very first at every least size) and
+    larger ones later, so the pool holds both, without the least one. All of them where there are fewer.
+    Dense cases' shapes alone: a ragged case's fields summarize its sequences (a paged one whose caches
+    are all empty has seqlen_k 0), which no dense case may take."""
+    distinct: list = []
+    for case in drawn:
+        if case.kind != "dense":
+            continue
+        shape = {f: getattr(case, f) for f in SHAPE_FIELDS}
+        if shape not in distinct:
+            distinct.append(shape)
+    if len(distinct) <= budget:
+        return tuple(distinct)
+    return tuple(distinct[(i + 1) * len(distinct) // (budget + 1)] for i in range(budget))
+
+
+def _seqlen_cap(limits: Limits, nheads: int, head_dim: int) -> int:
+    """The longest sequence a case of these heads may draw within the limits (the ragged draw's cap too)."""
+    return max(1, min(limits.max_seqlen, limits.max_elements // (nheads * head_dim)))
+
+
+def aligned(head_dim: int, multiple: int, limit: int) -> int:
+    """head_dim rounded up to a multiple of `multiple`, or down where up would pass limit."""
+    up = -(-head_dim // multiple) * multiple
+    return up if up <= limit else max(multiple, head_dim // multiple * multiple)
+
+
+def _bound(seqlen_k: int) -> st.SearchStrategy[int]:
+    """One side of a window, at its edges two times in three: no bound, 0 (the diagonal alone; twice as
+    often), one key, one short of seqlen_k, wider than seqlen_k."""
+    edges = st.sampled_from(sorted({-1, 0, 1, max(0, seqlen_k - 1), seqlen_k + 3}) + [0])
+    return st.one_of(edges, edges, st.integers(-1, seqlen_k + 8))
+
+
+@st.composite
+def variants(draw, features: tuple, *, seqlen_k: int, forced: str | None = None,
+             max_head_dim_v: int = MAX_HEAD_DIM_V) -> dict:
+    """The variant fields for the features given, each on or off (off first: shrinking turns it off), the
+    forced one on."""
+    out = {}
+    for f in features:
+        if f != forced and not draw(st.sampled_from(ON)):
+            continue
+        if f == "window":
+            out["window"] = (draw(_bound(seqlen_k)), draw(_bound(seqlen_k)))
+        elif f == "softcap":
+            out["softcap"] = draw(st.one_of(st.sampled_from(SOFTCAPS), st.floats(0.05, 100.0)))
+        elif f == "alibi":
+            out["alibi"] = draw(st.sampled_from(("head", "batch-head", "zero")))
+        elif f == "sinks":
+            # about the rows' lse (twice as often: there its gradient is largest), all the weight, none
+            out["sinks"] = draw(st.sampled_from(("around", "above", "below", "around")))
+        elif f == "head_dim_v":
+            # up to 256 like q/k's (what most kernels take), 512 (MLA) among the edges
+            listed = [d for d in HEAD_DIMS_V + HEAD_DIMS if d <= max_head_dim_v]
+            out["head_dim_v"] = draw(st.one_of(st.sampled_from(listed), st.integers(1, min(MAX_HEAD_DIM,
+                                                                                           max_head_dim_v)),
+                                               st.sampled_from(COMMON_HEAD_DIMS)))
+    return out

@@ -1,0 +1,67 @@
+"""The case vocabulary: the values each field of a Case takes, the limits it is held to, and the tensors a
+case's call produces. The draw (strategies.py), the checks (checks.py) and every subject read them here."""
+
+DTYPES = ("bf16", "fp16", "fp32")
+# inputs.py draws each; "negative" and "lone-key" make rows whose every logit is far below zero (the bugs of
+# kernels with a finite -inf sentinel, or that take exp of an lse in fp32)
+REGIMES = ("normal", "large", "bf16-scale", "outliers", "constant", "peaked", "tiny", "negative", "lone-key")
+# "broadcast": k and v expanded over batch and kv heads (stride 0); "spread": every stride of q, k, v
+# twice or more the contiguous one
+LAYOUTS = ("contiguous", "transposed", "strided", "packed", "broadcast", "spread")
+INITS = ("-inf", "-1e30")
+MAX_HEAD_DIM = 256
+MAX_HEAD_DIM_V = 512  # MLA's value head dim (576/512 for q/k and v)
+MAX_SEED = 2**63
+# every length, count and bound a kernel indexes with fits a signed 32-bit integer
+MAX_INT = 2**31 - 1
+# the largest softmax_scale and softcap: past it the logits of ordinary inputs overflow fp32
+MAX_SCALE = 1e6
+MAX_SEQUENCES = 1 << 16  # of a varlen or paged case
+# ALiBi slopes: per head, per batch and head, or all zero (must give dense attention); drawn from the seed
+ALIBI = ("off", "head", "batch-head", "zero")
+# Sink logits per head, drawn from the seed: about the size of the rows' own log-sum-exp, far above every
+# logit (all weight on the sink, out near 0) or far below (no weight on it)
+SINKS = ("off", "around", "above", "below")
+# "varlen", "paged" and "splits" change the batch's shape rather than the logits (docs/design.md, "Ragged
+# and paged"): sequences of their own lengths packed along the token axis, keys in a paged cache, and the
+# keys cut into split-KV partial results
+VARIANT_FEATURES = ("window", "softcap", "alibi", "sinks", "head_dim_v")  # what the logits of a row are
+BATCH_FEATURES = ("varlen", "paged", "splits")  # how the batch and its keys are laid out and cut
+# masks and biases given as tensors or functions (docs/design.md, "Masks and biases"): a boolean keep-mask
+# drawn as a pattern, masked keys holding NaN, an additive bias and its gradient, a FlexAttention score_mod
+MASK_FEATURES = ("mask", "mask_nan", "bias", "bias_grad", "score_mod")
+FEATURES = VARIANT_FEATURES + BATCH_FEATURES + MASK_FEATURES
+# A mask's pattern: per-batch key and query lengths; documents packed in one sequence (block-diagonal);
+# a prefix seen by every row, causal after it; random blocks of mask_block keys and rows; random elements
+MASKS = ("off", "padding", "document", "prefix", "block", "random")
+# The mask's shape, SDPA's heads-first [b, h, sq, sk] with 1 where it broadcasts: "full" [b, h, sq, sk];
+# "batch" [1, h, sq, sk]; "heads" [b, 1, sq, sk]; "shared" [1, 1, sq, sk]; "keys" [b, 1, 1, sk], a key
+# mask every row shares (padding, block and random patterns only)
+MASK_SHAPES = ("full", "batch", "heads", "shared", "keys")
+KEY_MASKS = ("padding", "block", "random")
+# Bias values: N(0, 1); N(0, 1) * BIAS_LARGE; N(0, 1) with the bias dtype's finfo.min (the -inf stand-in
+# many callers use) at random positions and over whole rows
+BIASES = ("off", "normal", "large", "min")
+BIAS_DTYPES = ("input", "fp32")
+# score_mods of the FlexAttention signature (mods.py): a relative position bias table, ALiBi and softcap
+SCORE_MODS = ("off", "relative", "alibi", "softcap")
+# Where a paged sequence's pages lie in the pool: one after the other; the pool reversed; a random
+# permutation with unused pages between them; the first sequence's full pages shared by the others (a
+# cached prefix)
+PAGE_ORDERS = ("in-order", "reverse", "random", "shared")
+# The variant fields and their "off" values: a case that leaves them off is dense attention, and its JSON
+# leaves them out, so a dense case prints as it always did.
+VARIANT_DEFAULTS = {"window": (-1, -1), "softcap": 0.0, "alibi": "off", "sinks": "off", "head_dim_v": None,
+                    "seqlens": None, "tail": 0, "cache_seqlens": None, "page_size": 0, "pages": "in-order",
+                    "pool": 0, "splits": 1, "mask": "off", "mask_shape": "full", "mask_block": 0, "mask_rate": 0,
+                    "mask_lengths": None, "mask_nan": False, "bias": "off", "bias_shape": "full",
+                    "bias_dtype": "input", "bias_grad": False, "score_mod": "off"}
+
+
+# The most split-KV partials a case asks for and a bundled launcher makes (flash-attn's cap too): a single
+# sequence's decode over a 128k-key cache fills the H200 at 99 (kernels/triton/interface.num_splits_for).
+MAX_SPLITS = 128
+# what a case's call produces and the judge compares: the output, its log-sum-exp and the gradients
+TENSORS = ("out", "lse", "dq", "dk", "dv", "dsinks", "dbias")
+# a split-KV call's partial outputs and log-sum-exps, one per key range, before the combine
+SPLIT_TENSORS = ("out_splits", "lse_splits")

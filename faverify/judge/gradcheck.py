@@ -1,0 +1,165 @@
+"""Finite-difference check of a subject's backward against its own forward.
+
+Comparing gradients with the FP64 reference says whether they are right; this says whether they are the
+derivative of what the subject's forward computes, which catches a backward that is consistent with the
+reference only by accident (a dk that misses the softmax scale where the forward also got it wrong).
+
+L(x) = sum(w * forward(x)) along a direction e in (q, k, v) of +-1 per element:
+    analytic = <grad L, e>  (the subject's backward with grad_output w)
+    fd       = (L(x + h e) - L(x - h e)) / 2h
+e is the sign of the subject's own gradient (random where it is 0), so <grad L, e> = sum |grad L|: a
+backward off by a factor shows its whole error, where a random direction would let the terms cancel to
+about 1/sqrt(n) of it. In fp32 where the subject supports it; otherwise fp16, then bf16. Inputs are
+quantized to multiples of h and clamped so that x +- h e is exact in the dtype: the step is then exactly h.
+
+Two errors separate fd from the derivative of a correct subject: its forward's rounding, which sets the
+dtype's allowance below, and the difference quotient's truncation, which no allowance can bound where the
+function is steep (softcap 0.05 at scale 2 makes tanh bend within one step). The FP64 reference measures
+the latter on the same inputs, step and direction: |fd64 - analytic64|, the quotient of its forward
+against its own exact derivative. The check fails only past allowed * sum |grad| plus twice that; where
+the truncation passes a quarter of the allowance the step shrinks to h/4, then h/16 (still exact steps: the
+inputs are multiples of h), which cuts it by 16 each time while the rounding grows by 4.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from faverify.cases.case import Case
+from faverify.cases.inputs import make_inputs, variant_of
+from faverify.dtypes import TORCH
+from faverify.errors import Unsupported
+from faverify.judge.reference import reference
+from faverify.subjects.base import Subject
+
+# step h, clamp |x| so that x +- h is exact in the dtype, allowed relative discrepancy
+_SETTINGS = {"fp32": (2.0**-10, 64.0, 1e-3), "fp16": (2.0**-6, 16.0, 0.05), "bf16": (2.0**-5, 3.9, 0.25)}
+
+
+@dataclass
+class GradCheck:
+    dtype: str
+    step: float
+    analytic: float
+    fd: float
+    rel_err: float  # |fd - analytic| / sum |grad| |e|
+    allowed: float  # the relative discrepancy allowed: the dtype's, plus twice the truncation below
+    passed: bool
+    skipped: bool
+    reason: str
+    error: str = ""  # the exception's type where the subject raised in the check
+    truncation: float = 0.0  # |fd64 - analytic64| / sum |grad| |e|: the FP64 reference's own quotient error
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def dtype_for(subject: Subject) -> str | None:
+    """The dtype the check runs the subject in: the most precise it supports."""
+    return next((d for d in ("fp32", "fp16", "bf16") if d in subject.caps.dtypes), None)
+
+
+def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck:
+    dtype = dtype_for(subject)
+    if dtype is None or not subject.caps.backward:
+        return _skip(dtype or "-", "subject has no backward or no supported dtype")
+    if case.kind != "dense" or case.splits > 1:  # checked on the dense case of its longest sequences
+        if not subject.caps.dense:
+            return _skip(dtype, "the finite-difference check runs on dense cases; the subject takes none")
+        case = dataclasses.replace(case, batch=1, seqlens=None, tail=0, cache_seqlens=None, page_size=0,
+                                   pages="in-order", pool=0, splits=1)
+    h, clamp, allowed = _SETTINGS[dtype]
+    # a finfo.min bias leaves a difference quotient nothing to see (s + h rounds to s next to 3.4e38, while the
+    # softmax still depends on s), and NaN keys would make every quotient NaN: the check takes normal ones.
+    # A sink far above every logit leaves each key a weight of e^-30 of it or less, near and under fp32's
+    # smallest normal, which a GPU flushes to zero (ex2.approx.ftz): terms that appear and vanish between
+    # x - he and x + he. The sink "around" the rows' log-sum-exp keeps it in the softmax with normal weights.
+    c = dataclasses.replace(case, dtype=dtype, regime="normal", layout="contiguous", mask_nan=False,
+                            bias="normal" if case.bias == "min" else case.bias,
+                            sinks="around" if case.sinks == "above" else case.sinks)
+    why = subject.unsupported(c, device)
+    if why:
+        return _skip(dtype, why)
+    x = make_inputs(c, device)
+    tdtype = TORCH[dtype]
+    g = torch.Generator(device=device).manual_seed(case.seed + 1)
+    base = [_quantize(t, h, clamp).to(tdtype) for t in x.tensors()]
+    w = x.dout.to(torch.float64)
+    # the case's slopes, sinks and bias held fixed (a mask_mod or score_mod is a function: as it is)
+    extras = {name: t.detach() if isinstance(t, torch.Tensor) else t for name, t in x.extras().items()}
+
+    def loss(tensors, grad=False):
+        ins = [t.clone().requires_grad_(grad) for t in tensors]
+        out, _ = subject(*ins, c, extras)
+        value = (out.to(torch.float64) * w).sum()
+        return value, ins, out
+
+    try:
+        _, ins, out = loss(base, grad=True)
+        if not out.requires_grad:  # as the case itself was: judged on its forward alone
+            return _skip(dtype, "the subject's output has no autograd graph")
+        grads = torch.autograd.grad(out, ins, x.dout.to(tdtype), allow_unused=True)
+        grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(grads, base)]
+        direction = [_signs(gr, g) for gr in grads]
+        analytic = float(sum((gr.double() * e.double()).sum() for gr, e in zip(grads, direction)))
+        magnitude = float(sum((gr.double().abs()).sum() for gr in grads))
+        for step in (h, h / 4, h / 16):  # a shorter step where the quotient's truncation swamps the allowance
+            with torch.no_grad():
+                plus, _, _ = loss([t + step * e for t, e in zip(base, direction)])
+                minus, _, _ = loss([t - step * e for t, e in zip(base, direction)])
+            fd = float((plus - minus) / (2 * step))
+            truncation = _truncation(subject, c, x, base, direction, w, step) / magnitude if magnitude > 0 else 0.0
+            if 4 * truncation <= allowed:
+                break
+    except (Unsupported, ValueError, NotImplementedError) as e:
+        return _skip(dtype, f"{type(e).__name__}: {e}")
+    except (MemoryError, torch.OutOfMemoryError) as e:  # workers beside this one took it, as in runner._evaluate
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return _skip(dtype, f"out of memory for the check ({type(e).__name__})")
+    except Exception as e:  # the subject's failure in the check's dtype (flex: no kernel fits in fp32 at d192)
+        return GradCheck(dtype, h, 0.0, 0.0, math.inf, allowed, False, False,
+                         f"{dtype}: the subject raised {type(e).__name__}: {e}", error=type(e).__name__)
+    allowed = allowed + 2 * truncation
+    rel = abs(fd - analytic) / magnitude if magnitude > 0 else (0.0 if abs(fd) < 1e-12 else math.inf)
+    passed = math.isfinite(rel) and rel <= allowed
+    reason = "" if passed else (f"{dtype}: directional derivative of the forward {fd:.6g} vs backward "
+                                f"{analytic:.6g} (relative {rel:.3g} > {allowed:.3g}, of which "
+                                f"{2 * truncation:.3g} for the difference quotient's truncation)")
+    return GradCheck(dtype, step, analytic, fd, rel, allowed, passed, False, reason, truncation=truncation)
+
+
+def _signs(grad: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """+-1 per element: the gradient's sign, a random one where it is 0 (or not finite)."""
+    coin = torch.randint(0, 2, grad.shape, generator=g, device=grad.device) * 2 - 1
+    sign = torch.sign(grad.detach().float()).nan_to_num(nan=0.0)
+    return torch.where(sign != 0, sign, coin.float()).to(grad.dtype)
+
+
+def _truncation(subject: Subject, case: Case, x, base: list, direction: list, w, h: float) -> float:
+    """|fd64 - analytic64|: how far the FP64 reference's own difference quotient, over the same inputs,
+    step and direction, lies from its exact directional derivative. Under the subject's conventions."""
+    variant = variant_of(case, x, subject.caps.conventions)
+    wide = [t.to(torch.float64) for t in base]
+    step = [e.to(torch.float64) * h for e in direction]
+    with torch.no_grad():
+        ref, _ = reference(*wide, w, causal=case.causal, scale=case.scale, variant=variant)
+        exact = sum((ref[n] * e).sum() for n, e in zip(("dq", "dk", "dv"), direction))
+
+        def value(sign: int):
+            shifted = [t + sign * s for t, s in zip(wide, step)]
+            out = reference(*shifted, causal=case.causal, scale=case.scale, variant=variant)[0]["out"]
+            return (out * w).sum()
+        quotient = (value(1) - value(-1)) / (2 * h)
+    return float((quotient - exact).abs())
+
+
+def _quantize(t: torch.Tensor, h: float, clamp: float) -> torch.Tensor:
+    return (t.float() / h).round().clamp(-(clamp / h) + 1, clamp / h - 1) * h
+
+
+def _skip(dtype: str, reason: str) -> GradCheck:
+    return GradCheck(dtype, 0.0, 0.0, 0.0, 0.0, 0.0, True, True, reason)

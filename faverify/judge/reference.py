@@ -1,0 +1,375 @@
+"""Attention forward and backward by explicit formulas, chunked over query rows.
+
+One implementation serves two purposes:
+- the FP64 reference (compute in float64, nothing rounded), the truth every subject is judged against;
+- the naive baseline (`naive`): the same formulas computed in float32 and rounded to the case's
+  dtype after every operation, as `softmax(q @ k.T * scale) @ v` written in that dtype does it.
+
+Memory is O(chunk * seqlen_k): the chunk of query rows is sized from a byte budget, and dk/dv are
+accumulated across chunks. Conventions (docs/design.md): layout [b, s, h, d], k/v heads shared by groups of
+h // h_k query heads, causal aligned bottom-right, a row that sees no key gives out 0, lse -inf, dq 0.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from faverify.cases.mods import sech2
+from faverify.cases.variant import Variant
+
+Tensors = dict  # name -> tensor: out [b,sq,h,dv], lse [b,h,sq], dq [b,sq,h,d], dk [b,sk,hk,d], dv [b,sk,hk,dv],
+# dsinks [h], dbias the bias's shape [b|1, h|1, sq|1, sk]
+
+
+# A bias entry this large acts as a mask (exp of it is exactly 0 beside any other logit; a row of them only
+# is uniform in fp32 as in FP64), not as a logit whose rounding costs precision: the logit bound leaves it out
+MASK_LIKE = 1e30
+_CHUNK_BUDGET = {"cpu": 64 << 20, "cuda": 1 << 30}  # bytes for one chunk's [rows x seqlen_k] temporaries
+_TEMPORARIES = 6  # s, p, dp, ds and two products alive at once
+
+
+def bytes_needed(b: int, sq: int, sk: int, h: int, hk: int, d: int, elem: int, device: str, backward: bool) -> int:
+    """About how much memory one case takes on its device: the inputs and the subject's outputs in their
+    dtype (a few copies), the reference's FP64 tensors (q, dO, out, dq over sq; k, v over sk; dk and dv per
+    query head), and one chunk of the [rows x seqlen_k] temporaries (at least one row). The naive baseline
+    works in fp32 over the same shapes, within this."""
+    rows_q, rows_k = b * sq * h * d, b * sk * hk * d
+    dtype_side = elem * 4 * (2 * rows_q + 2 * rows_k)  # inputs, pristine copies, outputs, gradients
+    fp64 = 8 * ((4 if backward else 2) * rows_q + 2 * rows_k + (2 * b * sk * h * d if backward else 0))
+    chunk = max(_CHUNK_BUDGET["cuda" if device == "cuda" else "cpu"], _TEMPORARIES * b * h * sk * 8)
+    return dtype_side + fp64 + chunk
+
+
+def reference(q, k, v, dout=None, *, causal: bool, scale: float, variant: Variant | None = None) -> tuple[Tensors,
+                                                                                                          dict]:
+    """FP64 outputs (and gradients when dout is given), plus the magnitude scale of each tensor.
+
+    A scale is the size of the terms summed to produce a tensor (see _ScaleAccumulator), not the size of
+    the result: dk is exactly zero when seqlen_k == 1, but the terms that cancelled to give that zero are
+    not, and rounding them costs a kernel about u times their size.
+    """
+    return _attention(q, k, v, dout, scale=scale, variant=variant or Variant.dense(causal), compute=torch.float64,
+                      round_to=None, with_scales=True)
+
+
+def naive(q, k, v, dout=None, *, causal: bool, scale: float, variant: Variant | None = None) -> Tensors:
+    """The same formulas in the inputs' dtype: fp32 arithmetic, rounded to q.dtype after every op."""
+    tensors, _ = _attention(q, k, v, dout, scale=scale, variant=variant or Variant.dense(causal),
+                            compute=torch.float32, round_to=q.dtype, with_scales=False)
+    return tensors
+
+
+def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales):
+    b, sq, h, d = q.shape
+    sk, hk, dv = k.shape[1], k.shape[2], v.shape[3]
+    g = h // hk
+    dev = q.device
+    rnd: Callable = (lambda t: t.to(round_to).to(compute)) if round_to is not None else (lambda t: t)
+    backward = dout is not None
+
+    def heads(t, n):  # [b, s, n, e] -> [b, hk, n // hk, s, e], query head i reads kv head i // g
+        return t.to(compute).permute(0, 2, 1, 3).reshape(b, hk, n // hk, t.shape[1], t.shape[3])
+
+    Q, K, V = heads(q, h), heads(k, hk), heads(v, hk)  # K, V: [b, hk, 1, sk, d|dv]
+    if variant.mask is not None:  # mask_nan's keys, which no row sees
+        K, V = K.nan_to_num(nan=0.0), V.nan_to_num(nan=0.0)
+    mask, bias = (_five(t, h, hk) for t in (variant.mask, variant.bias))
+    if bias is not None:
+        bias = bias.to(compute)
+    mod = variant.score_mod
+    dO = heads(dout, h) if backward else None
+    cap = float(variant.softcap)
+    slopes = None
+    if variant.alibi_slopes is not None:  # [h] or [b, h] -> [b | 1, hk, g, 1, 1]
+        a = variant.alibi_slopes.to(compute)
+        slopes = a.reshape(-1, hk, g, 1, 1) if a.dim() == 2 else a.reshape(1, hk, g, 1, 1)
+    sink = variant.sinks.detach().to(compute).reshape(1, hk, g, 1, 1) if variant.sinks is not None else None
+    out = torch.zeros(b, hk, g, sq, dv, dtype=compute, device=dev)
+    lse = torch.full((b, hk, g, sq), float("-inf"), dtype=compute, device=dev)
+    dq = torch.zeros(b, hk, g, sq, d, dtype=compute, device=dev) if backward else None
+    dk_heads = torch.zeros(b, hk, g, sk, d, dtype=compute, device=dev) if backward else None
+    dv_heads = torch.zeros(b, hk, g, sk, dv, dtype=compute, device=dev) if backward else None
+    dsinks = torch.zeros(hk, g, dtype=compute, device=dev) if backward and sink is not None else None
+    dbias = torch.zeros(variant.bias.shape, dtype=compute, device=dev) if backward and bias is not None else None
+    acc = _ScaleAccumulator(Q, K, V, dO, scale, slopes, sink, sq) if with_scales else None
+    out_tiny = torch.finfo(q.dtype).tiny  # the smallest normal of the kernel's out
+
+    if sk == 0 and sink is not None:  # no key: the sink alone is the softmax, lse its logit, out 0
+        lse[:] = sink.reshape(1, hk, g, 1)
+    if sk > 0:
+        budget = _CHUNK_BUDGET.get(dev.type, _CHUNK_BUDGET["cuda"])
+        chunk = max(1, budget // (_TEMPORARIES * b * h * sk * torch.finfo(compute).bits // 8))
+        cols = torch.arange(sk, device=dev)
+        for i0 in range(0, sq, chunk):
+            i1 = min(sq, i0 + chunk)
+            Qc = Q[:, :, :, i0:i1]
+            s = rnd(rnd(Qc @ K.transpose(-1, -2)) * scale)  # [b, hk, g, c, sk]
+            if cap > 0:
+                u = rnd(s / cap)
+                s = rnd(cap * torch.tanh(u))
+                cap_slope = rnd(sech2(u))
+            offset = sk - sq if variant.offset is None else variant.offset
+            diag = torch.arange(i0, i1, device=dev)[:, None] + offset  # each row's diagonal key
+            if slopes is not None:
+                distance = (cols[None, :] - diag) if variant.alibi_form == "relative" else -(diag - cols[None, :]).abs()
+                s = rnd(s + rnd(slopes * distance.to(compute)))
+            if bias is not None:
+                s = rnd(s + _rows(bias, i0, i1))
+            mod_slope = None
+            if mod is not None:
+                s, mod_slope = _modded(mod, s, i0, i1, g)
+                s = rnd(s)
+            if acc is not None and (bias is not None or mod is not None):
+                acc.add_logits(s)
+            hidden = _hidden(variant, mask, i0, i1, cols, diag)
+            s = s.masked_fill(hidden, float("-inf"))
+            m = s.amax(dim=-1, keepdim=True)
+            if sink is not None:
+                m = torch.maximum(m, sink.expand_as(m))
+            m = torch.where(m == float("-inf"), torch.zeros_like(m), m)  # guard: never (-inf) - (-inf)
+            p = torch.exp(s - m)
+            l = p.sum(dim=-1, keepdim=True)
+            if sink is not None:
+                p_sink = torch.exp(sink - m)  # [b, hk, g, c, 1]
+                l = l + p_sink
+            seen = l > 0
+            ones = torch.ones_like(l)
+            lse[:, :, :, i0:i1] = torch.where(seen, m + torch.log(torch.where(seen, l, ones)),
+                                              float("-inf")).squeeze(-1)
+            p = rnd(torch.where(seen, p / torch.where(seen, l, ones), torch.zeros_like(p)))
+            o = rnd(p @ V)
+            out[:, :, :, i0:i1] = o
+            if acc is not None:
+                acc.add_forward(s, p)
+            if not backward:
+                continue
+            dOc = dO[:, :, :, i0:i1]
+            dp = rnd(dOc @ V.transpose(-1, -2))
+            if round_to is None:
+                D = (dOc * o).sum(dim=-1, keepdim=True)  # rowsum(dO * O) == rowsum(dP * P) exactly
+            else:
+                D = (dp * p).sum(dim=-1, keepdim=True)  # what torch's softmax backward computes
+            ds = rnd(p * (dp - D))  # the gradient of the logits after cap, bias and masks
+            if dsinks is not None:  # the sink's own logit: its dP is 0 (no value)
+                dsinks += (-rnd(p_sink / torch.where(seen, l, ones)) * D).sum(dim=(0, 3, 4))
+            if mod_slope is not None:
+                ds = rnd(ds * mod_slope)
+            if dbias is not None:  # the gradient of the logit where the bias was added
+                _add_rows(dbias, ds, i0, i1)
+                if acc is not None:
+                    acc.add_dbias(variant.bias.shape, i0, i1, p * (dp.abs() + (dOc * o).abs().sum(-1, keepdim=True))
+                                  * (mod_slope.abs() if mod_slope is not None else 1.0))
+            if cap > 0:
+                ds = rnd(ds * cap_slope)
+            ds = rnd(ds * scale)
+            dq[:, :, :, i0:i1] = rnd(ds @ K)
+            dk_heads += ds.transpose(-1, -2) @ Qc
+            dv_heads += p.transpose(-1, -2) @ dOc
+            if acc is not None:
+                # a kernel's D reads out rounded to its dtype, whose elements below the smallest normal carry
+                # an error of half a subnormal step (u * tiny) whatever their size: there out's magnitude is
+                # tiny's (an fp16 out near 1e-7 put dsinks at 1.7x the error allowed on the H200)
+                D_terms = (dOc.abs() * o.abs().clamp(min=out_tiny)).sum(dim=-1, keepdim=True)
+                slope = cap_slope if cap > 0 else mod_slope.abs() if mod_slope is not None else None
+                acc.add_backward(i0, i1, p, dp, D_terms, slope,
+                                 p_sink / torch.where(seen, l, ones) if sink is not None else None)
+
+    tensors = {
+        "out": rnd(out).reshape(b, h, sq, dv).permute(0, 2, 1, 3),
+        "lse": rnd(lse).reshape(b, h, sq),
+    }
+    if backward:
+        # a naive GQA user expands k/v per head; autograd sums the per-head gradients in the dtype
+        tensors["dq"] = dq.reshape(b, h, sq, d).permute(0, 2, 1, 3)
+        tensors["dk"] = rnd(rnd(dk_heads).sum(dim=2)).permute(0, 2, 1, 3)
+        tensors["dv"] = rnd(rnd(dv_heads).sum(dim=2)).permute(0, 2, 1, 3)
+        if dsinks is not None:
+            tensors["dsinks"] = rnd(dsinks).reshape(h)
+        if dbias is not None:
+            tensors["dbias"] = rnd(dbias)
+    scales = acc.result(tensors["lse"], backward) if acc is not None else {}
+    if acc is not None and "dbias" in tensors and "dbias" not in scales:  # no key: no term at all
+        scales["dbias"] = torch.zeros((), dtype=compute, device=dev)
+    if round_to is not None:  # already rounded: the cast is exact (dsinks stays fp32, as the sinks are)
+        keep = {"dsinks": torch.float32, "dbias": variant.bias.dtype if variant.bias is not None else None}
+        tensors = {name: t.to(keep.get(name) or round_to) for name, t in tensors.items()}
+    return tensors, scales
+
+
+def _hidden(variant: Variant, mask, i0: int, i1: int, cols, diag) -> torch.Tensor:
+    """The keys rows i0..i1 may not see, True where hidden: [c, sk], or broadcast with a mask's [B, hk|1,
+    g|1, c, sk] (_five)."""
+    hidden = torch.zeros(i1 - i0, cols.numel(), dtype=torch.bool, device=cols.device)
+    if mask is not None:
+        hidden = hidden | ~_rows(mask, i0, i1)
+    if variant.right is not None:
+        hidden |= cols[None, :] > diag + variant.right
+    if variant.left is not None:
+        hidden |= cols[None, :] < diag - variant.left
+    return hidden
+
+
+_HULL_BUDGET = 64 << 20  # bytes of one chunk's [rows, keys, head dim] temporaries in value_hull
+
+
+def value_hull(q, k, v, *, causal: bool, variant: Variant | None = None) -> tuple:
+    """(lo, hi) [b, sq, h, dv] float64: the least and the largest value over the keys each row may see, per
+    head-dim column, 0 among them with a sink (its value) or where the row sees no key. out is a convex
+    combination of those values whatever the weights, so a result outside bounds it anyway: the check that
+    stands where the weights are not determined (an ill-conditioned case, verdict.py)."""
+    variant = variant or Variant.dense(causal)
+    b, sq, h, _ = q.shape
+    sk, hk, dv = k.shape[1], k.shape[2], v.shape[3]
+    g = h // hk
+    V = v.double().nan_to_num(nan=0.0).permute(0, 2, 1, 3).reshape(b, hk, 1, sk, dv)
+    mask = _five(variant.mask, h, hk)
+    lo = torch.zeros(b, hk, g, sq, dv, dtype=torch.float64, device=q.device)
+    hi = torch.zeros_like(lo)
+    cols = torch.arange(sk, device=q.device)
+    offset = sk - sq if variant.offset is None else variant.offset
+    chunk = max(1, _HULL_BUDGET // max(1, 16 * b * h * sk * dv))
+    for i0 in range(0, sq if sk else 0, chunk):
+        i1 = min(sq, i0 + chunk)
+        seen = ~_hidden(variant, mask, i0, i1, cols, torch.arange(i0, i1, device=q.device)[:, None] + offset)
+        seen = seen.expand(b, hk, g, i1 - i0, sk).unsqueeze(-1)
+        values = V.unsqueeze(3)  # [b, hk, 1, 1, sk, dv]
+        low = torch.where(seen, values, torch.inf).amin(-2)
+        high = torch.where(seen, values, -torch.inf).amax(-2)
+        none = ~seen.any(-2)
+        lo[:, :, :, i0:i1] = torch.where(none, 0.0, low)
+        hi[:, :, :, i0:i1] = torch.where(none, 0.0, high)
+    if variant.sinks is not None:
+        lo, hi = lo.clamp(max=0.0), hi.clamp(min=0.0)
+    return tuple(t.reshape(b, h, sq, dv).permute(0, 2, 1, 3) for t in (lo, hi))
+
+
+def _five(t: torch.Tensor | None, h: int, hk: int) -> torch.Tensor | None:
+    """A mask or bias [B, H, SQ, SK] in the reference's [B, hk|1, g|1, SQ, SK] head grouping."""
+    if t is None:
+        return None
+    B, H, SQ, SK = t.shape
+    return t.reshape(B, hk, h // hk, SQ, SK) if H == h else t.reshape(B, 1, 1, SQ, SK)
+
+
+def _rows(t: torch.Tensor, i0: int, i1: int) -> torch.Tensor:
+    return t[:, :, :, i0:i1] if t.shape[3] > 1 else t
+
+
+def _add_rows(dbias: torch.Tensor, ds: torch.Tensor, i0: int, i1: int) -> None:
+    """dbias [B, H, SQ, SK] += the chunk's ds [b, hk, g, c, sk], summed over the dimensions the bias
+    broadcasts over."""
+    B, H, SQ, SK = dbias.shape
+    b, hk, g, c, sk = ds.shape
+    part = ds.reshape(b, hk * g, c, sk)
+    if B == 1:
+        part = part.sum(0, keepdim=True)
+    if H == 1:
+        part = part.sum(1, keepdim=True)
+    if SQ == 1:
+        dbias += part.sum(2, keepdim=True)
+    else:
+        dbias[:, :, i0:i1] += part
+
+
+def _modded(mod: Callable, s: torch.Tensor, i0: int, i1: int, g: int) -> tuple:
+    """A score_mod applied to the chunk's logits [b, hk, g, c, sk] on index grids, and its elementwise
+    derivative (by autograd: a score_mod is elementwise)."""
+    b, hk, _, c, sk = s.shape
+    dev = s.device
+    bi = torch.arange(b, device=dev).reshape(b, 1, 1, 1, 1)
+    hi = (torch.arange(hk, device=dev)[:, None] * g + torch.arange(g, device=dev)).reshape(1, hk, g, 1, 1)
+    ii = torch.arange(i0, i1, device=dev).reshape(1, 1, 1, c, 1)
+    jj = torch.arange(sk, device=dev).reshape(1, 1, 1, 1, sk)
+    with torch.enable_grad():
+        pre = s.detach().requires_grad_(True)
+        post = mod(pre, bi, hi, ii, jj).expand_as(pre)
+        slope, = torch.autograd.grad(post, pre, torch.ones_like(post))
+    return post.detach(), slope
+
+class _ScaleAccumulator:
+    """The magnitude of the terms summed into each output element, max over the tensor.
+
+    out_i = sum_j P_ij v_j                       -> sum_j P_ij max|v_j|
+    dv_j  = sum_i P_ij dO_i                      -> sum_i P_ij max|dO_i|
+    dS_ij = P_ij (dP_ij - D_i)                   -> P_ij (|dP_ij| + sum_d |dO_id O_id|)
+            (the two terms that cancel; D = sum_d dO_id O_id is formed from O rounded to the input dtype,
+            so its error follows the sum of |terms|, not |D|, which may itself cancel)
+    dq_i  = scale sum_j dS_ij k_j                -> scale sum_j |dS|_ij max|k_j|
+    dk_j  = scale sum_i dS_ij q_i                -> scale sum_i |dS|_ij max|q_i|
+    s_ij  = scale sum_d q_id k_jd                -> scale max||q_i|| max||k_j||  (>= scale sum_d |q_id k_jd|)
+    lse_i = m_i + log sum_j exp(s_ij - m_i)      -> the logit scale above + max |lse_i|
+    max|x_j| over the head dim bounds every element's terms and keeps each one a matrix-vector product,
+    cheap next to the reference itself. (The rms did not bound them: sdpa-cudnn's dq at a column where k
+    was 1.3x its rms failed at 1.07x a floor it was within by this measure: constant logits, where the
+    naive baseline's dq is exactly 0.)
+    A rounding of each term costs about u times this, whatever cancellation makes of the sum.
+    """
+
+    def __init__(self, Q, K, V, dO, scale, slopes=None, sink=None, sq=0):
+        self.scale = scale
+        self.v_max, self.k_max, self.q_max = _absmax(V), _absmax(K), _absmax(Q)  # [b, hk, 1|g, s]
+        self.dO_max = _absmax(dO) if dO is not None else None
+        zero = torch.zeros((), dtype=Q.dtype, device=Q.device)
+        self.out = self.dq = zero
+        # Cauchy-Schwarz bounds the sum of |q_d k_d| that a logit adds up (and cancels) in fp32
+        self.logit = scale * Q.norm(dim=-1).amax() * K.norm(dim=-1).amax() if K.shape[3] else zero
+        if slopes is not None and K.shape[3]:  # the bias a logit adds: slope times the largest distance
+            self.logit = self.logit + slopes.abs().amax() * (max(sq, K.shape[3]) - 1)
+        self.has_sink = sink is not None
+        self.sink_max = sink.abs().amax() if sink is not None else zero
+        self.dsinks = zero
+        b, hk, g = Q.shape[:3]
+        self.dv_cols = torch.zeros(b, hk, g, K.shape[3], dtype=Q.dtype, device=Q.device)
+        self.dk_cols = torch.zeros_like(self.dv_cols)
+        self.dbias_terms = None
+
+    def add_logits(self, s):
+        """A bias or score_mod moves the logits beyond the q.k bound: the largest seen bounds them then (an
+        entry of MASK_LIKE size or more acts as a mask: exp of it is 0 beside any other logit)."""
+        size = s.abs()
+        size = torch.where(size < MASK_LIKE, size, torch.zeros_like(size))
+        self.logit = torch.maximum(self.logit, size.amax())
+
+    def add_dbias(self, shape, i0, i1, mag):
+        """dbias sums dS over the bias's broadcast dimensions: the terms' magnitude summed likewise."""
+        if self.dbias_terms is None:
+            self.dbias_terms = torch.zeros(shape, dtype=mag.dtype, device=mag.device)
+        _add_rows(self.dbias_terms, mag, i0, i1)
+
+    def add_forward(self, s, p):
+        self.out = torch.maximum(self.out, (p * self.v_max.unsqueeze(-2)).sum(-1).amax())
+
+    def add_backward(self, i0, i1, p, dp, D_terms, cap_slope=None, p_sink=None):
+        self.dv_cols += (p * self.dO_max[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
+        ds_mag = p * (dp.abs() + D_terms)
+        if cap_slope is not None:  # softcap's derivative, <= 1, scales each dS term
+            ds_mag = ds_mag * cap_slope
+        if p_sink is not None:  # dsinks_h = -sum_i p_sink_i D_i: the sum of |terms| over a head's rows
+            self.dsinks = torch.maximum(self.dsinks, (p_sink * D_terms).sum(dim=(0, 3, 4)).amax())
+        self.dq = torch.maximum(self.dq, self.scale * (ds_mag * self.k_max.unsqueeze(-2)).sum(-1).amax())
+        self.dk_cols += self.scale * (ds_mag * self.q_max[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
+
+    def result(self, lse, backward):
+        # the largest finite |lse| by a masked max, not by indexing with the mask: a boolean index waits for
+        # the device to count the entries it keeps (a host sync a case)
+        zero = torch.zeros_like(self.logit)
+        lse_max = torch.where(torch.isfinite(lse), lse.abs(), zero).amax() if lse.numel() else zero
+        scales = {"out": self.out, "lse": lse_max + self.logit + self.sink_max, "logit": self.logit}
+        if backward:
+            if self.has_sink:
+                scales["dsinks"] = self.dsinks
+            if self.dbias_terms is not None:
+                scales["dbias"] = _amax0(self.dbias_terms)
+            scales["dq"] = self.dq
+            scales["dk"] = _amax0(self.dk_cols.sum(2))
+            scales["dv"] = _amax0(self.dv_cols.sum(2))
+        return scales
+
+
+def _absmax(t):
+    return t.abs().amax(-1)
+
+
+def _amax0(t):
+    return t.amax() if t.numel() else torch.zeros((), dtype=t.dtype, device=t.device)

@@ -1,0 +1,89 @@
+"""The example store (`fuzz --db DIR`): the minimal cases of the failures a fuzz found, one file per
+kernel, replayed first by the next run as a phase of its own.
+
+The seeded draw never reads the store: the same --seed gives the same cases whatever it holds, so two
+runs of one kernel in one directory (the base and the head of a pull request) are comparable. Replayed
+cases are reported apart and kept out of the error statistics; a replayed case that fails is a failure
+of the run (listed with its note when the draw did not find it too); one that passes leaves the store.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+from faverify.cases.case import Case
+
+MAX_KEPT = 64  # per kernel: the newest failures; a store is a reminder, not an archive
+
+
+def _file(directory: Path, kernel: str) -> Path:
+    readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", kernel)[:60]
+    return Path(directory) / f"{readable}-{hashlib.sha256(kernel.encode()).hexdigest()[:8]}.jsonl"
+
+
+def load(directory: Path | None, kernel: str) -> list:
+    """The stored cases of `kernel`; a line that is not a valid case (a store from another faverify, a line
+    written by hand) is passed over."""
+    if directory is None:
+        return []
+    try:
+        lines = _file(directory, kernel).read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    return list(dict.fromkeys(_cases(lines)))
+
+
+def _cases(lines: list) -> list:
+    cases = []
+    for line in lines:
+        try:
+            cases.append(Case.from_json(line))
+        except ValueError:  # UsageError, and what a line too deep or too long to be a case raises
+            continue
+    return cases
+
+
+def save(directory: Path | None, kernel: str, cases: list, passed: list = ()) -> None:
+    """Store these cases for `kernel`, newest last, at most MAX_KEPT, beside those another run stored in the
+    meantime, less the ones this run replayed and saw pass (`passed`); none left removes the file. Under a
+    lock on the store, so runs sharing it keep each other's cases; written to a temporary file and renamed,
+    never through a link planted at the file's name."""
+    if directory is None:
+        return
+    path = _file(directory, kernel)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(Path(directory)):
+            kept = [c for c in load(directory, kernel) if c not in set(passed)]
+            cases = list(dict.fromkeys(kept + list(cases)))[-MAX_KEPT:]
+            if not cases:
+                path.unlink(missing_ok=True)
+                return
+            text = "".join(json.dumps(c.to_dict(), sort_keys=True) + "\n" for c in cases)
+            temporary = path.with_name(f".{path.name}.{os.getpid()}")
+            temporary.unlink(missing_ok=True)
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(temporary, path)  # a link at path is replaced, not followed
+    except OSError as e:  # the run's results matter more than the reminder: say so, lose nothing else
+        print(f"faverify: the example store {directory} could not be written ({e.strerror or e})",
+              file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _locked(directory: Path):
+    """An exclusive lock on the store (a lock file beside the kernels' files), held while one run reads and
+    writes it."""
+    import fcntl
+    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -1,0 +1,172 @@
+"""A fuzz run over one or more subjects: for each, the mode that fits (sequential.py with one worker,
+parallel.py with several), the worker pool, and the Run document they make together.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from faverify.cases.case import Case
+from faverify.cases.conventions import DEFAULT as DEFAULT_CONVENTIONS
+from faverify.cases.edges import listed
+from faverify.reports.case_result import CaseResult, own_error
+from faverify.reports.collector import Failure, KernelStats
+from faverify.run import examples
+from faverify.run.plan import FuzzPlan
+from faverify.run.signals import held
+
+__all__ = ["FuzzPlan", "run"]
+
+
+def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, command: str,
+        workers: int = 1, isolate: bool = True, timeout: float = 300.0,
+        progress_factory: Callable[[str], Callable[[CaseResult], None]] = lambda name: (lambda r: None),
+        features: dict | None = None, conventions: dict | None = None, repeat: int = 1,
+        narrow_for: dict | None = None):
+    """Fuzz each kernel in turn; returns the Run document.
+
+    features: kernel -> the variant features its cases draw (default: the plan's for every kernel).
+    conventions: kernel -> the conventions its subject declares, in words, for the reports.
+    repeat: run each case that many times; outputs that differ in any bit fail it ("nondeterministic").
+    narrow_for: kernel -> what every case of it needs (Capabilities.draw: splits for a combine).
+
+    workers: processes per device (several: the parallel mode above). isolate=False evaluates in this
+    process (one device, sequential), for speed where no subject can crash the process.
+    KeyboardInterrupt (and SIGTERM, turned into one by the CLI) stops the run early: what was measured
+    so far is still returned, so nothing the user asked to write is lost.
+    """
+    import torch
+
+    from faverify.run.evaluate import evaluate as evaluate_case
+    from faverify.run.isolation import case_workers
+    from faverify.run.parallel import fuzz_parallel, warmup_cases
+    from faverify.run.scheduler import Pool, cores
+    from faverify.run.sequential import fuzz_subject
+    from faverify.subjects import resolve
+
+    devices = [torch.device(d) for d in devices]
+    # a shard runs its part of the seed's up-front draw: the parallel mode's, even on one worker
+    parallel = isolate and (workers * len(devices) > 1 or plan.shard is not None)
+    all_stats, interrupted = [], False
+    base_plan = plan
+    for name in kernels:
+        plan = dataclasses.replace(base_plan, features=(features or {}).get(name, base_plan.features))
+        if (narrow_for or {}).get(name):
+            plan = dataclasses.replace(plan, narrow={**(plan.narrow or {}), **narrow_for[name]})
+        if plan.shapes:
+            plan = dataclasses.replace(plan, narrow={**(plan.narrow or {}), "shapes": budget_pool(plan)})
+        stats = KernelStats(kernel=name, conventions=(conventions or {}).get(name, DEFAULT_CONVENTIONS.describe()),
+                            keep_series=plan.shard is not None,  # merge.py recomputes statistics from them
+                            edges_listed=tuple(listed(plan.case_args()["features"])))
+        all_stats.append(stats)
+        pool, stored = None, []
+        try:
+            warmup = warmup_cases(name, plan) if parallel else []
+            if isolate:
+                # the warm-up compiles on every core (one worker each), then the run keeps `workers`
+                per_device = workers if parallel else 1
+                pool = Pool(case_workers(name, devices, max(per_device, cores() // len(devices)) if warmup
+                                         else per_device, mode, tolerance.to_dict(), timeout, repeat))
+            if pool is not None:
+                evaluate = pool.workers[0].evaluate
+            else:
+                subject = resolve(name)
+
+                def evaluate(case: Case, gradcheck: bool, subject=subject) -> CaseResult:
+                    try:
+                        return evaluate_case(subject, case, devices[0], mode=mode, tolerance=tolerance,
+                                             gradcheck=gradcheck, repeat=repeat)
+                    except Exception as e:  # faverify's own bug: this case's error, and the run goes on
+                        return own_error(name, case, e, str(devices[0]))
+            stored = examples.load(plan.database, name)
+            replay(name, stored, evaluate, stats)
+            if parallel:
+                fuzz_parallel(name, plan, pool, stats, progress_factory(name), warmup, keep=workers)
+            else:
+                fuzz_subject(name, plan, evaluate, stats, progress_factory(name))
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            # held: an interrupt while the workers stop must not lose what they measured
+            with held() as late:
+                if pool is not None:
+                    stats.restarts = pool.restarts
+                    pool.close()
+                stats.merge_replayed()
+            interrupted = interrupted or bool(late)
+        interrupted = _confirmed(stats, name, devices[0], interrupted, mode=mode, tolerance=tolerance,
+                                 timeout=timeout, repeat=repeat)
+        with held() as late:
+            examples.save(plan.database, name, stats.still_failing + [f.minimal.case for f in stats.failures],
+                          passed=[c for c in stored[:stats.replay["cases"]] if c not in stats.still_failing])
+        interrupted = interrupted or bool(late)
+        if interrupted:
+            break
+    with held() as late:  # the same while the results are put together
+        return _document(kernels, base_plan, devices, mode, tolerance, command, workers, parallel, isolate,
+                         all_stats, interrupted, late)
+
+
+def _confirmed(stats: KernelStats, name: str, device, interrupted: bool, **settings) -> bool:
+    """Replay each failure alone before it is reported (confirm.py); an interrupt stops the replays, and
+    the failures not replayed say so. Returns whether the run was interrupted."""
+    from faverify.run.confirm import confirm, repro_flags, unconfirmed
+    if not interrupted:
+        try:
+            confirm(stats.failures, name, _replay_device(device), **settings)
+        except KeyboardInterrupt:
+            interrupted = True
+    for f in stats.failures:
+        if not f.flags:
+            f.flags = repro_flags(f.signature, settings["mode"], settings["tolerance"], settings["timeout"],
+                                  settings["repeat"])
+    unconfirmed(stats.failures, "not replayed: the run was interrupted first")
+    return interrupted
+
+
+def _replay_device(device):
+    """The device a reproducer line names resolves to: its type alone is printed (`--device cuda`)."""
+    from faverify import devices
+    return devices.resolve(device.type)[0]
+
+
+def budget_pool(plan: FuzzPlan) -> tuple:
+    """The shape budget's pool for a kernel's plan: plan.shapes distinct shapes of the seed's draw without a
+    budget (strategies.shape_pool), the same for every shard and worker. The draw is 10 cases a shape: a
+    few milliseconds each."""
+    from faverify.cases.strategies import shape_pool
+    from faverify.run.parallel import draw_cases
+    drawn = draw_cases(dataclasses.replace(plan, iters=10 * plan.shapes + 20, shapes=0, shard=None))
+    return shape_pool(drawn, plan.shapes)
+
+
+def replay(kernel: str, cases: list, evaluate, stats: KernelStats) -> None:
+    """The example store's cases for this kernel (examples.py), each once, before the seeded draw and
+    apart from it: their results count in stats.replay, not in the run's cases or statistics."""
+    for case in cases:
+        result = evaluate(case, False)
+        stats.replay["cases"] += 1
+        if result.failed:
+            stats.replay["failed"] += 1
+            stats.still_failing.append(case)
+            for signature in result.signatures:
+                stats.replay["signatures"][signature] = stats.replay["signatures"].get(signature, 0) + 1
+                stats.replayed_failures.append(Failure(kernel=kernel, signature=signature, first=result,
+                                                       minimal=result, note="replayed from the example store"))
+
+
+def _document(kernels, plan, devices, mode, tolerance, command, workers, parallel, isolate, all_stats,
+              interrupted, late):
+    from faverify import env as environment
+    from faverify.reports.results import Run
+
+    settings_doc = {"kernels": ",".join(kernels), "iters": plan.iters, "seed": plan.seed,
+                    "dtypes": ",".join(plan.dtypes), "mode": mode, "devices": ",".join(str(d) for d in devices),
+                    "workers_per_device": workers if parallel else 1, "isolated": isolate,
+                    "max_seqlen": plan.limits.max_seqlen, "gradcheck_every": plan.gradcheck_every,
+                    "interrupted": interrupted or bool(late)}
+    if plan.shard is not None:
+        settings_doc["shard"] = f"{plan.shard[0]}/{plan.shard[1]}"
+    if plan.shapes:
+        settings_doc["shapes"] = plan.shapes
+    return Run.from_stats(command, environment.collect(), settings_doc, tolerance.to_dict(), all_stats)

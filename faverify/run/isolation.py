@@ -1,0 +1,260 @@
+"""Crash isolation: subjects run in worker processes.
+
+A worker is a process (processes.start) that resolves one subject and evaluates cases on one device. A
+CUDA fault poisons the process's CUDA context and may kill it; a kernel may hang. Either way the parent records the
+case as a failure (status "crash" or "timeout", with the case), and the next case runs in a fresh worker.
+The run goes on.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from multiprocessing.connection import wait
+from typing import NamedTuple
+
+from faverify.cases.case import Case
+from faverify.reports.case_result import CaseResult, failure, own_error
+from faverify.run import processes
+from faverify.run.scheduler import POLL_SECONDS, cores
+
+# Messages after which a CUDA context cannot be trusted: the worker reports a crash and exits.
+_POISONED = ("CUDA error", "illegal memory access", "device-side assert", "unspecified launch failure",
+             "CUBLAS_STATUS_EXECUTION_FAILED", "misaligned address")
+STARTUP_SECONDS = 120.0  # importing torch and initializing CUDA happen once per worker, not per case
+# faverify's own time on a case after the subject returned (the FP64 reference, the metrics, a gradient check),
+# beside the subject's --timeout: past it the case is faverify's error, never the kernel's timeout
+JUDGING_SECONDS = 600.0
+
+
+class Task(NamedTuple):
+    """One case for a worker. golden: (directory, golden_files.Entry), a stored case judged against its
+    file's reference; warm: run only for what it compiles (parallel.warm_up), unjudged."""
+    case: Case
+    gradcheck: bool = False
+    golden: tuple | None = None
+    warm: bool = False
+
+
+def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1, threads: int = 0) -> None:
+    """The worker: _work until told to stop; when its parent is gone (a stop while it started, a killed run)
+    it leaves quietly, since nobody reads what it would say."""
+    try:
+        _work(conn, kernel, device, mode, tolerance, repeat, threads)
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        return
+
+
+def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1, threads: int = 0) -> None:
+    """The worker's loop: (case, gradcheck, golden) in, CaseResult dict out, until None or a poisoned
+    context. The worker has this one's environment (TRITON_INTERPRET among it): processes.start.
+    threads: torch's CPU threads in this worker (0: torch's default, one a core)."""
+    import signal
+    try:  # a process group of its own: what the subject starts ends with the worker (Worker.stop)
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    if threads:
+        import torch
+        torch.set_num_threads(threads)
+    # The parent stops the workers itself (a worker leads a process group of its own, out of the terminal's
+    # reach). So a KeyboardInterrupt raised in here is the subject's own doing, and runner.evaluate reports it
+    # as its failure.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        from faverify.judge.verdict import Tolerance
+        from faverify.run.evaluate import evaluate
+        from faverify.subjects import resolve
+
+        subject = resolve(kernel)
+        tol = Tolerance.from_dict(tolerance)
+        conn.send(("ready", None))
+    except BaseException as e:  # a subject that cannot load: told to the parent, which reports it
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        if request is None:
+            return
+        case_dict, gradcheck, golden, warm = request
+        case = Case.from_dict(case_dict)
+        try:
+            if warm:  # run it only for what it compiles (parallel.warm_up); a failure here is the cases' to find
+                result = _warm(subject, case, device, mode)
+            else:
+                stored = None
+                if golden is not None:  # (directory, golden_files.Entry): a stored case, its reference from the file
+                    from faverify.cases import golden_files
+                    directory, entry = golden
+                    stored = golden_files.load(directory, entry, device)
+                result = evaluate(subject, case, device, mode=mode, tolerance=tol, gradcheck=gradcheck,
+                                  stored=stored, in_worker=True, repeat=repeat,
+                                  tell=lambda phase: conn.send((phase, None)))
+        except BaseException as e:  # faverify's own bug while judging: its error, not the subject's failure
+            result = own_error(kernel, case, e, device)
+        poisoned = result.failed and any(marker in result.reason for marker in _POISONED)
+        if poisoned:
+            result.status, result.signatures = "crash", ["crash"]
+            result.reason = "CUDA context lost: " + result.reason
+        conn.send(("result", result.to_dict()))
+        if poisoned:
+            return
+
+
+def _warm(subject, case: Case, device: str, mode: str) -> CaseResult:
+    from faverify.run.evaluate import exercise
+    try:
+        exercise(subject, case, device, mode)
+    except Exception as e:  # not judged: the drawn cases that need this variant will fail and report it
+        return failure(subject.name, case, "fail", f"warm-up raised {type(e).__name__}: {e}", "warmup", device)
+    return CaseResult(subject.name, case, "skip", "warm-up", device=device)
+
+
+class Worker:
+    """One worker process; started on first use, restarted after a crash or a timeout.
+
+    Starting does not wait: the worker spends seconds importing torch and initializing CUDA, and a pool
+    starts all of its workers at once. A case's timeout counts from when its worker is ready."""
+
+    def __init__(self, kernel: str, device: str, mode: str, tolerance: dict, timeout: float, repeat: int = 1,
+                 threads: int = 0):
+        self.kernel, self.device, self.mode, self.tolerance = kernel, device, mode, tolerance
+        self.timeout, self.repeat, self.threads = timeout, repeat, threads
+        self.process = None
+        self.conn = None
+        self.ready = False
+        self.pending: Case | None = None
+        self.judging = False  # the pending case's subject has returned: faverify judges it (JUDGING_SECONDS)
+        self.sent_at = 0.0  # when the time the pending case is allowed began (its subject's, or faverify's)
+        self.submitted = 0.0  # when the pending case was sent, for its round trip
+        self.restarts = 0
+
+    def start(self) -> None:
+        parent, child = mp.Pipe()
+        self.process = processes.start(_serve, (child, self.kernel, self.device, self.mode, self.tolerance,
+                                                self.repeat, self.threads), daemon=True)
+        child.close()
+        self.conn, self.ready, self.sent_at = parent, False, time.monotonic()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            try:
+                self.conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+            self.process.join(2)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(5)
+        if self.process is not None:
+            _end_group(self.process.pid)
+        self.process = None
+
+    def submit(self, task: Task) -> None:
+        if self.process is None or not self.process.is_alive():
+            if self.conn is not None:  # it ran before: this is a fresh worker after a crash or a timeout
+                self.restarts += 1
+            self.start()
+        self.pending, self.judging = task.case, False
+        if self.ready:
+            self.sent_at = self.submitted = time.monotonic()
+        self.conn.send((task.case.to_dict(), task.gradcheck, task.golden, task.warm))
+
+    def collect(self) -> CaseResult | None:
+        """The pending case's result if it is ready, a crash/timeout result if it never will be, else None."""
+        case = self.pending
+        try:
+            while self.conn.poll():
+                kind, payload = self.conn.recv()
+                if kind == "ready":
+                    self.ready, self.sent_at = True, time.monotonic()
+                    self.submitted = self.sent_at
+                    continue
+                if kind in ("judging", "subject"):  # whose time runs from here: faverify's, or the subject's again
+                    self.judging, self.sent_at = kind == "judging", time.monotonic()
+                    continue
+                self.pending = None
+                if kind == "error":  # the subject would not load in the worker
+                    self.stop()
+                    return failure(self.kernel, case, "crash", f"the worker could not load the subject: {payload}",
+                                   "crash", self.device)
+                result = CaseResult.from_dict(payload)
+                if self.ready and result.seconds:
+                    # the round trip less the worker's own time on the case: sending the case, returning
+                    # its result (tensors' metrics, not tensors), and this process's turn to collect it
+                    result.phases["transfer"] = max(0.0, time.monotonic() - self.submitted - result.seconds)
+                if result.status == "crash":
+                    self.stop()
+                return result
+        except (EOFError, OSError):
+            pass
+        else:
+            if self.process.is_alive():
+                limit = (JUDGING_SECONDS + self.timeout if self.judging else self.timeout if self.ready
+                         else STARTUP_SECONDS + self.timeout)
+                if time.monotonic() - self.sent_at <= limit:
+                    return None
+                self.stop()
+                self.pending = None
+                if self.judging:  # the subject had returned: the time was faverify's, not the kernel's
+                    return own_error(self.kernel, case, TimeoutError(
+                        f"faverify's judging of the case took more than {limit:g} s after the subject returned"),
+                        self.device)
+                return failure(self.kernel, case, "timeout", f"the subject gave no result within {self.timeout:g} "
+                               "s: the worker was killed and the run went on in a fresh one", "timeout", self.device)
+        if self.process is not None:
+            # a forked worker's exit status comes through its server (processes.py), which may tell it a
+            # moment after the pipe's end: a segfault read as exit code None before the wait
+            self.process.join(5)
+        code = self.process.exitcode if self.process is not None else None
+        self.stop()
+        self.pending = None
+        return failure(self.kernel, case, "crash", f"the worker process died (exit code {code}) while running "
+                       "this case", "crash", self.device)
+
+    def waitables(self) -> list:
+        return [self.conn, self.process.sentinel]
+
+    def evaluate(self, case: Case, gradcheck: bool = False, golden: tuple | None = None) -> CaseResult:
+        self.submit(Task(case, gradcheck, golden))
+        while True:
+            wait(self.waitables(), timeout=POLL_SECONDS)
+            result = self.collect()
+            if result is not None:
+                return result
+
+
+def _end_group(pid: int) -> None:
+    """Kill what is left of a worker's process group: processes the subject started, which would otherwise
+    outlive the run and hold its output open (a `| cat` after it waits for them)."""
+    import signal
+    try:
+        if os.getpgid(pid) == pid:  # still its own group's leader, or gone (ProcessLookupError below)
+            os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the leader has exited; its group may live on in its children
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+
+
+def case_workers(kernel: str, devices: list, per_device: int, mode: str, tolerance: dict, timeout: float,
+                 repeat: int = 1) -> list:
+    """`per_device` workers of one subject on each device, in device order (scheduler.Pool's lane), sharing
+    the cores (thread_share)."""
+    threads = thread_share(per_device * len(devices))
+    return [Worker(kernel, str(d), mode, tolerance, timeout, repeat, threads) for d in devices
+            for _ in range(per_device)]
+
+
+def thread_share(workers: int) -> int:
+    """torch's CPU threads for each of `workers` processes that run at once: the cores split among them.
+    Each worker's torch would take a thread a core, and workers that outnumber the cores then fight over
+    them: on the 2-core CPU two sdpa-math workers spent 215 ms a case on the FP64 reference against 8 for
+    one worker. OMP_NUM_THREADS, where set, caps the share."""
+    share = max(1, cores() // max(1, workers))
+    cap = os.environ.get("OMP_NUM_THREADS", "")
+    return min(share, int(cap)) if cap.isdigit() and int(cap) > 0 else share

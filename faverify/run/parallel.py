@@ -1,0 +1,279 @@
+"""The parallel mode of a fuzz: the cases a seed gives are drawn up front (in a thread, while the workers
+start), spread over worker processes on one or more devices, and each distinct failure is then shrunk by
+replaying the same draw up to it. Cases depend on the seed only, not on the number of workers or GPUs.
+A JIT-compiled subject first runs its warm-up cases, so each compiled variant compiles once.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from hypothesis import Phase, given, seed
+from hypothesis.errors import Flaky
+
+from faverify.cases.case import Case
+from faverify.cases.strategies import cases
+from faverify.reports.case_result import CaseResult, skipped_for_memory
+from faverify.reports.collector import Failure, KernelStats, Roots
+from faverify.run.isolation import Task
+from faverify.run.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings, seed_only
+from faverify.run.scheduler import Pool, cores
+
+# The draw and its replay must use the very same settings: Hypothesis's choices depend on max_examples.
+_REPLAYABLE = (Phase.generate, Phase.shrink)
+
+
+def _replayable(plan: FuzzPlan, body: Callable[[Case], None]):
+    """The plan's seeded Hypothesis test around body: the draw and every replay of it are built here."""
+    return hypothesis_settings(plan, examples=plan.iters, database=None, phases=_REPLAYABLE)(
+        seed(plan.seed)(given(cases(**plan.case_args()))(body)))
+
+
+def _draw(plan: FuzzPlan, keep: Callable[[Case], None]) -> None:
+    with seed_only():
+        _replayable(plan, keep)()
+
+
+def draw_cases(plan: FuzzPlan) -> list:
+    """The cases a seed gives, without evaluating any: the same list for the same plan, on any machine."""
+    drawn: list = []
+
+    def keep(case: Case) -> None:
+        drawn.append(case)
+
+    _draw(plan, keep)
+    return drawn[:plan.iters]
+
+
+def stream_cases(plan: FuzzPlan, timing: dict | None = None):
+    """draw_cases as they come: Hypothesis draws in a thread of its own (about 1.5 ms a case, 15 s for
+    10000) while the workers already evaluate the first ones, or compile during a warm-up. The same
+    cases in the same order. If the consumer stops early (an interrupt) the draw stops at its next case:
+    left drawing, it would hold the interpreter's lock while the run stops its workers and writes.
+    timing["draw"]: the drawing thread's CPU seconds so far."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue()
+    done, stopped = object(), threading.Event()
+    timing = {} if timing is None else timing
+
+    def keep(case: Case) -> None:
+        if stopped.is_set():
+            raise _Abandoned  # a BaseException: Hypothesis lets it through at once, without shrinking
+        timing["draw"] = time.thread_time() - timing["start"]
+        q.put(case)
+
+    def draw() -> None:
+        timing["start"] = time.thread_time()
+        try:
+            _draw(plan, keep)
+            q.put(done)
+        except _Abandoned:
+            pass
+        except BaseException as e:  # handed to the consumer
+            q.put(e)
+
+    threading.Thread(target=draw, name="faverify-draw", daemon=True).start()
+    try:
+        for _ in range(plan.iters):
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stopped.set()
+
+
+class _Abandoned(BaseException):
+    """Ends a draw nobody reads any more."""
+
+
+def shrink_by_replay(plan: FuzzPlan, index: int, first: CaseResult, signature: str, evaluate: Evaluate):
+    """Hypothesis draws the plan's sequence again, skips to case `index` (known to fail with `signature`)
+    and shrinks from there. Returns (minimal result, evaluations spent, note)."""
+    shrinker = Shrinker(plan, signature, first, evaluate)
+    state = {"calls": 0, "armed": False}
+
+    def interesting(case: Case) -> bool:
+        if state["armed"]:
+            return shrinker.still_fails(case)
+        state["calls"] += 1
+        if state["calls"] <= index:
+            return False
+        state["armed"] = True
+        return case == first.case  # the replayed draw reaches the same failing case
+
+    def body(case: Case) -> None:
+        if interesting(case):
+            raise Interesting(signature)
+
+    test = _replayable(plan, body)
+    note = ""
+    try:
+        with seed_only():
+            test()
+        note = "not shrunk: drawing the sequence again did not reach the failing case"
+    except Interesting:
+        pass
+    except Flaky:
+        note = "flaky: the shrunk case did not fail again when replayed"
+    return shrinker.best, shrinker.steps, note
+
+
+def warm_up(pool, warmup: list, stats: KernelStats) -> None:
+    """Run the subject's warm-up cases (Subject.warmup) over the pool's workers, unjudged: each compiles
+    its variants once, into the JIT's on-disk cache, where every worker then finds them. Without it each
+    of the workers compiles every variant it meets itself, and a fuzz of a JIT-compiled subject runs at
+    the compiler's pace for minutes."""
+    if not warmup:
+        return
+    start = time.perf_counter()
+    pool.map(((i, Task(c, warm=True)) for i, c in enumerate(warmup)), lambda i, r: None)
+    stats.warmup_cases, stats.warmup_seconds = len(warmup), time.perf_counter() - start
+
+
+def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
+                  progress: Callable[[CaseResult], None] = lambda r: None, warmup: list = (),
+                  keep: int | None = None) -> KernelStats:
+    """keep: workers per device after the warm-up (the pool may have started more, to compile on every
+    core)."""
+    start = time.perf_counter()
+    timing: dict = {}
+    drawn = stream_cases(plan, timing)  # drawing while the warm-up compiles
+    warm_up(pool, list(warmup), stats)
+    if keep is not None:
+        pool.retain(keep)
+    every = plan.gradcheck_every
+    first: dict = {}  # signature -> (index, result) of the first case that showed it
+
+    def found_order(item) -> tuple:
+        """The order the cases were drawn in, then the tensors' order within one case: the workers return
+        cases in the order they finish, so the insertion order of `first` is not the drawing's."""
+        signature, (index, result) = item
+        return index, result.signatures.index(signature)
+
+    held: dict = {}  # index -> the skip of a case skipped for memory beside other workers
+    together: dict = {}  # index -> the signatures a failing case showed together (collector.Roots)
+
+    def task(index: int, case: Case) -> Task:
+        return Task(case, every > 0 and index % every == 0)
+
+    def record(index: int, result: CaseResult, hold: bool = False) -> None:
+        if hold and skipped_for_memory(result):
+            held[index] = result
+            return
+        held.pop(index, None)
+        stats.add(result)
+        progress(result)
+        if result.signatures:
+            together[index] = result.signatures
+        for s in result.signatures:
+            if s not in first or index < first[s][0]:
+                first[s] = (index, result)
+
+    shrinking = False
+    shrunk: dict = {}  # signature -> (minimal, steps, note)
+    try:
+        index, count = plan.shard or (0, 1)
+        pool.map(((i, task(i, c)) for i, c in enumerate(drawn) if i % count == index),
+                 lambda i, result: record(i, result, hold=True))
+        if held:
+            # run again on one worker per device, the others idle (they gave back what a case past 2 GiB
+            # took: runner.gives_back); a case still too large then is skipped for good
+            stats.memory_retried = len(held)
+            alone = {w.device: w for w in reversed(pool.workers)}
+            Pool(list(alone.values())).map([(i, task(i, held[i].case)) for i in sorted(held)], record)
+        shrinking = True
+        roots = _roots(plan, together)
+        pending = [(sig, index, found) for sig, (index, found) in sorted(first.items(), key=found_order)
+                   if sig in roots.started and roots.primary(sig)]
+        if pending:
+            shrink_all(plan, pending, pool.workers[:min(MAX_PARALLEL_SHRINKS, max(1, cores() // 2))], shrunk)
+    finally:
+        for i in sorted(held):  # interrupted before they ran again: their first verdict
+            stats.add(held[i])
+        # in the order the failures were found; interrupted: those not shrunk are reported as found
+        note = "not shrunk: the run was interrupted" + (" while shrinking" if shrinking else "")
+        ordered = sorted(first.items(), key=found_order)
+        roots = _roots(plan, together)
+        for signature, (index, found) in ordered:
+            if signature not in roots.started or not roots.primary(signature):
+                continue  # a companion: reported with its root
+            minimal, steps, why = shrunk.get(signature, (found, 0, note))
+            stats.failures.append(Failure(kernel=kernel, signature=signature, first=found, minimal=minimal,
+                                          shrink_steps=steps, note=why, companions=roots.companions(signature)))
+        stats.seconds += time.perf_counter() - start
+        stats.phases["draw"] += timing.get("draw", 0.0)
+    return stats
+
+
+def _roots(plan: FuzzPlan, together: dict) -> Roots:
+    """The roots of the failing cases' signatures (collector.Roots), met in drawing order."""
+    roots = Roots(plan.all_failures)
+    for index in sorted(together):
+        roots.add(together[index])
+    return roots
+
+
+# Distinct failures shrunk at once, each on a worker of its own: at most the pool's workers and half the
+# cores. It pays only with cores to spare: on the 2-core CPU machine, three workers shrinking 4 failures
+# at once took 10.8 s against 7.0 s one after another.
+MAX_PARALLEL_SHRINKS = 64
+
+
+def shrink_all(plan: FuzzPlan, pending: list, workers: list, shrunk: dict) -> None:
+    """Shrink each distinct failure (signature, index, first result) at the same time, each in a thread
+    with a worker of its own: a subject with several defects spent most of a 10000-case run shrinking them
+    one after another (Hypothesis runs tests from several threads since 6.136). shrunk[signature] =
+    (minimal, steps, note) as each ends. On an interrupt the running shrinks stop at their next step and
+    are left out of `shrunk`."""
+    import queue
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not pending:
+        return
+    free: queue.Queue = queue.Queue()
+    for w in workers:
+        free.put(w)
+    stopped = threading.Event()
+
+    def shrink(signature: str, index: int, found: CaseResult) -> None:
+        worker = free.get()
+        try:
+            def evaluate(case: Case, gradcheck: bool) -> CaseResult:
+                if stopped.is_set():  # not failing: Hypothesis ends the shrink at once
+                    return CaseResult(found.kernel, case, "skip", "interrupted")
+                return worker.evaluate(case, gradcheck)
+
+            result = shrink_by_replay(plan, index, found, signature, evaluate)
+            if not stopped.is_set():
+                shrunk[signature] = result
+        finally:
+            free.put(worker)
+
+    executor = ThreadPoolExecutor(max_workers=min(len(pending), len(workers)), thread_name_prefix="faverify-shrink")
+    futures = [executor.submit(shrink, *p) for p in pending]
+    try:
+        for f in futures:
+            f.result()
+    finally:
+        stopped.set()
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
+def warmup_cases(name: str, plan: FuzzPlan) -> list:
+    """The subject's warm-up cases for the plan's dtypes, and for the gradient check's dtype (fp32 where
+    the subject has it) when the plan runs the check, and for the features the plan draws (a dense fuzz
+    compiles no variant build)."""
+    from faverify.judge.gradcheck import dtype_for
+    from faverify.subjects import resolve
+    subject = resolve(name)
+    if subject.warmup is None:
+        return []
+    extra = dtype_for(subject) if plan.gradcheck_every > 0 else None
+    return list(subject.warmup(tuple(dict.fromkeys(plan.dtypes + ((extra,) if extra else ()))),
+                               tuple(plan.case_args()["features"])))

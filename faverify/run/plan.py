@@ -1,0 +1,139 @@
+"""What a fuzz of one subject is asked to do (FuzzPlan), and the pieces both of its modes share: the
+Hypothesis settings every draw is made under, and the shrinker that tells whether a smaller case still
+fails the same way. The sequential mode (sequential.py) and the parallel one (parallel.py) build on this
+module; neither imports the other.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from hypothesis import HealthCheck, Verbosity, settings
+
+from faverify.cases.case import Case
+from faverify.cases.strategies import Limits
+from faverify.reports.case_result import CaseResult
+
+Evaluate = Callable[[Case, bool], CaseResult]  # (case, with gradient check) -> result
+
+
+@dataclass(frozen=True)
+class FuzzPlan:
+    iters: int
+    seed: int
+    dtypes: tuple
+    limits: Limits
+    database: Path | None  # the example store (examples.py): failures found are replayed first next time
+    gradcheck_every: int = 25  # 0: never
+    shrink_budget: int = 300  # evaluations spent shrinking one failure
+    shrink_seconds: float = 120.0
+    stop_at_first_failure: bool = False  # `faverify mutants`: a mutant is killed by its first failure
+    # strategies.cases' arguments that narrow the draw (`faverify mutants`: to the cases that run a mutant's
+    # code, catalog.Mutant.cases); its dtypes are intersected with the plan's
+    narrow: dict | None = None
+    features: tuple = ()  # the variant features drawn (vocabulary.FEATURES); () draws dense cases only
+    # (index, count): run only the cases i of the seed's draw with i % count == index (`--shard I/N`);
+    # the shards of one seed and iters run every case once between them, whatever their workers
+    shard: tuple | None = None
+    # a shape budget (`--shapes N`): every case takes one of N shapes of the seed's own draw
+    # (strategies.shape_pool), for subjects that compile or plan per shape; 0: none
+    shapes: int = 0
+    # every distinct signature shrunk as a failure of its own (`--all-failures`); by default one failure per
+    # root, its companions (the other signatures found on the same cases) reported with it (Roots)
+    all_failures: bool = False
+
+    def case_args(self) -> dict:
+        args = dict(self.narrow or {}, limits=self.limits)
+        args.setdefault("features", self.features)
+        args["dtypes"] = tuple(d for d in self.dtypes if d in args.get("dtypes", self.dtypes))
+        return args
+
+
+class Interesting(Exception):
+    """Raised inside the Hypothesis test for the failure being found or shrunk."""
+
+
+class Shrinker:
+    """One shrink step: is this smaller case still failing with the same signature? Past the budget
+    (evaluations or seconds) nothing new is evaluated and only the best case found replays, so Hypothesis
+    ends its shrink on it."""
+
+    def __init__(self, plan: FuzzPlan, signature: str, first: CaseResult, evaluate: Evaluate):
+        self.plan, self.signature, self.first, self.best, self.evaluate = plan, signature, first, first, evaluate
+        self.steps, self.t0 = 0, time.perf_counter()
+
+    def still_fails(self, case: Case) -> bool:
+        if case == self.best.case:
+            return True
+        if self.steps >= self.plan.shrink_budget or time.perf_counter() - self.t0 > self.plan.shrink_seconds:
+            return False
+        self.steps += 1
+        r = self.evaluate(case, self.signature == "gradcheck")
+        if self.signature in r.signatures:
+            self.best = r
+            return True
+        return False
+
+
+def hypothesis_settings(plan: FuzzPlan, *, examples: int, database, phases) -> settings:
+    return settings(max_examples=max(1, examples), deadline=None, database=database, phases=phases,
+                    suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
+                    report_multiple_bugs=False, print_blob=False)
+
+
+# Two habits of Hypothesis's generation are left out of faverify's draws, for as long as any draw of this
+# process runs (the parallel draw's thread and the shrinks' overlap):
+# - it now and then draws a literal found in the source of the local modules loaded so far (its "local
+#   constants"): which modules those are depends on the process (what it imported before the draw, an
+#   editable install or a wheel, the caller's own code), so the same seed drew other cases after other
+#   imports, and a replay could miss the case it replays;
+# - after each new example it runs up to five mutations of it that copy one part of its choices over another
+#   (ConjectureRunner.generate_mutations_from): five cases in six then repeat an earlier one's mask pattern,
+#   page order or lengths. 150 CPU cases of sdpa-math held 125-136 distinct cases and left 9 to 18 of the
+#   edges edges.py lists under 3 cases each (seeds 0-7); drawn without the mutations, 147-149 distinct cases
+#   and at most 7 such edges, before the strategies' weights were set for them.
+_CONSTANTS_LOCK = threading.Lock()
+_constants_state: dict = {"depth": 0, "saved": None, "empty": None, "mutations": None}
+
+
+@contextmanager
+def seed_only():
+    """Within it, a seeded Hypothesis draw depends on the seed and the strategies alone, each case drawn
+    afresh. A Hypothesis without local constants or the mutator (or with them elsewhere) is left as it is
+    there."""
+    try:
+        from hypothesis.internal.conjecture import engine, providers
+        get, cache = providers._get_local_constants, providers.CONSTANTS_CACHE.cache
+        runner = engine.ConjectureRunner
+        runner.generate_mutations_from  # noqa: B018  (present, or the AttributeError below)
+    except (ImportError, AttributeError):
+        yield
+        return
+    state = _constants_state
+    with _CONSTANTS_LOCK:
+        if state["depth"] == 0:
+            if state["empty"] is None:
+                state["empty"] = providers.Constants()
+            state["saved"] = get
+            providers._get_local_constants = lambda: state["empty"]
+            cache.clear()  # the permitted constants it cached were filtered from the local ones too
+            state["mutations"] = runner.generate_mutations_from
+            runner.generate_mutations_from = _no_mutations
+        state["depth"] += 1
+    try:
+        yield
+    finally:
+        with _CONSTANTS_LOCK:
+            state["depth"] -= 1
+            if state["depth"] == 0:
+                providers._get_local_constants = state["saved"]
+                runner.generate_mutations_from = state["mutations"]
+                cache.clear()
+
+
+def _no_mutations(self, data) -> None:
+    """ConjectureRunner.generate_mutations_from, left out of faverify's draws (above)."""

@@ -1,0 +1,16 @@
+"""`mutant:NAME` subjects: the bundled Triton kernels with one seeded bug, behind the subject whose code the
+bug is in. The kernels never import their mutants; the mutants import the kernels."""
+from __future__ import annotations
+
+from faverify.kernels.mutants.build import load
+from faverify.kernels.mutants.catalog import BY_NAME
+from faverify.kernels.triton.subject import _choose_interpreter, _wrap
+from faverify.subjects.base import Subject
+
+
+def make_mutant(name: str) -> Subject:
+    """`mutant:NAME`: the Triton kernels with one seeded bug (kernels/mutants/catalog.py), behind the
+    subject whose code the bug is in."""
+    _choose_interpreter()
+    mutant = BY_NAME[name]
+    return _wrap(f"mutant:{name}", load(name), f"mutant: {mutant.bug}", mutant.subject)
