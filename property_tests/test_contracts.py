@@ -68,7 +68,7 @@ def test_a_worker_reports_faverify_s_own_error_apart_from_a_crash(monkeypatch):
 
     def broken(*args, **kwargs):
         raise KeyError("planted")
-    monkeypatch.setattr("faverify.runner.evaluate", broken)
+    monkeypatch.setattr("faverify.run.evaluate.evaluate", broken)
     parent, child = mp.Pipe()
     parent.send((Case(1, 2, 2, 1, 1, 8).to_dict(), False, None, False))
     parent.send(None)
@@ -164,7 +164,7 @@ def test_the_timeout_is_the_subjects_alone_not_faverifys_reference():
     their values), not timed out; --timeout counts the subject's time only."""
     from faverify.run.isolation import Worker
     case = Case(1, 2048, 2048, 8, 8, 128, dtype="bf16", seed=1)  # its reference: 2 s on the CPU
-    worker = Worker(f"{PLANTED}:zeros", "cpu", "fwd", __import__("faverify.verdict",
+    worker = Worker(f"{PLANTED}:zeros", "cpu", "fwd", __import__("faverify.judge.verdict",
                                                                  fromlist=["x"]).Tolerance().to_dict(),
                     timeout=1.0)
     try:

@@ -29,13 +29,13 @@ def test_memory_is_linear_in_seqlen(name):
 
 
 def test_a_gpu_worker_gives_back_the_memory_of_a_large_case_only():
-    """runner.gives_back: a case past GIVE_BACK_ABOVE (or with a huge paged pool) hands its memory back to
+    """memory.gives_back: a case past GIVE_BACK_ABOVE (or with a huge paged pool) hands its memory back to
     the device, for the workers beside this one; a small one keeps the allocator's cache (emptying it
     costs a device sync); on the CPU there is no cache to give back."""
-    from faverify.run.evaluate import GIVE_BACK_ABOVE, _bytes_needed, gives_back
+    from faverify.run.memory import GIVE_BACK_ABOVE, bytes_needed_by, gives_back
     cuda = torch.device("cuda")
     small = Case(1, 128, 128, 2, 2, 64, dtype="bf16")
     large = Case(1, 1, 131072, 32, 4, 128, dtype="bf16", cache_seqlens=(131072,), page_size=16)
-    assert _bytes_needed(small, cuda, True) <= GIVE_BACK_ABOVE < _bytes_needed(large, cuda, True)
+    assert bytes_needed_by(small, cuda, True) <= GIVE_BACK_ABOVE < bytes_needed_by(large, cuda, True)
     assert gives_back(large, cuda) and not gives_back(small, cuda)
     assert not gives_back(large, torch.device("cpu"))

@@ -79,3 +79,31 @@ def test_sigterm_to_a_repro_of_a_hanging_kernel_ends_its_worker(tmp_path):
     while time.monotonic() < deadline and _marked(mark):
         time.sleep(0.2)
     assert _marked(mark) == [], p.stderr.read()
+
+
+def test_a_stop_whose_keyboard_interrupt_was_lost_still_stops_the_run():
+    """Python drops a KeyboardInterrupt raised inside a garbage-collector callback (Hypothesis keeps one):
+    the stop is recorded, and the run stops after the case in progress, marked interrupted."""
+    from faverify.cases.strategies import limits_for
+    from faverify.judge.verdict import Tolerance
+    from faverify.run import signals
+    from faverify.run.fuzz import run
+    from faverify.run.plan import FuzzPlan
+
+    seen = []
+
+    def progress_factory(name):
+        def progress(result):
+            seen.append(result)
+            if len(seen) == 2:
+                signals._requested.set()  # the handler ran; its KeyboardInterrupt went nowhere
+        return progress
+
+    plan = FuzzPlan(iters=30, seed=0, dtypes=("fp32",), limits=limits_for("cpu"), database=None,
+                    gradcheck_every=0)
+    with signals.sigterm_interrupts():
+        signals._requested.clear()
+        doc = run(["sdpa-math"], plan, ["cpu"], mode="fwd", tolerance=Tolerance(), command="test", isolate=False,
+                  progress_factory=progress_factory)
+    assert doc.settings["interrupted"] is True and len(seen) == 2
+    assert doc.kernels[0]["summary"]["cases"] == 2

@@ -1,6 +1,6 @@
 """The bundled Triton kernels' variants (variant_forward.py, variant_backward.py): windows, softcap, ALiBi,
 sinks, v's own head dim, varlen batches, paged decode with split-KV. Judged by faverify's own reference and
-verdict (runner.evaluate), on the CPU through the interpreter, on the GPU compiled."""
+verdict (run/evaluate.py), on the CPU through the interpreter, on the GPU compiled."""
 import pytest
 import torch
 

@@ -86,10 +86,10 @@ def test_a_module_that_exits_at_import_is_exit_2_with_a_message(tmp_path, monkey
 
 
 def test_the_output_device_is_checked_for_the_gradients_too():
-    from faverify.run.evaluate import _on_device
-    assert _on_device("dq", torch.zeros(1, device="meta"), torch.device("cpu")) == \
+    from faverify.run.evaluate import on_device
+    assert on_device("dq", torch.zeros(1, device="meta"), torch.device("cpu")) == \
         "dq is on meta, expected the inputs' device cpu"
-    assert _on_device("dq", torch.zeros(1), torch.device("cpu")) is None
+    assert on_device("dq", torch.zeros(1), torch.device("cpu")) is None
 
 
 CAUSAL_JSON = CAUSAL.to_json()
@@ -274,12 +274,12 @@ def test_a_case_too_large_for_the_device_is_refused_with_the_estimate():
 
 
 def test_drawn_cases_that_do_not_fit_are_skipped_with_the_reason(monkeypatch):
-    from faverify.run import evaluate as runner
-    monkeypatch.setattr(runner, "CHECK_MEMORY_ABOVE", 0)
-    monkeypatch.setattr(runner, "free_memory", lambda device: 1 << 20)  # 1 MiB free
+    from faverify.run import memory
+    monkeypatch.setattr(memory, "CHECK_MEMORY_ABOVE", 0)
+    monkeypatch.setattr(memory, "free_memory", lambda device: 1 << 20)  # 1 MiB free
     r = evaluate(resolve("sdpa-math"), CASE, "cpu")
     assert r.status == "skip" and "GiB free" in r.reason, r.reason
-    monkeypatch.setattr(runner, "free_memory", lambda device: 1 << 40)
+    monkeypatch.setattr(memory, "free_memory", lambda device: 1 << 40)
     assert evaluate(resolve("sdpa-math"), CASE, "cpu").status == "pass"
 
 
@@ -351,9 +351,9 @@ def test_the_environment_header_leaves_triton_unimported():
 
 
 def test_changed_inputs_are_counted_in_slices_as_in_one_pass():
-    """The in-place check counts a pool of billions of elements slice by slice (runner.changed_elements):
+    """The in-place check counts a pool of billions of elements slice by slice (side_effects.changed_elements):
     the count must be the one-pass count at any slice size, NaN equal to NaN, also for a strided view."""
-    from faverify.run.evaluate import changed_elements
+    from faverify.run.side_effects import changed_elements
     g = torch.Generator().manual_seed(0)
     before = torch.randn(37, 5, 3, 8, generator=g)
     before[3, 1] = float("nan")

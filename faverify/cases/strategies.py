@@ -12,13 +12,12 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 
 from faverify.cases.case import Case
+from faverify.cases.mask_draws import masked
 from faverify.cases.vocabulary import (
     DTYPES,
     FEATURES,
     INITS,
-    KEY_MASKS,
     LAYOUTS,
-    MASK_SHAPES,
     MASKS,
     MAX_HEAD_DIM,
     MAX_HEAD_DIM_V,
@@ -52,13 +51,6 @@ SPLITS = (2, 3, 4, 7, 16)
 LONG_CACHE_ODDS = 16  # one paged case in this many has a cache past max_seqlen (up to Limits.max_cache)
 HUGE_POOL_ODDS = 32  # one paged case in this many has a pool past 2^32 elements, where Limits allow it
 INT32_ELEMENTS = 1 << 31  # offsets into a pool this large overflow a signed 32-bit product
-# Masks and biases: block sizes (16 first; 17 and 48 leave tails in every tile size), percents of blocks or
-# elements masked (0 first: nothing masked), and the most elements a per-batch, per-head mask or bias may
-# have (b * h * sq * sk): past it only the shared shapes are drawn (the FP64 dbias alone is 8 bytes each)
-MASK_BLOCKS = (16, 32, 64, 128, 17, 48)
-MASK_RATES = (0, 50, 25, 75, 90, 100)
-MAX_DOCUMENTS = 4
-MAX_MASK_ELEMENTS = 1 << 24
 # How a case of a subject that declares features draws them: "plain", none (dense attention, the call users
 # make most; the kernels' plain build); "one", a single feature alone (a window alone, ALiBi alone: each has a
 # kernel path of its own); "each", every feature on or off by itself (the combinations). In a draw of many
@@ -129,6 +121,40 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     (shape_pool), each case taking the tensors' shape of one of them (SHAPE_FIELDS), its values, regime,
     layout and features its own, so a subject that compiles or plans per shape does so len(shapes) times;
     max_head_dim_v: the largest value head dim drawn (a subject's max_head_dim)."""
+    _check_choices(dtypes, regimes, layouts, inits, head_dims, features)
+    dense, cap = _dense(draw, dtypes, limits, regimes, layouts, inits, causal, head_dims, exact_head_dims,
+                        speculative, head_dim_multiple, shapes)
+    pooled = dense.pop("pooled")
+    features, forced = draw(_mixture(features, mixes, ragged_only))
+    variant = draw(variants(tuple(f for f in VARIANT_FEATURES if f in features), seqlen_k=dense["seqlen_k"],
+                            forced=forced, max_head_dim_v=max_head_dim_v))
+    if "head_dim_v" in variant:
+        variant["head_dim_v"] = aligned(variant["head_dim_v"], head_dim_multiple, MAX_HEAD_DIM_V)
+        if exact_head_dims:  # v's head dim one of them too (a draw of its own: the default draw is unchanged)
+            variant["head_dim_v"] = draw(st.sampled_from(head_dims))
+    if pooled:  # v's head dim is the shape's too
+        variant.pop("head_dim_v", None)
+        if pooled["head_dim_v"] is not None:
+            variant["head_dim_v"] = pooled["head_dim_v"]
+    if variant.get("sinks") and (always_split or "splits" in features):
+        del variant["sinks"]  # split-KV partials take no sinks (a sink belongs to no key range)
+    kinds = tuple(k for k in ("varlen", "paged") if k in features)
+    # drawn only when asked for, so a draw without them is the same as it always was; masks and biases take
+    # dense cases only, so a subject that declares them draws dense batches as often as ragged ones
+    dense_weight = len(kinds) if set(features) & {"mask", "bias", "score_mod"} else 1
+    shape = draw(ragged(kinds, dense, limits, cap, ragged_only=ragged_only or forced in kinds,
+                        speculative=speculative, dense_weight=dense_weight)) if kinds else {}
+    if always_split or "splits" in features:
+        choices = SPLITS if always_split or forced == "splits" else (1,) + SPLITS
+        shape["splits"] = draw(st.sampled_from(choices))
+    mask_features = set(features) & {"mask", "bias", "score_mod"}
+    if mask_features and not shape.get("cache_seqlens") and not shape.get("seqlens") and shape.get("splits", 1) == 1:
+        # may drop softcap and ALiBi
+        variant.update(draw(masked(tuple(features), dense, variant, masks, forced=forced)))
+    return Case(**{**dense, **variant, **shape})
+
+
+def _check_choices(dtypes, regimes, layouts, inits, head_dims, features) -> None:
     for name, chosen, allowed in (("dtypes", dtypes, DTYPES), ("regimes", regimes, REGIMES),
                                   ("layouts", layouts, LAYOUTS), ("inits", inits, INITS)):
         if not chosen or not set(chosen) <= set(allowed):
@@ -138,6 +164,11 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     if not set(features) <= set(FEATURES):
         raise UsageError("features", features, f"each must be one of {', '.join(FEATURES)}")
 
+
+def _dense(draw, dtypes, limits, regimes, layouts, inits, causal, head_dims, exact_head_dims, speculative,
+           head_dim_multiple, shapes) -> tuple:
+    """The dense fields of a case, drawn in the order every seed has drawn them: (fields, seqlen cap); the
+    fields carry the shape taken from the budget (None without one) under "pooled"."""
     dtype = draw(st.sampled_from(dtypes))
     is_causal = draw(st.booleans()) if causal is None else causal
     if len(head_dims) == 1:
@@ -174,7 +205,7 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
         batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype, is_causal = (
             pooled[f] for f in ("batch", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "dtype", "causal"))
         cap = _seqlen_cap(limits, nheads, head_dim)
-    dense = dict(
+    fields = dict(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, nheads=nheads, nheads_k=nheads_k, head_dim=head_dim,
         dtype=dtype, causal=is_causal,
         softmax_scale=draw(st.sampled_from(SCALES)),
@@ -183,33 +214,8 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
         init=draw(st.sampled_from(inits)),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
-    features, forced = draw(_mixture(features, mixes, ragged_only))
-    variant = draw(variants(tuple(f for f in VARIANT_FEATURES if f in features), seqlen_k=seqlen_k, forced=forced,
-                            max_head_dim_v=max_head_dim_v))
-    if "head_dim_v" in variant:
-        variant["head_dim_v"] = aligned(variant["head_dim_v"], head_dim_multiple, MAX_HEAD_DIM_V)
-        if exact_head_dims:  # v's head dim one of them too (a draw of its own: the default draw is unchanged)
-            variant["head_dim_v"] = draw(st.sampled_from(head_dims))
-    if pooled:  # v's head dim is the shape's too
-        variant.pop("head_dim_v", None)
-        if pooled["head_dim_v"] is not None:
-            variant["head_dim_v"] = pooled["head_dim_v"]
-    if variant.get("sinks") and (always_split or "splits" in features):
-        del variant["sinks"]  # split-KV partials take no sinks (a sink belongs to no key range)
-    kinds = tuple(k for k in ("varlen", "paged") if k in features)
-    # drawn only when asked for, so a draw without them is the same as it always was; masks and biases take
-    # dense cases only, so a subject that declares them draws dense batches as often as ragged ones
-    dense_weight = len(kinds) if set(features) & {"mask", "bias", "score_mod"} else 1
-    shape = draw(ragged(kinds, dense, limits, cap, ragged_only=ragged_only or forced in kinds,
-                        speculative=speculative, dense_weight=dense_weight)) if kinds else {}
-    if always_split or "splits" in features:
-        choices = SPLITS if always_split or forced == "splits" else (1,) + SPLITS
-        shape["splits"] = draw(st.sampled_from(choices))
-    mask_features = set(features) & {"mask", "bias", "score_mod"}
-    if mask_features and not shape.get("cache_seqlens") and not shape.get("seqlens") and shape.get("splits", 1) == 1:
-        # may drop softcap and ALiBi
-        variant.update(draw(masked(tuple(features), dense, variant, masks, forced=forced)))
-    return Case(**{**dense, **variant, **shape})
+    fields["pooled"] = pooled
+    return fields, cap
 
 
 @st.composite
@@ -230,61 +236,6 @@ def _mixture(draw, features: tuple, mixes: tuple, ragged_only: bool) -> tuple:
     competing = {"varlen", "paged"} & set(optional)
     one = draw(st.sampled_from(optional + [f for f in optional if f in EXCLUSIVE and competing]))
     return required + (one,) + tuple(f for f, of in SUB_FEATURES.items() if of == one and f in features), one
-
-
-@st.composite
-def masked(draw, features: tuple, dense: dict, variant: dict, patterns: tuple, forced: str | None = None) -> dict:
-    """A mask or a bias (or neither: what it shrinks to), and a score_mod, for a dense case. Shrinking goes
-    toward nothing masked: full lengths, no prefix, a masked percent of 0, one document."""
-    b, h, sq, sk = dense["batch"], dense["nheads"], dense["seqlen_q"], dense["seqlen_k"]
-    small = b * h * sq * sk <= MAX_MASK_ELEMENTS
-    out = {}
-    # eight cases in nine of a subject that declares both carry a mask or a bias (shrinks to neither)
-    kinds = ["off"] + 4 * [k for k in ("mask", "bias") if k in features]
-    kind = forced if forced in ("mask", "bias") else draw(st.sampled_from(kinds))
-    if kind == "mask":
-        # block and padding patterns twice as often: tail blocks, key masks, rows left without a key
-        pattern = draw(st.sampled_from(patterns + tuple(p for p in ("block", "padding") if p in patterns
-                                                        and len(patterns) > 1)))
-        shapes = [s for s in (MASK_SHAPES if small else ("shared", "keys"))
-                  if s != "keys" or pattern in KEY_MASKS] or ["shared"]
-        if pattern in KEY_MASKS:  # a key mask where the pattern can be one
-            shapes += ["keys"] * 3
-        if small and b >= 2 and h >= 2:  # a mask of its own per batch element and head, where there are several
-            shapes += ["full"] * 5
-        out.update(mask=pattern, mask_shape=draw(st.sampled_from(shapes)))
-        if pattern == "padding":
-            out["mask_lengths"] = tuple((draw(_kept(sq)), draw(_kept(sk))) for _ in range(b))
-        elif pattern == "document":
-            n = draw(st.integers(1, MAX_DOCUMENTS))
-            out["mask_lengths"] = tuple((draw(st.integers(0, sq)), draw(st.integers(0, sk))) for _ in range(n))
-        elif pattern == "prefix":
-            out["mask_lengths"] = ((draw(st.integers(0, sk)),),)
-        if pattern == "block":
-            out["mask_block"] = draw(st.sampled_from(MASK_BLOCKS))
-        if pattern in ("block", "random"):
-            out["mask_rate"] = draw(st.one_of(st.sampled_from(MASK_RATES), st.integers(0, 100)))
-        if "mask_nan" in features:
-            out["mask_nan"] = draw(st.booleans())
-    elif kind == "bias":
-        several = b >= 2 and h >= 2  # finfo.min at other positions per batch element and head
-        out.update(bias=draw(st.sampled_from(("normal",) + ("large", "min") * 2 + (("min",) * 2 if several else ()))),
-                   bias_shape=draw(st.sampled_from(MASK_SHAPES[:-1] if small else ("shared",))),
-                   bias_dtype=draw(st.sampled_from(("input", "fp32"))))
-        if "bias_grad" in features:  # most cases of a subject that declares it (shrinks to no gradient)
-            out["bias_grad"] = draw(st.sampled_from((False, True, True, True)))
-    # half the cases of a subject that declares score_mod (shrinks to none); a score_mod takes the place of
-    # softcap and ALiBi, which it expresses
-    if "score_mod" in features and (forced == "score_mod" or draw(st.booleans())):
-        out["score_mod"] = draw(st.sampled_from(("relative", "alibi", "softcap")))
-        variant.pop("softcap", None)
-        variant.pop("alibi", None)
-    return out
-
-
-def _kept(n: int) -> st.SearchStrategy[int]:
-    """A padding length in 0..n: n first (nothing padded), then the edges (none kept, one, one short)."""
-    return st.one_of(st.sampled_from(list(dict.fromkeys((n, 0, 1, max(0, n - 1))))), st.integers(0, n))
 
 
 def _lengths(cap: int) -> st.SearchStrategy[int]:

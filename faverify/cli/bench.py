@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import DeviceOpt, Mode, check_writable, progress_bar
+from faverify.cli.common import DeviceOpt, Mode, check_writable, progress_bar, write_outputs
 from faverify.errors import EnvironmentProblem, UsageError
 from faverify.run.signals import held, sigterm_interrupts
 
@@ -47,7 +47,7 @@ def bench(
     import json
 
     from faverify import devices
-    from faverify.commands.bench import YARDSTICKS, configs, headers, parse_variants, ratios, table_rows, time_row
+    from faverify.commands.bench import YARDSTICKS, configs, headers, parse_variants, ratios, table_rows
     from faverify.commands.bench import markdown as bench_markdown
     from faverify.dtypes import parse_dtypes
     from faverify.reports.tables import table
@@ -74,10 +74,29 @@ def bench(
     names = list(dict.fromkeys([s.strip() for s in kernel.split(",") if s.strip()] + list(YARDSTICKS)))
     subjects = resolve_many(",".join(names))
     modes = ("fwd", "bwd") if mode == Mode.both else (mode.value,)
+    todo = configs(parse_dtypes(dtype), head_dims, lengths, choices[causal], variant_names)
+    rows, interrupted = _measure(subjects, todo, target, modes, tune)
+    with held():  # a signal now waits until the rows are written
+        from faverify import env as environment
+        rows = ratios(rows)
+        command = (f"bench --kernel {kernel} --seqlens {seqlens} --headdims {headdims} --dtype {dtype} "
+                   f"--causal {causal} --variants {variants} --mode {mode.value}")
+        document = {"schema": "faverify.bench", "version": 1, "interrupted": interrupted, "rows": rows}
+        heading = environment.header_lines(environment.collect())
+        write_outputs([("--json", json_path, lambda: json.dumps(document, indent=1, default=str)),
+                       ("--markdown", markdown, lambda: bench_markdown(rows, command, heading, interrupted))])
+    typer.echo(table(table_rows(rows), headers(rows), "table"))
+    failed = [r for r in rows if r["validated"] == "fail"]
+    if interrupted and not failed:
+        raise EnvironmentProblem(f"interrupted after {len(rows)} measurements; those were written")
+    return 1 if failed else 0
+
+
+def _measure(subjects: list, todo: list, target, modes: tuple, tune: bool) -> tuple:
+    """(a row per config and subject, whether a stop cut the measuring short)."""
+    from faverify.commands.bench import time_row
     rows = []
-    interrupted = False
     with progress_bar() as progress, sigterm_interrupts():
-        todo = configs(parse_dtypes(dtype), head_dims, lengths, choices[causal], variant_names)
         task = progress.add_task("bench", total=len(todo) * len(subjects), failed=0)
         try:
             for config in todo:
@@ -87,25 +106,8 @@ def bench(
                     rows.append(time_row(subject, config, target, modes=modes, tune=tune and not tuned_already))
                     progress.update(task, advance=1)
         except KeyboardInterrupt:  # the rows measured so far are still written
-            interrupted = True
-    with held():  # a signal now waits until the rows are written
-        rows = ratios(rows)
-        if json_path:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps({"schema": "faverify.bench", "version": 1, "interrupted": interrupted,
-                                             "rows": rows}, indent=1, default=str))
-        if markdown:
-            from faverify import env as environment
-            command = (f"bench --kernel {kernel} --seqlens {seqlens} --headdims {headdims} --dtype {dtype} "
-                       f"--causal {causal} --variants {variants} --mode {mode.value}")
-            markdown.parent.mkdir(parents=True, exist_ok=True)
-            markdown.write_text(bench_markdown(rows, command, environment.header_lines(environment.collect()),
-                                               interrupted))
-    typer.echo(table(table_rows(rows), headers(rows), "table"))
-    failed = [r for r in rows if r["validated"] == "fail"]
-    if interrupted and not failed:
-        raise EnvironmentProblem(f"interrupted after {len(rows)} measurements; those were written")
-    return 1 if failed else 0
+            return rows, True
+    return rows, False
 
 
 DECODE_YARDSTICKS = ("sdpa-flash", "sdpa-cudnn", "flex")

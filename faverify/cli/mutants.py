@@ -9,15 +9,16 @@ import typer
 from faverify.cases.case import Case
 from faverify.cli.app import app
 from faverify.cli.common import (
+    MAX_WORKERS,
     DeviceOpt,
     MaxSeqlenOpt,
     TimeoutOpt,
     check_max_seqlen,
-    check_shrink_budget,
     check_timeout,
     check_writable,
     progress_bar,
     progress_factory,
+    within,
     write_outputs,
 )
 from faverify.errors import UsageError
@@ -26,23 +27,28 @@ from faverify.run.signals import held, sigterm_interrupts
 
 @app.command()
 def mutants(
-    iters: Annotated[int, typer.Option(help="Cases each mutant may take to be caught (and the control's cases)")] = 200,
-    control_iters: Annotated[Optional[int], typer.Option(help="Cases of the control run (default: --iters)")] = None,
+    iters: Annotated[int, typer.Option(help="Cases each mutant may take to be caught (and the control's cases)",
+                                       callback=within(1))] = 200,
+    control_iters: Annotated[Optional[int], typer.Option(help="Cases of the control run (default: --iters)",
+                                                         callback=within(1))] = None,
     seed: Annotated[int, typer.Option()] = 0,
     dtype: Annotated[str, typer.Option(help="Comma separated: bf16, fp16, fp32")] = "bf16,fp16",
     device: DeviceOpt = "auto",
     max_seqlen: MaxSeqlenOpt = None,
     only: Annotated[Optional[str], typer.Option(help="Comma separated mutant names (default: all)")] = None,
-    shrink_budget: Annotated[int, typer.Option(help="Evaluations spent shrinking each kill")] = 40,
+    shrink_budget: Annotated[int, typer.Option(help="Evaluations spent shrinking each kill",
+                                               callback=within(0, 10**6))] = 40,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON")] = None,
     isolate: Annotated[Optional[bool], typer.Option(help="Worker processes (default: on a GPU, where a mutant "
                                                           "can fault the context)")] = None,
     timeout: TimeoutOpt = 300.0,
     jobs: Annotated[Optional[int], typer.Option(help="Mutants fuzzed at once, each in its own process (default: "
                                                      "1 on the CPU; on a GPU half the CPU cores, at most 8: "
-                                                     "each mutant compiles its own kernels)")] = None,
+                                                     "each mutant compiles its own kernels)",
+                                                callback=within(1, MAX_WORKERS))] = None,
     workers: Annotated[Optional[int], typer.Option(help="Worker processes of the control run (default as for "
-                                                        "fuzz: 1 on the CPU, 6 on a GPU)")] = None,
+                                                        "fuzz: 1 on the CPU, 6 on a GPU)",
+                                                   callback=within(1, MAX_WORKERS))] = None,
 ) -> int:
     """Prove the fuzzer catches real bugs: fuzz each seeded-bug mutant of the Triton kernels, then the
     unmutated kernels (which must pass). Exit 1 if a mutant survives or the control fails."""
@@ -53,33 +59,15 @@ def mutants(
     from faverify.commands.mutants import run_mutants
     from faverify.dtypes import parse_dtypes
     from faverify.judge.verdict import Tolerance
-    from faverify.kernels.mutants.catalog import BY_NAME, left_out
-    from faverify.reports.tables import fmt, table
     from faverify.run.plan import FuzzPlan
     from faverify.run.scheduler import cores
 
-    if iters < 1:
-        raise UsageError("--iters", iters, "must be >= 1")
-    if control_iters is not None and control_iters < 1:
-        raise UsageError("--control-iters", control_iters, "must be >= 1")
     check_timeout(timeout)
     check_max_seqlen(max_seqlen)
-    check_shrink_budget(shrink_budget)
     check_writable("--json", json_path)
-    names = [n.strip() for n in (only or ",".join(BY_NAME)).split(",") if n.strip()]
-    for n in names:
-        if n not in BY_NAME:
-            raise UsageError("--only", n, f"unknown mutant; mutants: {', '.join(BY_NAME)}")
-    for option, value in (("--jobs", jobs), ("--workers", workers)):
-        if value is not None and value < 1:
-            raise UsageError(option, value, "must be >= 1")
     targets = devices.resolve(device)[:1]
     dtypes = parse_dtypes(dtype)
-    elsewhere = {n: why for n in names if (why := left_out(BY_NAME[n], targets[0], dtypes))}
-    if only is not None and elsewhere:
-        first = next(iter(elsewhere))
-        raise UsageError("--only", first, elsewhere[first])
-    names = [n for n in names if n not in elsewhere]
+    names, elsewhere = _chosen(only, targets[0], dtypes)
     on_gpu = targets[0].type == "cuda"
     if jobs is None:
         jobs = min(8, max(1, cores() // 2)) if on_gpu else 1
@@ -94,6 +82,30 @@ def mutants(
         report = run_mutants(names, plan, targets, tolerance=Tolerance(), isolate=isolate, timeout=timeout,
                              progress_factory=progress_factory(progress, iters), jobs=jobs,
                              control_workers=workers, control_iters=control_iters)
+    _show(report, elsewhere)
+    with held():  # a signal now waits until the report is written
+        write_outputs([("--json", json_path, lambda: json.dumps(report, indent=1, default=str))])
+    c = report["control"]
+    return 1 if report["survived"] or c["failed"] or len(report["mutants"]) < len(names) or report["interrupted"] else 0
+
+
+def _chosen(only: Optional[str], target, dtypes: tuple) -> tuple:
+    """(the mutants to run, {name: why} of those that cannot run on this device or dtypes); naming one of
+    those in --only is an error."""
+    from faverify.kernels.mutants.catalog import BY_NAME, left_out
+    names = [n.strip() for n in (only or ",".join(BY_NAME)).split(",") if n.strip()]
+    for n in names:
+        if n not in BY_NAME:
+            raise UsageError("--only", n, f"unknown mutant; mutants: {', '.join(BY_NAME)}")
+    elsewhere = {n: why for n in names if (why := left_out(BY_NAME[n], target, dtypes))}
+    if only is not None and elsewhere:
+        first = next(iter(elsewhere))
+        raise UsageError("--only", first, elsewhere[first])
+    return [n for n in names if n not in elsewhere], elsewhere
+
+
+def _show(report: dict, elsewhere: dict) -> None:
+    from faverify.reports.tables import fmt, table
     rows = [[r["mutant"], "killed" if r["killed"] else ("SURVIVED" if not r["signature"] else
                                                         "NOT ATTRIBUTABLE (the control fails there too)"),
              str(r["cases_to_kill"] or "-"), f'{r["reached"]} of {r["cases"]}', r["signature"],
@@ -111,9 +123,6 @@ def mutants(
                f"{c['failed']} failed" + (f" ({'; '.join(c['failures'])})" if c["failures"] else ""))
     if report["interrupted"]:
         typer.echo("interrupted: the mutants above ran; the others and the control did not")
-    with held():  # a signal now waits until the report is written
-        write_outputs([("--json", json_path, lambda: json.dumps(report, indent=1, default=str))])
-    return 1 if report["survived"] or c["failed"] or len(report["mutants"]) < len(names) or report["interrupted"] else 0
 
 
 def _short_case(case: Optional[dict]) -> str:

@@ -116,7 +116,7 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
                 break
     except (Unsupported, ValueError, NotImplementedError) as e:
         return _skip(dtype, f"{type(e).__name__}: {e}")
-    except (MemoryError, torch.OutOfMemoryError) as e:  # workers beside this one took it, as in runner._evaluate
+    except (MemoryError, torch.OutOfMemoryError) as e:  # workers beside this one took it, as in evaluate._evaluate
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return _skip(dtype, f"out of memory for the check ({type(e).__name__})")

@@ -11,6 +11,7 @@ h // h_k query heads, causal aligned bottom-right, a row that sees no key gives 
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Callable
 
 import torch
@@ -61,136 +62,159 @@ def naive(q, k, v, dout=None, *, causal: bool, scale: float, variant: Variant | 
 
 
 def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales):
+    st = _setup(q, k, v, dout, variant, compute, round_to, with_scales, scale)
+    if st.sk == 0 and st.sink is not None:  # no key: the sink alone is the softmax, lse its logit, out 0
+        st.lse[:] = st.sink.reshape(1, st.hk, st.g, 1)
+    if st.sk > 0:
+        budget = _CHUNK_BUDGET.get(st.dev.type, _CHUNK_BUDGET["cuda"])
+        chunk = max(1, budget // (_TEMPORARIES * st.b * st.h * st.sk * torch.finfo(compute).bits // 8))
+        for i0 in range(0, st.sq, chunk):
+            _rows_of(st, variant, i0, min(st.sq, i0 + chunk))
+    return _finish(st, variant, compute, round_to)
+
+
+def _setup(q, k, v, dout, variant, compute, round_to, with_scales, scale) -> SimpleNamespace:
+    """The inputs per kv head and group, the variant's tensors in that shape, and the zeroed outputs: the
+    state every chunk of rows reads and adds to."""
     b, sq, h, d = q.shape
     sk, hk, dv = k.shape[1], k.shape[2], v.shape[3]
     g = h // hk
     dev = q.device
-    rnd: Callable = (lambda t: t.to(round_to).to(compute)) if round_to is not None else (lambda t: t)
-    backward = dout is not None
 
     def heads(t, n):  # [b, s, n, e] -> [b, hk, n // hk, s, e], query head i reads kv head i // g
         return t.to(compute).permute(0, 2, 1, 3).reshape(b, hk, n // hk, t.shape[1], t.shape[3])
 
-    Q, K, V = heads(q, h), heads(k, hk), heads(v, hk)  # K, V: [b, hk, 1, sk, d|dv]
+    st = SimpleNamespace(b=b, sq=sq, h=h, d=d, sk=sk, hk=hk, dv=dv, g=g, dev=dev, scale=scale,
+                         backward=dout is not None, cap=float(variant.softcap), mod=variant.score_mod,
+                         rnd=(lambda t: t.to(round_to).to(compute)) if round_to is not None else (lambda t: t),
+                         exact=round_to is None, out_tiny=torch.finfo(q.dtype).tiny)  # the kernel out's smallest normal
+    st.Q, st.K, st.V = heads(q, h), heads(k, hk), heads(v, hk)  # K, V: [b, hk, 1, sk, d|dv]
     if variant.mask is not None:  # mask_nan's keys, which no row sees
-        K, V = K.nan_to_num(nan=0.0), V.nan_to_num(nan=0.0)
-    mask, bias = (_five(t, h, hk) for t in (variant.mask, variant.bias))
-    if bias is not None:
-        bias = bias.to(compute)
-    mod = variant.score_mod
-    dO = heads(dout, h) if backward else None
-    cap = float(variant.softcap)
-    slopes = None
+        st.K, st.V = st.K.nan_to_num(nan=0.0), st.V.nan_to_num(nan=0.0)
+    st.mask, st.bias = (_five(t, h, hk) for t in (variant.mask, variant.bias))
+    if st.bias is not None:
+        st.bias = st.bias.to(compute)
+    st.dO = heads(dout, h) if st.backward else None
+    st.slopes = None
     if variant.alibi_slopes is not None:  # [h] or [b, h] -> [b | 1, hk, g, 1, 1]
         a = variant.alibi_slopes.to(compute)
-        slopes = a.reshape(-1, hk, g, 1, 1) if a.dim() == 2 else a.reshape(1, hk, g, 1, 1)
-    sink = variant.sinks.detach().to(compute).reshape(1, hk, g, 1, 1) if variant.sinks is not None else None
-    out = torch.zeros(b, hk, g, sq, dv, dtype=compute, device=dev)
-    lse = torch.full((b, hk, g, sq), float("-inf"), dtype=compute, device=dev)
-    dq = torch.zeros(b, hk, g, sq, d, dtype=compute, device=dev) if backward else None
-    dk_heads = torch.zeros(b, hk, g, sk, d, dtype=compute, device=dev) if backward else None
-    dv_heads = torch.zeros(b, hk, g, sk, dv, dtype=compute, device=dev) if backward else None
-    dsinks = torch.zeros(hk, g, dtype=compute, device=dev) if backward and sink is not None else None
-    dbias = torch.zeros(variant.bias.shape, dtype=compute, device=dev) if backward and bias is not None else None
-    acc = _ScaleAccumulator(Q, K, V, dO, scale, slopes, sink, sq) if with_scales else None
-    out_tiny = torch.finfo(q.dtype).tiny  # the smallest normal of the kernel's out
+        st.slopes = a.reshape(-1, hk, g, 1, 1) if a.dim() == 2 else a.reshape(1, hk, g, 1, 1)
+    st.sink = variant.sinks.detach().to(compute).reshape(1, hk, g, 1, 1) if variant.sinks is not None else None
+    st.out = torch.zeros(b, hk, g, sq, dv, dtype=compute, device=dev)
+    st.lse = torch.full((b, hk, g, sq), float("-inf"), dtype=compute, device=dev)
+    grads = st.backward
+    st.dq = torch.zeros(b, hk, g, sq, d, dtype=compute, device=dev) if grads else None
+    st.dk_heads = torch.zeros(b, hk, g, sk, d, dtype=compute, device=dev) if grads else None
+    st.dv_heads = torch.zeros(b, hk, g, sk, dv, dtype=compute, device=dev) if grads else None
+    st.dsinks = torch.zeros(hk, g, dtype=compute, device=dev) if grads and st.sink is not None else None
+    st.dbias = torch.zeros(variant.bias.shape, dtype=compute, device=dev) if grads and st.bias is not None else None
+    st.acc = _ScaleAccumulator(st.Q, st.K, st.V, st.dO, scale, st.slopes, st.sink, sq) if with_scales else None
+    st.cols = torch.arange(sk, device=dev)
+    return st
 
-    if sk == 0 and sink is not None:  # no key: the sink alone is the softmax, lse its logit, out 0
-        lse[:] = sink.reshape(1, hk, g, 1)
-    if sk > 0:
-        budget = _CHUNK_BUDGET.get(dev.type, _CHUNK_BUDGET["cuda"])
-        chunk = max(1, budget // (_TEMPORARIES * b * h * sk * torch.finfo(compute).bits // 8))
-        cols = torch.arange(sk, device=dev)
-        for i0 in range(0, sq, chunk):
-            i1 = min(sq, i0 + chunk)
-            Qc = Q[:, :, :, i0:i1]
-            s = rnd(rnd(Qc @ K.transpose(-1, -2)) * scale)  # [b, hk, g, c, sk]
-            if cap > 0:
-                u = rnd(s / cap)
-                s = rnd(cap * torch.tanh(u))
-                cap_slope = rnd(sech2(u))
-            offset = sk - sq if variant.offset is None else variant.offset
-            diag = torch.arange(i0, i1, device=dev)[:, None] + offset  # each row's diagonal key
-            if slopes is not None:
-                distance = (cols[None, :] - diag) if variant.alibi_form == "relative" else -(diag - cols[None, :]).abs()
-                s = rnd(s + rnd(slopes * distance.to(compute)))
-            if bias is not None:
-                s = rnd(s + _rows(bias, i0, i1))
-            mod_slope = None
-            if mod is not None:
-                s, mod_slope = _modded(mod, s, i0, i1, g)
-                s = rnd(s)
-            if acc is not None and (bias is not None or mod is not None):
-                acc.add_logits(s)
-            hidden = _hidden(variant, mask, i0, i1, cols, diag)
-            s = s.masked_fill(hidden, float("-inf"))
-            m = s.amax(dim=-1, keepdim=True)
-            if sink is not None:
-                m = torch.maximum(m, sink.expand_as(m))
-            m = torch.where(m == float("-inf"), torch.zeros_like(m), m)  # guard: never (-inf) - (-inf)
-            p = torch.exp(s - m)
-            l = p.sum(dim=-1, keepdim=True)
-            if sink is not None:
-                p_sink = torch.exp(sink - m)  # [b, hk, g, c, 1]
-                l = l + p_sink
-            seen = l > 0
-            ones = torch.ones_like(l)
-            lse[:, :, :, i0:i1] = torch.where(seen, m + torch.log(torch.where(seen, l, ones)),
-                                              float("-inf")).squeeze(-1)
-            p = rnd(torch.where(seen, p / torch.where(seen, l, ones), torch.zeros_like(p)))
-            o = rnd(p @ V)
-            out[:, :, :, i0:i1] = o
-            if acc is not None:
-                acc.add_forward(s, p)
-            if not backward:
-                continue
-            dOc = dO[:, :, :, i0:i1]
-            dp = rnd(dOc @ V.transpose(-1, -2))
-            if round_to is None:
-                D = (dOc * o).sum(dim=-1, keepdim=True)  # rowsum(dO * O) == rowsum(dP * P) exactly
-            else:
-                D = (dp * p).sum(dim=-1, keepdim=True)  # what torch's softmax backward computes
-            ds = rnd(p * (dp - D))  # the gradient of the logits after cap, bias and masks
-            if dsinks is not None:  # the sink's own logit: its dP is 0 (no value)
-                dsinks += (-rnd(p_sink / torch.where(seen, l, ones)) * D).sum(dim=(0, 3, 4))
-            if mod_slope is not None:
-                ds = rnd(ds * mod_slope)
-            if dbias is not None:  # the gradient of the logit where the bias was added
-                _add_rows(dbias, ds, i0, i1)
-                if acc is not None:
-                    acc.add_dbias(variant.bias.shape, i0, i1, p * (dp.abs() + (dOc * o).abs().sum(-1, keepdim=True))
-                                  * (mod_slope.abs() if mod_slope is not None else 1.0))
-            if cap > 0:
-                ds = rnd(ds * cap_slope)
-            ds = rnd(ds * scale)
-            dq[:, :, :, i0:i1] = rnd(ds @ K)
-            dk_heads += ds.transpose(-1, -2) @ Qc
-            dv_heads += p.transpose(-1, -2) @ dOc
-            if acc is not None:
-                # a kernel's D reads out rounded to its dtype, whose elements below the smallest normal carry
-                # an error of half a subnormal step (u * tiny) whatever their size: there out's magnitude is
-                # tiny's (an fp16 out near 1e-7 put dsinks at 1.7x the error allowed on the H200)
-                D_terms = (dOc.abs() * o.abs().clamp(min=out_tiny)).sum(dim=-1, keepdim=True)
-                slope = cap_slope if cap > 0 else mod_slope.abs() if mod_slope is not None else None
-                acc.add_backward(i0, i1, p, dp, D_terms, slope,
-                                 p_sink / torch.where(seen, l, ones) if sink is not None else None)
 
-    tensors = {
-        "out": rnd(out).reshape(b, h, sq, dv).permute(0, 2, 1, 3),
-        "lse": rnd(lse).reshape(b, h, sq),
-    }
-    if backward:
+def _logits(st: SimpleNamespace, variant: Variant, i0: int, i1: int) -> tuple:
+    """Rows i0..i1's logits after the softcap, ALiBi, bias and score_mod, hidden keys at -inf; with the
+    slopes softcap and score_mod leave on their gradient, and each row's diagonal key."""
+    rnd = st.rnd
+    s = rnd(rnd(st.Q[:, :, :, i0:i1] @ st.K.transpose(-1, -2)) * st.scale)  # [b, hk, g, c, sk]
+    cap_slope = mod_slope = None
+    if st.cap > 0:
+        u = rnd(s / st.cap)
+        s = rnd(st.cap * torch.tanh(u))
+        cap_slope = rnd(sech2(u))
+    offset = st.sk - st.sq if variant.offset is None else variant.offset
+    diag = torch.arange(i0, i1, device=st.dev)[:, None] + offset  # each row's diagonal key
+    if st.slopes is not None:
+        cols = st.cols[None, :]
+        distance = (cols - diag) if variant.alibi_form == "relative" else -(diag - cols).abs()
+        s = rnd(s + rnd(st.slopes * distance.to(s.dtype)))
+    if st.bias is not None:
+        s = rnd(s + _rows(st.bias, i0, i1))
+    if st.mod is not None:
+        s, mod_slope = _modded(st.mod, s, i0, i1, st.g)
+        s = rnd(s)
+    if st.acc is not None and (st.bias is not None or st.mod is not None):
+        st.acc.add_logits(s)
+    return s.masked_fill(_hidden(variant, st.mask, i0, i1, st.cols, diag), float("-inf")), cap_slope, mod_slope
+
+
+def _rows_of(st: SimpleNamespace, variant: Variant, i0: int, i1: int) -> None:
+    """Rows i0..i1: their softmax, out and lse, and their part of every gradient."""
+    s, cap_slope, mod_slope = _logits(st, variant, i0, i1)
+    m = s.amax(dim=-1, keepdim=True)
+    if st.sink is not None:
+        m = torch.maximum(m, st.sink.expand_as(m))
+    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)  # guard: never (-inf) - (-inf)
+    p = torch.exp(s - m)
+    l = p.sum(dim=-1, keepdim=True)
+    p_sink = None
+    if st.sink is not None:
+        p_sink = torch.exp(st.sink - m)  # [b, hk, g, c, 1]
+        l = l + p_sink
+    seen = l > 0
+    ones = torch.ones_like(l)
+    st.lse[:, :, :, i0:i1] = torch.where(seen, m + torch.log(torch.where(seen, l, ones)), float("-inf")).squeeze(-1)
+    p = st.rnd(torch.where(seen, p / torch.where(seen, l, ones), torch.zeros_like(p)))
+    o = st.rnd(p @ st.V)
+    st.out[:, :, :, i0:i1] = o
+    if st.acc is not None:
+        st.acc.add_forward(s, p)
+    if st.backward:
+        sink_weight = p_sink / torch.where(seen, l, ones) if p_sink is not None else None
+        _backward_rows(st, variant, i0, i1, p, o, sink_weight, cap_slope, mod_slope)
+
+
+def _backward_rows(st: SimpleNamespace, variant: Variant, i0: int, i1: int, p, o, sink_weight, cap_slope,
+                   mod_slope) -> None:
+    rnd = st.rnd
+    dOc, Qc = st.dO[:, :, :, i0:i1], st.Q[:, :, :, i0:i1]
+    dp = rnd(dOc @ st.V.transpose(-1, -2))
+    if st.exact:
+        D = (dOc * o).sum(dim=-1, keepdim=True)  # rowsum(dO * O) == rowsum(dP * P) exactly
+    else:
+        D = (dp * p).sum(dim=-1, keepdim=True)  # what torch's softmax backward computes
+    ds = rnd(p * (dp - D))  # the gradient of the logits after cap, bias and masks
+    if st.dsinks is not None:  # the sink's own logit: its dP is 0 (no value)
+        st.dsinks += (-rnd(sink_weight) * D).sum(dim=(0, 3, 4))
+    if mod_slope is not None:
+        ds = rnd(ds * mod_slope)
+    if st.dbias is not None:  # the gradient of the logit where the bias was added
+        _add_rows(st.dbias, ds, i0, i1)
+        if st.acc is not None:
+            st.acc.add_dbias(variant.bias.shape, i0, i1, p * (dp.abs() + (dOc * o).abs().sum(-1, keepdim=True))
+                             * (mod_slope.abs() if mod_slope is not None else 1.0))
+    if cap_slope is not None:
+        ds = rnd(ds * cap_slope)
+    ds = rnd(ds * st.scale)
+    st.dq[:, :, :, i0:i1] = rnd(ds @ st.K)
+    st.dk_heads += ds.transpose(-1, -2) @ Qc
+    st.dv_heads += p.transpose(-1, -2) @ dOc
+    if st.acc is not None:
+        # a kernel's D reads out rounded to its dtype, whose elements below the smallest normal carry an
+        # error of half a subnormal step (u * tiny) whatever their size: there out's magnitude is tiny's (an
+        # fp16 out near 1e-7 put dsinks at 1.7x the error allowed on the H200)
+        D_terms = (dOc.abs() * o.abs().clamp(min=st.out_tiny)).sum(dim=-1, keepdim=True)
+        slope = cap_slope if cap_slope is not None else mod_slope.abs() if mod_slope is not None else None
+        st.acc.add_backward(i0, i1, p, dp, D_terms, slope, sink_weight)
+
+
+def _finish(st: SimpleNamespace, variant: Variant, compute, round_to) -> tuple:
+    """The outputs in the callers' layout ([b, s, h, e], lse [b, h, s]) and the scales of their terms."""
+    b, sq, h, rnd = st.b, st.sq, st.h, st.rnd
+    tensors = {"out": rnd(st.out).reshape(b, h, sq, st.dv).permute(0, 2, 1, 3), "lse": rnd(st.lse).reshape(b, h, sq)}
+    if st.backward:
         # a naive GQA user expands k/v per head; autograd sums the per-head gradients in the dtype
-        tensors["dq"] = dq.reshape(b, h, sq, d).permute(0, 2, 1, 3)
-        tensors["dk"] = rnd(rnd(dk_heads).sum(dim=2)).permute(0, 2, 1, 3)
-        tensors["dv"] = rnd(rnd(dv_heads).sum(dim=2)).permute(0, 2, 1, 3)
-        if dsinks is not None:
-            tensors["dsinks"] = rnd(dsinks).reshape(h)
-        if dbias is not None:
-            tensors["dbias"] = rnd(dbias)
-    scales = acc.result(tensors["lse"], backward) if acc is not None else {}
-    if acc is not None and "dbias" in tensors and "dbias" not in scales:  # no key: no term at all
-        scales["dbias"] = torch.zeros((), dtype=compute, device=dev)
+        tensors["dq"] = st.dq.reshape(b, h, sq, st.d).permute(0, 2, 1, 3)
+        tensors["dk"] = rnd(rnd(st.dk_heads).sum(dim=2)).permute(0, 2, 1, 3)
+        tensors["dv"] = rnd(rnd(st.dv_heads).sum(dim=2)).permute(0, 2, 1, 3)
+        if st.dsinks is not None:
+            tensors["dsinks"] = rnd(st.dsinks).reshape(h)
+        if st.dbias is not None:
+            tensors["dbias"] = rnd(st.dbias)
+    scales = st.acc.result(tensors["lse"], st.backward) if st.acc is not None else {}
+    if st.acc is not None and "dbias" in tensors and "dbias" not in scales:  # no key: no term at all
+        scales["dbias"] = torch.zeros((), dtype=compute, device=st.dev)
     if round_to is not None:  # already rounded: the cast is exact (dsinks stays fp32, as the sinks are)
         keep = {"dsinks": torch.float32, "dbias": variant.bias.dtype if variant.bias is not None else None}
         tensors = {name: t.to(keep.get(name) or round_to) for name, t in tensors.items()}

@@ -57,6 +57,8 @@ def own_error(kernel: str, case: Case, error: BaseException, device: str = "") -
                       reason=f"faverify raised {type(error).__name__}: {error}\n" + "".join(where[-4:-1]).rstrip())
 
 
+# The skips for memory (out of memory making a case's inputs or its reference, or too large for what was
+# free): on a GPU shared with other workers they say what those held at the time, not what the case needs
 MEMORY_SKIPS = ("out of memory ", "too large for this device")
 
 

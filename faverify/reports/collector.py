@@ -143,7 +143,7 @@ class KernelStats:
             self.skipped[r.reason] += 1
         elif r.status == "error" and len(self.own_errors) < 3:
             self.own_errors.append(r.reason)
-        elif r.status == "pass" and r.reason:  # passed on less than was asked (runner.FORWARD_ONLY)
+        elif r.status == "pass" and r.reason:  # passed on less than was asked (evaluate.FORWARD_ONLY)
             self.partial[r.reason] += 1
         outcome = "failing" if r.failed else "passing"  # apart: the good cases' margin is not hidden by the bad
         for t, m in r.metrics.items():
@@ -177,7 +177,7 @@ class KernelStats:
 
     @property
     def errors(self) -> int:
-        """Cases faverify's own code raised on (runner.own_error): neither passed nor failed by the subject."""
+        """Cases faverify's own code raised on (case_result.own_error): neither passed nor failed by the subject."""
         return self.counts["error"]
 
     def stat_rows(self) -> list:

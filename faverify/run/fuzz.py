@@ -13,7 +13,7 @@ from faverify.reports.case_result import CaseResult, own_error
 from faverify.reports.collector import Failure, KernelStats
 from faverify.run import examples
 from faverify.run.plan import FuzzPlan
-from faverify.run.signals import held
+from faverify.run.signals import held, requested, stop_if_requested
 
 __all__ = ["FuzzPlan", "run"]
 
@@ -37,12 +37,10 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
     """
     import torch
 
-    from faverify.run.evaluate import evaluate as evaluate_case
     from faverify.run.isolation import case_workers
     from faverify.run.parallel import fuzz_parallel, warmup_cases
     from faverify.run.scheduler import Pool, cores
     from faverify.run.sequential import fuzz_subject
-    from faverify.subjects import resolve
 
     devices = [torch.device(d) for d in devices]
     # a shard runs its part of the seed's up-front draw: the parallel mode's, even on one worker
@@ -50,11 +48,7 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
     all_stats, interrupted = [], False
     base_plan = plan
     for name in kernels:
-        plan = dataclasses.replace(base_plan, features=(features or {}).get(name, base_plan.features))
-        if (narrow_for or {}).get(name):
-            plan = dataclasses.replace(plan, narrow={**(plan.narrow or {}), **narrow_for[name]})
-        if plan.shapes:
-            plan = dataclasses.replace(plan, narrow={**(plan.narrow or {}), "shapes": budget_pool(plan)})
+        plan = _plan_for(name, base_plan, features, narrow_for)
         stats = KernelStats(kernel=name, conventions=(conventions or {}).get(name, DEFAULT_CONVENTIONS.describe()),
                             keep_series=plan.shard is not None,  # merge.py recomputes statistics from them
                             edges_listed=tuple(listed(plan.case_args()["features"])))
@@ -67,23 +61,15 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
                 per_device = workers if parallel else 1
                 pool = Pool(case_workers(name, devices, max(per_device, cores() // len(devices)) if warmup
                                          else per_device, mode, tolerance.to_dict(), timeout, repeat))
-            if pool is not None:
-                evaluate = pool.workers[0].evaluate
-            else:
-                subject = resolve(name)
-
-                def evaluate(case: Case, gradcheck: bool, subject=subject) -> CaseResult:
-                    try:
-                        return evaluate_case(subject, case, devices[0], mode=mode, tolerance=tolerance,
-                                             gradcheck=gradcheck, repeat=repeat)
-                    except Exception as e:  # faverify's own bug: this case's error, and the run goes on
-                        return own_error(name, case, e, str(devices[0]))
+            evaluate = pool.workers[0].evaluate if pool is not None else _in_process(name, devices[0], mode,
+                                                                                      tolerance, repeat)
             stored = examples.load(plan.database, name)
             replay(name, stored, evaluate, stats)
+            progress = _stopping(progress_factory(name))
             if parallel:
-                fuzz_parallel(name, plan, pool, stats, progress_factory(name), warmup, keep=workers)
+                fuzz_parallel(name, plan, pool, stats, progress, warmup, keep=workers)
             else:
-                fuzz_subject(name, plan, evaluate, stats, progress_factory(name))
+                fuzz_subject(name, plan, evaluate, stats, progress)
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -93,7 +79,7 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
                     stats.restarts = pool.restarts
                     pool.close()
                 stats.merge_replayed()
-            interrupted = interrupted or bool(late)
+            interrupted = interrupted or bool(late) or requested()
         interrupted = _confirmed(stats, name, devices[0], interrupted, mode=mode, tolerance=tolerance,
                                  timeout=timeout, repeat=repeat)
         with held() as late:
@@ -105,6 +91,39 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
     with held() as late:  # the same while the results are put together
         return _document(kernels, base_plan, devices, mode, tolerance, command, workers, parallel, isolate,
                          all_stats, interrupted, late)
+
+
+def _plan_for(name: str, base_plan: FuzzPlan, features: dict | None, narrow_for: dict | None) -> FuzzPlan:
+    """One kernel's plan: its features, what every case of it needs, its shape budget."""
+    plan = dataclasses.replace(base_plan, features=(features or {}).get(name, base_plan.features))
+    if (narrow_for or {}).get(name):
+        plan = dataclasses.replace(plan, narrow={**(plan.narrow or {}), **narrow_for[name]})
+    if plan.shapes:
+        plan = dataclasses.replace(plan, narrow={**(plan.narrow or {}), "shapes": budget_pool(plan)})
+    return plan
+
+
+def _in_process(name: str, device, mode: str, tolerance, repeat: int) -> Callable[[Case, bool], CaseResult]:
+    """Evaluate cases in this process (--no-isolate): faverify's own error on a case is that case's result."""
+    from faverify.run.evaluate import evaluate as evaluate_case
+    from faverify.subjects import resolve
+    subject = resolve(name)
+
+    def evaluate(case: Case, gradcheck: bool) -> CaseResult:
+        try:
+            return evaluate_case(subject, case, device, mode=mode, tolerance=tolerance, gradcheck=gradcheck,
+                                 repeat=repeat)
+        except Exception as e:  # faverify's own bug: this case's error, and the run goes on
+            return own_error(name, case, e, str(device))
+    return evaluate
+
+
+def _stopping(progress: Callable[[CaseResult], None]) -> Callable[[CaseResult], None]:
+    """The progress callback, then the stop a signal asked for if its KeyboardInterrupt was lost."""
+    def after_each_case(result: CaseResult) -> None:
+        progress(result)
+        stop_if_requested()
+    return after_each_case
 
 
 def _confirmed(stats: KernelStats, name: str, device, interrupted: bool, **settings) -> bool:

@@ -58,7 +58,7 @@ def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: in
         import torch
         torch.set_num_threads(threads)
     # The parent stops the workers itself (a worker leads a process group of its own, out of the terminal's
-    # reach). So a KeyboardInterrupt raised in here is the subject's own doing, and runner.evaluate reports it
+    # reach). So a KeyboardInterrupt raised in here is the subject's own doing, and evaluate reports it
     # as its failure.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:

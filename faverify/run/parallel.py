@@ -182,7 +182,7 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
                  lambda i, result: record(i, result, hold=True))
         if held:
             # run again on one worker per device, the others idle (they gave back what a case past 2 GiB
-            # took: runner.gives_back); a case still too large then is skipped for good
+            # took: memory.gives_back); a case still too large then is skipped for good
             stats.memory_retried = len(held)
             alone = {w.device: w for w in reversed(pool.workers)}
             Pool(list(alone.values())).map([(i, task(i, held[i].case)) for i in sorted(held)], record)

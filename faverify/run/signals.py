@@ -2,8 +2,10 @@
 while the results are being put together or written waits until they are whole.
 
 A signal is a KeyboardInterrupt raised wherever the main thread is. While workers are still measuring,
-that is what the user wants: the run stops and reports what it has. Once they are done, the same
-interrupt in the middle of stopping the workers or writing the JSON would lose every result; there it
+that is what the user wants: the run stops and reports what it has. Python drops an exception raised
+inside a garbage-collector callback or a finalizer (Hypothesis keeps one), so the stop is also recorded:
+the run asks `requested()` after each case and stops there if the KeyboardInterrupt was lost. Once they
+are done, the same interrupt in the middle of stopping the workers or writing the JSON would lose every result; there it
 is held instead.
 """
 from __future__ import annotations
@@ -13,15 +15,32 @@ import signal
 import threading
 
 STOPS = (signal.SIGTERM, signal.SIGHUP)  # a CI job's timeout; a closed terminal or SSH session
+_requested = threading.Event()  # a stop signal arrived in sigterm_interrupts' block
 
 
 @contextlib.contextmanager
 def sigterm_interrupts():
-    """Within the block, SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does."""
+    """Within the block, SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does; each of the three is
+    also recorded (requested)."""
     def interrupt(signum, frame):
+        _requested.set()
         raise KeyboardInterrupt
-    with _handlers({s: interrupt for s in STOPS}):
+    _requested.clear()
+    with _handlers({s: interrupt for s in (signal.SIGINT,) + STOPS}):
         yield
+
+
+def requested() -> bool:
+    """Whether a stop arrived in sigterm_interrupts' block, whether or not its KeyboardInterrupt got
+    through."""
+    return _requested.is_set()
+
+
+def stop_if_requested() -> None:
+    """Raise the KeyboardInterrupt of a stop that was recorded, in the main thread (a lost one's second
+    chance)."""
+    if _requested.is_set() and threading.current_thread() is threading.main_thread():
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

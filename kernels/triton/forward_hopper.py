@@ -284,6 +284,43 @@ def _release(k_ready, k_empty, v_ready, v_empty, it, STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _write_rows(acc, l_i, m_i, bh, offs_m, first, seqlen_q, nheads, qk_scale, Sinks, Rowmax, Log2l, Lse, o, o_desc,
+                o_rows: gl.constexpr, dtype: gl.constexpr, BLOCK_D: gl.constexpr, SINKS: gl.constexpr):
+    """A consumer's rows done: lse and the backward's row statistics stored, out normalized and stored."""
+    seen = l_i > 0.0
+    if SINKS:  # the sink z enters the normalization, as variant_forward._fwd's ending, in raw units
+        m_raw = gl.where(seen, m_i, float("-inf"))
+        z_raw = gl.load(Sinks + bh % nheads)
+        top = gl.maximum(m_raw, z_raw)
+        top = gl.where(top == float("-inf"), 0.0, top)
+        to_top = gl.exp2((m_raw - top) * qk_scale)
+        total = gl.where(seen, l_i * to_top, 0.0) + gl.exp2((z_raw - top) * qk_scale)  # [mutant site: hopper-sink]
+        some = total > 0.0
+        log2_total = gl.log2(gl.where(some, total, 1.0))
+        lse = gl.where(some, (top * qk_scale + log2_total) * LN2, float("-inf"))
+        log2l = log2_total + (top - m_raw) * qk_scale
+        scale_rows = to_top / gl.where(some, total, 1.0)
+    else:
+        log2l = gl.log2(gl.where(seen, l_i, 1.0))
+        lse = gl.where(seen, (m_i * qk_scale + log2l) * LN2, float("-inf"))
+    rows = bh.to(gl.int64) * seqlen_q + offs_m
+    in_q = offs_m < seqlen_q
+    gl.store(Rowmax + rows, gl.where(seen, m_i, 0.0), mask=in_q)
+    gl.store(Log2l + rows, gl.where(seen, log2l, float("inf")), mask=in_q)
+    gl.store(Lse + rows, lse, mask=in_q)
+    if SINKS:
+        out = acc * gl.convert_layout(scale_rows, o_rows)[:, None]
+    else:
+        out = acc / gl.convert_layout(gl.where(seen, l_i, 1.0), o_rows)[:, None]
+    # out stages through shared memory for the TMA store, which clips at the bounds; the store of the
+    # last block may still be reading it, and runs while this block computed
+    tma.store_wait(pendings=0)
+    o.store(out.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [bh // nheads, first, bh % nheads, 0], _box(o, HALF, BLOCK_D))
+
+
+@gluon.jit
 def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
               CONSUMERS: gl.constexpr, GROUP: gl.constexpr, WHICH: gl.constexpr, WINDOW: gl.constexpr,
               SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, SINKS: gl.constexpr):
@@ -364,9 +401,8 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
                 s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # q k^T in; p v may still run
                 mbarrier.arrive(k_empty.index(stage), count=1)
                 p, alpha, l_i, m_i = _softmax(s, m_i, l_i, mine_lo + j, full_lo, full_hi, first, offs_m, offs_n,
-                                              seqlen_k,
-                                              diag, left, right, qk_scale, cap_scale, inv_cap_scale, slope, CAUSAL,
-                                              BLOCK_N, WINDOW, SOFTCAP, ALIBI)
+                                              seqlen_k, diag, left, right, qk_scale, cap_scale, inv_cap_scale, slope,
+                                              CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
                 mbarrier.arrive(v_empty.index(prev), count=1)
                 acc = acc * gl.convert_layout(alpha, o_rows)[:, None]  # [mutant site: rescale]
@@ -384,37 +420,8 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
         it += n_blocks - skip
         done += 1
 
-        seen = l_i > 0.0
-        if SINKS:  # the sink z enters the normalization, as variant_forward._fwd's ending, in raw units
-            m_raw = gl.where(seen, m_i, float("-inf"))
-            z_raw = gl.load(Sinks + bh % nheads)
-            top = gl.maximum(m_raw, z_raw)
-            top = gl.where(top == float("-inf"), 0.0, top)
-            to_top = gl.exp2((m_raw - top) * qk_scale)
-            total = gl.where(seen, l_i * to_top, 0.0) + gl.exp2((z_raw - top) * qk_scale)  # [mutant site: hopper-sink]
-            some = total > 0.0
-            log2_total = gl.log2(gl.where(some, total, 1.0))
-            lse = gl.where(some, (top * qk_scale + log2_total) * LN2, float("-inf"))
-            log2l = log2_total + (top - m_raw) * qk_scale
-            scale_rows = to_top / gl.where(some, total, 1.0)
-        else:
-            log2l = gl.log2(gl.where(seen, l_i, 1.0))
-            lse = gl.where(seen, (m_i * qk_scale + log2l) * LN2, float("-inf"))
-        rows = bh.to(gl.int64) * seqlen_q + offs_m
-        in_q = offs_m < seqlen_q
-        gl.store(Rowmax + rows, gl.where(seen, m_i, 0.0), mask=in_q)
-        gl.store(Log2l + rows, gl.where(seen, log2l, float("inf")), mask=in_q)
-        gl.store(Lse + rows, lse, mask=in_q)
-        if SINKS:
-            out = acc * gl.convert_layout(scale_rows, o_rows)[:, None]
-        else:
-            out = acc / gl.convert_layout(gl.where(seen, l_i, 1.0), o_rows)[:, None]
-        # out stages through shared memory for the TMA store, which clips at the bounds; the store of the
-        # last block may still be reading it, and runs while this block computed
-        tma.store_wait(pendings=0)
-        o.store(out.to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [bh // nheads, first, bh % nheads, 0], _box(o, HALF, BLOCK_D))
+        _write_rows(acc, l_i, m_i, bh, offs_m, first, seqlen_q, nheads, qk_scale, Sinks, Rowmax, Log2l, Lse, o,
+                    o_desc, o_rows, dtype, BLOCK_D, SINKS)
     tma.store_wait(pendings=0)
 
 

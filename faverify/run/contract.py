@@ -1,0 +1,91 @@
+"""What a subject must return, checked before any judging: shapes, dtypes, devices and plain tensors, read
+as the calling stream sees them; the NaN out buffer of a subject that writes into one."""
+from __future__ import annotations
+
+import torch
+
+from faverify.cases.case import Case
+
+
+def out_buffer(case: Case, q: torch.Tensor) -> torch.Tensor:
+    """A NaN buffer in NaN margins, of out's shape, for a subject that declares out_buffer."""
+    from faverify.cases.margins import poisoned
+    return poisoned(expected_out_shape(case), q.dtype, q.device)
+
+
+def check_splits(case: Case, splits) -> str | None:
+    want = split_shape(case)
+    for name, t, shape in zip(("out_splits", "lse_splits"), splits, want):
+        if plain(name, t):
+            return plain(name, t)
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+            return f"{name} has shape {tuple(getattr(t, 'shape', ()))}, expected {shape}"
+    return None
+
+
+def as_the_caller_sees(t):
+    """A CUDA output as a caller reads it: copied on the current stream, before anything synchronizes the
+    device. A kernel that writes its output on a stream of its own and returns without making the caller's
+    stream wait gives a caller whatever the buffer held at that moment; the device-wide synchronize the
+    metrics make would otherwise hide the race."""
+    return t.clone() if isinstance(t, torch.Tensor) and t.is_cuda else t
+
+
+def plain(name: str, t) -> str | None:
+    """A subclass of torch.Tensor answers the judging's own operations as it likes (zeros whose subtraction
+    and isnan say "equal" passed every check): faverify judges plain tensors only, and reads nothing of a
+    subclass before refusing it."""
+    if isinstance(t, torch.Tensor) and type(t) is not torch.Tensor:
+        return (f"{name} is a {type(t).__module__}.{type(t).__qualname__}, a subclass of torch.Tensor: return "
+                f"a plain tensor (faverify judges only those)")
+    return None
+
+
+def on_device(name: str, t, device: torch.device) -> str | None:
+    if isinstance(t, torch.Tensor) and t.device != device:
+        return f"{name} is on {t.device}, expected the inputs' device {device}"
+    return None
+
+
+def expected_out_shape(case: Case) -> tuple:
+    """out's shape: [b, s, h, head_dim_v]; a varlen case's packed [total_q + tail, h, head_dim_v]."""
+    if case.kind == "varlen":
+        return case.total_q + case.tail, case.nheads, case.dv
+    return case.batch, case.seqlen_q, case.nheads, case.dv
+
+
+def expected_lse_shape(case: Case) -> tuple:
+    """lse's shape: [b, h, seqlen_q]; a varlen case's [h, total_q + tail] (flash-attn's)."""
+    if case.kind == "varlen":
+        return case.nheads, case.total_q + case.tail
+    return case.batch, case.nheads, case.seqlen_q
+
+
+def check_outputs(case: Case, q: torch.Tensor, out, lse) -> str | None:
+    """The calling convention (docs/design.md): out like q, on q's device, lse [b, h, seqlen_q] float32
+    (varlen: packed, expected_out_shape)."""
+    if not isinstance(out, torch.Tensor):
+        return f"out is {type(out).__name__}, expected a tensor"
+    problem = plain("out", out) or plain("lse", lse) or on_device("out", out, q.device) \
+        or on_device("lse", lse, q.device)
+    if problem:
+        return problem
+    want_out = expected_out_shape(case)
+    if tuple(out.shape) != want_out:
+        layout = "[total_q + tail, h, head_dim_v]" if case.kind == "varlen" else "[b, s, h, head_dim_v]"
+        return f"out has shape {tuple(out.shape)}, expected {want_out} ({layout})"
+    if out.dtype != q.dtype:
+        return f"out has dtype {out.dtype}, expected the input dtype {q.dtype}"
+    if lse is not None:
+        want = expected_lse_shape(case)
+        if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != want:
+            layout = "[h, total_q + tail]" if case.kind == "varlen" else "[b, h, seqlen_q]"
+            return f"lse has shape {tuple(getattr(lse, 'shape', ()))}, expected {want} ({layout})"
+        if lse.dtype != torch.float32:
+            return f"lse has dtype {lse.dtype}, expected torch.float32"
+    return None
+
+
+def split_shape(case: Case) -> tuple:
+    """(out_splits', lse_splits' shape): [splits] before out's and lse's own, packed for a varlen case."""
+    return (case.splits, *expected_out_shape(case)), (case.splits, *expected_lse_shape(case))

@@ -1,0 +1,51 @@
+"""The subject's code, guarded: whatever it raises, or an exit it attempts, becomes its case's failure with
+the message; faverify's own errors pass through."""
+from __future__ import annotations
+
+import contextlib
+import os
+import posix
+
+from faverify.errors import Unsupported
+
+
+class SubjectExited(Exception):
+    """A subject called os._exit: in this process that would end faverify with the subject's exit code."""
+
+
+class SubjectRaised(Exception):
+    """Whatever a subject raised (an Exception, SystemExit, GeneratorExit, a BaseException of its own), carried
+    out of its call: its case fails with `name` and the message, and nothing is blamed on faverify."""
+
+    def __init__(self, error: BaseException):
+        self.error, self.name = error, type(error).__name__
+        super().__init__(f"{self.name}: {error}")
+
+
+@contextlib.contextmanager
+def subject_code(in_worker: bool, skips: bool = False):
+    """Around the subject's own code. What it raises comes out as SubjectRaised, except (with skips, around
+    its forward) Unsupported, ValueError and NotImplementedError, its word that a case is not supported, and a
+    KeyboardInterrupt in the user's own process (Ctrl-C stops the run; in a worker, which ignores it, the
+    subject raised it). While it runs, os._exit raises instead of ending the process: run in this process
+    (--no-isolate, repro, golden verify), a kernel's os._exit(0) would end faverify with exit code 0, a pass
+    for nothing."""
+    originals = os._exit, posix._exit
+
+    def refuse(code=0):
+        raise SubjectExited(f"the subject called os._exit({code})")
+    os._exit = posix._exit = refuse
+    try:
+        yield
+    except (Unsupported, ValueError, NotImplementedError) as e:
+        if skips:
+            raise
+        raise SubjectRaised(e) from e
+    except KeyboardInterrupt as e:
+        if not in_worker:
+            raise
+        raise SubjectRaised(e) from e
+    except BaseException as e:
+        raise SubjectRaised(e) from e
+    finally:
+        os._exit, posix._exit = originals

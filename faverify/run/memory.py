@@ -1,0 +1,84 @@
+"""Memory and work a case needs, against what its device has free: a case too large is skipped with the
+reason, and a GPU worker hands back what a large case took."""
+from __future__ import annotations
+
+import torch
+
+from faverify.cases.case import Case
+from faverify.dtypes import TORCH
+
+CHECK_MEMORY_ABOVE = 256 << 20  # bytes: a smaller case is not worth asking the device how much is free
+
+
+# bytes: a GPU worker hands the memory of a case that took more back to the device (gives_back); twice the
+# reference's chunk of temporaries (1 GiB on a GPU), which every case's estimate counts whole
+GIVE_BACK_ABOVE = 2 << 30
+
+
+def gives_back(case: Case, device) -> bool:
+    """Whether a GPU worker hands the memory of a case it has run back to the device: one that took more
+    than GIVE_BACK_ABOVE, or drew a paged pool past 2^31 elements (emptying the cache syncs the device, not
+    worth it for the many small cases). The caching allocator keeps it otherwise, and the workers beside
+    this one find it taken: a 2000-case triton-paged fuzz on the H200 (6 workers, each keeping what its
+    cases had taken) skipped 72 cases for memory, 0.1-29 GiB of 139 free when each was drawn."""
+    device = torch.device(device)
+    return device.type == "cuda" and (bool(case.kind == "paged" and case.pool)
+                                      or bytes_needed_by(case, device, backward=True) > GIVE_BACK_ABOVE)
+
+
+def bytes_needed_by(case: Case, device: torch.device, backward: bool) -> int:
+    """About the device memory a case takes: its tensors, the reference's and, paged, the pools."""
+    from faverify.judge.reference import bytes_needed
+    itemsize = TORCH[case.dtype].itemsize
+    need = bytes_needed(case.batch, case.seqlen_q, case.seqlen_k, case.nheads, case.nheads_k, case.head_dim,
+                        itemsize, device.type, backward)
+    if case.kind == "paged":  # the pools, k and v, twice (the inputs and their untouched copy)
+        pages = case.pool or case.pages_used + 1
+        need += 2 * pages * case.page_size * case.nheads_k * (case.head_dim + case.dv) * itemsize
+    if case.kind == "varlen":  # the tail's tokens of q, k, v and dO, in the inputs, copies and gradients
+        token = case.nheads * (case.head_dim + case.dv) + case.nheads_k * (case.head_dim + case.dv)
+        need += 4 * case.tail * token * itemsize
+    return need
+
+
+# multiply-adds of a case's FP64 reference past which it is refused: about an hour of a CPU's FP64 (1e10 a
+# second), or of an H200's (1e13)
+MAX_WORK = {"cpu": 1 << 45, "cuda": 1 << 55}
+
+
+def work(case: Case) -> int:
+    """The FP64 reference's multiply-adds: every row against every key, forward and backward."""
+    return sum(sq * sk for sq, sk in case.sequences) * case.nheads * (case.head_dim + case.dv) * 4
+
+
+def too_big(case: Case, device: torch.device, backward: bool) -> str | None:
+    """Why the case cannot fit on the device (about what it would take, against what is free), or None.
+    A drawn case that does not fit is skipped with this reason; `repro` of one is exit 2."""
+    needed = work(case)
+    if needed > MAX_WORK.get(device.type, MAX_WORK["cuda"]):
+        return (f"too large for this device: its FP64 reference would take {needed:.2g} multiply-adds, more than "
+                f"{MAX_WORK.get(device.type, MAX_WORK['cuda']):.2g} ({device.type})")
+    need = bytes_needed_by(case, device, backward)
+    if need <= CHECK_MEMORY_ABOVE:
+        return None
+    free = free_memory(device)
+    if free is not None and need > free and device.type == "cuda":
+        torch.cuda.empty_cache()  # what this process's allocator keeps from earlier cases is free to it
+        free = free_memory(device)
+    if free is None or need <= free:
+        return None
+    return (f"too large for this device: the case needs about {need / 2**30:.1f} GiB, "
+            f"{device} has {free / 2**30:.1f} GiB free")
+
+
+def free_memory(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
