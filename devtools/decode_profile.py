@@ -7,10 +7,10 @@ torch.profiler over replays of a CUDA graph of one call (bench.graphed), as benc
 
 One line per configuration: each kernel's mean time a step, and how many times it ran.
 """
-import argparse
 import dataclasses
 
 import torch
+from decode_sweep import decode_options  # devtools/, the script's own folder
 from torch.profiler import ProfilerActivity, profile
 
 from faverify.cases.inputs import make_inputs
@@ -20,11 +20,7 @@ from faverify.subjects import resolve
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--headdims", default="128")
-    p.add_argument("--dtype", default="bf16")
-    p.add_argument("--pages", default="16")
-    p.add_argument("--caches", default=",".join(map(str, bench_decode.CACHE_LENS)))
+    p = decode_options(__doc__, "16")
     p.add_argument("--replays", type=int, default=20)
     a = p.parse_args()
     subject = resolve("triton-paged")

@@ -1,4 +1,4 @@
-"""Time the packed decode kernel (variant_forward._decode) over tile candidates and split counts on
+"""Time the packed decode kernel (variant_decode._decode) over tile candidates and split counts on
 `faverify bench --decode`'s configurations (GQA 8, batch x cache = 131072 tokens, pages in a random order),
 in one process, next to the default tile (configs.decode) and the split rule's count (num_splits_for).
 GPU only: under the interpreter it runs, slowly, with --tokens small.
@@ -27,6 +27,7 @@ from faverify.commands import bench_decode
 from faverify.commands.bench import time_forward
 from faverify.kernels.triton import configs, variant_interface
 from faverify.kernels.triton.configs import Tile
+from faverify.kernels.triton.launch import Launch
 from faverify.subjects import resolve
 
 # keys a step must divide the split block (variant_interface.SPLIT_BLOCK: a split boundary is a tile's)
@@ -43,27 +44,28 @@ def candidates() -> list:
 def run(cfg, x, splits: int, tile, device):
     """(ms, out, paths) of triton-paged on the configuration's inputs x, cut into `splits`, with `tile` for the
     decode kernel (None: the default)."""
-    subject = resolve("triton-paged")
+    paged = resolve("triton-paged")
+    launch = Launch(decode_tile=tile)
+    subject = dataclasses.replace(paged, fn=lambda *args, **kwargs: paged.fn(*args, launch=launch, **kwargs))
     case = dataclasses.replace(cfg.case(paged=True), splits=splits)
-    default = configs.decode
-    if tile is not None:
-        configs.decode = lambda elem, fast: tile
-    try:
-        with torch.no_grad():
-            out = subject(x.q, x.k, x.v, case, x.extras())[0].float()
-        ms, _ = time_forward(subject, x, case, device)
-        paths = sorted(set(subject.take_paths()))
-    finally:
-        configs.decode = default
-    return ms, out, paths
+    with torch.no_grad():
+        out = subject(x.q, x.k, x.v, case, x.extras())[0].float()
+    ms, _ = time_forward(subject, x, case, device)
+    return ms, out, sorted(set(subject.take_paths()))
+
+
+def decode_options(doc: str, pages: str) -> argparse.ArgumentParser:
+    """The options of the decode devtools: head dims, dtype, page sizes and cache lengths (bench --decode's)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--headdims", default="128")
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--pages", default=pages)
+    p.add_argument("--caches", default=",".join(map(str, bench_decode.CACHE_LENS)))
+    return p
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--headdims", default="128")
-    p.add_argument("--dtype", default="bf16")
-    p.add_argument("--pages", default="16,64")
-    p.add_argument("--caches", default=",".join(map(str, bench_decode.CACHE_LENS)))
+    p = decode_options(__doc__, "16,64")
     p.add_argument("--splits", default="1,2,4,8,16,32")
     p.add_argument("--tokens", type=int, default=bench_decode.DECODE_TOKENS)
     p.add_argument("--no-tiles", action="store_true", help="time the split counts only")

@@ -1,8 +1,9 @@
 """The Hopper forward as it is against another version of forward_hopper.py (a file, e.g. from
 `git show REV:kernels/triton/forward_hopper.py`), in one process: each launches in place of
-forward_hopper.kernel's choice. First the bits: out and lse of every valid row must be equal (the numerics
-are meant not to change), at bench's shapes and at ragged ones. Then the speed at bench's shapes, the two
-alternating, with sdpa-cudnn in the same process; the spread between repeats is the noise. GPU (sm_90).
+forward_hopper.kernel's choice (Launch.hopper_build). First the bits: out and lse of every valid row must be
+equal (the numerics are meant not to change), at bench's shapes and at ragged ones. Then the speed at
+bench's shapes, the two alternating, with sdpa-cudnn in the same process; the spread between repeats is
+the noise. GPU (sm_90).
 
     python3 devtools/hopper_ab.py OLD_FILE [--dtype bf16] [--repeats 3] [--bits-only]
 """
@@ -10,7 +11,7 @@ import argparse
 import importlib.util
 
 import torch
-from hopper_specialize import bench, bench_row  # devtools/, the script's own folder
+import triton.testing
 
 from faverify.commands.bench import Config
 from faverify.kernels.triton import forward_hopper, interface
@@ -20,6 +21,23 @@ RAGGED = ((1, 777, 1000, 4, 64, True), (2, 1000, 777, 4, 64, True), (1, 193, 193
           (3, 4160, 4160, 2, 64, False), (1, 65, 4096, 2, 64, True), (2, 100, 120, 3, 64, False),
           (1, 130, 70, 2, 64, True), (2, 1, 129, 4, 128, False), (1, 127, 127, 1, 128, True),
           (2, 70, 130, 2, 64, True))  # (b, sq, sk, h, d, causal)
+
+
+def bench(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def bench_row(dtype: str, d: int, causal: bool, n: int) -> tuple:
+    """bench's inputs for one row ([b, s, h, d]) and sdpa-cudnn's forward TF/s on them, printed."""
+    cfg = Config(dtype, d, causal, n)
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    q, k, v = (torch.randn(cfg.batch, n, cfg.nheads, d, device="cuda", dtype=dt) for _ in range(3))
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+        cudnn = cfg.flops("fwd") / bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+            qt, kt, vt, is_causal=causal)) * 1e-9
+    print(f"{dtype} d{d} causal={causal} n={n}: cudnn {cudnn:.1f} TF/s", flush=True)
+    return cfg, (q, k, v), cudnn
 
 
 def load(path):
@@ -40,11 +58,8 @@ def main():
     builds = {"new": forward_hopper.kernel, "old": load(a.old)}
 
     def run(name, q, k, v, causal):
-        forward_hopper.kernel = builds[name]
-        try:
-            return interface.forward(q, k, v, q.shape[-1] ** -0.5, causal, "-inf")
-        finally:
-            forward_hopper.kernel = builds["new"]
+        return interface.forward(q, k, v, q.shape[-1] ** -0.5, causal, "-inf",
+                                 launch=interface.Launch(hopper_build=builds[name]))
 
     same = True
     rows = (Config(a.dtype, *row) for row in ROWS)  # bench's shapes

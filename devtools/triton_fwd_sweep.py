@@ -1,6 +1,6 @@
 """Time the forward over tile candidates: the warp-specialized Hopper forward (hopper: sm_90, one program per
 query block, the launcher's default; hopperp: persistent, one program per SM; hopper-g<N>: heads in groups
-of N in the schedule instead of forward_hopper.HEAD_GROUP), the Triton one through tensor descriptors (tma:
+of N in the schedule instead of hopper.HEAD_GROUP: Launch.head_group), the Triton one through tensor descriptors (tma:
 every tile; tma1: the default tile) and through pointers (ptr: the default tile), next to sdpa-cudnn and
 sdpa-flash in the same process, as ratios to cuDNN. GPU only.
 
@@ -19,7 +19,7 @@ import torch
 import triton.testing
 
 from faverify.commands.bench import Config
-from faverify.kernels.triton import configs, forward_hopper, interface
+from faverify.kernels.triton import configs, interface
 from faverify.kernels.triton.configs import Tile
 
 TILES = [Tile(128, 64, 4, s) for s in (2, 3, 4)] + [Tile(128, 128, 4, s) for s in (2, 3)] \
@@ -45,7 +45,6 @@ def main():
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
     rows = []
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    group = forward_hopper.HEAD_GROUP
     for d in map(int, a.headdims.split(",")):
         for causal in (False, True):
             for n in map(int, a.seqlens.split(",")):
@@ -73,8 +72,9 @@ def main():
                 print(f"d{d} causal={causal} n={n}: cudnn {line['cudnn_tflops']:.1f} flash "
                       f"{line['flash_tflops']:.1f} TF/s; TMA bits equal: {bits}", flush=True)
                 for path in a.paths.split(","):
-                    launch = interface.Launch(tma=path != "ptr", programs=sms if path == "hopperp" else None)
-                    forward_hopper.HEAD_GROUP = int(path[len("hopper-g"):]) if path.startswith("hopper-g") else group
+                    group = int(path[len("hopper-g"):]) if path.startswith("hopper-g") else None
+                    launch = interface.Launch(tma=path != "ptr", programs=sms if path == "hopperp" else None,
+                                              head_group=group)
                     hopper = [t for t in configs.tuning_candidates("fwd", d, 2, 9, True) if t.hopper]
                     hopper = hopper if a.hopper_tiles == "all" else [configs.HOPPER[d]]
                     tiles = {**{p: hopper for p in a.paths.split(",") if p.startswith("hopper")},
@@ -96,7 +96,6 @@ def main():
                             name += f" (max|out - triton out| {diff:.2e})"
                         line["tiles"][name] = tf
                         print(f"   {name}: {tf:.1f} TF/s, {tf / line['cudnn_tflops']:.3f}x cudnn", flush=True)
-                forward_hopper.HEAD_GROUP = group
                 best = max(line["tiles"].items(), key=lambda kv: kv[1])
                 print(f"  best {best[0]}: {best[1]:.1f} TF/s = {best[1] / line['cudnn_tflops']:.3f}x cudnn, "
                       f"{best[1] / line['flash_tflops']:.2f}x flash", flush=True)

@@ -1,7 +1,8 @@
-"""PTX digests of the Triton kernels' sm_90 variants (no GPU needed): run before and after a refactor of
-kernels/triton; equal digests mean the generated code did not change.
+"""PTX digests of every Triton and Gluon kernel variant the AOT report compiles for sm_90 (no GPU needed): run
+before and after a refactor of kernels/triton; equal digests mean the generated code did not change (the
+digest leaves out the debug lines, which move with every edit of the source).
 
-    python devtools/triton_ptx.py [KERNEL ...] > before.txt   (kernels: fwd dkdv dq preprocess fwd-hopper)
+    python devtools/triton_ptx.py [KERNEL ...] > before.txt   (default: every kernel; aot.py names them)
 """
 import os
 import sys
@@ -9,8 +10,8 @@ import sys
 os.environ.pop("TRITON_INTERPRET", None)
 from faverify.kernels.triton.aot import compile_variant, variants  # noqa: E402
 
-kinds = sys.argv[1:] or ["fwd", "dkdv", "dq", "preprocess", "fwd-hopper"]
+kinds = set(sys.argv[1:])
 for v in variants(90):
-    if v.kernel in kinds and v.block_d in (32, 64, 128):
+    if not kinds or v.kernel in kinds:
         r = compile_variant(v, 90)
         print(f"{v}: {r.get('ptx', r.get('error'))}", flush=True)

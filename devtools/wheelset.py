@@ -11,7 +11,7 @@ built for CUDA 13, the GPU image's torch being a CUDA 13 build); --without leave
 13 ones alone serve).
 
 What it does: downloads the package and, following each wheel's Requires-Dist, every dependency the GPU
-image lacks (IMAGE: the packages its python3 holds, from the device tool's KINDS.md), as wheels for
+image lacks (IMAGE: the packages its python3 holds, as the lending service lists them), as wheels for
 CPython 3.12 on manylinux x86-64, into --dir (ignored by git: `echo /.whl/ >> .git/info/exclude`). Then
 it splits the set into loads of at most --load-mib MiB: whole wheels where they fit, and a wheel larger
 than a load into numbered parts (NAME.whl.part0, .part1, ...), each load in a folder of its own,
@@ -52,7 +52,7 @@ import subprocess
 import sys
 import zipfile
 
-# What the GPU image's python3 already holds (KINDS.md, "Python packages already there", read 2026-11-17),
+# What the GPU image's python3 already holds (the lending service's list of its Python packages, read 2026-11-17),
 # by normalized name: a dependency among them is not fetched
 IMAGE = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
 certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core

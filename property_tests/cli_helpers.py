@@ -37,3 +37,17 @@ def assert_commands_exist(calls: list) -> None:
         for word in words[1:]:
             if word.startswith("--"):
                 assert word.split("=")[0] in known, f"faverify {words[0]} has no flag {word}"
+
+
+def planted_bug_caught(kernel: str, features: str, iters: int, tmp_path, found) -> tuple:
+    """Fuzz a planted bug (fp32, in this process) with `features`: the run fails, and some failure's
+    signature or companion is one `found` accepts. Returns (the kernel's run record, those failures, the
+    fuzz arguments but the kernel)."""
+    args = ("--iters", str(iters), "--device", "cpu", "--no-db", "--no-isolate", "--dtype", "fp32", "--features",
+            features)
+    r = cli("fuzz", "--kernel", kernel, *args, "--json", tmp_path / "run.json")
+    assert r.exit_code == 1, r.stdout[-2000:]
+    record = read_json(tmp_path / "run.json")["kernels"][0]
+    mine = [f for f in record["failures"] if any(found(s) for s in [f["signature"], *f["companions"]])]
+    assert mine, [(f["signature"], f["companions"]) for f in record["failures"]]  # as the root, or found with it
+    return record, mine, args

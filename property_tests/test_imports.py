@@ -75,7 +75,7 @@ def cycles(graph: dict) -> list:
 LAYERS = {
     "cli": (9, ("faverify.cli", "faverify.__main__")),
     "commands": (8, ("faverify.commands", "faverify.testing", "faverify.kernels.triton.aot",
-                     "faverify.kernels.cuda.compile_report")),
+                     "faverify.kernels.triton.aot_sources", "faverify.kernels.cuda.compile_report")),
     "run": (7, ("faverify.run",)),
     "reports": (6, ("faverify.reports",)),
     "judge": (5, ("faverify.judge",)),

@@ -13,7 +13,7 @@ from faverify.judge.reference import reference
 from faverify.run.evaluate import evaluate
 from faverify.subjects import resolve
 from faverify.subjects.base import Capabilities, Subject
-from property_tests.cli_helpers import cli
+from property_tests.cli_helpers import cli, planted_bug_caught
 
 
 @pytest.mark.parametrize("fields,argument,rule", [
@@ -176,22 +176,17 @@ def test_the_fuzz_draws_masks_and_biases_for_sdpa_math_and_counts_them(tmp_path)
     assert "cases run per mask, bias and score_mod: sdpa-math: " in r.stdout + r.stderr
 
 
+# each planted mask bug (planted_masks.py): the features that reach it, and what its failure is called
+MASK_BUGS = {"nan_for_empty_row": ("mask", "out:nan"), "nan_key_leaks": ("mask,mask_nan", ":nan"),
+             "mask_batch_zero": ("mask", "out:"), "dbias_head_zero": ("bias,bias_grad", "dbias:tolerance"),
+             "block_size_128": ("mask", "out:"), "score_mod_before_scale": ("score_mod", "out:tolerance")}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("bug,features,signature", [
-    ("nan_for_empty_row", "mask", "out:nan"),
-    ("nan_key_leaks", "mask,mask_nan", ":nan"),
-    ("mask_batch_zero", "mask", "out:"),
-    ("dbias_head_zero", "bias,bias_grad", "dbias:tolerance"),
-    ("block_size_128", "mask", "out:"),
-    ("score_mod_before_scale", "score_mod", "out:tolerance"),
-])
+@pytest.mark.parametrize("bug,features,signature", [(bug, *found) for bug, found in MASK_BUGS.items()])
 def test_a_planted_mask_bug_is_caught_and_shrunk_to_a_case_that_names_it(bug, features, signature, tmp_path):
-    args = ("--iters", "150", "--device", "cpu", "--no-db", "--no-isolate", "--dtype", "fp32", "--features", features)
-    r = cli("fuzz", "--kernel", f"property_tests.planted_masks:{bug}", *args, "--json", tmp_path / "run.json")
-    assert r.exit_code == 1, r.stdout[-2000:]
-    failures = json.loads((tmp_path / "run.json").read_text())["kernels"][0]["failures"]
-    mine = [f for f in failures if any(signature in s for s in [f["signature"], *f["companions"]])]
-    assert mine, [(f["signature"], f["companions"]) for f in failures]  # as the root, or found with it
+    _, mine, _ = planted_bug_caught(f"property_tests.planted_masks:{bug}", features, 150, tmp_path,
+                                    lambda s: signature in s)
     minimal = Case.from_dict(mine[0]["minimal"]["case"])
     assert set(features.split(",")) & set(minimal.features()), minimal.short()
     # a block pattern needs keys past one block to differ anywhere (block sizes are 16..128); a random mask

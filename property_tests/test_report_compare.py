@@ -1,4 +1,4 @@
-"""report and compare, and the README's CI example."""
+"""report and compare, and the CI example of docs/ci.md."""
 import json
 import re
 import shlex
@@ -120,19 +120,19 @@ def test_malformed_or_wrong_version_files_exit_2(runs, tmp_path, mutate, message
     assert r.exit_code == 2 and "not valid JSON" in r.stderr
 
 
-def test_every_command_and_flag_of_the_readme_ci_example_exists():
-    text = (ROOT / "README.md").read_text()
+def test_every_command_and_flag_of_the_ci_example_exists():
+    text = (ROOT / "docs" / "ci.md").read_text()
     yaml = re.search(r"```yaml\n(.+?)\n```", text, re.S).group(1)
     calls = re.findall(r"faverify ([^&|>\n]+)", yaml)
     assert len(calls) >= 3
     assert_commands_exist(calls)
 
 
-def test_the_readme_ci_example_run_twice_in_one_directory_compares_clean(tmp_path, monkeypatch):
+def test_the_ci_example_run_twice_in_one_directory_compares_clean(tmp_path, monkeypatch):
     """The example fuzzes base and head in one directory, so the second run finds the first one's example
     store. A kernel compared with itself must come out clean (exit 0): the seeded draw does not depend on
     the store, whose replayed cases are reported apart. The planted kernel fails, so the store is filled."""
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "ci.md").read_text()
     yaml = re.search(r"```yaml\n(.+?)\n```", text, re.S).group(1)
     fuzzes = [shlex.split(c.strip()) for c in re.findall(r"faverify (fuzz [^&|>\n]+)", yaml)]
     compare = shlex.split(re.search(r"faverify (compare [^&|>\n]+)", yaml).group(1).split(">")[0])

@@ -1,5 +1,5 @@
-"""Shards of one fuzz and their merge, the fleet table of many doctors, and the README's Slurm and
-Kubernetes examples."""
+"""Shards of one fuzz and their merge, the fleet table of many doctors, and the Slurm and
+Kubernetes examples of docs/ci.md."""
 import copy
 import json
 import re
@@ -117,8 +117,8 @@ def test_the_fleet_table_marks_the_node_whose_bits_differ(tmp_path):
 
 
 @pytest.mark.parametrize("fence", ["slurm", "kubernetes"])
-def test_every_command_and_flag_of_the_readmes_scheduler_examples_exists(fence):
-    text = (ROOT / "README.md").read_text()
+def test_every_command_and_flag_of_the_scheduler_examples_exists(fence):
+    text = (ROOT / "docs" / "ci.md").read_text()
     block = re.search(rf"```{fence}\n(.+?)\n```", text, re.S).group(1)
     calls = re.findall(r"faverify ([a-z]+ [^&|>\n\"]+)", block)
     assert {c.split()[0] for c in calls} >= {"fuzz", "merge"}

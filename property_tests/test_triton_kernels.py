@@ -272,10 +272,10 @@ def test_hopper_forward_only_where_it_can_run():
 
 
 def test_hopper_grid_is_one_program_per_block_or_the_persistent_count():
-    """forward_hopper.grid: the GPU test's 3 persistent programs must really be 3 (else it would compare the
+    """hopper.grid: the GPU test's 3 persistent programs must really be 3 (else it would compare the
     default launch with itself), and never more programs than blocks."""
     from faverify.kernels.triton import configs
-    from faverify.kernels.triton.forward_hopper import grid
+    from faverify.kernels.triton.hopper import grid
     tile = configs.HOPPER[64]  # 192 query rows per block
     assert grid(tile, 1000, 6, None) == (6 * 6,)
     assert grid(tile, 1000, 6, 3) == (3,)
@@ -335,7 +335,7 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
     # the Hopper forward, for sm_90 only, as the launcher takes it there (configs.HOPPER)
     hopper = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith("fwd-hopper ")]
     # the dense builds may spill only at d64 causal: 24 bytes of stack, saved once per query block before
-    # the key-tile loop (docs/measurements.md, "Hopper forward"); the ALiBi build at d64 96 bytes (its split
+    # the key-tile loop (docs/measurements.md, "Forward"); the ALiBi build at d64 96 bytes (its split
     # bias, common.alibi_split: 1.28x dense's time on the H200, against 1.36x with the distance computed
     # element by element and 32 bytes, 1.61x with integer distances and no spill), and the build with every
     # switch at d128 128 (the split bias beside softcap's tanh; that build is not timed); a spill anywhere

@@ -153,21 +153,19 @@ def test_the_split_rule_fills_the_sms_and_no_more():
     assert num_splits_for(1, 1, 1, 0, 132) == 1
 
 
-def test_the_split_rule_counts_the_packed_decode_s_programs(monkeypatch):
+def test_the_split_rule_counts_the_packed_decode_s_programs():
     """Where the decode kernel packs a GQA group into its rows, a program is a (batch, kv head, tile of 16
     rows), and the splits fill the 3 slots an SM has for them once: 32 query heads over 4 kv heads at
     seqlen_q 1 are 4 programs, 99 splits on 132 SMs (396 programs, one wave), where 32 per-head programs
     take 5 (one program an SM)."""
-    from faverify.kernels.triton import variant_interface
     from faverify.kernels.triton.interface import num_splits_for
-    monkeypatch.setattr(variant_interface, "PACKED_DECODE", True)
+    from faverify.kernels.triton.launch import Launch
     assert num_splits_for(1, 32, 1, 1 << 17, 132, 4) == 99
     assert num_splits_for(32, 32, 1, 1 << 12, 132, 4) == 3  # 128 programs: 384 in one wave, not 512 in two
     assert num_splits_for(1, 32, 4, 1 << 17, 132, 4) == 49  # 8 x 4 rows a kv head: 2 tiles each
     assert num_splits_for(1, 32, 17, 1 << 17, 132, 4) == 5  # past DECODE_ROWS: per head
     assert num_splits_for(128, 32, 1, 1 << 12, 132, 4) == 1  # 512 programs are more than a wave already
-    monkeypatch.setattr(variant_interface, "PACKED_DECODE", False)
-    assert num_splits_for(1, 32, 1, 1 << 17, 132, 4) == 5
+    assert num_splits_for(1, 32, 1, 1 << 17, 132, 4, Launch(packed_decode=False)) == 5
 
 
 def _inputs():
@@ -339,7 +337,7 @@ def test_the_warm_up_launches_every_variant_build_a_fuzz_draws(kind, monkeypatch
     GPU worker that meets it. The tiles are the interpreter's, the decisions that pick a build the GPU's
     (its shared padding of q/k and v too)."""
     from faverify.cases.strategies import CPU_LIMITS
-    from faverify.kernels.triton import variant_backward, variant_forward, variant_interface
+    from faverify.kernels.triton import variant_backward, variant_decode, variant_forward, variant_interface
     from faverify.kernels.triton.subject import variant_warmup_cases
     from faverify.run.evaluate import exercise
     from faverify.run.parallel import draw_cases
@@ -349,8 +347,8 @@ def test_the_warm_up_launches_every_variant_build_a_fuzz_draws(kind, monkeypatch
     for module, name in ((variant_forward, "_fwd_kernel"), (variant_forward, "_combine_kernel"),
                          (variant_backward, "_dkdv_kernel"), (variant_backward, "_dq_kernel"),
                          (variant_forward, "_fwd_kernel_fast"), (variant_backward, "_dkdv_kernel_fast"),
-                         (variant_backward, "_dq_kernel_fast"), (variant_forward, "_decode_kernel"),
-                         (variant_forward, "_decode_kernel_fast")):
+                         (variant_backward, "_dq_kernel_fast"), (variant_decode, "_decode_kernel"),
+                         (variant_decode, "_decode_kernel_fast")):
         monkeypatch.setattr(module, name, _Recorder(name, seen))
     subject = resolve(kind)
     dtypes = ("bf16", "fp16")
@@ -393,9 +391,9 @@ def test_the_softcap_derivative_keeps_its_precision_where_the_cap_saturates(prec
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU or torch.cuda.get_device_capability()[0] != 9,
-                    reason="forward_hopper.tanh_approx is Gluon for sm_90 (PTX's tanh.approx.f32), no interpreter")
+                    reason="hopper.tanh_approx is Gluon for sm_90 (PTX's tanh.approx.f32), no interpreter")
 def test_the_hopper_forwards_tanh_keeps_its_relative_error_and_saturates():
-    """forward_hopper.tanh_approx (the Hopper forward's softcap) against FP64: a relative error under
+    """hopper.tanh_approx (the Hopper forward's softcap) against FP64: a relative error under
     2^-10.9 at every x, tiny ones included (a row with one key has its capped logit for lse), +-1 past
     |x| = 10, and the sign of x; a NaN logit stays NaN."""
     from property_tests.triton_probes import tanh_approx_probe
@@ -435,14 +433,17 @@ DECODE_CASES = {  # paged caches with a few query rows a sequence: GQA groups pa
 
 @pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("name", list(DECODE_CASES))
-def test_the_packed_decode_matches_fp64_and_so_does_the_per_head_path(name, packed, monkeypatch):
-    """variant_interface.PACKED_DECODE: a paged cache's few query rows go to the decode kernel, which packs
+def test_the_packed_decode_matches_fp64_and_so_does_the_per_head_path(name, packed):
+    """Launch.packed_decode: a paged cache's few query rows go to the decode kernel, which packs
     the query heads of a kv head into one tile (rows past one tile, GQA 1 to 16, windows, softcap, ALiBi,
     splits, an empty cache, pages of 1 and 7 keys); without it, to the per-head forward. Both against
     FP64, on any device."""
-    from faverify.kernels.triton import variant_interface
-    monkeypatch.setattr(variant_interface, "PACKED_DECODE", packed)
-    r = evaluate(resolve("triton-paged"), DECODE_CASES[name], DEVICE, mode="fwd")
+    import dataclasses
+
+    from faverify.kernels.triton.launch import Launch
+    paged, launch = resolve("triton-paged"), Launch(packed_decode=packed)
+    subject = dataclasses.replace(paged, fn=lambda *args, **kwargs: paged.fn(*args, launch=launch, **kwargs))
+    r = evaluate(subject, DECODE_CASES[name], DEVICE, mode="fwd")
     assert r.status == "pass", (r.status, r.reason)
     assert r.paths and all(p.startswith("fwd variant decode" if packed else "fwd variant paged") for p in r.paths), \
         r.paths
@@ -469,7 +470,7 @@ def test_the_decode_kernel_writes_every_split_partial(monkeypatch):
 
 
 def test_the_no_alibi_and_no_sinks_vectors_are_kept_from_call_to_call():
-    from faverify.kernels.triton.variant_interface import _filled
+    from faverify.kernels.triton.variant_args import _filled
     zeros = _filled(6, 0.0, DEVICE)
     assert zeros is _filled(6, 0.0, DEVICE) and (zeros == 0).all() and zeros.dtype == torch.float32
     assert _filled(6, float("-inf"), DEVICE).isneginf().all()
@@ -480,14 +481,14 @@ def test_the_no_alibi_and_no_sinks_vectors_are_kept_from_call_to_call():
 def test_a_vector_first_made_inside_a_cuda_graph_capture_is_not_kept(monkeypatch):
     """Inside a capture the fill is only recorded: kept, the vector would hold nothing for a later eager
     call until the graph were replayed."""
-    from faverify.kernels.triton import variant_interface
-    monkeypatch.setattr(variant_interface, "_KEPT", {})
+    from faverify.kernels.triton import variant_args
+    monkeypatch.setattr(variant_args, "_KEPT", {})
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        variant_interface._filled(8, -1.5, "cuda")
-    assert not variant_interface._KEPT
-    outside = variant_interface._filled(8, -1.5, "cuda")
-    assert (outside == -1.5).all() and variant_interface._filled(8, -1.5, "cuda") is outside
+        variant_args._filled(8, -1.5, "cuda")
+    assert not variant_args._KEPT
+    outside = variant_args._filled(8, -1.5, "cuda")
+    assert (outside == -1.5).all() and variant_args._filled(8, -1.5, "cuda") is outside
 
 
 def test_the_warm_up_runs_both_builds_of_each_hopper_forward_it_reaches():

@@ -14,7 +14,7 @@ from faverify.errors import UsageError
 from faverify.judge.reference import reference
 from faverify.run.evaluate import evaluate
 from faverify.subjects import resolve
-from property_tests.cli_helpers import cli
+from property_tests.cli_helpers import cli, planted_bug_caught
 
 DENSE_KEYS = {"batch", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "dtype", "causal",
               "softmax_scale", "regime", "layout", "init", "seed"}
@@ -183,13 +183,9 @@ def test_the_fuzz_draws_every_declared_feature_and_counts_them(tmp_path):
 def test_a_planted_bug_per_feature_is_caught_and_shrunk_to_a_case_that_names_it(bug, feature, signature, tmp_path):
     """The control (variant_correct) passes the same draw: without the feature in the reference it would
     fail too, so each planted bug is caught by its feature's check."""
-    args = ("--iters", "80", "--device", "cpu", "--no-db", "--no-isolate", "--dtype", "fp32", "--features", feature)
-    r = cli("fuzz", "--kernel", f"property_tests.planted:{bug}", *args, "--json", tmp_path / "run.json")
-    assert r.exit_code == 1
-    failures = json.loads((tmp_path / "run.json").read_text())["kernels"][0]["failures"]
-    mine = [f for f in failures if any(s.startswith(signature) for s in [f["signature"], *f["companions"]])]
-    assert mine, [(f["signature"], f["companions"]) for f in failures]  # as the root, or found with it
-    by_feature = json.loads((tmp_path / "run.json").read_text())["kernels"][0]["summary"]["by_feature"]
+    record, mine, args = planted_bug_caught(f"property_tests.planted:{bug}", feature, 80, tmp_path,
+                                            lambda s: s.startswith(signature))
+    by_feature = record["summary"]["by_feature"]
     assert by_feature[feature]["failed"] > 0 and by_feature.get("dense", {"failed": 0})["failed"] == 0
     minimal = Case.from_dict(mine[0]["minimal"]["case"])
     assert feature in minimal.features() and minimal.seqlen_q * minimal.seqlen_k <= 16

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from faverify.cases.inputs import Inputs
 from faverify.cases.vocabulary import TENSORS
 from faverify.dtypes import TORCH
 from faverify.errors import UsageError
+from faverify.files import replace_whole
 
 INDEX_VERSION = 1
 # golden/ sits at the top of a clone; a wheel carries it as faverify/golden (pyproject.toml's package-dir)
@@ -187,12 +187,7 @@ def _write_new(directory: Path, rel: str, data: bytes) -> None:
     if target.parent.resolve() != Path(directory).resolve() / Path(rel).parent:
         raise GoldenFileProblem(f"{target.parent}: is a symbolic link; golden record writes only inside "
                                 f"{directory}")
-    temporary = target.with_name(f".{target.name}.{os.getpid()}")
-    temporary.unlink(missing_ok=True)
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(temporary, target)  # a link at target is replaced, not followed
+    replace_whole(target, data)
 
 
 def index(directory: Path = DEFAULT_DIR) -> list:

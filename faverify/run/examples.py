@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from faverify.cases.case import Case
+from faverify.files import replace_whole
 
 MAX_KEPT = 64  # per kernel: the newest failures; a store is a reminder, not an archive
 
@@ -65,12 +66,7 @@ def save(directory: Path | None, kernel: str, cases: list, passed: list = ()) ->
                 path.unlink(missing_ok=True)
                 return
             text = "".join(json.dumps(c.to_dict(), sort_keys=True) + "\n" for c in cases)
-            temporary = path.with_name(f".{path.name}.{os.getpid()}")
-            temporary.unlink(missing_ok=True)
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(temporary, path)  # a link at path is replaced, not followed
+            replace_whole(path, text)
     except OSError as e:  # the run's results matter more than the reminder: say so, lose nothing else
         print(f"faverify: the example store {directory} could not be written ({e.strerror or e})",
               file=sys.stderr)

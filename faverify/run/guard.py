@@ -3,10 +3,9 @@ the message; faverify's own errors pass through."""
 from __future__ import annotations
 
 import contextlib
-import os
-import posix
 
 from faverify.errors import Unsupported
+from faverify.files import exit_raises
 
 
 class SubjectExited(Exception):
@@ -30,13 +29,9 @@ def subject_code(in_worker: bool, skips: bool = False):
     subject raised it). While it runs, os._exit raises instead of ending the process: run in this process
     (--no-isolate, repro, golden verify), a kernel's os._exit(0) would end faverify with exit code 0, a pass
     for nothing."""
-    originals = os._exit, posix._exit
-
-    def refuse(code=0):
-        raise SubjectExited(f"the subject called os._exit({code})")
-    os._exit = posix._exit = refuse
     try:
-        yield
+        with exit_raises(SubjectExited, "the subject called os._exit({code})"):
+            yield
     except (Unsupported, ValueError, NotImplementedError) as e:
         if skips:
             raise
@@ -47,5 +42,3 @@ def subject_code(in_worker: bool, skips: bool = False):
         raise SubjectRaised(e) from e
     except BaseException as e:
         raise SubjectRaised(e) from e
-    finally:
-        os._exit, posix._exit = originals

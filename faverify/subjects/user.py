@@ -6,33 +6,17 @@ subjects.base.Capabilities) to declare what it supports; cases outside it are sk
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
-import posix
 import sys
 
 from faverify.errors import UsageError
+from faverify.files import exit_raises
 from faverify.subjects.base import Capabilities, Subject, missing_keywords, takes_init
 
 
 class _Exited(Exception):
     """The module called os._exit while it was imported."""
-
-
-@contextlib.contextmanager
-def _no_exit():
-    """While a user's module is imported, os._exit raises: at import it would end faverify with the
-    module's exit code, 0 a pass for nothing."""
-    originals = os._exit, posix._exit
-
-    def refuse(code=0):
-        raise _Exited(f"the module called os._exit({code}) while it was imported")
-    os._exit = posix._exit = refuse
-    try:
-        yield
-    finally:
-        os._exit, posix._exit = originals
 
 
 def load(spec: str) -> Subject:
@@ -42,7 +26,7 @@ def load(spec: str) -> Subject:
     if os.getcwd() not in sys.path:  # the console script does not put the working directory on the path
         sys.path.insert(0, os.getcwd())
     try:
-        with _no_exit():
+        with exit_raises(_Exited, "the module called os._exit({code}) while it was imported"):
             module = importlib.import_module(module_name)
     except KeyboardInterrupt:
         raise

@@ -107,6 +107,8 @@ inline int launch_status() {
     return (int)e;
 }
 
+constexpr float LN2 = 0.69314718056f;  // ln 2: an lse kept in log2 units back to natural log
+
 }  // namespace fa
 
 #define FA_DTYPE_SWITCH(dtype, T, ...)                                             \
@@ -114,6 +116,14 @@ inline int launch_status() {
         case 0: { using T = __half; __VA_ARGS__; break; }                          \
         case 1: { using T = __nv_bfloat16; __VA_ARGS__; break; }                   \
         case 2: { using T = float; __VA_ARGS__; break; }                           \
+        default: return (int)cudaErrorInvalidValue;                                \
+    }
+
+// the 16-bit dtypes alone: the tensor-core (mma) kernels take no fp32
+#define FA_HALF_SWITCH(dtype, T, ...)                                              \
+    switch (dtype) {                                                               \
+        case 0: { using T = __half; __VA_ARGS__; break; }                          \
+        case 1: { using T = __nv_bfloat16; __VA_ARGS__; break; }                   \
         default: return (int)cudaErrorInvalidValue;                                \
     }
 

@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from faverify.kernels.autograd import row_stats_function
 from faverify.kernels.constants import LOG2E
 from faverify.kernels.cuda import build
 from faverify.kernels.validate import check_inputs
@@ -108,20 +109,7 @@ def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, varian
     return dq, dk, dv
 
 
-class _Function(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale, init, variant):
-        out, lse, (rowmax, log2l) = forward(q, k, v, softmax_scale, causal, init, variant)
-        ctx.save_for_backward(q, k, v, out, rowmax, log2l)
-        ctx.scale, ctx.causal, ctx.variant = softmax_scale, causal, variant
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, rowmax, log2l = ctx.saved_tensors
-        dq, dk, dv = backward(dout, q, k, v, out, (rowmax, log2l), ctx.scale, ctx.causal, ctx.variant)
-        return dq, dk, dv, None, None, None, None
+_Function = row_stats_function("CudaFlashAttnFunction", forward, backward)
 
 
 def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None = None, init: str = "-inf",

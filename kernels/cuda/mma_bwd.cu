@@ -215,9 +215,6 @@ int run(const Params &p, cudaStream_t stream) {
 }  // namespace fa
 
 extern "C" int fa_mma_bwd(const fa::Params *p, int dtype, cudaStream_t stream) {
-    switch (dtype) {
-        case 0: FA_HEADDIM_SWITCH(p->d, D, return fa::mma_bwd::run<__half, D>(*p, stream)); break;
-        case 1: FA_HEADDIM_SWITCH(p->d, D, return fa::mma_bwd::run<__nv_bfloat16, D>(*p, stream)); break;
-    }
+    FA_HALF_SWITCH(dtype, T, FA_HEADDIM_SWITCH(p->d, D, return fa::mma_bwd::run<T, D>(*p, stream)))
     return (int)cudaErrorInvalidValue;
 }

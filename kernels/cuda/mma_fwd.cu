@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
                 const float log2l = empty ? INFINITY : log2f(total);
                 p.rowmax[row] = empty ? 0.f : m[mt][x];
                 p.log2l[row] = log2l;
-                p.lse[row] = empty ? -INFINITY : (m[mt][x] * c + log2l) * 0.69314718056f;
+                p.lse[row] = empty ? -INFINITY : (m[mt][x] * c + log2l) * LN2;
             }
         }
     store_rows<T, MT, D>(p, (T *)p.out + b * p.o_b + h * p.o_h, p.o_s, row0, p.sq, o,
@@ -147,13 +147,6 @@ int run(const Params &p, cudaStream_t stream) {
 
 }  // namespace mma_fwd
 }  // namespace fa
-
-#define FA_HALF_SWITCH(dtype, T, ...)                                              \
-    switch (dtype) {                                                               \
-        case 0: { using T = __half; __VA_ARGS__; break; }                          \
-        case 1: { using T = __nv_bfloat16; __VA_ARGS__; break; }                   \
-        default: return (int)cudaErrorInvalidValue;                                \
-    }
 
 extern "C" int fa_mma_fwd(const fa::Params *p, int dtype, int init_neg_inf, cudaStream_t stream) {
     FA_HALF_SWITCH(dtype, T, FA_HEADDIM_SWITCH(p->d, D, {

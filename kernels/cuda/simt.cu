@@ -74,15 +74,29 @@ __device__ __forceinline__ float dot(const float (&x)[DT], const float *smem_row
     return group_sum(acc);
 }
 
+// Where the forward and dQ begin: the query row a thread group works on (the block's first row row0, the
+// group's row r, its lane g, the row i, whether it exists), its kv head's K and V, and the log2 scale c
+template <typename T> struct QueryRow {
+    Head head;
+    int row0, r, g, i;
+    bool active;
+    const T *kb, *vb;
+    float c;
+};
+
+template <typename T> __device__ __forceinline__ QueryRow<T> query_row(const Params &p) {
+    const Head head = query_head(p);
+    const int row0 = blockIdx.x * ROWS, r = threadIdx.x / G, i = row0 + r;
+    return {head, row0, r, (int)(threadIdx.x % G), i, i < p.sq, k_head<T>(p, head), v_head<T>(p, head),
+            p.scale_log2};
+}
+
 template <typename T, int D, bool INIT_NEG_INF>
 __global__ void __launch_bounds__(THREADS) fwd(Params p) {
     constexpr int BN = tile<D>(), DT = D / G;
     __shared__ float ks[BN][D], vs[BN][D];
-    const auto [b, h, hk] = query_head(p);
-    const int row0 = blockIdx.x * ROWS, r = threadIdx.x / G, g = threadIdx.x % G, i = row0 + r;
-    const bool active = i < p.sq;
-    const T *kb = k_head<T>(p, {b, h, hk}), *vb = v_head<T>(p, {b, h, hk});
-    const float c = p.scale_log2;
+    const auto [head, row0, r, g, i, active, kb, vb, c] = query_row<T>(p);
+    const auto [b, h, hk] = head;
 
     float q[DT], o[DT];
     load_row<T, DT>(q, (const T *)p.q + b * p.q_b + (int64_t)i * p.q_s + h * p.q_h, active, g, p.d);
@@ -131,7 +145,7 @@ __global__ void __launch_bounds__(THREADS) fwd(Params p) {
         const float log2l = empty ? INFINITY : log2f(l);
         p.rowmax[row] = empty ? 0.f : m;
         p.log2l[row] = log2l;
-        p.lse[row] = empty ? -INFINITY : (m * c + log2l) * 0.69314718056f;  // ln 2: back to natural log
+        p.lse[row] = empty ? -INFINITY : (m * c + log2l) * LN2;
     }
 }
 
@@ -139,11 +153,8 @@ template <typename T, int D>
 __global__ void __launch_bounds__(THREADS) dq_kernel(Params p) {
     constexpr int BN = tile<D>(), DT = D / G;
     __shared__ float ks[BN][D], vs[BN][D];
-    const auto [b, h, hk] = query_head(p);
-    const int row0 = blockIdx.x * ROWS, r = threadIdx.x / G, g = threadIdx.x % G, i = row0 + r;
-    const bool active = i < p.sq;
-    const T *kb = k_head<T>(p, {b, h, hk}), *vb = v_head<T>(p, {b, h, hk});
-    const float c = p.scale_log2;
+    const auto [head, row0, r, g, i, active, kb, vb, c] = query_row<T>(p);
+    const auto [b, h, hk] = head;
 
     float q[DT], dout[DT], dq[DT];
     load_row<T, DT>(q, (const T *)p.q + b * p.q_b + (int64_t)i * p.q_s + h * p.q_h, active, g, p.d);

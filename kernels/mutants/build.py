@@ -15,7 +15,7 @@ from faverify.kernels.mutants.catalog import BY_NAME, Mutant
 
 KERNELS = Path(__file__).resolve().parent.parent / "triton"
 _FILES = ("forward.py", "forward_hopper.py", "backward.py", "backward_hopper.py", "interface.py", "variant_forward.py",
-          "variant_backward.py", "variant_interface.py")
+          "variant_decode.py", "variant_backward.py", "variant_interface.py")
 
 
 def _cache_root() -> Path:
@@ -59,7 +59,8 @@ def source(mutant: Mutant) -> dict:
         text = (KERNELS / name).read_text()
         for module in ("backward as _bwd", "backward_hopper as _bwd_hopper", "forward as _fwd",
                        "forward_hopper as _fwd_hopper",
-                       "variant_forward as _vfwd", "variant_backward as _vbwd", "variant_interface as _var"):
+                       "variant_forward as _vfwd", "variant_decode as _vdec", "variant_backward as _vbwd",
+                       "variant_interface as _var"):
             text = text.replace(f"from faverify.kernels.triton import {module}", f"from {package} import {module}")
         text = text.replace("from faverify.kernels.triton.variant_forward import",
                             f"from {package}.variant_forward import")

@@ -34,7 +34,8 @@ class Mutant:
 # the prefix of interface.PATHS each kernel file's code runs under ("" : the launcher, every path)
 _PATH_OF = {"forward.py": "fwd triton", "forward_hopper.py": "fwd hopper", "backward.py": "bwd triton",
             "backward_hopper.py": "bwd hopper",
-            "interface.py": "", "variant_forward.py": "fwd variant", "variant_backward.py": "bwd variant",
+            "interface.py": "", "variant_forward.py": "fwd variant", "variant_decode.py": "fwd variant decode",
+            "variant_backward.py": "bwd variant",
             "variant_interface.py": ("fwd variant", "bwd variant")}
 
 
@@ -252,7 +253,7 @@ VARIANT_MUTANTS = (
              "keys per split rounded down: the last split stops before the cache's end",
              "cache lengths that are multiples of splits x block hide it", ("paged", "splits"), "triton-paged",
              always_split=True),  # a case without splits never runs the cut
-    _variant("decode-rows-mixed-layouts", "variant_forward.py", "decode-rows", "offs_i = offs_r // group",
+    _variant("decode-rows-mixed-layouts", "variant_decode.py", "decode-rows", "offs_i = offs_r // group",
              "the decode kernel takes a tile row's query index from the layout with a query's heads together "
              "(r // group) and its head from the layout with a head's queries together (r // seqlen_q)",
              "the two layouts agree at seqlen_q 1 and at group 1, the decodes most tests run; speculative "

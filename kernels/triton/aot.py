@@ -26,9 +26,14 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
+from faverify.kernels.triton.aot_sources import (
+    _hopper_bwd_source,
+    _hopper_source,
+    _triton_source,
+    _variant_source,
+)
 from faverify.kernels.triton.common import BLOCK_DS
 
-ELEM = {"fp16": 2, "bf16": 2, "fp32": 4}
 KERNELS = ("fwd", "dkdv", "dq", "preprocess")
 HOPPER_KERNEL = "fwd-hopper"  # the Hopper forward (forward_hopper.py): sm_90 only, 16-bit, head dims 64 and 128
 # a mutant of it (kernels/mutants/catalog.py, HOPPER_MUTANTS): they run on sm_90 only, so nowhere in CI; that
@@ -95,7 +100,7 @@ def variant_kernel_variants() -> list:
     out += [Variant("vfwd", "fp16", 128, False, False, 128, sw) for sw in SWITCH_SETS["vfwd"][:2]]
     out += [Variant(k, "bf16", 256, False, even, 256, "") for k in SWITCH_SETS for even in (False, True)]
     out += [Variant("vcombine", "bf16", 0, False, True, bdv, "") for bdv in (64, 128)]
-    # the paged decode with a GQA group packed in its rows (variant_forward._decode): split, with softcap
+    # the paged decode with a GQA group packed in its rows (variant_decode._decode): split, with softcap
     out += [Variant("vdecode", "bf16", bd, False, even, bd, "split+softcap") for bd in (64, 128, 256)
             for even in (False, True)]
     out += [Variant("vdecode", "fp32", 64, False, False, 64, "split")]
@@ -156,22 +161,6 @@ def hopper_mutant_variants() -> list:
                     mutant=m.name) for m in HOPPER_MUTANTS]
 
 
-def _signature(fn, dtype: str, constants: dict) -> dict:
-    sig = {}
-    for name in fn.arg_names:
-        if name in constants:
-            sig[name] = "constexpr"
-        elif name in ("Lse", "Delta", "Rowmax", "Log2l", "Alibi", "Sinks", "DQsum"):
-            sig[name] = "*fp32"
-        elif name[0].isupper():
-            sig[name] = f"*{dtype}"
-        elif name in ("qk_scale", "softmax_scale", "init", "cap_scale", "inv_cap_scale", "bias_unit"):
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-    return sig
-
-
 def _resources(cubin: bytes) -> dict:
     from triton.backends.nvidia import compiler as nv
 
@@ -192,158 +181,6 @@ def ptx_digest(ptx: str) -> str:
     body = ptx.split("\t.section\t.debug", 1)[0]
     lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith((".loc", ".file", "$L__", "//"))]
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
-
-
-def _aligned_attrs(fn, constants: dict, sizes: tuple = ()) -> dict:
-    """Pointers and strides declared divisible by 16, as for contiguous inputs (the fast build); also the
-    named sizes, for a build specialized on them (forward_hopper.kernel)."""
-    return {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-            if (name[0].isupper() or name.startswith("stride_") or name in sizes) and name not in constants}
-
-
-def _hopper_source(v: Variant, capability: int):
-    """(source, options, tile) of the Hopper forward as interface.forward launches it on sm_90."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from faverify.kernels.triton import configs
-    from faverify.kernels.triton import forward_hopper as module
-
-    if v.mutant:  # the mutated copy of forward_hopper.py (kernels/mutants/build.py)
-        import importlib
-
-        from faverify.kernels.mutants.build import load
-        module = importlib.import_module(load(v.mutant).__package__ + ".forward_hopper")
-    on = set(v.switches.split("+")) - {""}
-    tile = configs.hopper_tile(v.block_d, "softcap" in on, bool(on & {"window", "alibi"}))
-    constants, options = module.launch(tile)
-    constants.update(CAUSAL=v.causal, BLOCK_D=v.block_d, WINDOW="window" in on, SOFTCAP="softcap" in on,
-                     ALIBI="alibi" in on, SINKS="sinks" in on)
-    fn = module._fwd_hopper_aligned  # the build bench's shapes take: seqlens multiples of 16, specialized on that
-    signature = _signature(fn, v.dtype, constants)
-    dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[v.dtype]
-    # host-made descriptors (forward_hopper.descriptors)
-    for name, rows in zip(("q_desc", "k_desc", "v_desc", "o_desc"), module.box_rows(tile)):
-        signature[name] = f"tensordesc<{v.dtype}[1,{rows},1,{v.block_d}],{module.box_layout(rows, v.block_d, dtype)!r}>"
-    source = GluonASTSource(fn, signature, constants, _aligned_attrs(fn, constants, module.ALIGNED))
-    return source, options, str(tile)
-
-
-def _hopper_bwd_source(v: Variant, capability: int):
-    """(source, options, tile) of the Hopper dK/dV as interface.backward launches it on sm_90."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from faverify.kernels.triton import backward_hopper as module
-
-    if v.mutant:  # the mutated copy of backward_hopper.py (kernels/mutants/build.py)
-        import importlib
-
-        from faverify.kernels.mutants.build import load
-        module = importlib.import_module(load(v.mutant).__package__ + ".backward_hopper")
-    constants = dict(CAUSAL=v.causal, BLOCK_D=v.block_d, FUSED_DQ=v.switches == "fused-dq")
-    fn = module.kernel
-    signature = _signature(fn, v.dtype, constants)
-    dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[v.dtype]
-    for name, rows in zip(("q_desc", "k_desc", "v_desc", "do_desc"), module.box_rows()):
-        signature[name] = f"tensordesc<{v.dtype}[1,{rows},1,{v.block_d}],{module.box_layout(rows, v.block_d, dtype)!r}>"
-    source = GluonASTSource(fn, signature, constants, _aligned_attrs(fn, constants))
-    return source, dict(module.OPTIONS), f"M{module.BLOCK_M.value} N{module.CONSUMERS.value * 64} hopper"
-
-
-def _triton_source(v: Variant, capability: int):
-    """(source, options, tile) of a Triton kernel with the tile its launcher picks by default."""
-    from triton.compiler import ASTSource
-
-    from faverify.kernels.triton import configs
-    from faverify.kernels.triton.backward import _bwd_dkdv, _bwd_dq, _bwd_preprocess
-    from faverify.kernels.triton.forward import _fwd_kernel
-
-    fn = {"fwd": _fwd_kernel, "dkdv": _bwd_dkdv, "dq": _bwd_dq, "preprocess": _bwd_preprocess}[v.kernel]
-    constants = {"BLOCK_D": v.block_d, "EVEN_D": v.even_d}
-    options = {"num_warps": 4, "num_stages": 1}
-    tile = None
-    if v.kernel == "preprocess":
-        constants["BLOCK_M"] = 64
-    else:
-        # as interface._use_tma launches it: the 16-bit forward loads through tensor descriptors on sm_90+
-        tma = v.kernel == "fwd" and configs.tma_forward(ELEM[v.dtype], capability // 10)
-        tile = configs.default(v.kernel, v.block_d, ELEM[v.dtype], v.causal, tma)
-        constants.update(CAUSAL=v.causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, INTERPRETED=False,
-                         IEEE=v.dtype == "fp32")
-        if v.kernel != "fwd":
-            constants["ALIBI"] = v.switches == "alibi"
-        if v.kernel == "fwd":
-            constants["TMA"] = tma
-        options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
-    source = ASTSource(fn, _signature(fn, v.dtype, constants), constants, _aligned_attrs(fn, constants))
-    return source, options, str(tile) if tile else "M64"
-
-
-def _variant_source(v: Variant, capability: int):
-    """(source, options, tile) of a variant kernel as variant_interface launches it, with its configs.variant
-    tile: the generic build (no divisibility declared: every runtime argument is unspecialized), or with
-    even_d the fast one (the streamed tensors' pointers and strides declared divisible by 16)."""
-    from triton.compiler import ASTSource
-
-    from faverify.kernels.triton import configs
-    from faverify.kernels.triton import variant_backward as vb
-    from faverify.kernels.triton import variant_forward as vf
-    from faverify.kernels.triton.common import STREAMED
-    from faverify.kernels.triton.variant_interface import COMBINE_SPLITS, SPLIT_BLOCK
-
-    fast = v.even_d and v.kernel != "vcombine"
-
-    on = set(v.switches.split("+")) - {""}
-    if v.kernel == "vcombine":
-        fn, tile = vf._combine_kernel, None
-        constants = {"BLOCK_S": COMBINE_SPLITS, "BLOCK_DV": v.block_dv, "INTERPRETED": False}
-        options = {"num_warps": 4, "num_stages": 1}
-        pointers = {name: "*fp32" for name in ("OutSplits", "LseSplits", "Lse")} | {"Out": f"*{v.dtype}"}
-    elif v.kernel == "vdecode":
-        fn, tile = vf._decode_kernel, configs.decode(ELEM[v.dtype], fast)
-        constants = dict(SOFTCAP="softcap" in on, SPLIT_BLOCK=SPLIT_BLOCK if "split" in on else 0,
-                         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_D=v.block_d, BLOCK_DV=v.block_dv,
-                         EVEN_D=fast, EVEN_DV=fast, INTERPRETED=False, IEEE=v.dtype == "fp32")
-        options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
-        pointers = {name: "*fp32" for name in ("Lse", "Alibi", "Sinks")}
-        pointers.update({name: "*i32" for name in ("BlockTable", "CacheSeqlens")})
-        if "split" in on:
-            pointers["Out"] = "*fp32"  # the split partials
-    else:
-        kind = v.kernel[1:]
-        tile = configs.variant(kind, max(v.block_d, v.block_dv), ELEM[v.dtype], "varlen" in on,
-                               bool(on & {"bias", "blocks"}), fast, capability // 10)
-        constants = dict(SOFTCAP="softcap" in on, VARLEN="varlen" in on, BIAS="bias" in on, BLOCKS="blocks" in on,
-                         BLOCK_M=tile.block_m,
-                         BLOCK_N=tile.block_n, BLOCK_D=v.block_d, BLOCK_DV=v.block_dv, EVEN_D=fast,
-                         EVEN_DV=fast, INTERPRETED=False, IEEE=v.dtype == "fp32")
-        fn = {"fwd": vf._fwd_kernel, "dkdv": vb._dkdv_kernel, "dq": vb._dq_kernel}[kind]
-        if kind == "dq":
-            constants["DBIAS"] = "dbias" in on
-        if kind == "fwd":
-            constants.update(PAGED="paged" in on, STATS="split" not in on,
-                             SPLIT_BLOCK=SPLIT_BLOCK if "split" in on else 0)
-        options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
-        pointers = {name: "*fp32" for name in ("Lse", "Rowmax", "Log2l", "Delta", "Alibi", "Sinks")}
-        pointers.update({name: "*i32" for name in ("CuQ", "CuK", "BlockTable", "CacheSeqlens")})
-        pointers.update(Bias="*fp32", Blocks="*i8", DBias="*fp32")
-        if "split" in on:
-            pointers["Out"] = "*fp32"  # the split partials
-    signature = {}
-    for name in fn.arg_names:
-        if name in constants:
-            signature[name] = "constexpr"
-        elif name in pointers:
-            signature[name] = pointers[name]
-        elif name[0].isupper():
-            signature[name] = f"*{v.dtype}"
-        elif name in ("qk_scale", "softmax_scale", "init", "cap_scale", "inv_cap_scale", "bias_unit"):
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if fast and name in STREAMED}
-    return ASTSource(fn, signature, constants, attrs), options, str(tile) if tile else "M16"
 
 
 def compile_variant(v: Variant, capability: int) -> dict:
@@ -382,6 +219,12 @@ def compile_all(capabilities=(80, 90), jobs: int = 2) -> list:
         return list(pool.map(_job, work, chunksize=4))
 
 
+def _outcome(r: dict) -> str:
+    if not r["ok"]:
+        return "FAIL: " + r["error"]
+    return "ok" if r.get("stack", 0) + r.get("local", 0) == 0 else "ok, spills"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -395,9 +238,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     results = compile_all(tuple(int(a) for a in args.arch.split(",")), args.jobs)
     rows = [[r["variant"], f"sm_{r['sm']}", r["tile"], r.get("shared", "-"), r.get("registers", "-"),
-             r.get("stack", "-"), r.get("seconds", "-"), ("ok" if r.get("stack", 0) + r.get("local",
-                                                                                            0) == 0 else "ok, spills")
-             if r["ok"] else "FAIL: " + r["error"]] for r in results]
+             r.get("stack", "-"), r.get("seconds", "-"), _outcome(r)] for r in results]
     print(tabulate(rows, headers=["variant", "arch", "tile", "shared B", "regs", "stack B", "compile s", "result"],
                    tablefmt="simple"))
     failed = [r for r in results if not r["ok"]]

@@ -18,7 +18,7 @@ every P_ij <= 1 / l_i: the gradients stay bounded even where the logits carry no
 
 ALIBI: the forward's bias -slope |i + diag - j| on the recomputed logits, split per tile as the variant
 forward splits it (common.alibi_split: a column term an element, a row term off the row max), so that
-ALiBi, with sinks or alone, takes these kernels (variant_interface.Variant.backward_is_dense).
+ALiBi, with sinks or alone, takes these kernels (variant_args.Variant.backward_is_dense).
 """
 import triton
 import triton.language as tl
@@ -65,8 +65,7 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_
                 lo, hi, offs_m0, offs_n, cols_ok_t, cols_ok, seqlen_q, seqlen_k, diag, qk_scale, slope,  #
                 MASK: tl.constexpr, CAUSAL: tl.constexpr, ALIBI: tl.constexpr, BLOCK_M: tl.constexpr,  #
                 EVEN_D: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
-    key_first = tl.min(offs_n, 0)
-    key_last = tl.max(offs_n, 0)
+    key_first, key_last = tl.min(offs_n, 0), tl.max(offs_n, 0)
     key_local = (offs_n - key_first).to(tl.float32)[:, None]
     for start_m in tl.range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -155,18 +154,14 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV,  #
         if ALIBI:  # in raw units, as the forward's
             slope = tl.load(Alibi + off_b * stride_ab + off_h) * bias_unit
         # diagonal tiles (masked), then tiles every row of which sees the whole key tile, then the tail
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
-                             lo, full, offs_m0, offs_n, tl.trans(cols_ok), cols_ok, seqlen_q, seqlen_k, diag,
-                             qk_scale, slope, MASK=True, CAUSAL=CAUSAL, ALIBI=ALIBI, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,  #
-                             INTERPRETED=INTERPRETED, IEEE=IEEE)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
-                             full, mid, offs_m0, offs_n, tl.trans(cols_ok), cols_ok, seqlen_q, seqlen_k, diag,
-                             qk_scale, slope, MASK=False, CAUSAL=CAUSAL, ALIBI=ALIBI, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,  #
-                             INTERPRETED=INTERPRETED, IEEE=IEEE)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds,  #
-                             mid, seqlen_q, offs_m0, offs_n, tl.trans(cols_ok), cols_ok, seqlen_q, seqlen_k, diag,
-                             qk_scale, slope, MASK=True, CAUSAL=CAUSAL, ALIBI=ALIBI, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,  #
-                             INTERPRETED=INTERPRETED, IEEE=IEEE)
+        # (static_range unrolls one call per span, as three calls would be)
+        for span in tl.static_range(3):
+            span_lo = lo if span == 0 else full if span == 1 else mid
+            span_hi = full if span == 0 else mid if span == 1 else seqlen_q
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, m_ptr, l2_ptr, delta_ptr, stride_qs, stride_ds, span_lo,
+                                 span_hi, offs_m0, offs_n, tl.trans(cols_ok), cols_ok, seqlen_q, seqlen_k, diag,
+                                 qk_scale, slope, MASK=span != 1, CAUSAL=CAUSAL, ALIBI=ALIBI, BLOCK_M=BLOCK_M,
+                                 EVEN_D=EVEN_D, INTERPRETED=INTERPRETED, IEEE=IEEE)
     dk = dk * softmax_scale  # [mutant site: dk-scale]
     out_ok = offs_n[:, None] < seqlen_k
     if not EVEN_D:
@@ -182,8 +177,7 @@ def _dq_inner(dq, q, do, m, l2, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,  #
               lo, hi, offs_m, offs_n0, cols_ok_t, seqlen_k, diag, qk_scale, slope, pos,  #
               MASK: tl.constexpr, CAUSAL: tl.constexpr, ALIBI: tl.constexpr, BLOCK_N: tl.constexpr,  #
               EVEN_D: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
-    pos_first = tl.min(pos, 0)
-    pos_last = tl.max(pos, 0)
+    pos_first, pos_last = tl.min(pos, 0), tl.max(pos, 0)
     key_local = offs_n0.to(tl.float32)[None, :]
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)

@@ -32,7 +32,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 
-from faverify.kernels.triton.forward_hopper import HALF, PRODUCER_REGS, _box, _mma_layout, _smem_layout, box_layout
+from faverify.kernels.triton.hopper import HALF, PRODUCER_REGS, _box, _mma_layout, _smem_layout, box_layout
 
 # globals a kernel reads must be constexpr
 BLOCK_M = gl.constexpr(64)  # query rows a stage: one wgmma N for S^T and dP^T, one K for dV and dK

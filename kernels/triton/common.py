@@ -230,7 +230,7 @@ NO_BOUND = 1 << 30
 # (1.2e-8 at 3.8e-6, against FP64). The degree-9 polynomial below 0.25 (computed for every logit, then
 # selected) took softcap's backward from 2.22 to 3.16 of dense's time at d64 (seqlen 16384, H200): the
 # softmax's instructions a logit are what these kernels wait on. (The Hopper forward takes tanh.approx,
-# forward_hopper.tanh_approx, relative to 2^-10.99 everywhere.)
+# hopper.tanh_approx, relative to 2^-10.99 everywhere.)
 TANH_LINEAR = tl.constexpr(0.0122)
 
 

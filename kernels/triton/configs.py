@@ -63,7 +63,7 @@ def keep(kind: str, tile: Tile, block_d: int, elem: int, capability_major: int =
         return False
     if fp32_registers(kind, tile, block_d) > 192:
         return False
-    # the Hopper forward's three consumers get 160 registers each (forward_hopper.registers), which a
+    # the Hopper forward's three consumers get 160 registers each (hopper.registers), which a
     # 64 x 128 accumulator and a 64 x block_n score tile with two copies of p do not fit
     if tile.hopper and tile.block_m > 128 and block_d > 64:
         return False
@@ -109,7 +109,7 @@ DECODE_PROGRAMS_PER_SM = 3
 
 
 def decode(elem: int, fast: bool) -> Tile:
-    """The tile of the paged decode kernel (variant_forward._decode): 16 rows (a GQA group's query heads,
+    """The tile of the paged decode kernel (variant_decode._decode): 16 rows (a GQA group's query heads,
     packed), keys in tiles that divide the split block (variant_interface.SPLIT_BLOCK). The 16-bit fast
     build takes 64 keys a step over 2 stages (no spill at head dims 64-256 on sm_80 or sm_90); the generic
     build, whose loads are element by element, and fp32 take 16 (at 32 keys the generic build kept 168-272
@@ -142,7 +142,7 @@ def tma_forward(elem: int, capability_major: int) -> bool:
 # N128 w8, the pointer path's best, gave 422-498).
 # Through pointers (sm_80, or strides TMA cannot take): `faverify bench --tune` on the H200 (2026-11-30);
 # at d128 M128 N64 w4 spills there (296 bytes of stack, 308-320 TF/s in the same sweep).
-# docs/measurements.md, "Triton forward", has the tables.
+# docs/measurements.md, "Forward", has the tables.
 _FWD = {True: {(64, False): Tile(128, 128, 4, 3), (64, True): Tile(128, 128, 4, 3),
                (128, False): Tile(128, 64, 4, 2), (128, True): Tile(128, 64, 4, 2)},
         False: {(64, False): Tile(128, 64, 4, 4), (64, True): Tile(128, 128, 4, 3),
@@ -158,11 +158,11 @@ def hopper_forward(elem: int, capability_major: int, block_d: int) -> bool:
 
 # The Hopper forward's tiles: block_m = 64 query rows per consumer warpgroup, block_n keys per stage of the
 # k/v ring, num_warps of one consumer (the launch's), num_stages of the ring. From devtools/triton_fwd_sweep.py
-# on the H200 (bf16, 2026-11-30 at 7ed83cf; docs/measurements.md, "Hopper forward"): d64 takes three
+# on the H200 (bf16, 2026-11-30 at 7ed83cf; docs/measurements.md, "Forward"): d64 takes three
 # consumers (M192: 0.91-1.06x cuDNN at seqlen 4096 and 16384 non-causal, against 0.79-0.92x with two), d128
 # two (M128 N128: 0.92-1.01x; M128 N64 0.80-0.86x).
 HOPPER = {64: Tile(192, 128, 4, 2, hopper=True), 128: Tile(128, 128, 4, 2, hopper=True)}
-# A softcap build's tanh (forward_hopper.tanh_approx, one instruction a logit) fits HOPPER's tiles without
+# A softcap build's tanh (hopper.tanh_approx, one instruction a logit) fits HOPPER's tiles without
 # spilling but at d64 beside a window or ALiBi (56 and 344 bytes of stack at M192 N128 with the window and
 # with every switch; AOT report, sm_90, 2026-12-04): there two consumers and 64 keys a stage, which keep none
 HOPPER_SOFTCAP = {64: Tile(128, 64, 4, 2, hopper=True)}
@@ -186,7 +186,7 @@ def default(kind: str, block_d: int, elem: int, causal: bool, tma: bool = False,
     wide = block_d > 128  # 16-bit here: fp32 took its tiles above
     if kind == "fwd":
         preferred = _FWD[tma].get((block_d, causal), Tile(128, 64, 4, 3) if not wide else Tile(64, 64, 4, 2))
-    # the backward (docs/measurements.md, "Triton backward"): dq takes what `faverify bench --tune` chose in
+    # the backward (docs/measurements.md, "Backward"): dq takes what `faverify bench --tune` chose in
     # every row on the H200 (2026-11-30; no spill on sm_90); dkdv at d128 too: causal M64 N128 w8 s2 (bench
     # --tune at 259e8f3: 1.05-1.06x sdpa-flash, against 0.95-0.96 with s3), non-causal s3; elsewhere M32 N128
     elif kind == "dkdv":
@@ -243,7 +243,7 @@ _MASKED = {(4, "fwd"): Tile(16, 32, 8, 1), (2, 64, "dkdv"): Tile(16, 32, 8, 2), 
 # The fast build's tiles (16-bit, variant_interface.fast_build: aligned tensors, head dims that fill their
 # padding, so the streamed loads are vectorized and unmasked; no bias or block mask), by padded head dim:
 # the fastest of devtools/variant_sweep.py's candidates on the H200 with ALiBi and with softcap (bf16, seqlen
-# 16384, causal, 2026-12-03; docs/measurements.md, "Triton variant kernels"), one tile for both where they
+# 16384, causal, 2026-12-03; docs/measurements.md, "Variants"), one tile for both where they
 # differ: at 128 dk/dv M32 N128 w8 s1 (276 and 201 TF/s for the whole backward; M64 N128 w8 291 and 165),
 # dq M128 N64 w8 s3, the forward M128 N64 w8 s3 (406 and 183; M64 N64 w4 366 and 190); at 64 dk/dv M32 N128
 # w4 (228 and 120), dq M128 N64 w8 s3, the forward M64 N64 w4 (258 and 143). Some spill (the AOT report:

@@ -32,7 +32,7 @@ Applies to 16-bit inputs on sm_90 with 16-byte aligned strides and padded head d
 takes this path; the GPU tests, the fuzz run and the mutants of kernels/mutants check it there, and CI
 compiles it for sm_90 (aot.py).
 
-Tried on the H200 and not kept (docs/measurements.md, "Hopper forward"): FlashAttention-3's ping-pong
+Tried on the H200 and not kept (docs/measurements.md, "Forward"): FlashAttention-3's ping-pong
 between consumers (2-8% slower, equal at one shape), a loop without the overlap (5-10% slower), two
 blocks per SM with 104 registers per consumer, the grid with heads first, and the persistent launch of
 one program per SM (equal without a mask, 3-13% slower with the causal one).
@@ -48,105 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from faverify.kernels.triton.common import LN2
-
-# globals a kernel reads must be constexpr
-HALF = gl.constexpr(64)  # query rows per consumer warpgroup: one wgmma M
-PRODUCER_REGS = gl.constexpr(24)  # the fewest setmaxnreg allows: the producer only issues copies
-
-
-@gluon.jit
-def tanh_approx(x):
-    """tanh by the special-function unit's tanh.approx.f32: one instruction a logit, beside softmax's exp2,
-    where 1 - 2 / (1 + e^2x) takes an exp2, a division and a few more (1.80 of dense's time against 1.20 at
-    d128 on the H200). Its relative error is under 2^-10.99 at every x (PTX ISA; its GPU test), near 0 too,
-    where a one-key row's lse is its capped logit: well under bf16's unit roundoff (2^-8) and about fp16's
-    (2^-11), as large as the rounding of the logits in the same-dtype attention the verdict allows twice.
-    Saturates to +-1; a NaN stays NaN."""
-    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
-                                     pack=1)
-
-
-def registers(consumers: int) -> tuple:
-    """(maxnreg, registers of each consumer) for one block per SM, which gets all 64K registers: the
-    launch's maxnreg x 32 x the warps (the producer's warpgroup rounded up to 4), and setmaxnreg then gives
-    the producer 24 and splits the rest among the consumers."""
-    if consumers == 3:  # 4 warpgroups x 128 threads x 128 = 64K; (4 x 128 - 24) / 3, rounded down to 8s
-        return 128, 160
-    return 168, 240  # 3 warpgroups x 128 x 168 <= 64K; (3 x 168 - 24) / 2
-
-
-def launch(tile) -> tuple:
-    """(constants, options) of a configs.Tile with hopper=True: the compile-time constants besides CAUSAL
-    and BLOCK_D, and the launch options. What interface.forward launches and the AOT report compiles."""
-    consumers = tile.block_m // HALF
-    maxnreg, consumer_regs = registers(consumers)
-    return (dict(BLOCK_N=tile.block_n, STAGES=tile.num_stages, CONSUMERS=consumers, CONSUMER_REGS=consumer_regs,
-                 GROUP=HEAD_GROUP), dict(num_warps=tile.num_warps, maxnreg=maxnreg))
-
-
-def box_rows(tile) -> tuple:
-    """Rows of the q, k, v and out boxes: one consumer's HALF query rows, one stage's block_n keys."""
-    return HALF.value, tile.block_n, tile.block_n, HALF.value
-
-
-def descriptors(q, k, v, out, tile, block_d: int) -> tuple:
-    """Host-made TMA descriptors of q, k, v, out ([b, s, h, d] with their own strides), boxes of one head's
-    box_rows by block_d, zero-filled past each dimension's end."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    dtype = {"torch.bfloat16": gl.bfloat16, "torch.float16": gl.float16}[str(q.dtype)]
-    return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, block_d],
-                                  box_layout(rows, block_d, dtype))
-                 for t, rows in zip((q, k, v, out), box_rows(tile)))
-
-
-def grid(tile, seqlen_q: int, n_bh: int, programs: int | None) -> tuple:
-    """One program per query block (programs None), or at most `programs`, each over every programs-th
-    block of the schedule (persistent). On the H200 one per block was as fast without a mask and 3-13%
-    faster with the causal one, whose blocks differ in length: the hardware hands out the next block to
-    the SM that is free, a persistent program takes its share in advance (devtools/triton_fwd_sweep.py at
-    cb1e2b9, 2026-11-30; docs/measurements.md, "Hopper forward")."""
-    blocks = -(-seqlen_q // tile.block_m) * n_bh
-    return (blocks if programs is None else min(blocks, programs),)
-
-
-# Heads per group of the schedule (_schedule): the programs running at once read the key/value tiles of
-# about HEAD_GROUP heads, from L2 after the first.
-HEAD_GROUP = 8
-
-
-@gluon.constexpr_function
-def _smem_layout(rows, cols, dtype):
-    return gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
-
-
-@gluon.constexpr_function
-def box_layout(rows, block_d, dtype):
-    """The shared layout of a [1, rows, 1, block_d] box of a [b, s, h, d] tensor (gl dtype): the kernel's
-    view of its tiles, and the host's descriptors' (descriptors, aot.py)."""
-    return gl.NVMMASharedLayout.get_default_for([1, rows, 1, block_d], dtype)
-
-
-@gluon.constexpr_function
-def _mma_layout(n, dtype):
-    """The accumulator layout of a 64 x n wgmma over one warpgroup (4 warps along the rows)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                     instr_shape=[16, n, 256 // dtype.primitive_bitwidth])
-
-
-@gluon.jit
-def _schedule(t, n_m, n_bh, GROUP: gl.constexpr, CAUSAL: gl.constexpr):
-    """Tile t of the launch -> (query block, batch * head). Heads go in groups of GROUP, so the programs
-    running at once share the key/value tiles of a few heads in L2; within a group, causal blocks run
-    longest first (the blocks further down see more keys), so each program's tiles, taken round-robin,
-    add up to about the same work."""
-    per_group = GROUP * n_m
-    first = (t // per_group) * GROUP
-    size = gl.minimum(GROUP, n_bh - first)
-    within = t % per_group
-    rank = within // size
-    if CAUSAL:
-        rank = n_m - 1 - rank
-    return rank, first + within % size
+from faverify.kernels.triton.hopper import HALF, PRODUCER_REGS, _box, _mma_layout, _schedule, _smem_layout, tanh_approx
 
 
 @gluon.jit
@@ -176,14 +78,6 @@ def _key_tiles(row0, seqlen_k, diag, left, right, BLOCK_M: gl.constexpr, BLOCK_N
             hi = seqlen_k
         n_full = full // BLOCK_N  # [mutant site: full-tiles]
         return 0, 0, n_full, (hi + BLOCK_N - 1) // BLOCK_N  # [mutant site: key-tiles-end]
-
-
-@gluon.jit
-def _box(smem, BLOCK: gl.constexpr, BLOCK_D: gl.constexpr):
-    """A [BLOCK, BLOCK_D] shared tile seen as the [1, BLOCK, 1, BLOCK_D] box of a [b, s, h, d] descriptor:
-    the same bytes (the swizzle is the innermost dims')."""
-    return smem._reinterpret(smem.dtype, [1, BLOCK, 1, BLOCK_D],
-                             box_layout(BLOCK, BLOCK_D, smem.dtype))
 
 
 @gluon.jit
@@ -320,6 +214,8 @@ def _write_rows(acc, l_i, m_i, bh, offs_m, first, seqlen_q, nheads, qk_scale, Si
     tma.async_copy_shared_to_global(o_desc, [bh // nheads, first, bh % nheads, 0], _box(o, HALF, BLOCK_D))
 
 
+# kernel body: a consumer's loop holds its accumulators in registers across the key tiles; split, they
+# would pass through a call's arguments (test_sizes allows a kernel body 120 lines)
 @gluon.jit
 def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.constexpr,
               CONSUMERS: gl.constexpr, GROUP: gl.constexpr, WHICH: gl.constexpr, WINDOW: gl.constexpr,
@@ -366,7 +262,7 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
         # are skipped too, which leaves the SM's tensor cores to the consumers with rows
         n_mine = gl.where(first < seqlen_q, n_mine, 0)  # [mutant site: idle-consumer]
         slope = 0.0
-        if ALIBI:  # the head's slope in raw units (variant_interface.Variant.runtime's bias_unit: 1 / scale)
+        if ALIBI:  # the head's slope in raw units (variant_args.Variant.runtime's bias_unit: 1 / scale)
             slope = gl.load(Alibi + (bh // nheads) * stride_ab + bh % nheads) * bias_unit
         offs_m = first + gl.arange(0, HALF, layout=s_rows)
         m_i = gl.zeros([HALF], gl.float32, s_rows) + init
@@ -437,10 +333,10 @@ def _fwd_source(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l, Alibi, Sinks
     launch's _schedule, so the next block's q and first key tiles load while this one's epilogue runs."""
     dtype: gl.constexpr = q_desc.dtype
     BLOCK_M: gl.constexpr = CONSUMERS * HALF
-    layout: gl.constexpr = _smem_layout(HALF, BLOCK_D, dtype)
-    kv_layout: gl.constexpr = _smem_layout(BLOCK_N, BLOCK_D, dtype)
+    layout: gl.constexpr = _smem_layout(HALF, BLOCK_D, dtype)  # each consumer's q and out
     q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, HALF, BLOCK_D], layout)
     o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, HALF, BLOCK_D], layout)
+    kv_layout: gl.constexpr = _smem_layout(BLOCK_N, BLOCK_D, dtype)  # the ring's k and v tiles
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_D], kv_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -488,7 +384,7 @@ def _fwd_source(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l, Alibi, Sinks
 # pattern of integer arguments equal to 1 or divisible by 16: up to 3^5 patterns of these five sizes per
 # variant, which a fuzz run meets case after case, at seconds a compile (it halved the GPU fuzz rate).
 # Leaving all five unspecialized cost 7-9% at d64 causal 4096 on the H200, all of it from the seqlens
-# (devtools/hopper_specialize.py at 0e6d4fa, 2026-11-30; docs/measurements.md). So seqlens both multiples of
+# (`git show 0e6d4fa:devtools/hopper_specialize.py`, 2026-11-30; docs/measurements.md). So seqlens both multiples of
 # 16 take a build specialized on them (one pattern), any other pair the build specialized on nothing.
 _HEADS = ["n_bh", "nheads", "group", "left", "right", "stride_ab", "Alibi", "Sinks"]  # and the window's
 # bounds, the ALiBi slopes' batch stride and the slopes' and sinks' pointers: runtime values, as in

@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 
 import torch
 import triton
 
+from faverify.kernels.autograd import row_stats_function
 from faverify.kernels.constants import INIT_VALUE, MAX_SPLITS
 from faverify.kernels.triton import backward as _bwd
 from faverify.kernels.triton import backward_hopper as _bwd_hopper
-from faverify.kernels.triton import configs
+from faverify.kernels.triton import configs, hopper
 from faverify.kernels.triton import forward as _fwd
 from faverify.kernels.triton import forward_hopper as _fwd_hopper
 from faverify.kernels.triton import variant_interface as _var
@@ -25,39 +25,9 @@ from faverify.kernels.triton.common import (
 from faverify.kernels.triton.common import LAUNCHED as _LAUNCHED
 from faverify.kernels.triton.common import aligned as _aligned
 from faverify.kernels.triton.common import seq_strides as _strides
+from faverify.kernels.triton.launch import DEFAULT, Launch
 from faverify.kernels.validate import check_inputs, check_kvcache, check_masks, check_variant, check_varlen
 
-
-@dataclasses.dataclass(frozen=True)
-class Launch:
-    """How the kernels launch where a test or a tuning script chooses instead of the launcher. The default
-    (every field None) is what flash_attn_func does for its users: decide per launch.
-
-    tma: the forward loads through the copy engine (TMA tensor descriptors) on sm_90 and later when the
-        fast build applies: no pointer tiles in registers and no address arithmetic in the loop (d128 M128
-        N64 w4: 40 bytes of stack against 296, and 1.6x the speed on the H200; docs/measurements.md,
-        "Triton forward"). True or False forces a path where the strides allow it (the interpreter runs both).
-    hopper: the warp-specialized Hopper forward (forward_hopper.py) where it can run (configs.hopper_forward);
-        False compares the Triton forward with it on the same GPU.
-    programs: programs of the Hopper forward (forward_hopper.grid): None, one per query block; a number makes
-        it persistent (3: each program runs many blocks, carrying its shared-memory ring and barrier phases
-        from one to the next; devtools/triton_fwd_sweep.py times one per SM).
-    emulate: emulate GPU bf16 numerics under the interpreter (common.py says why); None: exactly there.
-    hopper_backward: dK and dV from the warp-specialized Hopper kernel (backward_hopper.py) where it can
-        run (_use_hopper_backward); opt-in (True) until it is faster than the Triton dK/dV.
-    deterministic: False lets the Hopper dK/dV (hopper_backward) compute dQ too, added into an fp32 buffer
-        by atomics in an order that varies run to run (the fast mode); True or None: dQ from backward.py's
-        _bwd_dq, the same bits every run.
-    """
-    tma: bool | None = None
-    hopper: bool | None = None
-    programs: int | None = None
-    emulate: bool | None = None
-    hopper_backward: bool | None = None
-    deterministic: bool | None = None
-
-
-DEFAULT = Launch()
 # The code paths a launch can take (common.LAUNCHED logs them, take_paths hands them over)
 PATHS = ("fwd hopper", "fwd hopper variant", "fwd triton-tma", "fwd triton", "fwd triton generic", "fwd none (empty)",
          "bwd triton", "bwd triton generic", "bwd triton alibi", "bwd triton generic alibi", "bwd hopper",
@@ -171,12 +141,13 @@ def _hopper(q, k, v, out, lse, rows, tile, var, launch: Launch) -> None:
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     bd = block_d(d)
-    constants, options = _fwd_hopper.launch(tile)
+    constants, options = hopper.launch(tile, launch.head_group or hopper.HEAD_GROUP)
     runtime = var.runtime()
     window = var.windowed
     alibi, stride_ab, sinks = var.tensors(q) if var.alibi is not None or var.sinks is not None else (lse, 0, lse)
-    _fwd_hopper.kernel(sq, sk)[_fwd_hopper.grid(tile, sq, b * h, launch.programs)](
-        *_fwd_hopper.descriptors(q, k, v, out, tile, bd), lse, *rows, alibi, sinks, b * h, h, h // hk, sq, sk,
+    build = (launch.hopper_build or _fwd_hopper.kernel)(sq, sk)
+    build[hopper.grid(tile, sq, b * h, launch.programs)](
+        *hopper.descriptors(q, k, v, out, tile, bd), lse, *rows, alibi, sinks, b * h, h, h // hk, sq, sk,
         var.scale * LOG2E, INIT_VALUE[var.init], runtime["left"], runtime["right"], runtime["cap_scale"],
         runtime["inv_cap_scale"], stride_ab, runtime["bias_unit"], CAUSAL=var.right == 0 and not window, BLOCK_D=bd,
         WINDOW=window, SOFTCAP=var.softcap > 0, ALIBI=var.alibi is not None, SINKS=var.sinks is not None,
@@ -208,7 +179,7 @@ def _hopper_variant(launch: Launch):
 def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles: dict | None = None,
              launch: Launch = DEFAULT, alibi: tuple | None = None):
     """rows: the forward's (row max, log2 l) per [b, h, seqlen_q] row. alibi: (fp32 slopes [h] or [b, h],
-    their batch stride), the bias the forward added (variant_interface.Variant.backward_is_dense)."""
+    their batch stride), the bias the forward added (variant_args.Variant.backward_is_dense)."""
     rowmax, log2l = rows
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
@@ -262,22 +233,17 @@ def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles:
     return dq, dk, dv
 
 
-class FlashAttnFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale, init, launch):
-        with quiet():
-            out, lse, (rowmax, log2l) = forward(q, k, v, softmax_scale, causal, init, launch=launch)
-        ctx.save_for_backward(q, k, v, out, rowmax, log2l)
-        ctx.scale, ctx.causal, ctx.launch = softmax_scale, causal, launch
-        ctx.mark_non_differentiable(lse)
-        return out, lse
+def _quiet_forward(q, k, v, softmax_scale, causal, init, launch):
+    with quiet():
+        return forward(q, k, v, softmax_scale, causal, init, launch=launch)
 
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, rowmax, log2l = ctx.saved_tensors
-        with quiet():
-            dq, dk, dv = backward(dout, q, k, v, out, (rowmax, log2l), ctx.scale, ctx.causal, launch=ctx.launch)
-        return dq, dk, dv, None, None, None, None
+
+def _quiet_backward(dout, q, k, v, out, rows, softmax_scale, causal, launch):
+    with quiet():
+        return backward(dout, q, k, v, out, rows, softmax_scale, causal, launch=launch)
+
+
+FlashAttnFunction = row_stats_function("FlashAttnFunction", _quiet_forward, _quiet_backward)
 
 
 DEVICE_HINT = "CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before import"
@@ -322,7 +288,7 @@ def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None =
             or v.shape[-1] != q.shape[-1] or attn_mask is not None or block_mask is not None:
         var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, sinks, init, attn_mask,
                               block_mask, block_size or 0)
-        out, lse = _var.attention(q, k, v, var, emulate=launch.emulate,
+        out, lse = _var.attention(q, k, v, var, launch=launch,
                                   launcher=None if INTERPRET else _hopper_variant(launch),
                                   dense_backward=functools.partial(backward, launch=launch))
     else:
@@ -347,7 +313,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, sinks, init)
     ragged = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                   max_seqlen_k=max_seqlen_k)
-    out, lse = _var.attention(q, k, v, var, ragged, emulate=(launch or DEFAULT).emulate)
+    out, lse = _var.attention(q, k, v, var, ragged, launch=launch or DEFAULT)
     return (out, lse) if return_lse else out
 
 
@@ -357,7 +323,8 @@ def sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
 
 
-def num_splits_for(batch: int, nheads: int, seqlen_q: int, max_cache: int, sms: int, nheads_k: int = 0) -> int:
+def num_splits_for(batch: int, nheads: int, seqlen_q: int, max_cache: int, sms: int, nheads_k: int = 0,
+                   launch: Launch = DEFAULT) -> int:
     """The split count flash_attn_with_kvcache chooses: split the keys only while the programs leave the GPU
     idle, into no more splits than the cache has blocks of SPLIT_BLOCK keys, nor MAX_SPLITS. A program is a
     (batch, head, tile of 64 queries), and the splits fill the SMs (at least one program each); or, where the
@@ -367,7 +334,7 @@ def num_splits_for(batch: int, nheads: int, seqlen_q: int, max_cache: int, sms: 
     --decode's caches of 4k to 128k keys at GQA 8) that count was the fastest of the counts timed around
     it (devtools/decode_sweep.py; docs/measurements.md, "Decode")."""
     blocks = max(1, -(-max_cache // _var.SPLIT_BLOCK))
-    if nheads_k and _var.packs_decode(seqlen_q):
+    if nheads_k and _var.packs_decode(seqlen_q, launch):
         programs = batch * nheads_k * -(-max(seqlen_q, 1) * (nheads // nheads_k) // configs.DECODE_TILE)
         splits = sms * configs.DECODE_PROGRAMS_PER_SM // programs
     else:
@@ -399,12 +366,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cau
         # the longest cache the table can hold, not cache_seqlens' largest: known without reading the device
         # (a call stays free of host syncs, and capturable in a CUDA graph)
         num_splits = num_splits_for(q.shape[0], q.shape[2], q.shape[1], block_table.shape[1] * k_cache.shape[1],
-                                    sms, k_cache.shape[2])
+                                    sms, k_cache.shape[2], launch or DEFAULT)
     var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, None)
     with torch.no_grad():
         out, lse, _, splits = _var.forward(q, k_cache, v_cache, var, block_table=block_table,
                                            cache_seqlens=cache_seqlens, num_splits=num_splits, stats=False,
-                                           emulate=(launch or DEFAULT).emulate)
+                                           launch=launch or DEFAULT)
     result = (out, lse) if return_lse or return_splits else (out,)
     if return_splits:
         result += splits

@@ -122,24 +122,17 @@ def _dkdv(Q, K, V, DO, Rowmax, Log2l, Delta, DK, DV, CuQ, CuK, Alibi, Bias, Bloc
         do_base = DO + off_b * stride_db + bos_q * stride_ds + off_h * stride_dh + offs_m0[:, None] * stride_ds \
             + offs_dv[None, :]
         row = off_b * stride_lb + off_h * stride_lh + bos_q
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, Rowmax + row, Log2l + row, Delta + row, stride_qs,
-                             stride_ds, lo, full_lo, offs_m0, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
-                             seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale,
-                             bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block,
-                             MASK=True, SOFTCAP=SOFTCAP, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
-                             EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, Rowmax + row, Log2l + row, Delta + row, stride_qs,
-                             stride_ds, full_lo, full_hi, offs_m0, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
-                             seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale,
-                             bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block,
-                             MASK=False, SOFTCAP=SOFTCAP, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
-                             EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, Rowmax + row, Log2l + row, Delta + row, stride_qs,
-                             stride_ds, full_hi, hi, offs_m0, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
-                             seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale,
-                             bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block,
-                             MASK=True, SOFTCAP=SOFTCAP, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_M=BLOCK_M, EVEN_D=EVEN_D,
-                             EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
+        # the key (query) tiles in three spans: masked [lo, full_lo), whole [full_lo, full_hi), masked
+        # [full_hi, hi); one call unrolled per span, as three calls would be
+        for span in tl.static_range(3):
+            span_lo = lo if span == 0 else full_lo if span == 1 else full_hi
+            span_hi = full_lo if span == 0 else full_hi if span == 1 else hi
+            dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, Rowmax + row, Log2l + row, Delta + row, stride_qs,
+                                 stride_ds, span_lo, span_hi, offs_m0, offs_n, offs_d, offs_dv, head_dim, head_dim_v,
+                                 seqlen_q, seqlen_k, diag, left, right, slope, qk_scale, cap_scale, inv_cap_scale, bias,
+                                 stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn, mask_block,
+                                 MASK=span != 1, SOFTCAP=SOFTCAP, BIAS=BIAS, BLOCKS=BLOCKS, BLOCK_M=BLOCK_M,
+                                 EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
     dk = dk * softmax_scale
     ok = offs_n[:, None] < seqlen_k
     tl.store(DK + off_b * stride_dkb + rows_n * stride_dks + off_hk * stride_dkh + offs_d[None, :],
@@ -157,8 +150,7 @@ def _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs,  #
               DBIAS: tl.constexpr, BLOCK_N: tl.constexpr,  #
               EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
     pos = offs_m + diag  # ALiBi's split (variant_forward.alibi_split) about each key tile's first key
-    pos_first = tl.min(pos, 0)
-    pos_last = tl.max(pos, 0)
+    pos_first, pos_last = tl.min(pos, 0), tl.max(pos, 0)
     key_local = offs_n0.to(tl.float32)[None, :]
     for start_n in tl.range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -228,24 +220,16 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ, CuQ, CuK, Alibi, Bias, Blocks, DB
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     diag = seqlen_k - seqlen_q
     lo, full_lo, full_hi, hi = visible_tiles(start_m * BLOCK_M, BLOCK_M, diag - left, diag + right, seqlen_k, BLOCK_N)
-    dq = _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs, lo, full_lo, offs_m, offs_n0,
-                   offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right, slope, qk_scale, cap_scale,
-                   inv_cap_scale, seqlen_q, bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn,
-                   mask_block, dbias, stride_gm, MASK=True, SOFTCAP=SOFTCAP, BIAS=BIAS, BLOCKS=BLOCKS, DBIAS=DBIAS,
-                   BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
-                   EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
-    dq = _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs, full_lo, full_hi, offs_m, offs_n0,
-                   offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right, slope, qk_scale, cap_scale,
-                   inv_cap_scale, seqlen_q, bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn,
-                   mask_block, dbias, stride_gm, MASK=False, SOFTCAP=SOFTCAP, BIAS=BIAS, BLOCKS=BLOCKS, DBIAS=DBIAS,
-                   BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
-                   EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
-    dq = _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs, full_hi, hi, offs_m, offs_n0,
-                   offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right, slope, qk_scale, cap_scale,
-                   inv_cap_scale, seqlen_q, bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn,
-                   mask_block, dbias, stride_gm, MASK=True, SOFTCAP=SOFTCAP, BIAS=BIAS, BLOCKS=BLOCKS, DBIAS=DBIAS,
-                   BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
-                   EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
+    # the key (query) tiles in three spans: masked [lo, full_lo), whole [full_lo, full_hi), masked
+    # [full_hi, hi); one call unrolled per span, as three calls would be
+    for span in tl.static_range(3):
+        span_lo = lo if span == 0 else full_lo if span == 1 else full_hi
+        span_hi = full_lo if span == 0 else full_hi if span == 1 else hi
+        dq = _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs, span_lo, span_hi, offs_m, offs_n0,
+                       offs_d, offs_dv, head_dim, head_dim_v, seqlen_k, diag, left, right, slope, qk_scale, cap_scale,
+                       inv_cap_scale, seqlen_q, bias, stride_bm, stride_bn, bias_scale, blocks, stride_km, stride_kn,
+                       mask_block, dbias, stride_gm, MASK=span != 1, SOFTCAP=SOFTCAP, BIAS=BIAS, BLOCKS=BLOCKS,
+                       DBIAS=DBIAS, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, INTERPRETED=INTERPRETED, IEEE=IEEE)
     dq = dq * softmax_scale
     tl.store(DQ + off_b * stride_dqb + rows_m * stride_dqs + off_h * stride_dqh + offs_d[None, :],
              cast(dq, DQ.dtype.element_ty, INTERPRETED), mask=(offs_m < seqlen_q)[:, None] & (offs_d < head_dim)[None,

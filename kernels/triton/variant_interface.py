@@ -4,18 +4,19 @@ uses a variant."""
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 import triton
 
-from faverify.kernels.constants import INIT_VALUE
 from faverify.kernels.triton import configs
 from faverify.kernels.triton import variant_backward as _vbwd
+from faverify.kernels.triton import variant_decode as _vdec
 from faverify.kernels.triton import variant_forward as _vfwd
-from faverify.kernels.triton.common import INTERPRET, LOG2E, NO_BOUND, aligned, block_d, quiet
+from faverify.kernels.triton.common import INTERPRET, aligned, block_d, quiet
 from faverify.kernels.triton.common import LAUNCHED as _LAUNCHED
 from faverify.kernels.triton.common import seq_strides as _qstrides
+from faverify.kernels.triton.launch import DEFAULT, Launch
+from faverify.kernels.triton.variant_args import MaskArgs, Variant, broadcast_strides  # noqa: F401  (_var.Variant)
 
 # Split-KV cuts the keys into whole blocks of this many (case.split_ranges' block): a multiple of every
 # key tile the forward takes, so that a split boundary is a tile boundary. Under the interpreter the tiles
@@ -23,142 +24,16 @@ from faverify.kernels.triton.common import seq_strides as _qstrides
 # several blocks each.
 SPLIT_BLOCK = 32 if INTERPRET else 64
 COMBINE_SPLITS = 16  # the split partials the combine reads at once (variant_forward._combine)
-# A paged cache's few query rows (seqlen_q <= DECODE_ROWS) run the decode kernel (variant_forward._decode),
+# A paged cache's few query rows (seqlen_q <= DECODE_ROWS) run the decode kernel (variant_decode._decode),
 # which packs the query heads of a kv head into one tile and reads each key tile once for them all.
-# FAVERIFY_PACKED_DECODE=0 sends them to the per-head forward instead (an A/B switch for bench and tests).
+# Launch(packed_decode=False) sends them to the per-head forward instead (an A/B switch for bench and tests).
 DECODE_ROWS = 16
-PACKED_DECODE = os.environ.get("FAVERIFY_PACKED_DECODE", "1") == "1"
 
 
-def packs_decode(seqlen_q: int) -> bool:
+def packs_decode(seqlen_q: int, launch: Launch = DEFAULT) -> bool:
     """Whether a paged forward of seqlen_q query rows (no bias, no row statistics) runs the decode kernel."""
-    return PACKED_DECODE and seqlen_q <= DECODE_ROWS
+    return launch.packed_decode is not False and seqlen_q <= DECODE_ROWS
 
-
-@dataclasses.dataclass(frozen=True)
-class MaskArgs:
-    """pointers: (bias, blocks); scalars: the bias's 4 strides, the blocks' 4 (0 where a tensor broadcasts),
-    the block size, and what turns raw q.k into the logits' unit (Variant.raw): in the kernels' argument
-    order."""
-    pointers: tuple
-    scalars: tuple
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    """What a launch adds to dense attention, in the kernels' terms."""
-    scale: float
-    left: int = NO_BOUND  # keys j >= i + diag - left
-    right: int = NO_BOUND  # keys j <= i + diag + right
-    softcap: float = 0.0
-    alibi: torch.Tensor | None = None  # fp32 [h] or [b, h]
-    sinks: torch.Tensor | None = None  # fp32 [h]
-    init: str = "-inf"
-    bias: torch.Tensor | None = None  # [b|1, h|1, sq|1, sk], any float dtype; -inf entries mask
-    blocks: torch.Tensor | None = None  # bool [b|1, h|1, ceil(sq / n), ceil(sk / n)]
-    mask_block: int = 0  # n
-
-    @classmethod
-    def of(cls, scale: float, causal: bool, window_size, softcap, alibi_slopes, sinks, init: str = "-inf",
-           bias=None, blocks=None, mask_block: int = 0):
-        left, right = window_size
-        left = NO_BOUND if left < 0 else left
-        right = NO_BOUND if right < 0 else right
-        if causal:  # causal and a window keep the intersection
-            right = min(right, 0)
-        return cls(scale, left, right, float(softcap), alibi_slopes, sinks, init, bias, blocks, mask_block or 0)
-
-    @property
-    def raw(self) -> float:
-        """The unit of the kernels' logits and row statistics, in the softmax's: the scale (raw q.k, the max
-        subtracted before the scale, as forward.py does), or 1 with a bias, where the logits are scaled
-        before the bias is added: a finfo.min bias divided by a scale below 1 is past fp32's range, and the
-        lse of a row of them (finfo.min itself) would be too."""
-        return 1.0 if self.bias is not None else self.scale
-
-    @property
-    def windowed(self) -> bool:
-        """A window: a bound other than causal's right one."""
-        return self.left != NO_BOUND or self.right not in (0, NO_BOUND)
-
-    @property
-    def backward_is_dense(self) -> bool:
-        """Nothing but sinks and ALiBi, causal or not: the sinks are in log2 l already, so P, dS and dq, dk, dv
-        are dense attention's given the forward's rows, and the dense backward kernels compute them
-        (backward), with ALiBi's bias (their ALIBI build)."""
-        return not self.windowed and not self.softcap and not self.masked
-
-    @property
-    def masked(self) -> bool:
-        """A bias or a block mask: the builds that load them (BIAS, BLOCKS), with tiles of their own."""
-        return self.bias is not None or self.blocks is not None
-
-    @property
-    def qk_scale(self) -> float:
-        """What turns the kernels' logits into base-2 exponents."""
-        return self.raw * LOG2E
-
-    @property
-    def init_value(self) -> float:
-        """The running max's start: a finite init would hide a row whose every logit is below it, as a row of
-        finfo.min biases is; with a bias it is -inf."""
-        return float("-inf") if self.bias is not None else INIT_VALUE[self.init]
-
-    def masks(self, q) -> tuple:
-        """The bias and block-mask arguments of the kernels, (MaskArgs, the switches BIAS and BLOCKS): an
-        empty tensor where there is none."""
-        empty = torch.empty(0, dtype=torch.float32, device=q.device)
-        bias = self.bias if self.bias is not None else empty
-        blocks = self.blocks.to(torch.int8) if self.blocks is not None else empty
-        args = MaskArgs((bias, blocks), (*broadcast_strides(bias), *broadcast_strides(blocks), max(1, self.mask_block),
-                                         self.scale / self.raw))
-        return args, dict(BIAS=self.bias is not None, BLOCKS=self.blocks is not None)
-
-
-    def runtime(self) -> dict:
-        cap = self.softcap
-        return dict(left=self.left, right=self.right, cap_scale=self.scale / cap if cap else 1.0,
-                    inv_cap_scale=cap / self.scale if cap else 1.0, bias_unit=1.0 / self.scale)
-
-    def switches(self) -> dict:
-        return dict(SOFTCAP=self.softcap > 0)
-
-    def tensors(self, q) -> tuple:
-        """(alibi slopes, their batch stride, sinks) as the kernels read them: without ALiBi slopes of 0,
-        without sinks a sink of -inf; both leave the logits and the softmax exactly as they were. The sinks
-        come in the kernels' raw q.k units (z / scale), rounded here once: scaled in the kernel, the product
-        z * (1 / scale) is contracted into the subtraction that follows it (an fma) in one of its uses and
-        not in the other, and at logits near 1e12 the two differ by 2^17, whose exp2 is inf or 0 (lse inf,
-        dsinks NaN on the H200 with every sink above logits of 1e11)."""
-        h = q.shape[-2]
-        alibi = self.alibi if self.alibi is not None else _filled(h, 0.0, q.device)
-        sinks = self.sinks / self.raw if self.sinks is not None else _filled(h, float("-inf"), q.device)
-        return alibi, alibi.stride(0) if alibi.dim() == 2 else 0, sinks
-
-
-def _filled(n: int, value: float, device) -> torch.Tensor:
-    """A read-only fp32 vector of n values, kept from call to call: a decode step's kernel reads the whole
-    cache in about 75 us on the H200, and each fill launched for it cost about 1 us more, plus its gap in
-    the graph. One first made inside a CUDA graph capture is not kept: there a fill is only recorded, and
-    the tensor holds nothing until the graph is replayed."""
-    key = (n, value, torch.device(device))
-    kept = _KEPT.get(key)
-    if kept is not None:
-        return kept
-    t = torch.full((n,), value, dtype=torch.float32, device=key[2])
-    if not (t.is_cuda and torch.cuda.is_current_stream_capturing()):
-        _KEPT[key] = t
-    return t
-
-
-_KEPT: dict = {}
-
-
-def broadcast_strides(t: torch.Tensor) -> tuple:
-    """A [B, H, S, N] tensor's strides, 0 along a dimension of size 1 (it broadcasts there); zeros for none."""
-    if t.dim() != 4:
-        return (0, 0, 0, 0)
-    return tuple(0 if n == 1 else st for n, st in zip(t.shape, t.stride()))
 
 
 # Compiled, q/k and v share one padded head dim, the larger one's: a padding of each would make a build per
@@ -193,11 +68,11 @@ def _tile(kind: str, q, dv: int, varlen: bool = False, masked: bool = False, fas
                            major)
 
 
-def _dims(d: int, dv: int, q, emulate, fast: bool) -> dict:
+def _dims(d: int, dv: int, q, launch: Launch, fast: bool) -> dict:
     """The head-dim constants: the head dims unmasked in the fast build (fast_build), masked in the generic."""
     bd, bdv = padding(d, dv)
     return dict(BLOCK_D=bd, BLOCK_DV=bdv, EVEN_D=fast, EVEN_DV=fast,
-                INTERPRETED=INTERPRET if emulate is None else emulate, IEEE=q.dtype == torch.float32)
+                INTERPRETED=INTERPRET if launch.emulate is None else launch.emulate, IEEE=q.dtype == torch.float32)
 
 
 def _build(module, name: str, fast: bool):
@@ -210,7 +85,8 @@ def _lse_strides(lse: torch.Tensor, varlen: bool) -> tuple:
 
 
 def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-            block_table=None, cache_seqlens=None, num_splits: int = 0, stats: bool = True, emulate=None):
+            block_table=None, cache_seqlens=None, num_splits: int = 0, stats: bool = True,
+            launch: Launch = DEFAULT):
     """out, lse, (rowmax, log2l) or None, and (out_splits, lse_splits) when split (num_splits > 0).
     Dense q [b, sq, h, d]; varlen packed [total, h, d] with cu_seqlens; paged q [b, sq, h, d] against k, v
     pools [pages, page_size, hk, d] through block_table and cache_seqlens."""
@@ -228,7 +104,7 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
         lse = torch.empty((batch, h, sq), dtype=torch.float32, device=q.device)
     rows = (torch.empty_like(lse), torch.empty_like(lse)) if stats else None
     split = num_splits > 0
-    decode = paged and packs_decode(sq) and not var.masked and rows is None
+    decode = paged and packs_decode(sq, launch) and not var.masked and rows is None
     splits = None
     if split:
         shapes = ((num_splits, batch, sq, h, dv), (num_splits, batch, h, sq))
@@ -254,15 +130,15 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
         l_strides = _lse_strides(lse, varlen) + (0,)
     if decode:
         _decode(q, k, v, var, block_table, cache_seqlens, target_out, target_lse, o_strides + l_strides,
-                num_splits, fast, emulate)
+                num_splits, fast, launch)
         if split:
-            combine(*splits, out, lse, emulate=emulate)
+            combine(*splits, out, lse, launch=launch)
         return out, lse, rows, splits
     tile = _tile("fwd", q, dv, varlen, var.masked, fast)
     # decode (a paged cache's few query rows) takes tiles of 16 rows; anything else the tile's, so that a
     # fuzz's many small seqlen_q compile no build of their own
     block_m = configs.DECODE_TILE if paged and sq <= DECODE_ROWS else tile.block_m
-    dims = _dims(d, dv, q, emulate, fast)
+    dims = _dims(d, dv, q, launch, fast)
     dummy = torch.empty(0, dtype=torch.int32, device=q.device)
     f32 = torch.empty(0, dtype=torch.float32, device=q.device)
     alibi, stride_ab, sinks = var.tensors(q)
@@ -285,33 +161,33 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
             STATS=stats, **switches, BLOCK_M=block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps,
             num_stages=tile.num_stages, **dims)
     if split:
-        combine(*splits, out, lse, emulate=emulate)
+        combine(*splits, out, lse, launch=launch)
     return out, lse, rows, splits
 
 
 def _decode(q, k, v, var: Variant, block_table, cache_seqlens, out, lse, strides: tuple, num_splits: int, fast: bool,
-            emulate) -> None:
-    """Launch variant_forward._decode: q [b, sq, h, d] against pools [pages, page_size, hk, d]; out and lse
+            launch: Launch) -> None:
+    """Launch variant_decode._decode: q [b, sq, h, d] against pools [pages, page_size, hk, d]; out and lse
     are the outputs' (num_splits 0) or the split partials' ([splits, b, sq, h, dv], [splits, b, h, sq]),
     strides theirs as forward() passes them to _fwd."""
     batch, sq, h, d = q.shape
     hk, dv = k.shape[2], v.shape[3]
     split = num_splits > 0
     alibi, stride_ab, sinks = var.tensors(q)
-    tile = configs.decode(q.element_size(), fast)
+    tile = launch.decode_tile or configs.decode(q.element_size(), fast)
     _LAUNCHED.append("fwd variant decode" + (" split" if split else "") + ("" if fast else " generic"))
     grid = (triton.cdiv(sq * (h // hk), tile.block_m), batch * hk, max(1, num_splits))
     with quiet():
-        _build(_vfwd, "_decode_kernel", fast)[grid](
+        _build(_vdec, "_decode_kernel", fast)[grid](
             q, k, v, out, lse, block_table, cache_seqlens, alibi, sinks,
             q.stride(0), q.stride(1), q.stride(2), *_qstrides(k, False), *_qstrides(v, False), *strides,
             stride_ab, block_table.stride(0), hk, h // hk, sq, d, dv, k.shape[1], max(1, num_splits),
             var.qk_scale, var.init_value, **var.runtime(), **var.switches(), SPLIT_BLOCK=SPLIT_BLOCK if split else 0,
             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps, num_stages=tile.num_stages,
-            **_dims(d, dv, q, emulate, fast))
+            **_dims(d, dv, q, launch, fast))
 
 
-def combine(out_splits, lse_splits, out, lse, emulate=None) -> None:
+def combine(out_splits, lse_splits, out, lse, launch: Launch = DEFAULT) -> None:
     """Merge split partials (out_splits [splits, b, s, h, dv] fp32, lse_splits [splits, b, h, s]) into out
     [b, s, h, dv] and lse [b, h, s]."""
     s, b, sq, h, dv = out_splits.shape
@@ -322,12 +198,12 @@ def combine(out_splits, lse_splits, out, lse, emulate=None) -> None:
             out_splits, lse_splits, out, lse, *(out_splits.stride(i) for i in range(4)),
             *(lse_splits.stride(i) for i in range(3)), out.stride(0), out.stride(1), out.stride(2),
             lse.stride(0), lse.stride(1), h, sq, dv, s, BLOCK_S=COMBINE_SPLITS, BLOCK_DV=block_d(dv),
-            INTERPRETED=INTERPRET if emulate is None else emulate)
+            INTERPRETED=INTERPRET if launch.emulate is None else launch.emulate)
 
 
 def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None,
-             max_seqlen_q=None, max_seqlen_k=None, sinks_grad: bool = False, bias_grad: bool = False, emulate=None,
-             dense_backward=None):
+             max_seqlen_q=None, max_seqlen_k=None, sinks_grad: bool = False, bias_grad: bool = False,
+             launch: Launch = DEFAULT, dense_backward=None):
     """dq, dk, dv, dsinks (None unless sinks_grad) and dbias (None unless bias_grad). dense_backward: the
     dense kernels' (dout, q, k, v, out, rows, scale, causal, alibi=(slopes, batch stride)) -> (dq, dk, dv),
     interface.backward, for a variant whose backward is dense attention's (Variant.backward_is_dense); None:
@@ -363,7 +239,7 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
                 _dbias(ds_full, var.bias) if bias_grad else None)
     if dense_backward is not None and var.backward_is_dense and not varlen and dv == d:
         # the variant kernels' runtime bounds, switches and tiles cost them 15-19% of the dense kernels' speed
-        # at d128 seqlen 16384 on the H200 (docs/measurements.md, "Variant speed"), and sinks and ALiBi need
+        # at d128 seqlen 16384 on the H200 (docs/measurements.md, "Variants"), and sinks and ALiBi need
         # none of them
         alibi = var.tensors(q)[:2] if var.alibi is not None else None  # (slopes, their batch stride)
         dq, dk, dvv = dense_backward(dout, q, k, v, out, (rowmax.contiguous(), log2l.contiguous()), var.scale,
@@ -373,7 +249,7 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     fast = fast_build(var, q, v, k, dout, dq, dk, dvv)
-    dims = _dims(d, dv, q, emulate, fast)
+    dims = _dims(d, dv, q, launch, fast)
     dummy = torch.empty(0, dtype=torch.int32, device=q.device)
     alibi, ab, _ = var.tensors(q)
     masks, switches = var.masks(q)
@@ -409,11 +285,11 @@ def _dbias(ds_full: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 
 class VariantFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sinks, bias, var, ragged, emulate, launcher, dense_backward):
+    def forward(ctx, q, k, v, sinks, bias, var, ragged, launch, launcher, dense_backward):
         result = launcher(q, k, v, var) if launcher is not None else None
-        out, lse, rows = result if result is not None else forward(q, k, v, var, **ragged, emulate=emulate)[:3]
+        out, lse, rows = result if result is not None else forward(q, k, v, var, **ragged, launch=launch)[:3]
         ctx.save_for_backward(q, k, v, out, lse, *rows)
-        ctx.var, ctx.ragged, ctx.emulate, ctx.dense_backward = var, ragged, emulate, dense_backward
+        ctx.var, ctx.ragged, ctx.launch, ctx.dense_backward = var, ragged, launch, dense_backward
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -423,12 +299,13 @@ class VariantFunction(torch.autograd.Function):
         sinks_grad = ctx.var.sinks is not None and ctx.needs_input_grad[3]
         bias_grad = ctx.var.bias is not None and ctx.needs_input_grad[4]
         dq, dk, dv, dsinks, dbias = backward(dout, q, k, v, out, lse, (rowmax, log2l), ctx.var, **ctx.ragged,
-                                             sinks_grad=sinks_grad, bias_grad=bias_grad, emulate=ctx.emulate,
+                                             sinks_grad=sinks_grad, bias_grad=bias_grad, launch=ctx.launch,
                                              dense_backward=ctx.dense_backward)
         return dq, dk, dv, dsinks, dbias, None, None, None, None, None
 
 
-def attention(q, k, v, var: Variant, ragged: dict | None = None, emulate=None, launcher=None, dense_backward=None):
+def attention(q, k, v, var: Variant, ragged: dict | None = None, launch: Launch = DEFAULT, launcher=None,
+              dense_backward=None):
     """out, lse through autograd (the sinks a leaf of their own when they require grad). launcher: a forward
     (q, k, v, var) -> (out, lse, (row max, log2 l)) or None, tried first (interface._hopper_variant: the
     Hopper forward where it runs the case); the backward is this module's either way, on the same row
@@ -436,5 +313,5 @@ def attention(q, k, v, var: Variant, ragged: dict | None = None, emulate=None, l
     sinks, bias = var.sinks, var.bias
     plain = dataclasses.replace(var, sinks=sinks.detach().float().contiguous() if sinks is not None else None,
                                 bias=bias.detach() if bias is not None else None)
-    return VariantFunction.apply(q, k, v, sinks, bias, plain, ragged or {}, emulate, launcher, dense_backward)
+    return VariantFunction.apply(q, k, v, sinks, bias, plain, ragged or {}, launch, launcher, dense_backward)
 

@@ -1,0 +1,28 @@
+"""The autograd Function the bundled dense kernels share: a forward that returns out, lse and the rows'
+statistics (row max, log2 l), and a backward that recomputes the softmax from those statistics."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def row_stats_function(name: str, forward: Callable, backward: Callable) -> type:
+    """A torch.autograd.Function named `name`, applied as (q, k, v, causal, softmax_scale, init, how):
+    forward(q, k, v, softmax_scale, causal, init, how) -> (out, lse, (row max, log2 l)); backward(dout, q, k,
+    v, out, rows, softmax_scale, causal, how) -> (dq, dk, dv). `how` is the launcher's own choice (a Launch,
+    a CUDA variant); lse has no gradient."""
+    def run_forward(ctx, q, k, v, causal, softmax_scale, init, how):
+        out, lse, (rowmax, log2l) = forward(q, k, v, softmax_scale, causal, init, how)
+        ctx.save_for_backward(q, k, v, out, rowmax, log2l)
+        ctx.scale, ctx.causal, ctx.how = softmax_scale, causal, how
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    def run_backward(ctx, dout, _dlse):
+        q, k, v, out, rowmax, log2l = ctx.saved_tensors
+        dq, dk, dv = backward(dout, q, k, v, out, (rowmax, log2l), ctx.scale, ctx.causal, ctx.how)
+        return dq, dk, dv, None, None, None, None
+
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(run_forward),
+                                                    "backward": staticmethod(run_backward)})

@@ -1,0 +1,169 @@
+"""The sources the AOT report compiles (aot.py): each kernel variant as its launcher would launch it, as a
+Triton ASTSource or a Gluon source with the signature, constants and alignment the launch gives it."""
+from __future__ import annotations
+
+ELEM = {"fp16": 2, "bf16": 2, "fp32": 4}
+
+
+_FP32_POINTERS = ("Lse", "Delta", "Rowmax", "Log2l", "Alibi", "Sinks", "DQsum")
+
+
+def _signature(fn, dtype: str, constants: dict, pointers: dict | None = None) -> dict:
+    """Each argument's type as the launch passes it: constants, pointers (`pointers` names those whose
+    element type is not the kernel's dtype), fp32 scales, the rest i32."""
+    pointers = {name: "*fp32" for name in _FP32_POINTERS} if pointers is None else pointers
+    sig = {}
+    for name in fn.arg_names:
+        if name in constants:
+            sig[name] = "constexpr"
+        elif name in pointers:
+            sig[name] = pointers[name]
+        elif name[0].isupper():
+            sig[name] = f"*{dtype}"
+        elif name in ("qk_scale", "softmax_scale", "init", "cap_scale", "inv_cap_scale", "bias_unit"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def _aligned_attrs(fn, constants: dict, sizes: tuple = ()) -> dict:
+    """Pointers and strides declared divisible by 16, as for contiguous inputs (the fast build); also the
+    named sizes, for a build specialized on them (forward_hopper.kernel)."""
+    return {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+            if (name[0].isupper() or name.startswith("stride_") or name in sizes) and name not in constants}
+
+
+def _hopper_source(v, capability: int):
+    """(source, options, tile) of the Hopper forward as interface.forward launches it on sm_90."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from faverify.kernels.triton import configs, hopper
+    from faverify.kernels.triton import forward_hopper as module
+
+    if v.mutant:  # the mutated copy of forward_hopper.py (kernels/mutants/build.py)
+        import importlib
+
+        from faverify.kernels.mutants.build import load
+        module = importlib.import_module(load(v.mutant).__package__ + ".forward_hopper")
+    on = set(v.switches.split("+")) - {""}
+    tile = configs.hopper_tile(v.block_d, "softcap" in on, bool(on & {"window", "alibi"}))
+    constants, options = hopper.launch(tile)
+    constants.update(CAUSAL=v.causal, BLOCK_D=v.block_d, WINDOW="window" in on, SOFTCAP="softcap" in on,
+                     ALIBI="alibi" in on, SINKS="sinks" in on)
+    fn = module._fwd_hopper_aligned  # the build bench's shapes take: seqlens multiples of 16, specialized on that
+    signature = _signature(fn, v.dtype, constants)
+    dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[v.dtype]
+    # host-made descriptors (hopper.descriptors)
+    for name, rows in zip(("q_desc", "k_desc", "v_desc", "o_desc"), hopper.box_rows(tile)):
+        signature[name] = f"tensordesc<{v.dtype}[1,{rows},1,{v.block_d}],{hopper.box_layout(rows, v.block_d, dtype)!r}>"
+    source = GluonASTSource(fn, signature, constants, _aligned_attrs(fn, constants, module.ALIGNED))
+    return source, options, str(tile)
+
+
+def _hopper_bwd_source(v, capability: int):
+    """(source, options, tile) of the Hopper dK/dV as interface.backward launches it on sm_90."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from faverify.kernels.triton import backward_hopper as module
+
+    if v.mutant:  # the mutated copy of backward_hopper.py (kernels/mutants/build.py)
+        import importlib
+
+        from faverify.kernels.mutants.build import load
+        module = importlib.import_module(load(v.mutant).__package__ + ".backward_hopper")
+    constants = dict(CAUSAL=v.causal, BLOCK_D=v.block_d, FUSED_DQ=v.switches == "fused-dq")
+    fn = module.kernel
+    signature = _signature(fn, v.dtype, constants)
+    dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[v.dtype]
+    for name, rows in zip(("q_desc", "k_desc", "v_desc", "do_desc"), module.box_rows()):
+        signature[name] = f"tensordesc<{v.dtype}[1,{rows},1,{v.block_d}],{module.box_layout(rows, v.block_d, dtype)!r}>"
+    source = GluonASTSource(fn, signature, constants, _aligned_attrs(fn, constants))
+    return source, dict(module.OPTIONS), f"M{module.BLOCK_M.value} N{module.CONSUMERS.value * 64} hopper"
+
+
+def _triton_source(v, capability: int):
+    """(source, options, tile) of a Triton kernel with the tile its launcher picks by default."""
+    from triton.compiler import ASTSource
+
+    from faverify.kernels.triton import configs
+    from faverify.kernels.triton.backward import _bwd_dkdv, _bwd_dq, _bwd_preprocess
+    from faverify.kernels.triton.forward import _fwd_kernel
+
+    fn = {"fwd": _fwd_kernel, "dkdv": _bwd_dkdv, "dq": _bwd_dq, "preprocess": _bwd_preprocess}[v.kernel]
+    constants = {"BLOCK_D": v.block_d, "EVEN_D": v.even_d}
+    options = {"num_warps": 4, "num_stages": 1}
+    tile = None
+    if v.kernel == "preprocess":
+        constants["BLOCK_M"] = 64
+    else:
+        # as interface._use_tma launches it: the 16-bit forward loads through tensor descriptors on sm_90+
+        tma = v.kernel == "fwd" and configs.tma_forward(ELEM[v.dtype], capability // 10)
+        tile = configs.default(v.kernel, v.block_d, ELEM[v.dtype], v.causal, tma)
+        constants.update(CAUSAL=v.causal, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, INTERPRETED=False,
+                         IEEE=v.dtype == "fp32")
+        if v.kernel != "fwd":
+            constants["ALIBI"] = v.switches == "alibi"
+        if v.kernel == "fwd":
+            constants["TMA"] = tma
+        options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
+    source = ASTSource(fn, _signature(fn, v.dtype, constants), constants, _aligned_attrs(fn, constants))
+    return source, options, str(tile) if tile else "M64"
+
+
+def _variant_source(v, capability: int):
+    """(source, options, tile) of a variant kernel as variant_interface launches it, with its configs.variant
+    tile: the generic build (no divisibility declared: every runtime argument is unspecialized), or with
+    even_d the fast one (the streamed tensors' pointers and strides declared divisible by 16)."""
+    from triton.compiler import ASTSource
+
+    from faverify.kernels.triton import configs
+    from faverify.kernels.triton import variant_backward as vb
+    from faverify.kernels.triton import variant_decode as vdec
+    from faverify.kernels.triton import variant_forward as vf
+    from faverify.kernels.triton.common import STREAMED
+    from faverify.kernels.triton.variant_interface import COMBINE_SPLITS, SPLIT_BLOCK
+
+    fast = v.even_d and v.kernel != "vcombine"
+
+    on = set(v.switches.split("+")) - {""}
+    if v.kernel == "vcombine":
+        fn, tile = vf._combine_kernel, None
+        constants = {"BLOCK_S": COMBINE_SPLITS, "BLOCK_DV": v.block_dv, "INTERPRETED": False}
+        options = {"num_warps": 4, "num_stages": 1}
+        pointers = {name: "*fp32" for name in ("OutSplits", "LseSplits", "Lse")} | {"Out": f"*{v.dtype}"}
+    elif v.kernel == "vdecode":
+        fn, tile = vdec._decode_kernel, configs.decode(ELEM[v.dtype], fast)
+        constants = dict(SOFTCAP="softcap" in on, SPLIT_BLOCK=SPLIT_BLOCK if "split" in on else 0,
+                         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_D=v.block_d, BLOCK_DV=v.block_dv,
+                         EVEN_D=fast, EVEN_DV=fast, INTERPRETED=False, IEEE=v.dtype == "fp32")
+        options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
+        pointers = {name: "*fp32" for name in ("Lse", "Alibi", "Sinks")}
+        pointers.update({name: "*i32" for name in ("BlockTable", "CacheSeqlens")})
+        if "split" in on:
+            pointers["Out"] = "*fp32"  # the split partials
+    else:
+        kind = v.kernel[1:]
+        tile = configs.variant(kind, max(v.block_d, v.block_dv), ELEM[v.dtype], "varlen" in on,
+                               bool(on & {"bias", "blocks"}), fast, capability // 10)
+        constants = dict(SOFTCAP="softcap" in on, VARLEN="varlen" in on, BIAS="bias" in on, BLOCKS="blocks" in on,
+                         BLOCK_M=tile.block_m,
+                         BLOCK_N=tile.block_n, BLOCK_D=v.block_d, BLOCK_DV=v.block_dv, EVEN_D=fast,
+                         EVEN_DV=fast, INTERPRETED=False, IEEE=v.dtype == "fp32")
+        fn = {"fwd": vf._fwd_kernel, "dkdv": vb._dkdv_kernel, "dq": vb._dq_kernel}[kind]
+        if kind == "dq":
+            constants["DBIAS"] = "dbias" in on
+        if kind == "fwd":
+            constants.update(PAGED="paged" in on, STATS="split" not in on,
+                             SPLIT_BLOCK=SPLIT_BLOCK if "split" in on else 0)
+        options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
+        pointers = {name: "*fp32" for name in ("Lse", "Rowmax", "Log2l", "Delta", "Alibi", "Sinks")}
+        pointers.update({name: "*i32" for name in ("CuQ", "CuK", "BlockTable", "CacheSeqlens")})
+        pointers.update(Bias="*fp32", Blocks="*i8", DBias="*fp32")
+        if "split" in on:
+            pointers["Out"] = "*fp32"  # the split partials
+    signature = _signature(fn, v.dtype, constants, pointers)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if fast and name in STREAMED}
+    return ASTSource(fn, signature, constants, attrs), options, str(tile) if tile else "M16"
