@@ -6,6 +6,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 
 import torch
 
@@ -21,7 +22,6 @@ def _version(module: str) -> str:
     """The installed version, read from the package's metadata: importing triton here, before the
     `triton` subject chooses the interpreter on a machine without a GPU (kernels/triton/subject.py), would
     fix triton in compiled mode for this process, and the kernels would then fail to run at all."""
-    from importlib import metadata
     try:
         return metadata.version(module)
     except metadata.PackageNotFoundError:

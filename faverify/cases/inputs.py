@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from faverify.cases import masks, ragged
 from faverify.cases.case import Case
 from faverify.cases.conventions import DEFAULT as DEFAULT_CONVENTIONS
 from faverify.cases.conventions import Conventions
@@ -128,7 +129,6 @@ def make_inputs(case: Case, device: torch.device | str, *, requires_grad: bool =
 def _with_masks(case: Case, values: Inputs, device: torch.device) -> Inputs:
     """The case's mask, bias and score_mod (masks.draw); with mask_nan, NaN in k and v at every key that
     no row may see, which a kernel must not let into any output."""
-    from faverify.cases import masks
     drawn = masks.draw(case, device)
     if case.mask_nan:
         dead = masks.dead_keys(case, drawn["attn_mask"])[..., None]  # [b, sk, hk, 1]
@@ -160,7 +160,6 @@ def lay_out(case: Case, values: Inputs, *, requires_grad: bool = False) -> Input
 
 def _lay_out_ragged(case: Case, values: Inputs, requires_grad: bool) -> Inputs:
     """Pack or page a padded draw; inputs already packed or paged (a rerun's) are copied afresh."""
-    from faverify.cases import ragged
     if values.cu_seqlens_q is not None or values.block_table is not None:
         return values.copy(requires_grad=requires_grad)
     sinks = values.sinks

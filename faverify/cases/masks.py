@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from faverify.cases.case import Case
+from faverify.cases.mods import score_mod
 from faverify.dtypes import TORCH
 
 MASK_STREAM = 0x6D61736B  # xor'ed into the seed: the masks' own generator
@@ -41,7 +42,6 @@ def draw(case: Case, device) -> dict:
     """The case's mask, bias and score_mod by Inputs' field names, those it uses only: mask_mod (the
     pattern as a function), attn_mask (the same as a bool tensor of the mask's shape), block_mask (a
     "block" pattern's blocks), bias (a tensor), score_mod (mods.py). Drawn in that order."""
-    from faverify.cases.mods import score_mod
     g = generator(case, device)
     out = {}
     if case.mask != "off":

@@ -1,5 +1,7 @@
 """The command line: thin typed commands over the library, one module a command (or a family of them),
-each registering on the app of cli/app.py. Domain errors become exit codes there only."""
+each registering on the app of cli/app.py. Domain errors become exit codes there only. A command imports
+what it runs inside its own function: `faverify --help` and `faverify report` load neither torch's kernels
+nor the evaluation (property_tests/test_imports.py checks the report)."""
 import os
 
 # Before numpy loads (torch imports it): one OpenBLAS thread. The Triton interpreter computes each tl.dot

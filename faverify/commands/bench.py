@@ -22,6 +22,10 @@ import numpy as np
 import torch
 
 from faverify.cases.case import Case
+from faverify.cases.inputs import make_inputs
+from faverify.errors import UsageError
+from faverify.reports.charts import tflops_charts
+from faverify.reports.tables import fmt, table
 from faverify.run.evaluate import evaluate
 from faverify.subjects.base import Subject
 
@@ -32,7 +36,6 @@ VARIANT_RULE = "each must be dense, window=L (an int >= 0), softcap=C (a number 
 
 def parse_variants(text: str) -> list:
     """`--variants` as a list of names, each validated (UsageError naming the one that is not)."""
-    from faverify.errors import UsageError
     out = []
     for part in (p.strip() for p in text.split(",")):
         name, sep, value = part.partition("=")
@@ -173,7 +176,6 @@ def time_row(subject: Subject, config: Config, device, *, modes=("fwd", "bwd"), 
     if check.status != "pass":
         row["note"] = check.reason[:200]
         return row
-    from faverify.cases.inputs import make_inputs
     case = config.case()
     x = make_inputs(case, device, requires_grad=True)
     if tune and subject.name == "triton":
@@ -310,7 +312,6 @@ VARIANT_HEADERS = HEADERS[:5] + ["variant"] + HEADERS[5:8] + ["time / dense", "v
 
 
 def table_rows(rows: list) -> list:
-    from faverify.reports.tables import fmt
     variants, others = _varied(rows), anchors(rows)
     out = []
     for r in rows:
@@ -345,8 +346,6 @@ def headers(rows: list) -> list:
 
 def markdown(rows: list, command: str, environment: list, interrupted: bool = False) -> str:
     """The bench as a pull-request comment: what ran where, the table, and TF/s against seqlen per shape."""
-    from faverify.reports.charts import tflops_charts
-    from faverify.reports.tables import table
     failed = [r for r in rows if r["validated"] == "fail"]
     verdict = ("**FAIL**: " + f"{len(failed)} configuration(s) failed the FP64 check first") if failed else \
         f"**{len(rows)} measurements**, each configuration checked against FP64 first"

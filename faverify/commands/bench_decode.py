@@ -24,7 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from faverify.cases.case import Case
+from faverify.cases.inputs import make_inputs
 from faverify.commands.bench import _time, time_forward
+from faverify.reports.tables import fmt
 from faverify.run.evaluate import evaluate
 from faverify.subjects.base import Subject
 
@@ -80,7 +82,6 @@ def _splits(subject: Subject, case: Case, device) -> int:
 def time_row(subject: Subject, config: DecodeConfig, device, peak: float) -> dict:
     """Validate on a smaller instance, then time one subject's decode; a configuration it cannot run has
     the reason as its note."""
-    from faverify.cases.inputs import make_inputs
     paged = subject.caps.paged
     row = {"kernel": subject.name, **dataclasses.asdict(config), "batch": config.batch, "nheads": NHEADS,
            "nheads_k": NHEADS_K, "layout": "paged" if paged else "contiguous"}
@@ -131,7 +132,6 @@ HEADERS = ["kernel", "dtype", "d", "cache", "batch", "page", "splits", "ms", "ca
 
 
 def table_rows(rows: list) -> list:
-    from faverify.reports.tables import fmt
     return [[r["kernel"], r["dtype"], str(r["head_dim"]), str(r["cache_len"]), str(r["batch"]),
              str(r["page_size"] or "-"), str(r.get("splits", "-")), fmt(r.get("ms"), ".3f"),
              fmt(r.get("cache_tbps"), ".2f"), fmt(r.get("of_copy"), ".2f"), fmt(r.get("vs_sdpa-flash"), ".2f"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import platform
 import sys
+import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -18,6 +19,8 @@ import torch
 from faverify import env as environment
 from faverify.cases import golden_files
 from faverify.commands import golden
+from faverify.errors import EnvironmentProblem
+from faverify.subjects import resolve
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,6 @@ def _gpu_golden_checks(kernels_by_device: dict, names, tolerance) -> dict:
 
 def _fingerprint(kernel: str, device: str, runs: int) -> list:
     """sha256 of a bundled kernel's out, lse and gradients on one stored case, `runs` times."""
-    from faverify.subjects import resolve
     entry = next(e for e in golden_files.index() if e.name == "gqa-113x203")
     values, _, _ = golden_files.load(golden_files.DEFAULT_DIR, entry, "cpu")
     subject = resolve(kernel)
@@ -129,7 +131,6 @@ def _determinism(kernel: str, device: str) -> Check:
 
 def _cuda_build(device: str) -> Check:
     """Build (or load from the cache) the CUDA kernels for this GPU's architecture."""
-    import time
 
     from faverify.kernels.cuda import build
     start = time.monotonic()
@@ -158,8 +159,6 @@ def _show(check: Check) -> None:
 
 def _libraries(requested: tuple) -> tuple:
     """(the requested library adapters that load here, a Skip naming the reason for each that does not)."""
-    from faverify.errors import EnvironmentProblem
-    from faverify.subjects import resolve
     loaded, skipped = [], []
     for name in requested:
         try:

@@ -28,6 +28,10 @@ from faverify.cases.golden_files import (
 from faverify.cases.inputs import Inputs, draw_values, variant_of
 from faverify.dtypes import TORCH
 from faverify.judge.reference import reference
+from faverify.run.evaluate import evaluate
+from faverify.run.isolation import Task, Worker, thread_share
+from faverify.run.scheduler import Pool
+from faverify.subjects import resolve
 
 
 def summarize(rows: list) -> dict:
@@ -47,8 +51,6 @@ def verify(kernel: str, device, *, directory: Path = DEFAULT_DIR, tolerance, nam
     if isolate:
         return verify_many([(kernel, str(device), 1)], directory=directory, tolerance=tolerance, names=names,
                            timeout=timeout)[(kernel, str(device))]
-    from faverify.run.evaluate import evaluate
-    from faverify.subjects import resolve
 
     subject = resolve(kernel)
     rows = []
@@ -69,8 +71,6 @@ def verify_many(jobs: list, *, directory: Path = DEFAULT_DIR, tolerance, names=N
     A job's cases are spread over its workers (a JIT-compiled subject compiles per variant: several
     workers compile several at once). Returns {(kernel, device): rows in the index's order};
     on_done(kernel, device, rows) as each job finishes."""
-    from faverify.run.isolation import Task, Worker, thread_share
-    from faverify.run.scheduler import Pool
 
     entries = _entries(directory, names)
     bad = {}

@@ -17,14 +17,21 @@ import statistics
 import sys
 import time
 
+import torch
+
+from faverify import env as environment
+from faverify.cases.case import Case
+from faverify.judge.verdict import Tolerance
 from faverify.run import processes
+from faverify.run.evaluate import MODES, evaluate
 from faverify.run.fuzz import run
+from faverify.run.isolation import Worker
 from faverify.run.plan import FuzzPlan
+from faverify.run.scheduler import Pool
+from faverify.subjects import resolve
 
 
 def _check_in_process(device, subject: str = "triton"):
-    from faverify.run.evaluate import evaluate
-    from faverify.subjects import resolve
     unmutated = resolve(subject)
     return lambda case, tolerance, mode: evaluate(unmutated, case, device, mode=mode, tolerance=tolerance)
 
@@ -33,7 +40,6 @@ def control_mode(signature: str) -> str:
     """What the unmutated kernels must pass on a kill's minimal case for the kill to be the mutant's: the
     forward alone where the mutant failed a forward tensor (out, lse, their split partials), the backward
     costing twice the forward under the interpreter; forward and backward otherwise."""
-    from faverify.run.evaluate import MODES
     tensor = signature.partition(":")[0]
     return "fwd" if tensor.removesuffix("_splits") in MODES["fwd"] else "both"
 
@@ -42,7 +48,6 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, 
          progress_factory=lambda kernel: (lambda r: None), check=None) -> dict:
     """Fuzz one mutant until its first failure; the row of the report. check(case, tolerance, mode): the
     unmutated kernels' result on a case (default: evaluated in this process)."""
-    from faverify.cases.case import Case
     from faverify.kernels.mutants.build import source
     from faverify.kernels.mutants.catalog import BY_NAME
 
@@ -94,9 +99,7 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, 
 
 def _kill_job(conn, name, plan, device, tolerance_dict, isolate, timeout) -> None:
     """A job process: one mutant, its row sent back. Its fuzz isolates the mutant in a worker of its own."""
-    import torch
 
-    from faverify.judge.verdict import Tolerance
     try:
         row = kill(name, plan, [torch.device(device)], tolerance=Tolerance.from_dict(tolerance_dict),
                    isolate=isolate, timeout=timeout)
@@ -149,7 +152,6 @@ def _kill_parallel(names: list, plan: FuzzPlan, device, *, tolerance, isolate: b
                    jobs: int) -> tuple:
     """(rows in the order of `names`, interrupted); on an interrupt, the rows finished so far (the running
     jobs are stopped)."""
-    from faverify.run.scheduler import Pool
 
     pool = Pool([MutantJob(plan, device, tolerance, isolate, timeout) for _ in range(jobs)])
     rows: dict = {}
@@ -174,7 +176,6 @@ def _error_row(name: str, error: str) -> dict:
 
 def run_mutants(names: list, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, timeout: float,
                 progress_factory, jobs: int = 1, control_workers: int = 1, control_iters: int | None = None) -> dict:
-    from faverify.run.isolation import Worker
 
     if jobs > 1:
         rows, interrupted = _kill_parallel(names, plan, devices[0], tolerance=tolerance, isolate=isolate,
@@ -213,7 +214,6 @@ def run_mutants(names: list, plan: FuzzPlan, devices: list, *, tolerance, isolat
               "mutants": rows, "killed": len(kills), "survived": len(rows) - len(kills),
               "median_cases_to_kill": statistics.median(kills) if kills else None}
     if interrupted:  # the user stopped it: what ran is reported, the control is not started
-        from faverify import env as environment
         return dict(report, control={"kernel": "triton", "cases": 0, "failed": 0,
                                      "failures": ["not run: the run was interrupted"]},
                     environment=environment.collect())

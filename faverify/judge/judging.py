@@ -14,6 +14,7 @@ from faverify.cases.inputs import Inputs, variant_of
 from faverify.dtypes import FLOOR_UNIT
 from faverify.judge.metrics import error_stats
 from faverify.judge.reference import naive, reference, value_hull
+from faverify.judge.sequences import split_yardsticks, yardsticks
 from faverify.judge.verdict import FLUSHED, Tolerance, judge_all
 
 
@@ -24,7 +25,6 @@ def no_lap(phase: str) -> None:
 def judge_splits(case: Case, x: Inputs, splits, tolerance: Tolerance, caps, lap=no_lap) -> dict:
     """The split-KV partials, each against the FP64 attention over its split's keys (empty ones must be
     out 0, lse -inf): metrics "out_splits" and "lse_splits", judged as out and lse are. lap: as judge's."""
-    from faverify.judge.sequences import split_yardsticks
     with torch.no_grad():
         ref, scales, base, empty = split_yardsticks(case, x, caps.conventions, caps.split_block)
         lap("reference")
@@ -106,7 +106,6 @@ def _judge_ragged(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensor
                   conventions: Conventions, baseline: dict | None, lap=no_lap) -> dict:
     """judge() of a varlen or paged case: its references sequence by sequence (sequences.py), the
     subject's varlen tensors without their tail, as one packed batch."""
-    from faverify.judge.sequences import yardsticks
     with torch.no_grad():
         ref, scales, base, empty = yardsticks(case, x, backward, conventions)
         lap("reference")

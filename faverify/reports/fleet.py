@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from faverify.errors import UsageError
+from faverify.reports.tables import table
 
 SCHEMA = "faverify.doctor"
 VERSIONS = (1,)  # the doctor report versions this faverify reads (doctor.py writes the newest)
@@ -73,7 +74,6 @@ def fleet(named: list) -> dict:
 
 
 def render(result: dict, style: str = "table") -> str:
-    from faverify.reports.tables import table
     failing = [r for r in result["rows"] if r["status"] == "Fail" or r["outlier"]]
     lead = (f"FAIL: {len(failing)} row(s) failing or outlying on {len({r['node'] for r in failing})} node(s)"
             if failing else f"PASS: {len(result['nodes'])} nodes, no check failing, no outlier"

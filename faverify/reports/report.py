@@ -3,7 +3,9 @@ string a run file carries is escaped on its way into Markdown (tables.py says wh
 from __future__ import annotations
 
 from faverify.cases.edges import EDGE_FLOOR
+from faverify.dtypes import UNIT_ROUNDOFF
 from faverify.env import header_lines
+from faverify.reports.charts import margin_chart
 from faverify.reports.collector import REPLAY_PASSED, Failure
 from faverify.reports.results import Run
 from faverify.reports.tables import Style, fmt, num, ratio, share, table
@@ -13,7 +15,6 @@ __all__ = ["METRIC_HEADERS", "RATIO_NOTE", "failure_block", "metrics_rows", "ren
 
 def _below_one_rounding(m: dict, dtype: str | None) -> bool:
     """The baseline was more exact than one rounding of the tensor's terms: the ratio is against that."""
-    from faverify.dtypes import UNIT_ROUNDOFF
     return dtype in UNIT_ROUNDOFF and num(m["baseline_max_abs"]) < UNIT_ROUNDOFF[dtype] * num(m.get("scale"))
 
 
@@ -240,7 +241,6 @@ def statistics_blocks(run: Run, style: str) -> list:
         headers = STAT_HEADERS + (["err/allowed max, limit |"] if style == "table" else [])
         out.append(table([_stat_row(r, style) for r in rows], headers, style))
         if st.md and outcome != "failing":
-            from faverify.reports.charts import margin_chart
             chart = margin_chart(rows)
             if chart:
                 out.append(chart)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from faverify.cases.case import Case
+from faverify.cases.margins import poisoned
 
 
 def out_buffer(case: Case, q: torch.Tensor) -> torch.Tensor:
     """A NaN buffer in NaN margins, of out's shape, for a subject that declares out_buffer."""
-    from faverify.cases.margins import poisoned
     return poisoned(expected_out_shape(case), q.dtype, q.device)
 
 

@@ -10,9 +10,14 @@ import time
 import torch
 
 from faverify.cases.case import Case
-from faverify.cases.inputs import Inputs, make_inputs
+from faverify.cases.inputs import Inputs, lay_out, make_inputs
+from faverify.cases.margins import written_outside
+from faverify.cases.ragged import tail_gradients
+from faverify.cases.splits import combine
 from faverify.errors import Unsupported
+from faverify.judge.gradcheck import directional
 from faverify.judge.judging import judge, judge_splits
+from faverify.judge.sequences import split_yardsticks
 from faverify.judge.verdict import Tolerance, kind
 from faverify.reports.case_result import CaseResult, failure
 from faverify.run.contract import (
@@ -59,7 +64,6 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
         clock.laps.update(compiling)
         clock.laps["subject"] = max(0.0, clock.laps.get("subject", 0.0) - sum(compiling.values()))
     if gradcheck and result.status == "pass":
-        from faverify.judge.gradcheck import directional
         clock.tell("subject")
         result.gradcheck = directional(subject, case, device).to_dict()
         clock.lap("gradcheck")
@@ -121,7 +125,6 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         if stored is None:
             x, reference_given = make_inputs(case, device, requires_grad=backward), None
         else:
-            from faverify.cases.inputs import lay_out
             x, reference_given = lay_out(case, stored[0], requires_grad=backward), stored[1:]
         pristine = copy_inputs(x, backward)
     except (MemoryError, torch.OutOfMemoryError) as e:  # faverify's side: workers beside this one took it
@@ -155,10 +158,8 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
             return stopped
     failing = changed_inputs(x, pristine, subject.caps.writes)
     if backward:
-        from faverify.cases.ragged import tail_gradients
         failing += tail_gradients(case, got, subject.caps.varlen_tail_grads)
     if buffer is not None:
-        from faverify.cases.margins import written_outside
         rows = case.total_q if case.kind == "varlen" else buffer.shape[0]
         written = written_outside(buffer, rows)
         if written:
@@ -244,8 +245,6 @@ def _evaluate_combine(subject: Subject, case: Case, device: torch.device, tolera
     """A split-KV combine alone: its partials are the FP64 attention over each split's keys (in fp32, as
     kernels keep them), and what it combines them into is judged against the whole attention. The baseline
     is the combine formula on the partials rounded to the case's dtype."""
-    from faverify.cases.splits import combine
-    from faverify.judge.sequences import split_yardsticks
     name, conventions = subject.name, subject.caps.conventions
     x = make_inputs(case, device)
     clock.lap("inputs")

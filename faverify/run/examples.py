@@ -9,6 +9,7 @@ of the run (listed with its note when the draw did not find it too); one that pa
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -76,7 +77,6 @@ def save(directory: Path | None, kernel: str, cases: list, passed: list = ()) ->
 def _locked(directory: Path):
     """An exclusive lock on the store (a lock file beside the kernels' files), held while one run reads and
     writes it."""
-    import fcntl
     fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

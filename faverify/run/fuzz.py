@@ -6,14 +6,27 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import torch
+
+from faverify import devices
+from faverify import env as environment
 from faverify.cases.case import Case
 from faverify.cases.conventions import DEFAULT as DEFAULT_CONVENTIONS
 from faverify.cases.edges import listed
+from faverify.cases.strategies import shape_pool
 from faverify.reports.case_result import CaseResult, own_error
 from faverify.reports.collector import Failure, KernelStats
+from faverify.reports.results import Run
 from faverify.run import examples
+from faverify.run.confirm import confirm, repro_flags, unconfirmed
+from faverify.run.evaluate import evaluate as evaluate_case
+from faverify.run.isolation import case_workers
+from faverify.run.parallel import draw_cases, fuzz_parallel, warmup_cases
 from faverify.run.plan import FuzzPlan
+from faverify.run.scheduler import Pool, cores
+from faverify.run.sequential import fuzz_subject
 from faverify.run.signals import held, requested, stop_if_requested
+from faverify.subjects import resolve
 
 __all__ = ["FuzzPlan", "run"]
 
@@ -35,12 +48,7 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
     KeyboardInterrupt (and SIGTERM, turned into one by the CLI) stops the run early: what was measured
     so far is still returned, so nothing the user asked to write is lost.
     """
-    import torch
 
-    from faverify.run.isolation import case_workers
-    from faverify.run.parallel import fuzz_parallel, warmup_cases
-    from faverify.run.scheduler import Pool, cores
-    from faverify.run.sequential import fuzz_subject
 
     devices = [torch.device(d) for d in devices]
     # a shard runs its part of the seed's up-front draw: the parallel mode's, even on one worker
@@ -105,8 +113,6 @@ def _plan_for(name: str, base_plan: FuzzPlan, features: dict | None, narrow_for:
 
 def _in_process(name: str, device, mode: str, tolerance, repeat: int) -> Callable[[Case, bool], CaseResult]:
     """Evaluate cases in this process (--no-isolate): faverify's own error on a case is that case's result."""
-    from faverify.run.evaluate import evaluate as evaluate_case
-    from faverify.subjects import resolve
     subject = resolve(name)
 
     def evaluate(case: Case, gradcheck: bool) -> CaseResult:
@@ -129,7 +135,6 @@ def _stopping(progress: Callable[[CaseResult], None]) -> Callable[[CaseResult], 
 def _confirmed(stats: KernelStats, name: str, device, interrupted: bool, **settings) -> bool:
     """Replay each failure alone before it is reported (confirm.py); an interrupt stops the replays, and
     the failures not replayed say so. Returns whether the run was interrupted."""
-    from faverify.run.confirm import confirm, repro_flags, unconfirmed
     if not interrupted:
         try:
             confirm(stats.failures, name, _replay_device(device), **settings)
@@ -145,7 +150,6 @@ def _confirmed(stats: KernelStats, name: str, device, interrupted: bool, **setti
 
 def _replay_device(device):
     """The device a reproducer line names resolves to: its type alone is printed (`--device cuda`)."""
-    from faverify import devices
     return devices.resolve(device.type)[0]
 
 
@@ -153,8 +157,6 @@ def budget_pool(plan: FuzzPlan) -> tuple:
     """The shape budget's pool for a kernel's plan: plan.shapes distinct shapes of the seed's draw without a
     budget (strategies.shape_pool), the same for every shard and worker. The draw is 10 cases a shape: a
     few milliseconds each."""
-    from faverify.cases.strategies import shape_pool
-    from faverify.run.parallel import draw_cases
     drawn = draw_cases(dataclasses.replace(plan, iters=10 * plan.shapes + 20, shapes=0, shard=None))
     return shape_pool(drawn, plan.shapes)
 
@@ -176,8 +178,6 @@ def replay(kernel: str, cases: list, evaluate, stats: KernelStats) -> None:
 
 def _document(kernels, plan, devices, mode, tolerance, command, workers, parallel, isolate, all_stats,
               interrupted, late):
-    from faverify import env as environment
-    from faverify.reports.results import Run
 
     settings_doc = {"kernels": ",".join(kernels), "iters": plan.iters, "seed": plan.seed,
                     "dtypes": ",".join(plan.dtypes), "mode": mode, "devices": ",".join(str(d) for d in devices),

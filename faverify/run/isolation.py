@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import time
 from multiprocessing.connection import wait
 from typing import NamedTuple
 
+import torch
+
+from faverify.cases import golden_files
 from faverify.cases.case import Case
+from faverify.judge.verdict import Tolerance
 from faverify.reports.case_result import CaseResult, failure, own_error
 from faverify.run import processes
+from faverify.run.evaluate import evaluate, exercise
 from faverify.run.scheduler import POLL_SECONDS, cores
+from faverify.subjects import resolve
 
 # Messages after which a CUDA context cannot be trusted: the worker reports a crash and exits.
 _POISONED = ("CUDA error", "illegal memory access", "device-side assert", "unspecified launch failure",
@@ -49,22 +56,17 @@ def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: in
     """The worker's loop: (case, gradcheck, golden) in, CaseResult dict out, until None or a poisoned
     context. The worker has this one's environment (TRITON_INTERPRET among it): processes.start.
     threads: torch's CPU threads in this worker (0: torch's default, one a core)."""
-    import signal
     try:  # a process group of its own: what the subject starts ends with the worker (Worker.stop)
         os.setpgid(0, 0)
     except OSError:
         pass
     if threads:
-        import torch
         torch.set_num_threads(threads)
     # The parent stops the workers itself (a worker leads a process group of its own, out of the terminal's
     # reach). So a KeyboardInterrupt raised in here is the subject's own doing, and evaluate reports it
     # as its failure.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        from faverify.judge.verdict import Tolerance
-        from faverify.run.evaluate import evaluate
-        from faverify.subjects import resolve
 
         subject = resolve(kernel)
         tol = Tolerance.from_dict(tolerance)
@@ -87,7 +89,6 @@ def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: in
             else:
                 stored = None
                 if golden is not None:  # (directory, golden_files.Entry): a stored case, its reference from the file
-                    from faverify.cases import golden_files
                     directory, entry = golden
                     stored = golden_files.load(directory, entry, device)
                 result = evaluate(subject, case, device, mode=mode, tolerance=tol, gradcheck=gradcheck,
@@ -105,7 +106,6 @@ def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: in
 
 
 def _warm(subject, case: Case, device: str, mode: str) -> CaseResult:
-    from faverify.run.evaluate import exercise
     try:
         exercise(subject, case, device, mode)
     except Exception as e:  # not judged: the drawn cases that need this variant will fail and report it
@@ -230,7 +230,6 @@ class Worker:
 def _end_group(pid: int) -> None:
     """Kill what is left of a worker's process group: processes the subject started, which would otherwise
     outlive the run and hold its output open (a `| cat` after it waits for them)."""
-    import signal
     try:
         if os.getpgid(pid) == pid:  # still its own group's leader, or gone (ProcessLookupError below)
             os.killpg(pid, signal.SIGKILL)

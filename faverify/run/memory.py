@@ -6,6 +6,7 @@ import torch
 
 from faverify.cases.case import Case
 from faverify.dtypes import TORCH
+from faverify.judge.reference import bytes_needed
 
 CHECK_MEMORY_ABOVE = 256 << 20  # bytes: a smaller case is not worth asking the device how much is free
 
@@ -28,7 +29,6 @@ def gives_back(case: Case, device) -> bool:
 
 def bytes_needed_by(case: Case, device: torch.device, backward: bool) -> int:
     """About the device memory a case takes: its tensors, the reference's and, paged, the pools."""
-    from faverify.judge.reference import bytes_needed
     itemsize = TORCH[case.dtype].itemsize
     need = bytes_needed(case.batch, case.seqlen_q, case.seqlen_k, case.nheads, case.nheads_k, case.head_dim,
                         itemsize, device.type, backward)

@@ -5,7 +5,10 @@ A JIT-compiled subject first runs its warm-up cases, so each compiled variant co
 """
 from __future__ import annotations
 
+import queue
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from hypothesis import Phase, given, seed
@@ -13,11 +16,13 @@ from hypothesis.errors import Flaky
 
 from faverify.cases.case import Case
 from faverify.cases.strategies import cases
+from faverify.judge.gradcheck import dtype_for
 from faverify.reports.case_result import CaseResult, skipped_for_memory
 from faverify.reports.collector import Failure, KernelStats, Roots
 from faverify.run.isolation import Task
 from faverify.run.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings, seed_only
 from faverify.run.scheduler import Pool, cores
+from faverify.subjects import resolve
 
 # The draw and its replay must use the very same settings: Hypothesis's choices depend on max_examples.
 _REPLAYABLE = (Phase.generate, Phase.shrink)
@@ -51,8 +56,6 @@ def stream_cases(plan: FuzzPlan, timing: dict | None = None):
     cases in the same order. If the consumer stops early (an interrupt) the draw stops at its next case:
     left drawing, it would hold the interpreter's lock while the run stops its workers and writes.
     timing["draw"]: the drawing thread's CPU seconds so far."""
-    import queue
-    import threading
 
     q: queue.Queue = queue.Queue()
     done, stopped = object(), threading.Event()
@@ -230,9 +233,6 @@ def shrink_all(plan: FuzzPlan, pending: list, workers: list, shrunk: dict) -> No
     one after another (Hypothesis runs tests from several threads since 6.136). shrunk[signature] =
     (minimal, steps, note) as each ends. On an interrupt the running shrinks stop at their next step and
     are left out of `shrunk`."""
-    import queue
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
 
     if not pending:
         return
@@ -269,8 +269,6 @@ def warmup_cases(name: str, plan: FuzzPlan) -> list:
     """The subject's warm-up cases for the plan's dtypes, and for the gradient check's dtype (fp32 where
     the subject has it) when the plan runs the check, and for the features the plan draws (a dense fuzz
     compiles no variant build)."""
-    from faverify.judge.gradcheck import dtype_for
-    from faverify.subjects import resolve
     subject = resolve(name)
     if subject.warmup is None:
         return []

@@ -1,4 +1,6 @@
-"""Name -> Subject. Built-in subjects load lazily: importing the Triton or CUDA kernels costs seconds."""
+"""Name -> Subject. Built-in subjects load lazily, each module imported where it is resolved: importing the
+Triton or CUDA kernels costs seconds, a library adapter imports an optional library, and the Triton
+interpreter must be chosen before the kernels are defined."""
 from __future__ import annotations
 
 from typing import Callable

@@ -1,5 +1,6 @@
 """The sources the AOT report compiles (aot.py): each kernel variant as its launcher would launch it, as a
-Triton ASTSource or a Gluon source with the signature, constants and alignment the launch gives it."""
+Triton ASTSource or a Gluon source with the signature, constants and alignment the launch gives it. The
+kernels and Triton's compiler are imported inside each builder: run with TRITON_INTERPRET unset only."""
 from __future__ import annotations
 
 ELEM = {"fp16": 2, "bf16": 2, "fp32": 4}

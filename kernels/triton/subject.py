@@ -1,4 +1,5 @@
-"""The `triton` subject: the bundled Triton kernels under test."""
+"""The `triton` subject: the bundled Triton kernels under test. The kernels are imported inside the
+functions that launch them, once _choose_interpreter has chosen the interpreter where there is no GPU."""
 from __future__ import annotations
 
 import dataclasses
