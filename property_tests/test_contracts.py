@@ -68,7 +68,7 @@ def test_a_worker_reports_faverify_s_own_error_apart_from_a_crash(monkeypatch):
 
     def broken(*args, **kwargs):
         raise KeyError("planted")
-    monkeypatch.setattr("faverify.run.evaluate.evaluate", broken)
+    monkeypatch.setattr(isolation, "evaluate", broken)
     parent, child = mp.Pipe()
     parent.send((Case(1, 2, 2, 1, 1, 8).to_dict(), False, None, False))
     parent.send(None)

@@ -72,11 +72,11 @@ def test_parallel_workers_give_the_same_cases_as_one(tmp_path):
 
 
 def test_interrupted_runs_still_write_their_results(tmp_path, monkeypatch):
-    import faverify.run.sequential as sequential
+    from faverify.run import fuzz
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(sequential, "fuzz_subject", interrupted)
+    monkeypatch.setattr(fuzz, "fuzz_subject", interrupted)
     r = cli("fuzz", "--kernel", "sdpa-math", "--iters", "5", "--device", "cpu", "--no-isolate",
             "--json", tmp_path / "run.json")
     assert r.exit_code == 2 and "interrupted" in r.stderr
@@ -173,11 +173,11 @@ def test_parallel_fuzz_warms_up_before_its_cases():
 
 def _warm_up_of(monkeypatch, cases):
     """warmup_cases over a subject whose warm-up is `cases(dtypes)`."""
-    import faverify.subjects as subjects
+    from faverify.run import parallel
     from faverify.subjects.base import Capabilities, Subject
 
     subject = Subject("x", fn=None, caps=Capabilities(dtypes=("bf16", "fp16", "fp32")), warmup=cases)
-    monkeypatch.setattr(subjects, "resolve", lambda name: subject)
+    monkeypatch.setattr(parallel, "resolve", lambda name: subject)
 
 
 def test_warm_up_covers_the_gradient_checks_dtype(monkeypatch):
