@@ -77,18 +77,38 @@ def test_a_forward_only_subject_is_judged_on_its_forward_under_the_default_mode(
     assert r.exit_code == 2 and "--mode fwd" in r.stderr, r.stderr
 
 
-def test_a_failure_that_needs_earlier_calls_prints_no_reproducer_that_passes(tmp_path):
-    """A scratch buffer kept across calls: the minimal case passes alone in a fresh process, so the report
-    says the failure needs earlier calls and prints no `faverify repro` line; the control passes."""
+def test_a_failure_that_needs_earlier_calls_is_reproduced_after_them(tmp_path):
+    """A scratch buffer kept across calls: the minimal case passes alone in a fresh process. The worker's
+    earlier cases, replayed before it in one fresh worker and cut to the fewest that still make it fail,
+    are the reproducer's `--after`: that line fails when run, where the one-case line passes."""
     r, run = _fuzz(tmp_path, f"{PLANTED}:stale_scratch", "--iters", "40", "--dtype", "fp32")
     assert r.exit_code == 1, r.stderr
     failures = run["kernels"][0]["failures"]
-    assert failures and all(f["replayed"] == "passed" for f in failures), failures
-    assert "reproduce:" not in r.stderr and "fails only after earlier calls" in r.stderr, r.stderr
-    again = _run_reproducer(failures[0]["reproducer"])
-    assert again.exit_code == 0  # what the report would have printed before passes: it was rightly withheld
+    assert failures and all(f["replayed"] == "failed" and f["after"] for f in failures), failures
+    assert "earlier call(s) in one process" in r.stderr and "--after" in r.stderr, r.stderr
+    first = failures[0]
+    assert len(first["after"]) == 1  # one earlier call leaves the scratch dirty: cut to it
+    again = _run_reproducer(first["reproducer"])
+    assert again.exit_code == 1 and "earlier call 1 of 1" in again.stdout + again.stderr, again.stderr
+    alone = shlex.split(first["reproducer"])
+    cut = alone.index("--after")
+    assert cli(*(alone[1:cut] + alone[cut + 2:])).exit_code == 0  # the case alone passes
     r, _ = _fuzz(tmp_path, f"{PLANTED}:cleared_scratch", "--iters", "40", "--dtype", "fp32")
     assert r.exit_code == 0, r.stderr
+
+
+def test_a_history_that_does_not_make_the_case_fail_again_gives_no_sequence():
+    """A failure whose case passes alone and after its worker's history too (a flaky one): no sequence, and
+    the report says it passed alone."""
+    from faverify.cases.case import Case
+    from faverify.judge.verdict import Tolerance
+    from faverify.reports.case_result import CaseResult
+    from faverify.reports.collector import Failure
+    from faverify.run.confirm import earlier_calls
+    case = Case(1, 4, 4, 1, 1, 8, dtype="fp32", seed=1)
+    first = CaseResult("sdpa-math", case, "fail", "planted", signatures=["out:tolerance"], history=(case,))
+    f = Failure("sdpa-math", "out:tolerance", first, first)
+    assert earlier_calls(f, "sdpa-math", "cpu", mode="fwd", tolerance=Tolerance(), timeout=60.0, repeat=1) is None
 
 
 def test_reproducer_words_are_quoted_for_the_shell():

@@ -1,8 +1,9 @@
 """faverify repro."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -29,6 +30,9 @@ def repro(
                                              "(\"nondeterministic\")", min=1, max=1000)] = 1,
     isolate: Annotated[bool, typer.Option(help="Run the subject in a worker process, as fuzz does: a crash, a "
                                                "hang or an exit of the subject is a failing case")] = True,
+    after: Annotated[Optional[str], typer.Option(
+        help="Cases to run first, in the same process, in order: a JSON list, or @FILE holding it (a failure "
+             "that needs earlier calls prints its reproducer so)")] = None,
 ) -> int:
     """Run one case (as printed by fuzz) and print its error table."""
     from faverify import devices
@@ -37,15 +41,8 @@ def repro(
     from faverify.subjects import resolve
 
     tolerance = tolerance_from(factor, atol, tight)
-    text = case
-    if case.startswith("@"):
-        try:
-            text = Path(case[1:]).read_text()
-        except OSError as e:
-            raise UsageError("--case", case, f"cannot read the file ({e.strerror or e})") from None
-        except UnicodeDecodeError:
-            raise UsageError("--case", case, "the file is not text (it must hold the case as JSON)") from None
-    the_case = Case.from_json(text)
+    the_case = Case.from_json(_text("--case", case))
+    earlier = _cases("--after", _text("--after", after)) if after is not None else []
     subject = resolve(kernel)
     target = devices.resolve(device)[0]
     if isolate:
@@ -54,12 +51,17 @@ def repro(
         worker = Worker(kernel, str(target), mode.value, tolerance.to_dict(), timeout, repeat)
         try:
             with sigterm_interrupts():  # a stop ends the worker too, and what the kernel started
+                run = [worker.evaluate(c, False) for c in earlier]
                 result = worker.evaluate(the_case, gradcheck)
         finally:
             worker.stop()
     else:
-        result = evaluate(subject, the_case, target, mode=mode.value, tolerance=tolerance, gradcheck=gradcheck,
-                          repeat=repeat)
+        def run_one(c, check):
+            return evaluate(subject, c, target, mode=mode.value, tolerance=tolerance, gradcheck=check, repeat=repeat)
+        run = [run_one(c, False) for c in earlier]
+        result = run_one(the_case, gradcheck)
+    for i, r in enumerate(run):
+        say(f"earlier call {i + 1} of {len(run)}: {r.status} on {r.case.short()}")
     say(f"{kernel} on {target}: {the_case.short()}")
     if result.metrics:
         say(table(metrics_rows(result.metrics), METRIC_HEADERS, "table"))
@@ -70,3 +72,26 @@ def repro(
     if result.status == "skip":
         raise EnvironmentProblem(f"the case was skipped: {result.reason}")
     return 1 if result.failed else 0
+
+
+def _text(option: str, value: str) -> str:
+    """The option's value, or the file's text for @FILE."""
+    if not value.startswith("@"):
+        return value
+    try:
+        return Path(value[1:]).read_text()
+    except OSError as e:
+        raise UsageError(option, value, f"cannot read the file ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise UsageError(option, value, "the file is not text (it must hold JSON)") from None
+
+
+def _cases(option: str, text: str) -> list:
+    """A JSON list of cases, each as `--case` takes it."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(option, text[:80], f"is not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(data, list):
+        raise UsageError(option, text[:80], "must be a JSON list of cases")
+    return [Case.from_dict(c) for c in data]

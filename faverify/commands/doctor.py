@@ -20,6 +20,8 @@ from faverify import env as environment
 from faverify.cases import golden_files
 from faverify.commands import golden
 from faverify.errors import EnvironmentProblem
+from faverify.judge import controls
+from faverify.run.evaluate import evaluate
 from faverify.subjects import resolve
 
 
@@ -157,6 +159,25 @@ def _show(check: Check) -> None:
     print(f"doctor: {check.check} on {check.device}: {check.status}", file=sys.stderr, flush=True)
 
 
+def _judge_check(level: str, tolerance, device: str = "cpu") -> Check:
+    """Every control (judge/controls.py) on its cases, judged on its forward: each must fail. Quick: bf16
+    alone."""
+    dtypes = ("bf16",) if level == "quick" else ("bf16", "fp16", "fp32")
+    holes, total = [], 0
+    for name in controls.CONTROLS:
+        for dtype in dtypes:
+            for case in controls.cases(dtype, name):
+                total += 1
+                r = evaluate(controls.subject(name), case, device, mode="fwd", tolerance=tolerance)
+                if r.status != "fail":
+                    holes.append(f"{name} {r.status} on {case.short()}")
+    if holes:
+        return Check("judge self-test", device, "Fail", f"{len(holes)} of {total} control cases not failed: "
+                                                        + "; ".join(holes[:3]))
+    return Check("judge self-test", device, "Pass", f"{total} cases of {len(controls.CONTROLS)} wrong outputs "
+                                                    "(zeros, a copy of v, NaN, ...) all failed")
+
+
 def _libraries(requested: tuple) -> tuple:
     """(the requested library adapters that load here, a Skip naming the reason for each that does not)."""
     loaded, skipped = [], []
@@ -178,6 +199,7 @@ def run(level: str = "quick", *, tolerance, include_cpu: bool = True, libraries:
     for c in unloaded:
         checks.append(c)
     if include_cpu:
+        checks.append(_judge_check(level, tolerance))
         checks.append(_golden_check("sdpa-math", "cpu", names, tolerance, isolate=False))
         checks.append(_golden_check("triton", "cpu", names if level == "quick" else golden_files.QUICK, tolerance,
                                     isolate=True) if not torch.cuda.is_available()

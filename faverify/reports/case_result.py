@@ -27,6 +27,9 @@ class CaseResult:
     phases: dict = field(default_factory=dict)  # seconds per phase: inputs, subject, reference, ...
     device: str = ""
     paths: list = field(default_factory=list)  # the subject's code paths this case took (Subject.paths)
+    # the cases the same process ran before this one, oldest first (isolation.Worker.history): what a failure
+    # that passes alone may need before it; not written to the run file
+    history: tuple = field(default=(), repr=False, compare=False)
 
     @property
     def failed(self) -> bool:

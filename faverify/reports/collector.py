@@ -1,6 +1,7 @@
 """Aggregate case results into what the reports show: counts, error distributions, failures."""
 from __future__ import annotations
 
+import json
 import shlex
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -35,10 +36,17 @@ class Failure:
     replayed: str = NOT_REPLAYED  # REPLAY_FAILED, REPLAY_PASSED, or not replayed (an interrupted run's)
     replay_reason: str = ""  # what the replay said: its failure's reason, or why it was not replayed
     companions: tuple = ()  # the other signatures of the same root, found with it and not shrunk apart
+    # a failure that passes alone: the earlier calls it needs in the same process (Case JSON, oldest first)
+    # and the case that fails after them (confirm.earlier_calls); its reproducer replays them all
+    after: tuple = ()
+    after_case: str = ""
 
     @property
     def reproducer(self) -> str:
         device = self.minimal.device.split(":")[0] if self.minimal.device else ""
+        if self.after:
+            earlier = "[" + ",".join(self.after) + "]"
+            return repro_command(self.kernel, self.after_case, device, self.flags + ("--after", earlier))
         return repro_command(self.kernel, self.minimal.case.to_json(), device, self.flags)
 
     @property
@@ -49,7 +57,9 @@ class Failure:
         return {"kernel": self.kernel, "signature": self.signature, "occurrences": self.occurrences,
                 "shrink_steps": self.shrink_steps, "note": self.note, "reproducer": self.reproducer,
                 "flags": list(self.flags), "replayed": self.replayed, "replay_reason": self.replay_reason,
-                "companions": list(self.companions), "first": self.first.to_dict(), "minimal": self.minimal.to_dict()}
+                "companions": list(self.companions), "first": self.first.to_dict(), "minimal": self.minimal.to_dict(),
+                "after": [json.loads(c) for c in self.after], "after_case": json.loads(self.after_case) if
+                self.after_case else None}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Failure":
@@ -58,7 +68,9 @@ class Failure:
                    minimal=CaseResult.from_dict(d["minimal"]), occurrences=d["occurrences"],
                    shrink_steps=d["shrink_steps"], note=d.get("note", ""), flags=tuple(d.get("flags", ())),
                    replayed=d.get("replayed", NOT_REPLAYED), replay_reason=d.get("replay_reason", ""),
-                   companions=tuple(d.get("companions", ())))
+                   companions=tuple(d.get("companions", ())),
+                   after=tuple(json.dumps(c, separators=(",", ":")) for c in d.get("after", ())),
+                   after_case=json.dumps(d["after_case"], separators=(",", ":")) if d.get("after_case") else "")
 
 
 def _quantile(values: list, q: float) -> float:

@@ -60,6 +60,8 @@ def reproducer_line(f: Failure, style: str) -> str:
     """The reproducer of a failure seen to fail when replayed alone (confirm.py); otherwise what the replay
     found, and no line that would pass."""
     st = Style(style)
+    if f.reproduced and f.after:
+        return f"reproduce (after {len(f.after)} earlier call(s) in one process): {st.code(f.reproducer)}"
     if f.reproduced:
         return f"reproduce: {st.code(f.reproducer)}"
     if f.replayed == REPLAY_PASSED:

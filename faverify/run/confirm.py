@@ -2,9 +2,11 @@
 
 Each failure a fuzz found is replayed before it is reported: its minimal case alone, in a fresh worker
 process, with the settings its reproducer line carries (mode, tolerance, gradient check, repeats, timeout),
-as `faverify repro` runs it. A case that fails there has a reproducer; one that passes failed only after
-earlier calls in the same worker (state a kernel carried from one call into the next), and the report says
-so instead of printing a line that would pass.
+as `faverify repro` runs it. A case that fails there has a reproducer. One that passes failed only after
+earlier calls in the same worker: state a kernel carried from one call into the next. Then the cases that
+worker ran before the first failing one are replayed before it, in one fresh worker, and cut to the fewest
+that still make it fail (earlier_calls); the reproducer replays that sequence (`faverify repro --after`).
+Where no sequence fails again, the report says so, and prints no line that would pass.
 """
 from __future__ import annotations
 
@@ -44,10 +46,18 @@ def confirm(failures: list, kernel: str, device, *, mode: str, tolerance: Tolera
     stops the replays; those not done stay not replayed, and it propagates."""
     for f in failures:
         f.flags = repro_flags(f.signature, mode, tolerance, timeout, repeat)
+    settings = dict(mode=mode, tolerance=tolerance, timeout=timeout, repeat=repeat)
     for f in failures:
-        result = replay(f, kernel, device, mode=mode, tolerance=tolerance, timeout=timeout, repeat=repeat)
+        result = replay(f, kernel, device, **settings)
         f.replayed = REPLAY_FAILED if result.failed else REPLAY_PASSED
         f.replay_reason = result.reason if result.failed else PASSED_ALONE
+        if not result.failed and f.first.history:
+            found = earlier_calls(f, kernel, device, **settings)
+            if found is not None:
+                f.after, f.after_case = tuple(c.to_json() for c in found[:-1]), found[-1].to_json()
+                f.replayed = REPLAY_FAILED
+                f.replay_reason = (f"passes alone; fails after {len(found) - 1} earlier call(s) in one process, "
+                                   "a state carried from call to call")
 
 
 def replay(f: Failure, kernel: str, device, *, mode: str, tolerance: Tolerance, timeout: float, repeat: int):
@@ -57,6 +67,55 @@ def replay(f: Failure, kernel: str, device, *, mode: str, tolerance: Tolerance, 
         return worker.evaluate(f.minimal.case, f.signature.startswith("gradcheck"))
     finally:
         worker.stop()
+
+
+# how many fresh-worker sequences earlier_calls may run for one failure
+SEQUENCE_TRIALS = 24
+
+
+def _fails_after(earlier: list, case, f: Failure, kernel: str, device, **settings) -> bool:
+    """Whether `case`, run after `earlier` in one fresh worker, fails as `f` did (its signature, or a crash
+    or timeout where it was one)."""
+    worker = Worker(kernel, str(device), settings["mode"], settings["tolerance"].to_dict(), settings["timeout"],
+                    settings["repeat"])
+    try:
+        for c in earlier:
+            worker.evaluate(c, False)
+        r = worker.evaluate(case, f.signature.startswith("gradcheck"))
+    finally:
+        worker.stop()
+    return r.failed and (f.signature in r.signatures or f.signature == r.status)
+
+
+def earlier_calls(f: Failure, kernel: str, device, **settings) -> list | None:
+    """The fewest earlier calls, then the failing case, that fail again in one fresh worker: the cases the
+    first failing case's worker ran before it, cut by halves, then one by one (at most SEQUENCE_TRIALS
+    sequences). The shrunk minimal case takes the first one's place where it fails there too. None where
+    even the whole history does not make the case fail again."""
+    earlier, target, trials = list(f.first.history), f.first.case, 1
+
+    def fails(cases: list, case) -> bool:
+        nonlocal trials
+        trials += 1
+        return _fails_after(cases, case, f, kernel, device, **settings)
+
+    if not _fails_after(earlier, target, f, kernel, device, **settings):
+        return None
+    size = max(1, len(earlier) // 2)
+    while earlier and trials < SEQUENCE_TRIALS:
+        cut = False
+        for start in range(0, len(earlier), size):
+            kept = earlier[:start] + earlier[start + size:]
+            if trials < SEQUENCE_TRIALS and fails(kept, target):
+                earlier, cut = kept, True
+                break
+        if not cut:
+            if size == 1:
+                break
+            size = max(1, size // 2)
+    if f.minimal.case != target and trials < SEQUENCE_TRIALS and fails(earlier, f.minimal.case):
+        target = f.minimal.case
+    return earlier + [target]
 
 
 def unconfirmed(failures: list, why: str) -> None:

@@ -20,7 +20,7 @@ from faverify.reports.results import Run
 from faverify.run import examples
 from faverify.run.confirm import confirm, repro_flags, unconfirmed
 from faverify.run.evaluate import evaluate as evaluate_case
-from faverify.run.isolation import case_workers
+from faverify.run.isolation import HISTORY, case_workers
 from faverify.run.parallel import draw_cases, fuzz_parallel, warmup_cases
 from faverify.run.plan import FuzzPlan
 from faverify.run.scheduler import Pool, cores
@@ -114,13 +114,17 @@ def _plan_for(name: str, base_plan: FuzzPlan, features: dict | None, narrow_for:
 def _in_process(name: str, device, mode: str, tolerance, repeat: int) -> Callable[[Case, bool], CaseResult]:
     """Evaluate cases in this process (--no-isolate): faverify's own error on a case is that case's result."""
     subject = resolve(name)
+    history: list = []  # the cases this process ran, as a worker keeps them (isolation.Worker.history)
 
     def evaluate(case: Case, gradcheck: bool) -> CaseResult:
         try:
-            return evaluate_case(subject, case, device, mode=mode, tolerance=tolerance, gradcheck=gradcheck,
-                                 repeat=repeat)
+            result = evaluate_case(subject, case, device, mode=mode, tolerance=tolerance, gradcheck=gradcheck,
+                                   repeat=repeat)
         except Exception as e:  # faverify's own bug: this case's error, and the run goes on
-            return own_error(name, case, e, str(device))
+            result = own_error(name, case, e, str(device))
+        result.history = tuple(history)
+        history[:] = (history + [case])[-HISTORY:]
+        return result
     return evaluate
 
 

@@ -32,6 +32,8 @@ STARTUP_SECONDS = 120.0  # importing torch and initializing CUDA happen once per
 # faverify's own time on a case after the subject returned (the FP64 reference, the metrics, a gradient check),
 # beside the subject's --timeout: past it the case is faverify's error, never the kernel's timeout
 JUDGING_SECONDS = 600.0
+# the cases a worker remembers having run, for a failure that passes alone (confirm.earlier_calls)
+HISTORY = 64
 
 
 class Task(NamedTuple):
@@ -131,6 +133,8 @@ class Worker:
         self.sent_at = 0.0  # when the time the pending case is allowed began (its subject's, or faverify's)
         self.submitted = 0.0  # when the pending case was sent, for its round trip
         self.restarts = 0
+        self.history: list = []  # the cases this worker's process ran, oldest first (at most HISTORY)
+        self._before: tuple = ()  # the history before the pending case
 
     def start(self) -> None:
         parent, child = mp.Pipe()
@@ -138,6 +142,7 @@ class Worker:
                                                 self.repeat, self.threads), daemon=True)
         child.close()
         self.conn, self.ready, self.sent_at = parent, False, time.monotonic()
+        self.history = []  # a fresh process carries nothing over
 
     def stop(self) -> None:
         if self.process is not None and self.process.is_alive():
@@ -158,13 +163,22 @@ class Worker:
             if self.conn is not None:  # it ran before: this is a fresh worker after a crash or a timeout
                 self.restarts += 1
             self.start()
+        self._before = tuple(self.history)
+        self.history = (self.history + [task.case])[-HISTORY:]
         self.pending, self.judging = task.case, False
         if self.ready:
             self.sent_at = self.submitted = time.monotonic()
         self.conn.send((task.case.to_dict(), task.gradcheck, task.golden, task.warm))
 
     def collect(self) -> CaseResult | None:
-        """The pending case's result if it is ready, a crash/timeout result if it never will be, else None."""
+        """The pending case's result if it is ready, a crash/timeout result if it never will be, else None;
+        with the cases this process ran before it (CaseResult.history)."""
+        result = self._collect()
+        if result is not None:
+            result.history = self._before
+        return result
+
+    def _collect(self) -> CaseResult | None:
         case = self.pending
         try:
             while self.conn.poll():
