@@ -48,6 +48,15 @@ def varlen_into_buffer(q, k, v, *, causal, softmax_scale, cu_seqlens_q, cu_seqle
     return out
 
 
+def varlen_first_sequence_only(q, k, v, *, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, out):
+    """Writes the first sequence's rows of the out buffer it is given, and no other (pytorch#194167's class:
+    the rows of every sequence after the first left as the buffer held them)."""
+    first = int(cu_seqlens_q[1])
+    out[:first] = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale)[:first].detach()
+    return out
+
+
 def varlen_writes_tail(q, k, v, *, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                        max_seqlen_k, out):
     """Writes into the out buffer it is given, zeros in the tail past the last sequence as well."""
@@ -162,7 +171,7 @@ def _split(q, k, v, causal, softmax_scale, splits, drop_last_key):
 
 for _fn in (varlen_correct, varlen_reads_next_key):
     _fn.faverify_capabilities = dict(VARLEN, backward=False)
-for _fn in (varlen_into_buffer, varlen_writes_tail):
+for _fn in (varlen_into_buffer, varlen_writes_tail, varlen_first_sequence_only):
     _fn.faverify_capabilities = dict(VARLEN, backward=False, out_buffer=True)
 for _fn in (paged_correct, paged_in_order, paged_int32_offsets):
     _fn.faverify_capabilities = dict(PAGED, backward=False)

@@ -200,6 +200,8 @@ def _fuzz(kernel, tmp_path, *extra, iters=60):
      lambda c: c.kind == "varlen" and (len(c.seqlens) == 2 or c.tail) and len(c.seqlens) <= 2),
     ("varlen_writes_tail", "varlen_into_buffer", "out:written-outside",
      lambda c: c.kind == "varlen" and c.tail == 1 and len(c.seqlens) == 1),
+    ("varlen_first_sequence_only", "varlen_into_buffer", "out:unwritten",
+     lambda c: c.kind == "varlen" and len(c.seqlens) == 2),
     ("paged_in_order", "paged_correct", "out:",
      lambda c: c.kind == "paged" and c.pages != "in-order" and c.page_size == 1 and c.batch <= 3 and c.seqlen_k <= 2),
     ("combine_nan_on_empty", "combine_correct", "out:nan",
@@ -280,3 +282,16 @@ def _page_above(case, seed_value):
     from faverify.cases.ragged import page_table
     table, _, _ = page_table(dataclasses.replace(case, seed=seed_value))
     return table[0][0] * case.page_size * case.head_dim >= INT32_ELEMENTS
+
+
+def test_an_unwritten_output_names_the_rows_and_the_sequence():
+    """A kernel that writes only the first sequence's rows of the buffer it is given: the second call into
+    a filled buffer shows which rows nobody wrote."""
+    from faverify.run.evaluate import evaluate
+    from faverify.subjects import resolve
+    case = Case(2, 3, 4, 2, 2, 16, dtype="fp32", seqlens=((1, 4), (3, 2)), seed=1)
+    r = evaluate(resolve("property_tests.planted_ragged:varlen_first_sequence_only"), case, "cpu", mode="fwd")
+    assert r.status == "fail" and "out:unwritten" in r.signatures, (r.signatures, r.reason)
+    assert "96 elements of the out buffer never written: rows 0..2 of sequence 1" in r.reason, r.reason
+    good = evaluate(resolve("property_tests.planted_ragged:varlen_into_buffer"), case, "cpu", mode="fwd")
+    assert good.status == "pass", good.reason

@@ -89,3 +89,30 @@ def check_outputs(case: Case, q: torch.Tensor, out, lse) -> str | None:
 def split_shape(case: Case) -> tuple:
     """(out_splits', lse_splits' shape): [splits] before out's and lse's own, packed for a varlen case."""
     return (case.splits, *expected_out_shape(case)), (case.splits, *expected_lse_shape(case))
+
+
+# What the second buffer holds: a finite value no output element ends up as by chance where the first
+# call left NaN (unwritten)
+SENTINEL = -3.0e3
+
+
+def unwritten(case: Case, first, second, rows: int) -> str | None:
+    """Where the first call's out (into a NaN buffer) is NaN and the second's (into a SENTINEL buffer) is the
+    sentinel, the kernel wrote nothing; in words, of the first `rows` token rows, or None."""
+    fill = torch.tensor(SENTINEL, dtype=second.dtype, device=second.device)
+    never = (torch.isnan(first) & (second == fill)).reshape(first.shape[0], -1)[:rows] if case.kind == "varlen" \
+        else (torch.isnan(first) & (second == fill)).reshape(first.shape[0] * first.shape[1], -1)
+    where = never.any(dim=1).nonzero().flatten().tolist()
+    if not where:
+        return None
+    if case.kind == "varlen":
+        starts, label = [0], "sequence"
+        for s, _ in case.seqlens:
+            starts.append(starts[-1] + s)
+    else:
+        starts, label = list(range(0, case.batch * case.seqlen_q + 1, case.seqlen_q)), "batch entry"
+    owner = next(i for i in range(len(starts) - 1) if starts[i] <= where[0] < starts[i + 1])
+    mine = [r - starts[owner] for r in where if starts[owner] <= r < starts[owner + 1]]
+    others = len({i for r in where for i in range(len(starts) - 1) if starts[i] <= r < starts[i + 1]}) - 1
+    return (f"{int(never.sum())} elements of the out buffer never written: rows {mine[0]}..{mine[-1]} of {label} "
+            f"{owner}" + (f" and rows of {others} more" if others else ""))

@@ -21,6 +21,7 @@ from faverify.judge.sequences import split_yardsticks
 from faverify.judge.verdict import Tolerance, kind
 from faverify.reports.case_result import CaseResult, failure
 from faverify.run.contract import (
+    SENTINEL,
     as_the_caller_sees,
     check_outputs,
     check_splits,
@@ -28,6 +29,7 @@ from faverify.run.contract import (
     out_buffer,
     plain,
     split_shape,
+    unwritten,
 )
 from faverify.run.guard import SubjectRaised, subject_code
 from faverify.run.memory import gives_back, too_big
@@ -160,11 +162,7 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     if backward:
         failing += tail_gradients(case, got, subject.caps.varlen_tail_grads)
     if buffer is not None:
-        rows = case.total_q if case.kind == "varlen" else buffer.shape[0]
-        written = written_outside(buffer, rows)
-        if written:
-            failing.append(("out:written-outside", f"wrote {written} elements of the out buffer outside the "
-                                                  "sequences' tokens (its tail or its margins)"))
+        failing += _buffer_checks(subject, case, pristine, buffer, out, in_worker)
     clock.lap("subject")
     if repeat > 1:
         try:
@@ -186,6 +184,27 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     if failing:
         return CaseResult(name, case, "fail", "; ".join(r for _, r in failing), metrics, [sig for sig, _ in failing])
     return CaseResult(name, case, "pass", forward_only, metrics)
+
+
+def _buffer_checks(subject: Subject, case: Case, pristine: Inputs, buffer, out, in_worker: bool) -> list:
+    """A subject that writes into the out buffer it is given: nothing written outside its rows, and every
+    element of them written. The second is seen by a second call into a buffer filled with SENTINEL:
+    an element NaN after the first call and SENTINEL after the second was never written."""
+    rows = case.total_q if case.kind == "varlen" else buffer.shape[0]
+    failing = []
+    written = written_outside(buffer, rows)
+    if written:
+        failing.append(("out:written-outside", f"wrote {written} elements of the out buffer outside the "
+                                              "sequences' tokens (its tail or its margins)"))
+    again = copy_inputs(pristine, False)
+    second = out_buffer(case, again.q).fill_(SENTINEL)
+    try:
+        with subject_code(in_worker), torch.no_grad():
+            subject.call(again.q, again.k, again.v, case, again.extras(), out=second)
+    except SubjectRaised as e:
+        return failing + [(f"error:{e.name}", f"a second call into a filled out buffer raised {e}")]
+    missed = unwritten(case, as_the_caller_sees(out).detach(), as_the_caller_sees(second), rows)
+    return failing + ([("out:unwritten", missed)] if missed else [])
 
 
 def _what_runs(subject: Subject, case: Case, device: torch.device, mode: str) -> tuple:
