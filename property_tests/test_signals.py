@@ -107,3 +107,21 @@ def test_a_stop_whose_keyboard_interrupt_was_lost_still_stops_the_run():
                   progress_factory=progress_factory)
     assert doc.settings["interrupted"] is True and len(seen) == 2
     assert doc.kernels[0]["summary"]["cases"] == 2
+
+
+def test_a_dropped_stop_prints_no_traceback(monkeypatch):
+    """Python reports an exception it had to drop (in a garbage-collector callback) through
+    sys.unraisablehook, as a traceback: for the stop's KeyboardInterrupt, recorded already, it says nothing;
+    anything else goes to the hook as before."""
+    import types
+
+    from faverify.run import signals
+
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda report: reported.append(report.exc_type))
+    with signals.sigterm_interrupts():
+        signals._requested.set()
+        for kind in (KeyboardInterrupt, ValueError):
+            sys.unraisablehook(types.SimpleNamespace(exc_type=kind, exc_value=kind(), exc_traceback=None,
+                                                     err_msg="Exception ignored in", object=None))
+    assert reported == [ValueError]

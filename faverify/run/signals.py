@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 
 STOPS = (signal.SIGTERM, signal.SIGHUP)  # a CI job's timeout; a closed terminal or SSH session
@@ -25,9 +26,17 @@ def sigterm_interrupts():
     def interrupt(signum, frame):
         _requested.set()
         raise KeyboardInterrupt
+
+    def unraisable(report):  # the stop's KeyboardInterrupt, dropped where Python cannot raise it: recorded
+        if not (isinstance(report.exc_value, KeyboardInterrupt) and _requested.is_set()):
+            previous(report)
     _requested.clear()
-    with _handlers({s: interrupt for s in (signal.SIGINT,) + STOPS}):
-        yield
+    previous, sys.unraisablehook = sys.unraisablehook, unraisable
+    try:
+        with _handlers({s: interrupt for s in (signal.SIGINT,) + STOPS}):
+            yield
+    finally:
+        sys.unraisablehook = previous
 
 
 def requested() -> bool:
