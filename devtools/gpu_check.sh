@@ -75,7 +75,11 @@
 # One line per step goes to stdout: its name, exit code and seconds, then the lines of its log that carry
 # the verdict; the whole log is OUTDIR/STEP.log.
 set -u
-out=${1:?usage: gpu_check.sh OUTDIR [STEP ...]}
+if [ "${1:-}" = "--help" ] || [ -z "${1:-}" ]; then  # the header above is the help: steps, boxes, what they run
+  sed -n '2,/^set -u/p' "$0" | grep '^#' | cut -c3-
+  exit 0
+fi
+out=$1
 shift
 steps=${*:-tests fuzz mutants}
 mkdir -p "$out"
@@ -223,7 +227,7 @@ for step in $steps; do
         run "sanitize-$tool" 120 "ERROR SUMMARY|hazard|error" compute-sanitizer --tool "$tool" \
           python3 devtools/sanitize_cases.py
       done ;;
-    *) echo "unknown step: $step (steps: tests gpu variants masks memory contracts floor fuzz fuzz-masks fuzz-ragged fuzz-cuda fuzz-sdpa fuzz-ragged-full fuzz-paged-rest fuzz-decode mutants mutants-full bench bench-variants bench-decode decode-sweep bench-cuda doctor fuzz-fa4 bench-fa4 doctor-libs flashinfer-prebuild fuzz-flashinfer hopper-bwd hopper-bwd-fast backward-profile sanitize)"
+    *) echo "unknown step: $step (steps: $(grep -oE '^    [a-z0-9-]+\)' "$0" | tr -d ' )' | tr '\n' ' '))"
        exit 2 ;;
   esac
 done

@@ -1,5 +1,5 @@
 """Seconds Triton spends compiling, or loading from its on-disk cache, the kernels a case launches: the
-Triton subjects' "compile" and "load" phases (Subject.compile_seconds), which the runner reports apart from
+Triton subjects' "compile" and "load" phases (Subject.compile_seconds), which the evaluation reports apart from
 the kernels' own time. A build the warm-up missed shows as compile: it compiles in every GPU worker that
 meets it first. A build the warm-up made shows as load, once per worker. Triton's compile hooks time both;
 its compilation listener, called inside the compile, says which one it was (cache_hit). The interpreter
