@@ -259,3 +259,21 @@ def leaves_a_child(q, k, v, *, causal, softmax_scale):
     import subprocess
     subprocess.Popen(["sleep", "301.7"])
     return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
+def batch_dependent(q, k, v, *, causal, softmax_scale):
+    """Right to within rounding, but a batched call rounds its rows otherwise than a call of one entry (a
+    reduction whose order follows the batch): breaks the batch relation it promises."""
+    out = correct(q, k, v, causal=causal, softmax_scale=softmax_scale).detach()
+    if q.shape[0] > 1:
+        out = out * (1 + torch.finfo(out.dtype).eps)
+    return out
+
+
+def batch_invariant(q, k, v, *, causal, softmax_scale):
+    """The control of batch_dependent: each row its own, whatever the batch."""
+    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale).detach()
+
+
+for _fn in (batch_dependent, batch_invariant):
+    _fn.faverify_capabilities = {"backward": False, "relations": ["batch"]}

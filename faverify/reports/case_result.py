@@ -27,6 +27,7 @@ class CaseResult:
     phases: dict = field(default_factory=dict)  # seconds per phase: inputs, subject, reference, ...
     device: str = ""
     paths: list = field(default_factory=list)  # the subject's code paths this case took (Subject.paths)
+    relations: dict = field(default_factory=dict)  # relation -> its check on this case (run/relations.py)
     # the cases the same process ran before this one, oldest first (isolation.Worker.history): what a failure
     # that passes alone may need before it; not written to the run file
     history: tuple = field(default=(), repr=False, compare=False)
@@ -39,14 +40,15 @@ class CaseResult:
         return {"kernel": self.kernel, "case": self.case.to_dict(), "status": self.status, "reason": self.reason,
                 "metrics": {k: m.to_dict() for k, m in self.metrics.items()}, "signatures": list(self.signatures),
                 "gradcheck": self.gradcheck, "seconds": self.seconds, "phases": self.phases, "device": self.device,
-                "paths": list(self.paths)}
+                "paths": list(self.paths), "relations": self.relations}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CaseResult":
         return cls(kernel=d["kernel"], case=Case.from_dict(d["case"]), status=d["status"], reason=d["reason"],
                    metrics={k: TensorMetrics.from_dict(m) for k, m in d["metrics"].items()},
                    signatures=list(d["signatures"]), gradcheck=d.get("gradcheck"), seconds=d["seconds"],
-                   phases=d.get("phases", {}), device=d.get("device", ""), paths=list(d.get("paths", [])))
+                   phases=d.get("phases", {}), device=d.get("device", ""), paths=list(d.get("paths", [])),
+                   relations=dict(d.get("relations", {})))
 
 
 def failure(kernel: str, case: Case, status: str, reason: str, signature: str, device: str = "") -> CaseResult:

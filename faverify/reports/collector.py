@@ -93,6 +93,8 @@ class KernelStats:
     phases: Counter = field(default_factory=Counter)  # seconds per phase, summed over cases
     signature_counts: Counter = field(default_factory=Counter)  # failure signature -> cases
     paths: Counter = field(default_factory=Counter)  # the subject's code path -> cases that took it
+    # relation -> {checked, equal, max_diff}: the relations the subject promises, over the cases they apply to
+    relations: dict = field(default_factory=dict)
     features: Counter = field(default_factory=Counter)  # variant feature -> cases that used it (run or skipped)
     # regime / layout -> {cases run, failed}: which triggers the subject met, and which it failed on
     regimes: dict = field(default_factory=dict)
@@ -174,6 +176,12 @@ class KernelStats:
             self.gradchecks[r.gradcheck["dtype"]].append(r.gradcheck)
         self.signature_counts.update(r.signatures)
         self.paths.update(r.paths)
+        for name, found in r.relations.items():
+            total = self.relations.setdefault(name, {"checked": 0, "equal": 0, "max_diff": 0.0})
+            if found.get("checked"):
+                total["checked"] += 1
+                total["equal"] += 1 if found["equal"] else 0
+                total["max_diff"] = max(total["max_diff"], found["max_diff"])
 
     @property
     def cases(self) -> int:
@@ -237,6 +245,7 @@ class KernelStats:
                 "skip_reasons": dict(self.skipped.most_common()),
                 "partial_reasons": dict(self.partial.most_common()), "per_device": dict(self.per_device),
                 "paths": dict(self.paths),  # in the order first taken: fwd before bwd
+                "relations": self.relations,
                 "features": {f: self.features[f] for f in ("dense",) + FEATURES if self.features[f]},
                 "regimes": self.regimes, "layouts": self.layouts, "masks": self.masks,
                 "edges": {e: self.edges[e] for e in self.edges_listed},

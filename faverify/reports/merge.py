@@ -101,6 +101,11 @@ def _merged_kernel(name: str, shards: list) -> KernelStats:
         stats.partial.update(s.get("partial_reasons", {}))
         stats.per_device.update({f"{label} {d}": n for d, n in s.get("per_device", {}).items()})
         stats.paths.update(s.get("paths", {}))
+        for name, found in s.get("relations", {}).items():
+            total = stats.relations.setdefault(name, {"checked": 0, "equal": 0, "max_diff": 0.0})
+            total["checked"] += found["checked"]
+            total["equal"] += found["equal"]
+            total["max_diff"] = max(total["max_diff"], float(found["max_diff"]))
         stats.edges.update(s.get("edges", {}))
         stats.edges_listed = tuple(dict.fromkeys(stats.edges_listed + tuple(s.get("edges", {}))))
         stats.features.update(s.get("features", {}))

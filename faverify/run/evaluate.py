@@ -33,6 +33,7 @@ from faverify.run.contract import (
 )
 from faverify.run.guard import SubjectRaised, subject_code
 from faverify.run.memory import gives_back, too_big
+from faverify.run.relations import batch_relation
 from faverify.run.side_effects import changed_inputs, copy_inputs, differences
 from faverify.subjects.base import Subject
 
@@ -57,7 +58,9 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
     clock = _Clock(device, tell)
     subject.take_paths()  # whatever ran (or compiled: a warm-up) before this case is not its
     subject.take_compile_seconds()
-    result = _evaluate(subject, case, device, mode, tolerance, clock, stored, in_worker, repeat)
+    relations: dict = {}  # filled by _evaluate where the subject promises any (run/relations.py)
+    result = _evaluate(subject, case, device, mode, tolerance, clock, stored, in_worker, repeat, relations)
+    result.relations = relations
     if gives_back(case, device):
         torch.cuda.empty_cache()
     result.paths = subject.take_paths()
@@ -113,7 +116,7 @@ class _Clock:
 
 
 def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tolerance: Tolerance,
-              clock: _Clock, stored, in_worker: bool, repeat: int = 1) -> CaseResult:
+              clock: _Clock, stored, in_worker: bool, repeat: int = 1, relations: dict | None = None) -> CaseResult:
     """in_worker: a KeyboardInterrupt in the subject is its own (evaluate says why). Whatever the subject
     raises fails its case (subject_code); what faverify's own code raises propagates."""
     name = subject.name
@@ -163,6 +166,8 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         failing += tail_gradients(case, got, subject.caps.varlen_tail_grads)
     if buffer is not None:
         failing += _buffer_checks(subject, case, pristine, buffer, out, in_worker)
+    if "batch" in subject.caps.relations and relations is not None:
+        failing += _batch(subject, case, pristine, got, backward, in_worker, relations)
     clock.lap("subject")
     if repeat > 1:
         try:
@@ -205,6 +210,20 @@ def _buffer_checks(subject: Subject, case: Case, pristine: Inputs, buffer, out, 
         return failing + [(f"error:{e.name}", f"a second call into a filled out buffer raised {e}")]
     missed = unwritten(case, as_the_caller_sees(out).detach(), as_the_caller_sees(second), rows)
     return failing + ([("out:unwritten", missed)] if missed else [])
+
+
+def _batch(subject: Subject, case: Case, pristine: Inputs, got: dict, backward: bool, in_worker: bool,
+           relations: dict) -> list:
+    """The batch relation the subject promises: its record in `relations`, a failing signature where broken."""
+    try:
+        with subject_code(in_worker):
+            found = relations["batch"] = batch_relation(subject, case, pristine, got, backward)
+    except SubjectRaised as e:
+        return [(f"error:{e.name}", f"a batch entry called alone raised {e}")]
+    if found["checked"] and not found["equal"]:
+        return [("relation:batch", f"a batch entry computed alone differs from its row of the batched call: "
+                                   f"{found['where']}, by up to {found['max_diff']:.3g}")]
+    return []
 
 
 def _what_runs(subject: Subject, case: Case, device: torch.device, mode: str) -> tuple:

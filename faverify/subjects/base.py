@@ -19,6 +19,7 @@ from faverify.cases.case import Case
 from faverify.cases.vocabulary import DTYPES, FEATURES, INITS, MAX_HEAD_DIM_V
 
 INPUTS = ("q", "k", "v", "dout")  # what a subject is given: dout through autograd
+RELATIONS = ("batch",)  # the relations between calls a subject may promise (run/relations.py)
 # The keywords each variant feature is passed by (flash-attn's names); head_dim_v has none: v's shape says it.
 KEYWORDS = {"window": ("window_size",), "softcap": ("softcap",), "alibi": ("alibi_slopes",), "sinks": ("sinks",),
             "varlen": ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
@@ -86,16 +87,21 @@ class Capabilities:
     # where causal aligns, lse's base, the lse of a row that sees no key, ALiBi's form: a preset's name
     # (conventions.PRESETS: "flash-attn-2", "flashinfer", ...) or a dict of conventions.Conventions' fields
     conventions: object = _conventions.DEFAULT
+    # relations between calls the subject promises (run/relations.py): "batch", each batch entry computed
+    # alone gives its row of the batched call bit for bit; a broken promise fails the case (relation:batch)
+    relations: tuple = ()
 
     def __post_init__(self) -> None:
         """Each field of the type it must have: a declaration that is not valid is refused when the subject
         loads, not as a failure of every case."""
         object.__setattr__(self, "conventions", _conventions.parse(self.conventions))
-        for name in ("dtypes", "devices", "writes") + (("init_modes",) if self.init_modes is not None else ()):
+        for name in ("dtypes", "devices", "writes", "relations") + (("init_modes",) if self.init_modes is not None
+                                                                       else ()):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, value := tuple(value))
-            allowed = {"dtypes": DTYPES, "devices": ("cpu", "cuda"), "writes": INPUTS, "init_modes": INITS}[name]
+            allowed = {"dtypes": DTYPES, "devices": ("cpu", "cuda"), "writes": INPUTS, "init_modes": INITS,
+                       "relations": RELATIONS}[name]
             if not isinstance(value, tuple) or not all(isinstance(x, str) and x in allowed for x in value):
                 raise ValueError(f"{name} must be a list of {', '.join(allowed)}, got {value!r}")
         if self.varlen_tail_grads not in ("zero", "finite"):
