@@ -270,10 +270,24 @@ def batch_dependent(q, k, v, *, causal, softmax_scale):
     return out
 
 
-def batch_invariant(q, k, v, *, causal, softmax_scale):
-    """The control of batch_dependent: each row its own, whatever the batch."""
-    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale).detach()
+def decode_dependent(q, k, v, *, causal, softmax_scale):
+    """Right to within rounding, but a call of one query row (a decode step) rounds otherwise than the same
+    row of a longer call: breaks the decode relation it promises."""
+    out = correct(q, k, v, causal=causal, softmax_scale=softmax_scale).detach()
+    if q.shape[1] == 1:
+        out = out * (1 + torch.finfo(out.dtype).eps)
+    return out
 
 
-for _fn in (batch_dependent, batch_invariant):
-    _fn.faverify_capabilities = {"backward": False, "relations": ["batch"]}
+def relations_kept(q, k, v, *, causal, softmax_scale):
+    """The control of batch_dependent and decode_dependent: each row its own, whatever the call. In FP64,
+    rounded to the input dtype: a matmul's blocking follows the number of rows (a one-row call sums in
+    another order on the CPU), and the rounding to 16 bits takes those last FP64 bits away."""
+    from faverify.judge.reference import reference
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    return reference(q, k, v, causal=causal, scale=scale)[0]["out"].to(q.dtype)
+
+
+batch_dependent.faverify_capabilities = {"backward": False, "relations": ["batch"]}
+decode_dependent.faverify_capabilities = {"backward": False, "relations": ["decode"]}
+relations_kept.faverify_capabilities = {"backward": False, "relations": ["batch", "decode"]}

@@ -33,7 +33,7 @@ from faverify.run.contract import (
 )
 from faverify.run.guard import SubjectRaised, subject_code
 from faverify.run.memory import gives_back, too_big
-from faverify.run.relations import batch_relation
+from faverify.run.relations import RELATION_CHECKS
 from faverify.run.side_effects import changed_inputs, copy_inputs, differences
 from faverify.subjects.base import Subject
 
@@ -166,8 +166,8 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         failing += tail_gradients(case, got, subject.caps.varlen_tail_grads)
     if buffer is not None:
         failing += _buffer_checks(subject, case, pristine, buffer, out, in_worker)
-    if "batch" in subject.caps.relations and relations is not None:
-        failing += _batch(subject, case, pristine, got, backward, in_worker, relations)
+    if subject.caps.relations and relations is not None:
+        failing += _relations(subject, case, pristine, got, backward, in_worker, relations)
     clock.lap("subject")
     if repeat > 1:
         try:
@@ -212,19 +212,21 @@ def _buffer_checks(subject: Subject, case: Case, pristine: Inputs, buffer, out, 
     return failing + ([("out:unwritten", missed)] if missed else [])
 
 
-def _batch(subject: Subject, case: Case, pristine: Inputs, got: dict, backward: bool, in_worker: bool,
-           relations: dict) -> list:
-    """The batch relation the subject promises: its record in `relations`, a failing signature where broken."""
-    try:
-        with subject_code(in_worker):
-            found = relations["batch"] = batch_relation(subject, case, pristine, got, backward)
-    except SubjectRaised as e:
-        return [(f"error:{e.name}", f"a batch entry called alone raised {e}")]
-    if found["checked"] and not found["equal"]:
-        return [("relation:batch", f"a batch entry computed alone differs from its row of the batched call: "
-                                   f"{found['where']}, by up to {found['max_diff']:.3g}")]
-    return []
-
+def _relations(subject: Subject, case: Case, pristine: Inputs, got: dict, backward: bool, in_worker: bool,
+               relations: dict) -> list:
+    """The relations the subject promises: their records in `relations`, a failing signature where broken."""
+    failing = []
+    for name in subject.caps.relations:
+        try:
+            with subject_code(in_worker):
+                found = relations[name] = RELATION_CHECKS[name](subject, case, pristine, got, backward)
+        except SubjectRaised as e:
+            failing.append((f"error:{e.name}", f"the {name} relation's call raised {e}"))
+            continue
+        if found["checked"] and not found["equal"]:
+            failing.append((f"relation:{name}", f"the {name} relation is broken: {found['where']} differs, by up "
+                                                f"to {found['max_diff']:.3g}"))
+    return failing
 
 def _what_runs(subject: Subject, case: Case, device: torch.device, mode: str) -> tuple:
     """(why the case is skipped or None, the mode it runs in, whether its backward runs, why a case asked

@@ -3,7 +3,13 @@
 batch: each batch entry of a dense case, computed alone, gives its row of the batched call: out and lse,
 and dq (dk and dv too where k and v are not shared across the batch). A row that depends on its batch
 mates or on the batch size breaks it: a reduction whose order follows the batch, a cache keyed by the
-batched shape. Cases it cannot cut into entries (ragged, masked, biased, one entry) are not checked.
+batched shape.
+
+decode: the last query row of a call, computed alone against the same keys (a decode step, bottom-right
+aligned as every call is), gives that row of the call: out, lse and its dq. A decode path that sums in
+another order than the prefill path breaks it.
+
+A case neither can cut (ragged, masked, biased, one entry or one row) is not checked.
 """
 from __future__ import annotations
 
@@ -16,15 +22,14 @@ from faverify.cases.inputs import Inputs, lay_out
 from faverify.subjects.base import Subject
 
 
-def batch_checkable(case: Case) -> bool:
-    return (case.kind == "dense" and case.batch > 1 and case.mask == "off" and case.bias == "off"
-            and case.score_mod == "off")
+def _plain(case: Case) -> bool:
+    return case.kind == "dense" and case.mask == "off" and case.bias == "off" and case.score_mod == "off"
 
 
 def batch_relation(subject: Subject, case: Case, pristine: Inputs, got: dict, backward: bool) -> dict:
     """{"checked": 1, "equal": bool, "max_diff": float, "where": str} for a case it can cut, else
     {"checked": 0}."""
-    if not batch_checkable(case):
+    if not (_plain(case) and case.batch > 1):
         return {"checked": 0}
     alone = dataclasses.replace(case, batch=1)
     worst, where = 0.0, ""
@@ -34,21 +39,66 @@ def batch_relation(subject: Subject, case: Case, pristine: Inputs, got: dict, ba
         extras = dict(x.extras())
         if extras.get("alibi_slopes") is not None and extras["alibi_slopes"].dim() == 2:
             extras["alibi_slopes"] = extras["alibi_slopes"][b:b + 1]
-        out, lse = subject(q, k, v, alone, extras)
-        mine = {"out": out, "lse": lse}
-        if backward and out.requires_grad:
-            names = ("dq",) if case.layout == "broadcast" else ("dq", "dk", "dv")  # shared k, v: summed over b
-            grads = torch.autograd.grad(out, tuple({"dq": q, "dk": k, "dv": v}[n] for n in names),
-                                        x.dout[b:b + 1], allow_unused=True)
-            mine.update(zip(names, grads))
-        for name, t in mine.items():
-            row = got.get(name)
-            if t is None or row is None:
-                continue
-            row = row[b:b + 1]
-            if t.shape != row.shape or not torch.equal(t.detach(), row.detach()):
-                diff = float((t.detach().double() - row.detach().double()).abs().nan_to_num(float("inf")).max()) \
-                    if t.shape == row.shape else float("inf")
-                if diff >= worst:
-                    worst, where = diff, f"{name} of batch entry {b}"
+        names = ("dq",) if case.layout == "broadcast" else ("dq", "dk", "dv")  # shared k, v: summed over b
+        mine = _call(subject, alone, (q, k, v), extras, x.dout[b:b + 1] if backward else None, names)
+        rows = {"out": got["out"][b:b + 1], "lse": _rows(got.get("lse"), slice(b, b + 1), 0),
+                **{n: got[n][b:b + 1] for n in names if got.get(n) is not None}}
+        worst, where = _worse((worst, where), _differ(mine, rows), f"batch entry {b}")
     return {"checked": 1, "equal": not where, "max_diff": worst, "where": where}
+
+
+def decode_relation(subject: Subject, case: Case, pristine: Inputs, got: dict, backward: bool) -> dict:
+    """The last query row alone against the same keys; as batch_relation."""
+    if not (_plain(case) and case.seqlen_q > 1):
+        return {"checked": 0}
+    x = lay_out(case, pristine, requires_grad=backward)
+    q = x.q[:, -1:]
+    mine = _call(subject, dataclasses.replace(case, seqlen_q=1), (q, x.k, x.v), x.extras(),
+                 x.dout[:, -1:] if backward else None, ("dq",))
+    rows = {"out": got["out"][:, -1:], "lse": _rows(got.get("lse"), slice(-1, None), 2),
+            **({"dq": got["dq"][:, -1:]} if got.get("dq") is not None else {})}
+    worst, where = _worse((0.0, ""), _differ(mine, rows), "the last query row")
+    return {"checked": 1, "equal": not where, "max_diff": worst, "where": where}
+
+
+RELATION_CHECKS = {"batch": batch_relation, "decode": decode_relation}
+
+
+def _call(subject: Subject, case: Case, qkv: tuple, extras: dict, dout, names: tuple) -> dict:
+    """The subject's out and lse on these views, and (given dout) its gradients named `names` with respect
+    to them (views of the case's leaves: the gradient of each view)."""
+    out, lse = subject(*qkv, case, extras)
+    mine = {"out": out, "lse": lse}
+    if dout is not None and out.requires_grad:
+        wrt = dict(zip(("dq", "dk", "dv"), qkv))
+        mine.update(zip(names, torch.autograd.grad(out, tuple(wrt[n] for n in names), dout, allow_unused=True)))
+    return mine
+
+
+def _rows(t, rows: slice, dim: int):
+    return None if t is None else t[(slice(None),) * dim + (rows,)]
+
+
+def _differ(mine: dict, rows: dict) -> tuple:
+    """(largest difference, the tensor it is in) over the tensors both have that are not the same bits;
+    (0.0, "") where every one is."""
+    worst, where = 0.0, ""
+    for name, t in mine.items():
+        row = rows.get(name)
+        if t is None or row is None:
+            continue
+        t, row = t.detach(), row.detach()
+        if t.shape != row.shape:
+            return float("inf"), name
+        if not torch.equal(t, row):
+            diff = float((t.double() - row.double()).abs().nan_to_num(float("inf")).max())
+            if not where or diff > worst:
+                worst, where = diff, name
+    return worst, where
+
+
+def _worse(found: tuple, new: tuple, place: str) -> tuple:
+    """The larger of two (difference, where) findings, the new one's place named."""
+    if new[1] and (not found[1] or new[0] > found[0]):
+        return new[0], f"{new[1]} of {place}"
+    return found
