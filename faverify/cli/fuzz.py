@@ -58,6 +58,10 @@ def fuzz(
                                                      "`faverify merge` makes one run of the N run files")] = None,
     repeat: Annotated[int, typer.Option(help="Run each case N times; outputs that differ in any bit fail it "
                                              "(\"nondeterministic\")", callback=within(1, 1000))] = 1,
+    relations: Annotated[Optional[str], typer.Option(
+        help="Relations between calls to measure on every subject, comma separated (batch, decode): each batch "
+             "entry alone against its row, the last query row alone against its row, bit for bit; reported, "
+             "failing only a subject that promises them")] = None,
     factor: FactorOpt = None,
     atol: AtolOpt = None,
     tight: TightOpt = None,
@@ -108,6 +112,7 @@ def _plan(given: dict) -> tuple:
     from faverify.reports.merge import parse_shard
     from faverify.run.plan import FuzzPlan
     from faverify.subjects import resolve_many
+    from faverify.subjects.base import RELATIONS
     g = dict(given)
     dtypes = parse_dtypes(g["dtype"])
     tolerance = tolerance_from(g["factor"], g["atol"], g["tight"])
@@ -139,9 +144,10 @@ def _plan(given: dict) -> tuple:
                     database=None if g["no_db"] else g["db"], gradcheck_every=g["gradcheck_every"],
                     shrink_budget=g["shrink_budget"], narrow=narrow or None, shard=shard_of, shapes=g["shapes"] or 0,
                     all_failures=g["all_failures"])
+    measure = parse_choice(g["relations"], RELATIONS, "--relations") if g["relations"] is not None else ()
     settings = dict(targets=targets, workers=workers, tolerance=tolerance, wanted=wanted, mode=g["mode"].value,
-                    isolate=g["isolate"], timeout=g["timeout"], repeat=g["repeat"], command=_command(g, dtypes,
-                                                                                                     shard_of))
+                    isolate=g["isolate"], timeout=g["timeout"], repeat=g["repeat"], measure=measure,
+                    command=_command(g, dtypes, shard_of))
     return subjects, plan, settings
 
 
@@ -155,6 +161,7 @@ def _command(g: dict, dtypes: tuple, shard_of) -> str:
             + (f" --layouts {g['layouts']}" if g["layouts"] else "")
             + (f" --shard {shard_of[0]}/{shard_of[1]}" if shard_of else "")
             + (f" --repeat {g['repeat']}" if g["repeat"] > 1 else "")
+            + (f" --relations {g['relations']}" if g["relations"] else "")
             + (f" --shapes {g['shapes']}" if g["shapes"] else "") + (" --all-failures" if g["all_failures"] else ""))
 
 
@@ -168,7 +175,7 @@ def _run(subjects: list, plan, settings: dict):
                    progress_factory=progress_factory(progress, plan.iters),
                    features={s.name: s.caps.features() if wanted is None else wanted for s in subjects},
                    conventions={s.name: s.caps.conventions.describe() for s in subjects}, repeat=settings["repeat"],
-                   narrow_for={s.name: s.caps.draw() for s in subjects})
+                   narrow_for={s.name: s.caps.draw() for s in subjects}, measure=settings["measure"])
 
 
 def _stopped_before_any_case(kernel: str, json_path, markdown) -> int:

@@ -177,7 +177,8 @@ class KernelStats:
         self.signature_counts.update(r.signatures)
         self.paths.update(r.paths)
         for name, found in r.relations.items():
-            total = self.relations.setdefault(name, {"checked": 0, "equal": 0, "max_diff": 0.0})
+            total = self.relations.setdefault(name, {"checked": 0, "equal": 0, "max_diff": 0.0,
+                                                     "promised": bool(found.get("promised", True))})
             if found.get("checked"):
                 total["checked"] += 1
                 total["equal"] += 1 if found["equal"] else 0

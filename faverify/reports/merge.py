@@ -102,7 +102,8 @@ def _merged_kernel(name: str, shards: list) -> KernelStats:
         stats.per_device.update({f"{label} {d}": n for d, n in s.get("per_device", {}).items()})
         stats.paths.update(s.get("paths", {}))
         for name, found in s.get("relations", {}).items():
-            total = stats.relations.setdefault(name, {"checked": 0, "equal": 0, "max_diff": 0.0})
+            total = stats.relations.setdefault(name, {"checked": 0, "equal": 0, "max_diff": 0.0,
+                                                      "promised": found.get("promised", True)})
             total["checked"] += found["checked"]
             total["equal"] += found["equal"]
             total["max_diff"] = max(total["max_diff"], float(found["max_diff"]))

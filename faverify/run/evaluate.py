@@ -43,7 +43,7 @@ MODES = {"fwd": ("out", "lse"), "bwd": ("dq", "dk", "dv", "dsinks", "dbias"),
 
 def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: str = "both",
              tolerance: Tolerance | None = None, gradcheck: bool = False, stored=None,
-             in_worker: bool = False, repeat: int = 1, tell=None) -> CaseResult:
+             in_worker: bool = False, repeat: int = 1, tell=None, measure: tuple = ()) -> CaseResult:
     """tell(phase): called with "judging" once the subject's own calls of the case are done and faverify's
     judging begins, and with "subject" before the gradient check calls it again (a worker tells its parent,
     whose timeout is the subject's alone: isolation.py).
@@ -51,15 +51,17 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
     computing the reference here (golden.py). in_worker: this process is a worker (isolation.py), where
     Ctrl-C is ignored, so a KeyboardInterrupt is the subject's own and fails its case; in the user's
     process it stops the run. repeat: run the subject that many times on the same inputs; a case whose
-    outputs differ in any bit fails as "nondeterministic"."""
+    outputs differ in any bit fails as "nondeterministic". measure: relations (run/relations.py) checked and
+    recorded beside those the subject promises, failing nothing."""
     device = torch.device(device)
     tolerance = tolerance or Tolerance()
     start = time.perf_counter()
     clock = _Clock(device, tell)
     subject.take_paths()  # whatever ran (or compiled: a warm-up) before this case is not its
     subject.take_compile_seconds()
-    relations: dict = {}  # filled by _evaluate where the subject promises any (run/relations.py)
+    relations: dict = {"measure": measure}  # the records _evaluate leaves, relation by relation
     result = _evaluate(subject, case, device, mode, tolerance, clock, stored, in_worker, repeat, relations)
+    relations.pop("measure")
     result.relations = relations
     if gives_back(case, device):
         torch.cuda.empty_cache()
@@ -166,7 +168,7 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         failing += tail_gradients(case, got, subject.caps.varlen_tail_grads)
     if buffer is not None:
         failing += _buffer_checks(subject, case, pristine, buffer, out, in_worker)
-    if subject.caps.relations and relations is not None:
+    if relations is not None and (subject.caps.relations or relations.get("measure")):
         failing += _relations(subject, case, pristine, got, backward, in_worker, relations)
     clock.lap("subject")
     if repeat > 1:
@@ -214,18 +216,22 @@ def _buffer_checks(subject: Subject, case: Case, pristine: Inputs, buffer, out, 
 
 def _relations(subject: Subject, case: Case, pristine: Inputs, got: dict, backward: bool, in_worker: bool,
                relations: dict) -> list:
-    """The relations the subject promises: their records in `relations`, a failing signature where broken."""
+    """The relations the subject promises and those asked to be measured: their records in `relations`; a
+    promised one broken is a failing signature."""
     failing = []
-    for name in subject.caps.relations:
+    for name in dict.fromkeys(subject.caps.relations + tuple(relations.get("measure", ()))):
+        promised = name in subject.caps.relations
         try:
             with subject_code(in_worker):
-                found = relations[name] = RELATION_CHECKS[name](subject, case, pristine, got, backward)
+                found = relations[name] = {**RELATION_CHECKS[name](subject, case, pristine, got, backward),
+                                           "promised": promised}
         except SubjectRaised as e:
-            failing.append((f"error:{e.name}", f"the {name} relation's call raised {e}"))
+            if promised:
+                failing.append((f"error:{e.name}", f"the {name} relation's call raised {e}"))
             continue
-        if found["checked"] and not found["equal"]:
+        if promised and found["checked"] and not found["equal"]:
             failing.append((f"relation:{name}", f"the {name} relation is broken: {found['where']} differs, by up "
-                                                f"to {found['max_diff']:.3g}"))
+                                                f"to {found['max_diff']:.3g} of its largest value"))
     return failing
 
 def _what_runs(subject: Subject, case: Case, device: torch.device, mode: str) -> tuple:

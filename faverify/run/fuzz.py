@@ -35,13 +35,14 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
         workers: int = 1, isolate: bool = True, timeout: float = 300.0,
         progress_factory: Callable[[str], Callable[[CaseResult], None]] = lambda name: (lambda r: None),
         features: dict | None = None, conventions: dict | None = None, repeat: int = 1,
-        narrow_for: dict | None = None):
+        narrow_for: dict | None = None, measure: tuple = ()):
     """Fuzz each kernel in turn; returns the Run document.
 
     features: kernel -> the variant features its cases draw (default: the plan's for every kernel).
     conventions: kernel -> the conventions its subject declares, in words, for the reports.
     repeat: run each case that many times; outputs that differ in any bit fail it ("nondeterministic").
     narrow_for: kernel -> what every case of it needs (Capabilities.draw: splits for a combine).
+    measure: relations (run/relations.py) checked on every subject beside those it promises, failing nothing.
 
     workers: processes per device (several: the parallel mode above). isolate=False evaluates in this
     process (one device, sequential), for speed where no subject can crash the process.
@@ -68,9 +69,9 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
                 # the warm-up compiles on every core (one worker each), then the run keeps `workers`
                 per_device = workers if parallel else 1
                 pool = Pool(case_workers(name, devices, max(per_device, cores() // len(devices)) if warmup
-                                         else per_device, mode, tolerance.to_dict(), timeout, repeat))
+                                         else per_device, mode, tolerance.to_dict(), timeout, repeat, measure))
             evaluate = pool.workers[0].evaluate if pool is not None else _in_process(name, devices[0], mode,
-                                                                                      tolerance, repeat)
+                                                                                      tolerance, repeat, measure)
             stored = examples.load(plan.database, name)
             replay(name, stored, evaluate, stats)
             progress = _stopping(progress_factory(name))
@@ -111,7 +112,8 @@ def _plan_for(name: str, base_plan: FuzzPlan, features: dict | None, narrow_for:
     return plan
 
 
-def _in_process(name: str, device, mode: str, tolerance, repeat: int) -> Callable[[Case, bool], CaseResult]:
+def _in_process(name: str, device, mode: str, tolerance, repeat: int,
+                measure: tuple = ()) -> Callable[[Case, bool], CaseResult]:
     """Evaluate cases in this process (--no-isolate): faverify's own error on a case is that case's result."""
     subject = resolve(name)
     history: list = []  # the cases this process ran, as a worker keeps them (isolation.Worker.history)
@@ -119,7 +121,7 @@ def _in_process(name: str, device, mode: str, tolerance, repeat: int) -> Callabl
     def evaluate(case: Case, gradcheck: bool) -> CaseResult:
         try:
             result = evaluate_case(subject, case, device, mode=mode, tolerance=tolerance, gradcheck=gradcheck,
-                                   repeat=repeat)
+                                   repeat=repeat, measure=measure)
         except Exception as e:  # faverify's own bug: this case's error, and the run goes on
             result = own_error(name, case, e, str(device))
         result.history = tuple(history)

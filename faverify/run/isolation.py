@@ -45,16 +45,18 @@ class Task(NamedTuple):
     warm: bool = False
 
 
-def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1, threads: int = 0) -> None:
+def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1, threads: int = 0,
+           measure: tuple = ()) -> None:
     """The worker: _work until told to stop; when its parent is gone (a stop while it started, a killed run)
     it leaves quietly, since nobody reads what it would say."""
     try:
-        _work(conn, kernel, device, mode, tolerance, repeat, threads)
+        _work(conn, kernel, device, mode, tolerance, repeat, threads, measure)
     except (BrokenPipeError, ConnectionResetError, EOFError):
         return
 
 
-def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1, threads: int = 0) -> None:
+def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1, threads: int = 0,
+          measure: tuple = ()) -> None:
     """The worker's loop: (case, gradcheck, golden) in, CaseResult dict out, until None or a poisoned
     context. The worker has this one's environment (TRITON_INTERPRET among it): processes.start.
     threads: torch's CPU threads in this worker (0: torch's default, one a core)."""
@@ -94,7 +96,7 @@ def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: in
                     directory, entry = golden
                     stored = golden_files.load(directory, entry, device)
                 result = evaluate(subject, case, device, mode=mode, tolerance=tol, gradcheck=gradcheck,
-                                  stored=stored, in_worker=True, repeat=repeat,
+                                  stored=stored, in_worker=True, repeat=repeat, measure=measure,
                                   tell=lambda phase: conn.send((phase, None)))
         except BaseException as e:  # faverify's own bug while judging: its error, not the subject's failure
             result = own_error(kernel, case, e, device)
@@ -122,9 +124,9 @@ class Worker:
     starts all of its workers at once. A case's timeout counts from when its worker is ready."""
 
     def __init__(self, kernel: str, device: str, mode: str, tolerance: dict, timeout: float, repeat: int = 1,
-                 threads: int = 0):
+                 threads: int = 0, measure: tuple = ()):
         self.kernel, self.device, self.mode, self.tolerance = kernel, device, mode, tolerance
-        self.timeout, self.repeat, self.threads = timeout, repeat, threads
+        self.timeout, self.repeat, self.threads, self.measure = timeout, repeat, threads, tuple(measure)
         self.process = None
         self.conn = None
         self.ready = False
@@ -139,7 +141,7 @@ class Worker:
     def start(self) -> None:
         parent, child = mp.Pipe()
         self.process = processes.start(_serve, (child, self.kernel, self.device, self.mode, self.tolerance,
-                                                self.repeat, self.threads), daemon=True)
+                                                self.repeat, self.threads, self.measure), daemon=True)
         child.close()
         self.conn, self.ready, self.sent_at = parent, False, time.monotonic()
         self.history = []  # a fresh process carries nothing over
@@ -255,11 +257,11 @@ def _end_group(pid: int) -> None:
 
 
 def case_workers(kernel: str, devices: list, per_device: int, mode: str, tolerance: dict, timeout: float,
-                 repeat: int = 1) -> list:
+                 repeat: int = 1, measure: tuple = ()) -> list:
     """`per_device` workers of one subject on each device, in device order (scheduler.Pool's lane), sharing
     the cores (thread_share)."""
     threads = thread_share(per_device * len(devices))
-    return [Worker(kernel, str(d), mode, tolerance, timeout, repeat, threads) for d in devices
+    return [Worker(kernel, str(d), mode, tolerance, timeout, repeat, threads, measure) for d in devices
             for _ in range(per_device)]
 
 

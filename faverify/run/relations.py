@@ -27,7 +27,7 @@ def _plain(case: Case) -> bool:
 
 
 def batch_relation(subject: Subject, case: Case, pristine: Inputs, got: dict, backward: bool) -> dict:
-    """{"checked": 1, "equal": bool, "max_diff": float, "where": str} for a case it can cut, else
+    """{"checked": 1, "equal": bool, "max_diff": float (relative), "where": str} for a case it can cut, else
     {"checked": 0}."""
     if not (_plain(case) and case.batch > 1):
         return {"checked": 0}
@@ -80,8 +80,8 @@ def _rows(t, rows: slice, dim: int):
 
 
 def _differ(mine: dict, rows: dict) -> tuple:
-    """(largest difference, the tensor it is in) over the tensors both have that are not the same bits;
-    (0.0, "") where every one is."""
+    """(largest difference relative to the tensor's largest magnitude, the tensor it is in) over the tensors
+    both have that are not the same bits; (0.0, "") where every one is."""
     worst, where = 0.0, ""
     for name, t in mine.items():
         row = rows.get(name)
@@ -91,7 +91,9 @@ def _differ(mine: dict, rows: dict) -> tuple:
         if t.shape != row.shape:
             return float("inf"), name
         if not torch.equal(t, row):
-            diff = float((t.double() - row.double()).abs().nan_to_num(float("inf")).max())
+            # relative to the row's largest magnitude: a last-bit difference of values near 1e5 is not large
+            scale = float(row.double().abs().nan_to_num(0.0).max()) or 1.0
+            diff = float((t.double() - row.double()).abs().nan_to_num(float("inf")).max()) / scale
             if not where or diff > worst:
                 worst, where = diff, name
     return worst, where
