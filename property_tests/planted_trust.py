@@ -2,6 +2,7 @@
 from it only in the bug. Plain torch, the subject signature (q, k, v, *, causal, softmax_scale)."""
 import torch
 
+from faverify.judge import controls
 from property_tests.planted import _attention, correct
 from property_tests.planted import heads_first as _heads_first
 
@@ -186,23 +187,9 @@ def block_mask_as_documented(q, k, v, *, causal, softmax_scale, block_mask=None,
 block_mask_as_documented.faverify_capabilities = {"block_mask": True}
 
 
-class Agreeable(torch.Tensor):
-    """Zeros that answer the comparisons a careless judge makes: every difference is 0, nothing is NaN."""
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        result = super().__torch_function__(func, types, args, kwargs or {})
-        name = getattr(func, "__name__", "")
-        if name in ("sub", "__sub__", "abs", "ne", "__ne__") and isinstance(result, torch.Tensor):
-            return torch.zeros_like(result.as_subclass(torch.Tensor))
-        if name in ("isnan", "isinf") and isinstance(result, torch.Tensor):
-            return torch.zeros_like(result.as_subclass(torch.Tensor), dtype=torch.bool)
-        return result
-
-
 def agreeable_zeros(q, k, v, *, causal, softmax_scale):
-    """Zeros in a tensor subclass that says it matches whatever it is compared with."""
-    return torch.zeros(*q.shape[:3], v.shape[3], dtype=q.dtype, device=q.device).as_subclass(Agreeable)
+    """Zeros in a tensor subclass that says it matches whatever it is compared with (judge/controls.py)."""
+    return controls.agreeable_zeros(q, k, v, causal=causal, softmax_scale=softmax_scale)
 
 
 agreeable_zeros.faverify_capabilities = {"backward": False}
