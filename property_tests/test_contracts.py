@@ -114,6 +114,9 @@ def test_a_tensor_subclass_is_refused_before_anything_reads_it():
 def test_an_output_computed_on_a_stream_the_caller_never_waits_for_fails():
     """Read on the caller's stream, as a caller would: the race shows; the control waits and passes."""
     case = Case(1, 128, 128, 2, 2, 64, dtype="bf16", seed=1)
+    # the first call's allocations on the side stream (cudaMalloc) synchronize the device, so its race does not
+    # show (seen on the H200: the first of three passed); the calls after it allocate from the cache
+    evaluate(resolve(f"{PLANTED}:side_stream_unsynced"), case, "cuda")
     bad = [evaluate(resolve(f"{PLANTED}:side_stream_unsynced"), case, "cuda") for _ in range(3)]
     assert all(r.status == "fail" for r in bad), [r.reason for r in bad]
     good = evaluate(resolve(f"{PLANTED}:side_stream_synced"), case, "cuda")
