@@ -177,12 +177,17 @@ class KernelStats:
         self.signature_counts.update(r.signatures)
         self.paths.update(r.paths)
         for name, found in r.relations.items():
-            total = self.relations.setdefault(name, {"checked": 0, "equal": 0, "max_diff": 0.0,
-                                                     "promised": bool(found.get("promised", True))})
             if found.get("checked"):
-                total["checked"] += 1
-                total["equal"] += 1 if found["equal"] else 0
-                total["max_diff"] = max(total["max_diff"], found["max_diff"])
+                self.tally_relation(name, found["promised"], 1, int(found["equal"]), found["max_diff"])
+            else:
+                self.tally_relation(name, found["promised"], 0, 0, 0.0)
+
+    def tally_relation(self, name: str, promised: bool, checked: int, equal: int, max_diff: float) -> None:
+        """Add cases a relation was checked on (one case's record, or a shard's totals: merge.py)."""
+        total = self.relations.setdefault(name, {"checked": 0, "equal": 0, "max_diff": 0.0, "promised": promised})
+        total["checked"] += checked
+        total["equal"] += equal
+        total["max_diff"] = max(total["max_diff"], float(max_diff))
 
     @property
     def cases(self) -> int:

@@ -102,11 +102,7 @@ def _merged_kernel(name: str, shards: list) -> KernelStats:
         stats.per_device.update({f"{label} {d}": n for d, n in s.get("per_device", {}).items()})
         stats.paths.update(s.get("paths", {}))
         for name, found in s.get("relations", {}).items():
-            total = stats.relations.setdefault(name, {"checked": 0, "equal": 0, "max_diff": 0.0,
-                                                      "promised": found.get("promised", True)})
-            total["checked"] += found["checked"]
-            total["equal"] += found["equal"]
-            total["max_diff"] = max(total["max_diff"], float(found["max_diff"]))
+            stats.tally_relation(name, found["promised"], found["checked"], found["equal"], found["max_diff"])
         stats.edges.update(s.get("edges", {}))
         stats.edges_listed = tuple(dict.fromkeys(stats.edges_listed + tuple(s.get("edges", {}))))
         stats.features.update(s.get("features", {}))

@@ -100,8 +100,9 @@ def unwritten(case: Case, first, second, rows: int) -> str | None:
     """Where the first call's out (into a NaN buffer) is NaN and the second's (into a SENTINEL buffer) is the
     sentinel, the kernel wrote nothing; in words, of the first `rows` token rows, or None."""
     fill = torch.tensor(SENTINEL, dtype=second.dtype, device=second.device)
-    never = (torch.isnan(first) & (second == fill)).reshape(first.shape[0], -1)[:rows] if case.kind == "varlen" \
-        else (torch.isnan(first) & (second == fill)).reshape(first.shape[0] * first.shape[1], -1)
+    never = torch.isnan(first) & (second == fill)
+    # a row a token: varlen's packed [total + tail, h, dv] to its first `rows`; dense [b, sq, h, dv] whole
+    never = never.reshape(first.shape[0], -1)[:rows] if case.kind == "varlen" else never.flatten(0, 1).flatten(1)
     where = never.any(dim=1).nonzero().flatten().tolist()
     if not where:
         return None

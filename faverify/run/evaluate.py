@@ -59,9 +59,8 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
     clock = _Clock(device, tell)
     subject.take_paths()  # whatever ran (or compiled: a warm-up) before this case is not its
     subject.take_compile_seconds()
-    relations: dict = {"measure": measure}  # the records _evaluate leaves, relation by relation
-    result = _evaluate(subject, case, device, mode, tolerance, clock, stored, in_worker, repeat, relations)
-    relations.pop("measure")
+    relations: dict = {}  # the records _evaluate leaves, relation by relation
+    result = _evaluate(subject, case, device, mode, tolerance, clock, stored, in_worker, repeat, relations, measure)
     result.relations = relations
     if gives_back(case, device):
         torch.cuda.empty_cache()
@@ -118,7 +117,8 @@ class _Clock:
 
 
 def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tolerance: Tolerance,
-              clock: _Clock, stored, in_worker: bool, repeat: int = 1, relations: dict | None = None) -> CaseResult:
+              clock: _Clock, stored, in_worker: bool, repeat: int = 1, relations: dict | None = None,
+              measure: tuple = ()) -> CaseResult:
     """in_worker: a KeyboardInterrupt in the subject is its own (evaluate says why). Whatever the subject
     raises fails its case (subject_code); what faverify's own code raises propagates."""
     name = subject.name
@@ -168,8 +168,8 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         failing += tail_gradients(case, got, subject.caps.varlen_tail_grads)
     if buffer is not None:
         failing += _buffer_checks(subject, case, pristine, buffer, out, in_worker)
-    if relations is not None and (subject.caps.relations or relations.get("measure")):
-        failing += _relations(subject, case, pristine, got, backward, in_worker, relations)
+    if relations is not None and (subject.caps.relations or measure):
+        failing += _relations(subject, case, pristine, got, backward, in_worker, relations, measure)
     clock.lap("subject")
     if repeat > 1:
         try:
@@ -215,11 +215,11 @@ def _buffer_checks(subject: Subject, case: Case, pristine: Inputs, buffer, out, 
 
 
 def _relations(subject: Subject, case: Case, pristine: Inputs, got: dict, backward: bool, in_worker: bool,
-               relations: dict) -> list:
+               relations: dict, measure: tuple) -> list:
     """The relations the subject promises and those asked to be measured: their records in `relations`; a
     promised one broken is a failing signature."""
     failing = []
-    for name in dict.fromkeys(subject.caps.relations + tuple(relations.get("measure", ()))):
+    for name in dict.fromkeys(subject.caps.relations + tuple(measure)):
         promised = name in subject.caps.relations
         try:
             with subject_code(in_worker):
