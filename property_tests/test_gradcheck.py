@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -52,6 +54,19 @@ def one_percent_off(q, k, v, *, causal, softmax_scale):
     return _OnePercentOff.apply(q, k, v, causal, softmax_scale)
 
 
+class _FifthOff(_OnePercentOff):
+    """Right forward, every gradient 20% too large."""
+
+    @staticmethod
+    def backward(ctx, dout):
+        qq, kk, vv, out = ctx.saved_tensors
+        return (*(g * 1.2 for g in torch.autograd.grad(out, (qq, kk, vv), dout)), None, None)
+
+
+def fifth_off(q, k, v, *, causal, softmax_scale):
+    return _FifthOff.apply(q, k, v, causal, softmax_scale)
+
+
 # the two cases the default sdpa-math fuzz failed on (softcap 0.05-0.0625 at scale 2: tanh bends within one
 # step of the difference quotient), and ordinary ones of several sizes
 STEEP = ('{"batch":1,"seqlen_q":256,"seqlen_k":256,"nheads":4,"nheads_k":2,"head_dim":120,"dtype":"bf16",'
@@ -80,7 +95,7 @@ def test_a_backward_one_percent_off_fails_the_check(case):
     assert not g.passed and "directional derivative" in g.reason, (g.rel_err, g.allowed)
     assert 0.009 < g.rel_err < 0.011, g.rel_err
     right = directional(Subject("correct", correct, Capabilities()), case, torch.device("cpu"))
-    assert right.passed and right.rel_err < 1e-4, right.reason
+    assert right.passed and right.rel_err < right.allowed / 4, (right.rel_err, right.allowed)
 
 
 def test_directional_derivative_agrees_for_a_correct_backward():
@@ -150,3 +165,31 @@ def test_a_subject_that_raises_in_the_checks_dtype_fails_the_check_not_the_worke
     assert r.status == "fail" and r.signatures == ["gradcheck:error:RuntimeError"], (r.status, r.signatures)
     assert "fp32: the subject raised RuntimeError: No valid triton configs" in r.reason, r.reason
     assert r.gradcheck["error"] == "RuntimeError" and not r.gradcheck["passed"]
+
+
+# the case the H200's fuzz of the Hopper backward failed its fp16 check on (854 against 933) while every
+# gradient passed against FP64: a single query row at scale 2, whose softmax bends within the longest step
+PEAKED_ROW = Case(1, 1, 33, 1, 1, 48, softmax_scale=2.0, seed=1)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_a_correct_low_precision_subject_passes_where_the_step_rounds_and_the_forward_rounds(dtype):
+    """At the shorter steps x +- h e is not exact for |x| past 2^p h (fp16: 2 at h/16), and the forward's
+    rounding over 2h outgrows the dtype's allowance: the quotient is compared with the gradient along the
+    step it took, and a correct forward's rounding (the naive baseline's at both ends) is allowed. Without
+    those, 46 of these 300 seeds failed the correct subject in fp16."""
+    s = Subject(f"{dtype}-only", correct, Capabilities(dtypes=(dtype,)))
+    checks = [directional(s, dataclasses.replace(PEAKED_ROW, seed=seed), torch.device("cpu")) for seed in range(300)]
+    assert all(g.passed and not g.skipped for g in checks), [g.reason for g in checks if not g.passed][:3]
+    h = {"fp16": 2.0**-6, "bf16": 2.0**-5}[dtype]
+    assert {g.step for g in checks} == {h, h / 4, h / 16}  # every step was the best-resolved on some seed
+    assert any(g.rounding > 0.01 for g in checks)
+
+
+def test_the_forwards_rounding_allowance_leaves_a_fifth_off_backward_caught():
+    """The allowance for the forward's rounding is the smallest over the steps: a backward 20% off, where
+    fp16 resolves the quotient worst (a single peaked row), still fails most seeds."""
+    s = Subject("fifth-off", fifth_off, Capabilities(dtypes=("fp16",)))
+    caught = sum(not directional(s, dataclasses.replace(PEAKED_ROW, seed=seed), torch.device("cpu")).passed
+                 for seed in range(40))
+    assert caught >= 24, caught

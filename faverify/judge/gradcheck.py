@@ -5,20 +5,21 @@ derivative of what the subject's forward computes, which catches a backward that
 reference only by accident (a dk that misses the softmax scale where the forward also got it wrong).
 
 L(x) = sum(w * forward(x)) along a direction e in (q, k, v) of +-1 per element:
-    analytic = <grad L, e>  (the subject's backward with grad_output w)
-    fd       = (L(x + h e) - L(x - h e)) / 2h
-e is the sign of the subject's own gradient (random where it is 0), so <grad L, e> = sum |grad L|: a
+    fd       = (L(x+) - L(x-)) / 2h, x+- = x +- h e rounded to the dtype
+    analytic = <grad L, x+ - x-> / 2h  (the subject's backward with grad_output w)
+e is the sign of the subject's own gradient (random where it is 0), so analytic is about sum |grad L|: a
 backward off by a factor shows its whole error, where a random direction would let the terms cancel to
 about 1/sqrt(n) of it. In fp32 where the subject supports it; otherwise fp16, then bf16. Inputs are
-quantized to multiples of h and clamped so that x +- h e is exact in the dtype: the step is then exactly h.
+quantized to multiples of h and clamped so that x +- h e is exact at the step h; at h/4 and h/16 it may
+round (fp16 past 2 at h/16), and the gradient is taken along the step the inputs actually moved.
 
-Two errors separate fd from the derivative of a correct subject: its forward's rounding, which sets the
-dtype's allowance below, and the difference quotient's truncation, which no allowance can bound where the
-function is steep (softcap 0.05 at scale 2 makes tanh bend within one step). The FP64 reference measures
-the latter on the same inputs, step and direction: |fd64 - analytic64|, the quotient of its forward
-against its own exact derivative. The check fails only past allowed * sum |grad| plus twice that; where
-the truncation passes a quarter of the allowance the step shrinks to h/4, then h/16 (still exact steps: the
-inputs are multiples of h), which cuts it by 16 each time while the rounding grows by 4.
+Two errors separate fd from the derivative of a correct subject, beside the dtype's allowance below. The
+difference quotient's truncation, which no fixed allowance can bound where the function is steep
+(softcap 0.05 at scale 2 makes tanh bend within one step): the FP64 reference measures it between the same
+points, |fd64 - analytic64|. And the forward's rounding over 2h, which grows as the step shrinks: the
+naive baseline in the dtype measures what a correct forward may err at both ends. The check allows twice
+each, tries the steps h, h/4 and h/16 (shorter steps cut the truncation by 16 while the rounding grows by
+4) and keeps the one where they add up least.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from faverify.cases.case import Case
 from faverify.cases.inputs import make_inputs, variant_of
 from faverify.dtypes import TORCH
 from faverify.errors import Unsupported
-from faverify.judge.reference import reference
+from faverify.judge.reference import naive, reference
 from faverify.subjects.base import Subject
 
 # step h, clamp |x| so that x +- h is exact in the dtype, allowed relative discrepancy
@@ -46,12 +47,13 @@ class GradCheck:
     analytic: float
     fd: float
     rel_err: float  # |fd - analytic| / sum |grad| |e|
-    allowed: float  # the relative discrepancy allowed: the dtype's, plus twice the truncation below
+    allowed: float  # the relative discrepancy allowed: the dtype's, plus twice truncation and rounding below
     passed: bool
     skipped: bool
     reason: str
     error: str = ""  # the exception's type where the subject raised in the check
     truncation: float = 0.0  # |fd64 - analytic64| / sum |grad| |e|: the FP64 reference's own quotient error
+    rounding: float = 0.0  # sum |w| |naive - ref| at both ends / 2h / sum |grad| |e|: a correct forward's share
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -104,16 +106,19 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
         grads = torch.autograd.grad(out, ins, x.dout.to(tdtype), allow_unused=True)
         grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(grads, base)]
         direction = [_signs(gr, g) for gr in grads]
-        analytic = float(sum((gr.double() * e.double()).sum() for gr, e in zip(grads, direction)))
         magnitude = float(sum((gr.double().abs()).sum() for gr in grads))
-        for step in (h, h / 4, h / 16):  # a shorter step where the quotient's truncation swamps the allowance
+        quotients = []  # (what a correct subject may err by, step, fd, analytic, truncation, rounding)
+        for step in (h, h / 4, h / 16):  # shorter steps cut the truncation by 16 and let the rounding grow by 4
+            ends = [[t + sign * step * e for t, e in zip(base, direction)] for sign in (1, -1)]
             with torch.no_grad():
-                plus, _, _ = loss([t + step * e for t, e in zip(base, direction)])
-                minus, _, _ = loss([t - step * e for t, e in zip(base, direction)])
-            fd = float((plus - minus) / (2 * step))
-            truncation = _truncation(subject, c, x, base, direction, w, step) / magnitude if magnitude > 0 else 0.0
-            if 4 * truncation <= allowed:
+                plus, minus = (loss(end)[0] for end in ends)
+            errors = [e / magnitude if magnitude > 0 else 0.0
+                      for e in _quotient_errors(subject, c, x, base, ends, w, step)]
+            quotients.append((sum(errors), step, float((plus - minus) / (2 * step)), _along(grads, ends, step),
+                              *errors))
+            if sum(errors) <= allowed / 8:  # resolved well enough: the shorter steps cost calls and add nothing
                 break
+        _, step, fd, analytic, truncation, rounding = min(quotients)  # the best-resolved quotient
     except (Unsupported, ValueError, NotImplementedError) as e:
         return _skip(dtype, f"{type(e).__name__}: {e}")
     except (MemoryError, torch.OutOfMemoryError) as e:  # workers beside this one took it, as in evaluate._evaluate
@@ -123,13 +128,15 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
     except Exception as e:  # the subject's failure in the check's dtype (flex: no kernel fits in fp32 at d192)
         return GradCheck(dtype, h, 0.0, 0.0, math.inf, allowed, False, False,
                          f"{dtype}: the subject raised {type(e).__name__}: {e}", error=type(e).__name__)
-    allowed = allowed + 2 * truncation
+    allowed = allowed + 2 * truncation + 2 * rounding
     rel = abs(fd - analytic) / magnitude if magnitude > 0 else (0.0 if abs(fd) < 1e-12 else math.inf)
     passed = math.isfinite(rel) and rel <= allowed
     reason = "" if passed else (f"{dtype}: directional derivative of the forward {fd:.6g} vs backward "
                                 f"{analytic:.6g} (relative {rel:.3g} > {allowed:.3g}, of which "
-                                f"{2 * truncation:.3g} for the difference quotient's truncation)")
-    return GradCheck(dtype, step, analytic, fd, rel, allowed, passed, False, reason, truncation=truncation)
+                                f"{2 * truncation:.3g} for the difference quotient's truncation and "
+                                f"{2 * rounding:.3g} for the forward's rounding)")
+    return GradCheck(dtype, step, analytic, fd, rel, allowed, passed, False, reason, truncation=truncation,
+                     rounding=rounding)
 
 
 def _signs(grad: torch.Tensor, g: torch.Generator) -> torch.Tensor:
@@ -139,22 +146,33 @@ def _signs(grad: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return torch.where(sign != 0, sign, coin.float()).to(grad.dtype)
 
 
-def _truncation(subject: Subject, case: Case, x, base: list, direction: list, w, h: float) -> float:
-    """|fd64 - analytic64|: how far the FP64 reference's own difference quotient, over the same inputs,
-    step and direction, lies from its exact directional derivative. Under the subject's conventions."""
-    variant = variant_of(case, x, subject.caps.conventions)
-    wide = [t.to(torch.float64) for t in base]
-    step = [e.to(torch.float64) * h for e in direction]
-    with torch.no_grad():
-        ref, _ = reference(*wide, w, causal=case.causal, scale=case.scale, variant=variant)
-        exact = sum((ref[n] * e).sum() for n, e in zip(("dq", "dk", "dv"), direction))
+def _along(grads: list, ends: list, h: float) -> float:
+    """<grad, x+ - x-> / 2h: the directional derivative along the step the quotient took. Where x +- h e is
+    not exact in the dtype (|x| past 2^p h at the shorter steps) that step is not 2h e, and comparing the
+    quotient with <grad, e> would count the rounding of the inputs as the backward's error."""
+    plus, minus = ends
+    along = sum((gr.double() * (p.double() - m.double())).sum() for gr, p, m in zip(grads, plus, minus))
+    return float(along) / (2 * h)
 
-        def value(sign: int):
-            shifted = [t + sign * s for t, s in zip(wide, step)]
-            out = reference(*shifted, causal=case.causal, scale=case.scale, variant=variant)[0]["out"]
-            return (out * w).sum()
-        quotient = (value(1) - value(-1)) / (2 * h)
-    return float((quotient - exact).abs())
+
+def _quotient_errors(subject: Subject, case: Case, x, base: list, ends: list, w, h: float) -> tuple:
+    """(truncation, rounding) of the quotient between the two points, under the subject's conventions.
+    truncation: |fd64 - analytic64|, how far the FP64 reference's own quotient lies from its exact
+    derivative at the same inputs along the same step (the points sit off centre where an end rounded).
+    rounding: sum |w| |naive - ref| at each end, over 2h: what a correct forward in the dtype (the naive
+    baseline, rounding after every operation) may add to the quotient. It grows as the step shrinks."""
+    variant = variant_of(case, x, subject.caps.conventions)
+    kwargs = dict(causal=case.causal, scale=case.scale, variant=variant)
+    with torch.no_grad():
+        ref, _ = reference(*(t.to(torch.float64) for t in base), w, **kwargs)
+        exact = _along([ref[n] for n in ("dq", "dk", "dv")], ends, h)
+        values, rounding = [], 0.0
+        for end in ends:
+            out = reference(*(t.to(torch.float64) for t in end), **kwargs)[0]["out"]
+            values.append((out * w).sum())
+            rounding += float((w.abs() * (naive(*end, **kwargs)["out"].to(torch.float64) - out).abs()).sum())
+        quotient = (values[0] - values[1]) / (2 * h)
+    return abs(float(quotient) - exact), rounding / (2 * h)
 
 
 def _quantize(t: torch.Tensor, h: float, clamp: float) -> torch.Tensor:
