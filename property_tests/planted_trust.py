@@ -278,3 +278,44 @@ def relations_kept(q, k, v, *, causal, softmax_scale):
 batch_dependent.faverify_capabilities = {"backward": False, "relations": ["batch"]}
 decode_dependent.faverify_capabilities = {"backward": False, "relations": ["decode"]}
 relations_kept.faverify_capabilities = {"backward": False, "relations": ["batch", "decode"]}
+
+
+_COMPILED: dict = {}
+
+
+def _storage_read(t, stride, offset):
+    """t's memory read with another tensor's strides and offset, as a kernel compiled for that tensor reads
+    it; past the storage's end, zeros (a GPU would read whatever lies there)."""
+    n = t.untyped_storage().nbytes() // t.element_size()
+    flat = torch.tensor([], dtype=t.dtype, device=t.device).set_(t.untyped_storage(), 0, (n,), (1,))
+    need = offset + sum((size - 1) * s for size, s in zip(t.shape, stride)) + 1
+    if need > n:
+        flat = torch.cat([flat, flat.new_zeros(need - n)])
+    return flat.as_strided(t.shape, stride, offset)
+
+
+def _cached(q, k, v, causal, softmax_scale, key):
+    """A "kernel" built on the first call of each key: it keeps that call's dtype (its arithmetic) and its
+    inputs' strides and offsets (how it reads memory)."""
+    if key not in _COMPILED:
+        _COMPILED[key] = (q.dtype, tuple((t.stride(), t.storage_offset()) for t in (q, k, v)))
+    dtype, layout = _COMPILED[key]
+    read = [_storage_read(t, s, o).to(dtype) for t, (s, o) in zip((q, k, v), layout)]
+    return correct(*read, causal=causal, softmax_scale=softmax_scale).to(q.dtype)
+
+
+def shape_keyed_cache(q, k, v, *, causal, softmax_scale):
+    """Its compile cache keyed by the shapes alone: the same shapes in another layout are read with the first
+    call's strides, in another dtype computed in the first call's (flash-attention's compile key that missed
+    strides; a cuDNN graph cache without the dtype)."""
+    return _cached(q, k, v, causal, softmax_scale, (q.shape, k.shape, v.shape, causal))
+
+
+def keyed_cache(q, k, v, *, causal, softmax_scale):
+    """The control of shape_keyed_cache: the key holds the dtype, the strides and the offsets too."""
+    key = (q.shape, k.shape, v.shape, causal, q.dtype) + tuple((t.stride(), t.storage_offset()) for t in (q, k, v))
+    return _cached(q, k, v, causal, softmax_scale, key)
+
+
+for _fn in (shape_keyed_cache, keyed_cache):
+    _fn.faverify_capabilities = {"backward": False}

@@ -1,5 +1,6 @@
 """A reproducer is printed only once it was seen to fail, and it carries what the failure needs: the gradient
 check, the mode, the tolerance. A failure that needs earlier calls in the same process says so instead."""
+import json
 import shlex
 
 import pytest
@@ -80,19 +81,20 @@ def test_a_forward_only_subject_is_judged_on_its_forward_under_the_default_mode(
 def test_a_failure_that_needs_earlier_calls_is_reproduced_after_them(tmp_path):
     """A scratch buffer kept across calls: the minimal case passes alone in a fresh process. The worker's
     earlier cases, replayed before it in one fresh worker and cut to the fewest that still make it fail,
-    are the reproducer's `--after`: that line fails when run, where the one-case line passes."""
+    are the reproducer's call sequence (the case's `before`): that line fails when run, where the
+    one-case line passes."""
     r, run = _fuzz(tmp_path, f"{PLANTED}:stale_scratch", "--iters", "40", "--dtype", "fp32")
     assert r.exit_code == 1, r.stderr
     failures = run["kernels"][0]["failures"]
-    assert failures and all(f["replayed"] == "failed" and f["after"] for f in failures), failures
-    assert "earlier call(s) in one process" in r.stderr and "--after" in r.stderr, r.stderr
+    assert failures and all(f["replayed"] == "failed" and f["sequence"] for f in failures), failures
+    assert "earlier call(s) in one process" in r.stderr and '"before":' in r.stderr, r.stderr
     first = failures[0]
-    assert len(first["after"]) == 1  # one earlier call leaves the scratch dirty: cut to it
+    assert len(first["sequence"]["before"]) == 1  # one earlier call leaves the scratch dirty: cut to it
     again = _run_reproducer(first["reproducer"])
     assert again.exit_code == 1 and "earlier call 1 of 1" in again.stdout + again.stderr, again.stderr
-    alone = shlex.split(first["reproducer"])
-    cut = alone.index("--after")
-    assert cli(*(alone[1:cut] + alone[cut + 2:])).exit_code == 0  # the case alone passes
+    alone = {k: v for k, v in first["sequence"].items() if k != "before"}
+    assert cli("repro", "--kernel", f"{PLANTED}:stale_scratch", "--device", "cpu",
+               "--case", json.dumps(alone)).exit_code == 0  # the case alone passes
     r, _ = _fuzz(tmp_path, f"{PLANTED}:cleared_scratch", "--iters", "40", "--dtype", "fp32")
     assert r.exit_code == 0, r.stderr
 

@@ -61,8 +61,14 @@ class Case:
     bias_dtype: str = "input"
     bias_grad: bool = False  # the bias requires grad: dbias is judged with the other gradients
     score_mod: str = "off"
+    # a call sequence (`fuzz --sequence`): the calls this process makes before this one, oldest first, each
+    # a case of its own with no `before`; every call is judged, so a bug carried from one call into the next
+    # (a compile cache keyed too loosely, a scratch buffer never cleared) fails the call it reaches
+    before: tuple = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.before, list):  # JSON gives lists of objects
+            object.__setattr__(self, "before", tuple(self.before))
         check(self)
 
     @property
@@ -185,7 +191,9 @@ class Case:
         return self.masked_rows > 0
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
+        d = dataclasses.asdict(dataclasses.replace(self, before=()))
+        if self.before:
+            d["before"] = [c.to_dict() for c in self.before]
         for name, off in VARIANT_DEFAULTS.items():
             if d[name] == off:
                 del d[name]
@@ -210,6 +218,8 @@ class Case:
         missing = sorted(required - set(data))
         if missing:
             raise UsageError("case", missing, "missing required field(s)")
+        if isinstance(data.get("before"), (list, tuple)):
+            data = {**data, "before": tuple(cls.from_dict(c) for c in data["before"])}
         return cls(**data)
 
     @classmethod
@@ -250,7 +260,8 @@ class Case:
         if self.splits > 1:
             flags.append(f"splits={self.splits}")
         flags += self._mask_flags()
-        return (f"b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} h{self.nheads}{gqa} d{self.head_dim} "
+        calls = f"after {len(self.before)} call{'s' if len(self.before) > 1 else ''}: " if self.before else ""
+        return (f"{calls}b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} h{self.nheads}{gqa} d{self.head_dim} "
                 + " ".join(flags))
 
 

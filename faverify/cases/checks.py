@@ -56,6 +56,22 @@ def check(case) -> None:
             raise UsageError("softmax_scale", s, f"must be a number in (0, {MAX_SCALE:g}], or null for "
                                                  "head_dim ** -0.5 (past it fp32 logits overflow)")
     _check_variants(case)
+    _check_before(case)
+
+
+# the most calls a sequence makes before its last (`fuzz --sequence`: 1..MAX_CALLS calls in all)
+MAX_CALLS = 64
+
+
+def _check_before(case) -> None:
+    before = case.before
+    if not isinstance(before, tuple) or not all(type(c) is type(case) for c in before):
+        raise UsageError("before", before, "must be a list of cases (the calls made before this one)")
+    if len(before) >= MAX_CALLS:
+        raise UsageError("before", f"{len(before)} calls", f"a sequence makes at most {MAX_CALLS} calls in all")
+    if any(c.before for c in before):
+        raise UsageError("before", "a call with calls before it", "the earlier calls of a sequence have none of "
+                                                                  "their own: list them all in one `before`")
 
 
 def _check_variants(case) -> None:

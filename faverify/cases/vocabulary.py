@@ -55,7 +55,7 @@ VARIANT_DEFAULTS = {"window": (-1, -1), "softcap": 0.0, "alibi": "off", "sinks":
                     "seqlens": None, "tail": 0, "cache_seqlens": None, "page_size": 0, "pages": "in-order",
                     "pool": 0, "splits": 1, "mask": "off", "mask_shape": "full", "mask_block": 0, "mask_rate": 0,
                     "mask_lengths": None, "mask_nan": False, "bias": "off", "bias_shape": "full",
-                    "bias_dtype": "input", "bias_grad": False, "score_mod": "off"}
+                    "bias_dtype": "input", "bias_grad": False, "score_mod": "off", "before": ()}
 
 
 # The most split-KV partials a case asks for and a bundled launcher makes (flash-attn's cap too): a single

@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from faverify.cases.checks import MAX_CALLS
 from faverify.cases.vocabulary import FEATURES, LAYOUTS, REGIMES
 from faverify.cli.app import app
 from faverify.cli.common import (
@@ -58,6 +59,11 @@ def fuzz(
                                                      "`faverify merge` makes one run of the N run files")] = None,
     repeat: Annotated[int, typer.Option(help="Run each case N times; outputs that differ in any bit fail it "
                                              "(\"nondeterministic\")", callback=within(1, 1000))] = 1,
+    sequence: Annotated[int, typer.Option(
+        help="Draw call sequences: each example up to N calls of the subject in one process, each call a step "
+             "from the one before it (the same shapes in another layout or dtype, new values, overflowing "
+             "logits, rows with no key...), every call judged; 0: one call an example",
+        callback=within(0, MAX_CALLS))] = 0,
     relations: Annotated[Optional[str], typer.Option(
         help="Relations between calls to measure on every subject, comma separated (batch, decode): each batch "
              "entry alone against its row, the last query row alone against its row, bit for bit; reported, "
@@ -143,7 +149,7 @@ def _plan(given: dict) -> tuple:
                                                                                        g["max_seqlen"]),
                     database=None if g["no_db"] else g["db"], gradcheck_every=g["gradcheck_every"],
                     shrink_budget=g["shrink_budget"], narrow=narrow or None, shard=shard_of, shapes=g["shapes"] or 0,
-                    all_failures=g["all_failures"])
+                    all_failures=g["all_failures"], sequence=g["sequence"])
     measure = parse_choice(g["relations"], RELATIONS, "--relations") if g["relations"] is not None else ()
     settings = dict(targets=targets, workers=workers, tolerance=tolerance, wanted=wanted, mode=g["mode"].value,
                     isolate=g["isolate"], timeout=g["timeout"], repeat=g["repeat"], measure=measure,
@@ -161,6 +167,7 @@ def _command(g: dict, dtypes: tuple, shard_of) -> str:
             + (f" --layouts {g['layouts']}" if g["layouts"] else "")
             + (f" --shard {shard_of[0]}/{shard_of[1]}" if shard_of else "")
             + (f" --repeat {g['repeat']}" if g["repeat"] > 1 else "")
+            + (f" --sequence {g['sequence']}" if g["sequence"] else "")
             + (f" --relations {g['relations']}" if g["relations"] else "")
             + (f" --shapes {g['shapes']}" if g["shapes"] else "") + (" --all-failures" if g["all_failures"] else ""))
 

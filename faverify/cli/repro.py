@@ -1,9 +1,8 @@
 """faverify repro."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -30,11 +29,9 @@ def repro(
                                              "(\"nondeterministic\")", min=1, max=1000)] = 1,
     isolate: Annotated[bool, typer.Option(help="Run the subject in a worker process, as fuzz does: a crash, a "
                                                "hang or an exit of the subject is a failing case")] = True,
-    after: Annotated[Optional[str], typer.Option(
-        help="Cases to run first, in the same process, in order: a JSON list, or @FILE holding it (a failure "
-             "that needs earlier calls prints its reproducer so)")] = None,
 ) -> int:
-    """Run one case (as printed by fuzz) and print its error table."""
+    """Run one case (as printed by fuzz) and print its error table. A case with `before` is a call sequence:
+    those calls run first, in the same process, each judged."""
     from faverify import devices
     from faverify.reports.report import METRIC_HEADERS, metrics_rows, table
     from faverify.run.evaluate import evaluate
@@ -42,7 +39,6 @@ def repro(
 
     tolerance = tolerance_from(factor, atol, tight)
     the_case = Case.from_json(_text("--case", case))
-    earlier = _cases("--after", _text("--after", after)) if after is not None else []
     subject = resolve(kernel)
     target = devices.resolve(device)[0]
     if isolate:
@@ -51,18 +47,17 @@ def repro(
         worker = Worker(kernel, str(target), mode.value, tolerance.to_dict(), timeout, repeat)
         try:
             with sigterm_interrupts():  # a stop ends the worker too, and what the kernel started
-                run = [worker.evaluate(c, False) for c in earlier]
                 result = worker.evaluate(the_case, gradcheck)
         finally:
             worker.stop()
     else:
-        def run_one(c, check):
-            return evaluate(subject, c, target, mode=mode.value, tolerance=tolerance, gradcheck=check, repeat=repeat)
-        run = [run_one(c, False) for c in earlier]
-        result = run_one(the_case, gradcheck)
-    for i, r in enumerate(run):
-        say(f"earlier call {i + 1} of {len(run)}: {r.status} on {r.case.short()}")
+        result = evaluate(subject, the_case, target, mode=mode.value, tolerance=tolerance, gradcheck=gradcheck,
+                          repeat=repeat)
+    for i, call in enumerate(the_case.before):
+        say(f"earlier call {i + 1} of {len(the_case.before)}: {call.short()}")
     say(f"{kernel} on {target}: {the_case.short()}")
+    if the_case.before and result.case != the_case:  # an earlier call failed: the sequence ended there
+        say(f"failed at call {len(result.case.before) + 1} of {len(the_case.before) + 1}: {result.case.short()}")
     if result.metrics:
         say(table(metrics_rows(result.metrics), METRIC_HEADERS, "table"))
     if result.gradcheck and not result.gradcheck["skipped"]:
@@ -85,13 +80,3 @@ def _text(option: str, value: str) -> str:
     except UnicodeDecodeError:
         raise UsageError(option, value, "the file is not text (it must hold JSON)") from None
 
-
-def _cases(option: str, text: str) -> list:
-    """A JSON list of cases, each as `--case` takes it."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(option, text[:80], f"is not valid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(data, list):
-        raise UsageError(option, text[:80], "must be a JSON list of cases")
-    return [Case.from_dict(c) for c in data]

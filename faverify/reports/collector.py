@@ -6,6 +6,7 @@ import shlex
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from faverify.cases.case import Case
 from faverify.cases.edges import edges_of
 from faverify.cases.vocabulary import FEATURES, SPLIT_TENSORS, TENSORS
 from faverify.reports.case_result import CaseResult
@@ -36,18 +37,19 @@ class Failure:
     replayed: str = NOT_REPLAYED  # REPLAY_FAILED, REPLAY_PASSED, or not replayed (an interrupted run's)
     replay_reason: str = ""  # what the replay said: its failure's reason, or why it was not replayed
     companions: tuple = ()  # the other signatures of the same root, found with it and not shrunk apart
-    # a failure that passes alone: the earlier calls it needs in the same process (Case JSON, oldest first)
-    # and the case that fails after them (confirm.earlier_calls); its reproducer replays them all
-    after: tuple = ()
-    after_case: str = ""
+    # a failure that passes alone: the call sequence that fails again in one fresh process, as Case JSON
+    # whose `before` holds the earlier calls (confirm.earlier_calls); its reproducer replays them all
+    sequence: str = ""
 
     @property
     def reproducer(self) -> str:
         device = self.minimal.device.split(":")[0] if self.minimal.device else ""
-        if self.after:
-            earlier = "[" + ",".join(self.after) + "]"
-            return repro_command(self.kernel, self.after_case, device, self.flags + ("--after", earlier))
-        return repro_command(self.kernel, self.minimal.case.to_json(), device, self.flags)
+        return repro_command(self.kernel, self.sequence or self.minimal.case.to_json(), device, self.flags)
+
+    @property
+    def earlier_calls(self) -> int:
+        """The calls its reproducer makes before the one that fails."""
+        return len(Case.from_json(self.sequence).before) if self.sequence else len(self.minimal.case.before)
 
     @property
     def reproduced(self) -> bool:
@@ -58,8 +60,7 @@ class Failure:
                 "shrink_steps": self.shrink_steps, "note": self.note, "reproducer": self.reproducer,
                 "flags": list(self.flags), "replayed": self.replayed, "replay_reason": self.replay_reason,
                 "companions": list(self.companions), "first": self.first.to_dict(), "minimal": self.minimal.to_dict(),
-                "after": [json.loads(c) for c in self.after], "after_case": json.loads(self.after_case) if
-                self.after_case else None}
+                "sequence": json.loads(self.sequence) if self.sequence else None}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Failure":
@@ -68,9 +69,17 @@ class Failure:
                    minimal=CaseResult.from_dict(d["minimal"]), occurrences=d["occurrences"],
                    shrink_steps=d["shrink_steps"], note=d.get("note", ""), flags=tuple(d.get("flags", ())),
                    replayed=d.get("replayed", NOT_REPLAYED), replay_reason=d.get("replay_reason", ""),
-                   companions=tuple(d.get("companions", ())),
-                   after=tuple(json.dumps(c, separators=(",", ":")) for c in d.get("after", ())),
-                   after_case=json.dumps(d["after_case"], separators=(",", ":")) if d.get("after_case") else "")
+                   companions=tuple(d.get("companions", ())), sequence=_sequence_of(d))
+
+
+def _sequence_of(d: dict) -> str:
+    """A failure's call sequence as Case JSON: schema 8's `sequence`, or schema 7's `after` (the earlier
+    calls) and `after_case` (the failing one)."""
+    if d.get("sequence"):
+        return Case.from_dict(d["sequence"]).to_json()
+    if d.get("after_case"):
+        return Case.from_dict({**d["after_case"], "before": list(d.get("after", ()))}).to_json()
+    return ""
 
 
 def _quantile(values: list, q: float) -> float:
@@ -105,6 +114,7 @@ class KernelStats:
     # feature (or "dense") -> cases run, failed, and the largest error over allowed of any tensor
     by_feature: dict = field(default_factory=dict)
     restarts: int = 0  # worker processes started again after a crash or a timeout
+    calls: int = 0  # the subject's calls judged: a case's, or each call of a sequence (Case.before) up to its end
     warmup_cases: int = 0  # unjudged cases run first so each compiled variant compiles once (parallel.warm_up)
     warmup_seconds: float = 0.0
     memory_retried: int = 0  # cases skipped for memory beside other workers, run again alone (parallel.py)
@@ -131,6 +141,7 @@ class KernelStats:
 
     def add(self, r: CaseResult) -> None:
         self.counts[r.status] += 1
+        self.calls += 1 + len(r.case.before)
         used = r.case.features() or ("dense",)
         self.features.update(used)
         if r.status != "skip":
@@ -257,7 +268,7 @@ class KernelStats:
                 "edges": {e: self.edges[e] for e in self.edges_listed},
                 "conventions": self.conventions,
                 "by_feature": {f: self.by_feature[f] for f in ("dense",) + FEATURES if f in self.by_feature},
-                "worker_restarts": self.restarts,
+                "worker_restarts": self.restarts, "calls": self.calls,
                 "warmup": {"cases": self.warmup_cases, "seconds": round(self.warmup_seconds, 2)},
                 "memory_retried": self.memory_retried,
                 "replayed": {"cases": self.replay["cases"], "failed": self.replay["failed"],

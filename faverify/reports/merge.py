@@ -120,6 +120,7 @@ def _merged_kernel(name: str, shards: list) -> KernelStats:
             if u == u and not u <= row["usage_max"]:
                 row["usage_max"] = u
         stats.restarts += s.get("worker_restarts", 0)
+        stats.calls += s.get("calls", s["cases"])
         stats.warmup_cases += s.get("warmup", {}).get("cases", 0)
         stats.warmup_seconds += s.get("warmup", {}).get("seconds", 0.0)
         stats.memory_retried += s.get("memory_retried", 0)

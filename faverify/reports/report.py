@@ -2,6 +2,7 @@
 string a run file carries is escaped on its way into Markdown (tables.py says why)."""
 from __future__ import annotations
 
+from faverify.cases.case import Case
 from faverify.cases.edges import EDGE_FLOOR
 from faverify.dtypes import UNIT_ROUNDOFF
 from faverify.env import header_lines
@@ -48,6 +49,8 @@ def failure_block(f: Failure, style: str) -> str:
                      + (f"; {f.note}" if f.note else "") + companions),
              st.text(f"minimal case: {m.case.short()}"),
              st.text(f"reason: {m.reason}")]
+    if f.sequence and Case.from_json(f.sequence) != m.case:  # what fails again in a fresh process
+        lines.append(st.text(f"fails again in one fresh process as: {Case.from_json(f.sequence).short()}"))
     parts = ["\n".join(st.item(line) for line in lines),
              f"```json\n{m.case.to_json()}\n```" if st.md else m.case.to_json()]
     if m.metrics:
@@ -60,8 +63,8 @@ def reproducer_line(f: Failure, style: str) -> str:
     """The reproducer of a failure seen to fail when replayed alone (confirm.py); otherwise what the replay
     found, and no line that would pass."""
     st = Style(style)
-    if f.reproduced and f.after:
-        return f"reproduce (after {len(f.after)} earlier call(s) in one process): {st.code(f.reproducer)}"
+    if f.reproduced and f.earlier_calls:
+        return f"reproduce (after {f.earlier_calls} earlier call(s) in one process): {st.code(f.reproducer)}"
     if f.reproduced:
         return f"reproduce: {st.code(f.reproducer)}"
     if f.replayed == REPLAY_PASSED:
@@ -151,6 +154,9 @@ def summary_lines(run: Run) -> list:
                       if s.get("errors") and s.get("error_reasons") else "")
     return [
         ("faverify's own errors (a bug in faverify, not counted against the kernel; the run exits 2)", own),
+        ("call sequences (--sequence: each case the last call of one, every call judged)",
+         _per_kernel(run, lambda s: f"{s['cases']} sequences, {s['calls']} calls"
+                     if s.get("calls", s["cases"]) != s["cases"] else "")),
         ("cases per device", _per_kernel(run, lambda s: ", ".join(f"{d} {n}" for d, n in
                                                                    sorted(s.get("per_device", {}).items())))),
         ("relations checked bit for bit (run/relations.py; a promised one broken fails)", _per_kernel(run, _relations)),

@@ -5,11 +5,16 @@ process, with the settings its reproducer line carries (mode, tolerance, gradien
 as `faverify repro` runs it. A case that fails there has a reproducer. One that passes failed only after
 earlier calls in the same worker: state a kernel carried from one call into the next. Then the cases that
 worker ran before the first failing one are replayed before it, in one fresh worker, and cut to the fewest
-that still make it fail (earlier_calls); the reproducer replays that sequence (`faverify repro --after`).
+that still make it fail (earlier_calls); the reproducer replays that call sequence (a case whose `before`
+holds the earlier calls).
 Where no sequence fails again, the report says so, and prints no line that would pass.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
+from faverify.cases.case import Case
+from faverify.cases.checks import MAX_CALLS
 from faverify.judge.verdict import DEFAULT_ATOL, DEFAULT_FACTOR, DEFAULT_TIGHT, Tolerance
 from faverify.reports.collector import REPLAY_FAILED, REPLAY_PASSED, Failure
 from faverify.run.isolation import Worker
@@ -51,12 +56,12 @@ def confirm(failures: list, kernel: str, device, *, mode: str, tolerance: Tolera
         result = replay(f, kernel, device, **settings)
         f.replayed = REPLAY_FAILED if result.failed else REPLAY_PASSED
         f.replay_reason = result.reason if result.failed else PASSED_ALONE
-        if not result.failed and f.first.history:
+        if not result.failed and (f.first.history or f.first.case.before):
             found = earlier_calls(f, kernel, device, **settings)
             if found is not None:
-                f.after, f.after_case = tuple(c.to_json() for c in found[:-1]), found[-1].to_json()
+                f.sequence = found.to_json()
                 f.replayed = REPLAY_FAILED
-                f.replay_reason = (f"passes alone; fails after {len(found) - 1} earlier call(s) in one process, "
+                f.replay_reason = (f"passes alone; fails after {len(found.before)} earlier call(s) in one process, "
                                    "a state carried from call to call")
 
 
@@ -73,49 +78,60 @@ def replay(f: Failure, kernel: str, device, *, mode: str, tolerance: Tolerance, 
 SEQUENCE_TRIALS = 24
 
 
-def _fails_after(earlier: list, case, f: Failure, kernel: str, device, **settings) -> bool:
-    """Whether `case`, run after `earlier` in one fresh worker, fails as `f` did (its signature, or a crash
-    or timeout where it was one)."""
+def _fails(case, f: Failure, kernel: str, device, **settings) -> bool:
+    """Whether `case` (a call sequence) fails in one fresh worker as `f` did (its signature, or a crash or
+    timeout where it was one)."""
     worker = Worker(kernel, str(device), settings["mode"], settings["tolerance"].to_dict(), settings["timeout"],
                     settings["repeat"])
     try:
-        for c in earlier:
-            worker.evaluate(c, False)
         r = worker.evaluate(case, f.signature.startswith("gradcheck"))
     finally:
         worker.stop()
     return r.failed and (f.signature in r.signatures or f.signature == r.status)
 
 
-def earlier_calls(f: Failure, kernel: str, device, **settings) -> list | None:
-    """The fewest earlier calls, then the failing case, that fail again in one fresh worker: the cases the
-    first failing case's worker ran before it, cut by halves, then one by one (at most SEQUENCE_TRIALS
-    sequences). The shrunk minimal case takes the first one's place where it fails there too. None where
-    even the whole history does not make the case fail again."""
-    earlier, target, trials = list(f.first.history), f.first.case, 1
+def earlier_calls(f: Failure, kernel: str, device, **settings) -> Case | None:
+    """The fewest earlier calls before a failing case that make it fail again in one fresh worker, as a call
+    sequence (Case.before): those before the minimal case in its worker first, then those before the first
+    failing case (the minimal one, shrunk in a worker that kept state from other cases, may fail after none of
+    its own). None where neither history makes its case fail again."""
+    seen = []
+    for result in (f.minimal, f.first):
+        earlier = [c for case in result.history for c in case.before + (replace(case, before=()),)]
+        sequence = replace(result.case, before=tuple((earlier + list(result.case.before))[-(MAX_CALLS - 1):]))
+        if sequence not in seen:
+            seen.append(sequence)
+            found = _cut(sequence, f, kernel, device, **settings)
+            if found is not None:
+                return found
+    return None
 
-    def fails(cases: list, case) -> bool:
+
+def _cut(sequence: Case, f: Failure, kernel: str, device, **settings) -> Case | None:
+    """The sequence with the fewest earlier calls that still fails as f did: cut by halves, then one by one
+    (at most SEQUENCE_TRIALS sequences); None where the whole of it passes."""
+    earlier, target, trials = list(sequence.before), replace(sequence, before=()), 1
+
+    def fails(cases: list) -> bool:
         nonlocal trials
         trials += 1
-        return _fails_after(cases, case, f, kernel, device, **settings)
+        return _fails(replace(target, before=tuple(cases)), f, kernel, device, **settings)
 
-    if not _fails_after(earlier, target, f, kernel, device, **settings):
+    if not _fails(sequence, f, kernel, device, **settings):
         return None
     size = max(1, len(earlier) // 2)
     while earlier and trials < SEQUENCE_TRIALS:
         cut = False
         for start in range(0, len(earlier), size):
             kept = earlier[:start] + earlier[start + size:]
-            if trials < SEQUENCE_TRIALS and fails(kept, target):
+            if trials < SEQUENCE_TRIALS and fails(kept):
                 earlier, cut = kept, True
                 break
         if not cut:
             if size == 1:
                 break
             size = max(1, size // 2)
-    if f.minimal.case != target and trials < SEQUENCE_TRIALS and fails(earlier, f.minimal.case):
-        target = f.minimal.case
-    return earlier + [target]
+    return replace(target, before=tuple(earlier))
 
 
 def unconfirmed(failures: list, why: str) -> None:

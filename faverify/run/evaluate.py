@@ -5,6 +5,7 @@ any other exception in the subject is a failing case with its message. Only our 
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -55,6 +56,9 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
     recorded beside those the subject promises, failing nothing."""
     device = torch.device(device)
     tolerance = tolerance or Tolerance()
+    if case.before:
+        return _sequence(subject, case, device, dict(mode=mode, tolerance=tolerance, gradcheck=gradcheck,
+                                                     in_worker=in_worker, repeat=repeat, tell=tell, measure=measure))
     start = time.perf_counter()
     clock = _Clock(device, tell)
     subject.take_paths()  # whatever ran (or compiled: a warm-up) before this case is not its
@@ -82,6 +86,28 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
     result.phases = clock.laps
     result.device = str(device)
     return result
+
+
+def _sequence(subject: Subject, case: Case, device: torch.device, settings: dict) -> CaseResult:
+    """A call sequence, in this process: each call judged in turn, each with a timeout of its own. The first
+    that fails is the result, its case the sequence cut after it (a failure of the calls before the last is
+    theirs); else the last call's, as the whole sequence. The phases are the calls' together."""
+    calls = case.before + (dataclasses.replace(case, before=()),)
+    phases: dict = {}
+    seconds = 0.0
+    for i, call in enumerate(calls):
+        if i and settings["tell"]:
+            settings["tell"]("subject")  # the subject's time again: the next call's
+        last = i == len(calls) - 1
+        r = evaluate(subject, call, device, **{**settings, "gradcheck": settings["gradcheck"] and last})
+        seconds += r.seconds
+        for phase, t in r.phases.items():
+            phases[phase] = phases.get(phase, 0.0) + t
+        if r.failed or r.status == "error" or last:
+            r.case = dataclasses.replace(call, before=case.before[:i])
+            r.phases, r.seconds = phases, seconds
+            return r
+    raise AssertionError("unreachable: the last call returns")
 
 
 def exercise(subject: Subject, case: Case, device: torch.device | str, mode: str = "both") -> None:

@@ -49,8 +49,6 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
     KeyboardInterrupt (and SIGTERM, turned into one by the CLI) stops the run early: what was measured
     so far is still returned, so nothing the user asked to write is lost.
     """
-
-
     devices = [torch.device(d) for d in devices]
     # a shard runs its part of the seed's up-front draw: the parallel mode's, even on one worker
     parallel = isolate and (workers * len(devices) > 1 or plan.shard is not None)
@@ -194,4 +192,6 @@ def _document(kernels, plan, devices, mode, tolerance, command, workers, paralle
         settings_doc["shard"] = f"{plan.shard[0]}/{plan.shard[1]}"
     if plan.shapes:
         settings_doc["shapes"] = plan.shapes
+    if plan.sequence:
+        settings_doc["sequence"] = plan.sequence
     return Run.from_stats(command, environment.collect(), settings_doc, tolerance.to_dict(), all_stats)

@@ -15,7 +15,6 @@ from hypothesis import Phase, given, seed
 from hypothesis.errors import Flaky
 
 from faverify.cases.case import Case
-from faverify.cases.strategies import cases
 from faverify.judge.gradcheck import dtype_for
 from faverify.reports.case_result import CaseResult, skipped_for_memory
 from faverify.reports.collector import Failure, KernelStats, Roots
@@ -31,7 +30,7 @@ _REPLAYABLE = (Phase.generate, Phase.shrink)
 def _replayable(plan: FuzzPlan, body: Callable[[Case], None]):
     """The plan's seeded Hypothesis test around body: the draw and every replay of it are built here."""
     return hypothesis_settings(plan, examples=plan.iters, database=None, phases=_REPLAYABLE)(
-        seed(plan.seed)(given(cases(**plan.case_args()))(body)))
+        seed(plan.seed)(given(plan.strategy())(body)))
 
 
 def _draw(plan: FuzzPlan, keep: Callable[[Case], None]) -> None:

@@ -14,8 +14,9 @@ from typing import Callable
 
 from hypothesis import HealthCheck, Verbosity, settings
 
+from faverify.cases.calls import sequences
 from faverify.cases.case import Case
-from faverify.cases.strategies import Limits
+from faverify.cases.strategies import Limits, cases
 from faverify.reports.case_result import CaseResult
 
 Evaluate = Callable[[Case, bool], CaseResult]  # (case, with gradient check) -> result
@@ -45,6 +46,14 @@ class FuzzPlan:
     # every distinct signature shrunk as a failure of its own (`--all-failures`); by default one failure per
     # root, its companions (the other signatures found on the same cases) reported with it (Roots)
     all_failures: bool = False
+    # call sequences (`--sequence N`): each example up to N calls in one process (cases/calls.py); 0: one call
+    sequence: int = 0
+
+    def strategy(self):
+        """What each example draws: a case, or a call sequence ending in one."""
+        if self.sequence:
+            return sequences(calls=self.sequence, **self.case_args())
+        return cases(**self.case_args())
 
     def case_args(self) -> dict:
         args = dict(self.narrow or {}, limits=self.limits)

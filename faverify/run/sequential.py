@@ -15,7 +15,6 @@ from hypothesis import Phase, given, seed, target
 from hypothesis.errors import Flaky
 
 from faverify.cases.case import Case
-from faverify.cases.strategies import cases
 from faverify.reports.case_result import CaseResult
 from faverify.reports.collector import Failure, KernelStats, Roots
 from faverify.run.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings, seed_only
@@ -75,7 +74,7 @@ def _fuzz_sequential(kernel, plan, evaluate, stats, progress) -> KernelStats:
         # sdpa-math left up to 9 of the edges edges.py lists under 3 cases
         phases = (Phase.explicit, Phase.generate) + ((Phase.target,) if steer else ()) + (Phase.shrink,)
         test = hypothesis_settings(plan, examples=end - generated, database=None, phases=phases)(
-            seed(plan.seed + rounds)(given(cases(**plan.case_args()))(run_one)))
+            seed(plan.seed + rounds)(given(plan.strategy())(run_one)))
         before = generated
         note = ""
         try:
