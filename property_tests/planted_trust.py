@@ -275,9 +275,43 @@ def relations_kept(q, k, v, *, causal, softmax_scale):
     return reference(q, k, v, causal=causal, scale=scale)[0]["out"].to(q.dtype)
 
 
+def run_dependent(q, k, v, *, causal, softmax_scale):
+    """Moves out by one ulp on every other call (an atomic reduction in another order): breaks the repeat
+    relation it promises, inside the tolerance."""
+    from property_tests.planted import nondeterministic
+    return nondeterministic(q, k, v, causal=causal, softmax_scale=softmax_scale).detach()
+
+
+def _split_call(q, k, v, causal, softmax_scale, num_splits, exact: bool):
+    """(out, lse, out_splits, lse_splits) of a split-KV call: the partials of planted_ragged._split; out and
+    lse its combine of them, or (exact) the FP64 attention rounded, the same bits whatever the splits."""
+    from faverify.judge.reference import reference
+    from property_tests.planted_ragged import _split
+    out, lse, outs, lses = _split(q, k, v, causal, softmax_scale, num_splits, drop_last_key=False)
+    if exact:
+        scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+        whole = reference(q, k, v, causal=causal, scale=scale)[0]
+        out, lse = whole["out"].to(q.dtype), whole["lse"].float()
+    return out, lse, outs, lses
+
+
+def splits_dependent(q, k, v, *, causal, softmax_scale, num_splits=1):
+    """Right, but its combine of N partials rounds otherwise than one split: breaks the splits relation it
+    promises."""
+    return _split_call(q, k, v, causal, softmax_scale, num_splits, exact=False)
+
+
+def splits_kept(q, k, v, *, causal, softmax_scale, num_splits=1):
+    """The control of splits_dependent: out and lse the same bits whatever the splits."""
+    return _split_call(q, k, v, causal, softmax_scale, num_splits, exact=True)
+
+
 batch_dependent.faverify_capabilities = {"backward": False, "relations": ["batch"]}
 decode_dependent.faverify_capabilities = {"backward": False, "relations": ["decode"]}
-relations_kept.faverify_capabilities = {"backward": False, "relations": ["batch", "decode"]}
+run_dependent.faverify_capabilities = {"backward": False, "relations": ["repeat"]}
+relations_kept.faverify_capabilities = {"backward": False, "relations": ["batch", "decode", "repeat"]}
+for _fn in (splits_dependent, splits_kept):
+    _fn.faverify_capabilities = {"backward": False, "splits": True, "lse": True, "relations": ["splits"]}
 
 
 _COMPILED: dict = {}

@@ -52,5 +52,29 @@ def test_relations_asked_for_are_measured_on_a_subject_that_promises_none(tmp_pa
     assert set(measured) == {"batch", "decode"} and not any(m["promised"] for m in measured.values())
     assert all(0 <= m["equal"] <= m["checked"] and m["checked"] > 0 for m in measured.values()), measured
     assert "batch (measured)" in r.stderr and "decode (measured)" in r.stderr, r.stderr
-    bad = cli("fuzz", "--kernel", "sdpa-math", "--iters", "1", "--device", "cpu", "--relations", "splits")
-    assert bad.exit_code == 2 and "--relations" in bad.stderr and "batch, decode" in bad.stderr, bad.stderr
+    bad = cli("fuzz", "--kernel", "sdpa-math", "--iters", "1", "--device", "cpu", "--relations", "order")
+    assert bad.exit_code == 2 and "--relations" in bad.stderr and "batch, decode, repeat, splits" in bad.stderr, \
+        bad.stderr
+
+
+def test_a_call_that_differs_when_repeated_fails_the_repeat_relation():
+    case = Case(2, 9, 7, 2, 1, 16, dtype="bf16", seed=3)
+    r = evaluate(resolve(f"{PLANTED}:run_dependent"), case, "cpu", mode="fwd")
+    assert r.status == "fail" and r.signatures == ["relation:repeat"], (r.signatures, r.reason)
+    assert "out of the second call" in r.reason, r.reason
+    good = evaluate(resolve(f"{PLANTED}:relations_kept"), case, "cpu", mode="fwd")
+    assert good.status == "pass" and good.relations["repeat"]["equal"], good.relations
+
+
+def test_a_split_call_that_differs_from_one_split_fails_the_splits_relation():
+    """Each call within tolerance of FP64, but N splits and one give other bits: a subject that promises
+    the relation fails; its control, the same bits whatever the splits, passes; a case of one split is not
+    checked."""
+    case = Case(1, 5, 40, 2, 1, 16, dtype="bf16", splits=4, seed=4)
+    r = evaluate(resolve(f"{PLANTED}:splits_dependent"), case, "cpu", mode="fwd")
+    assert r.status == "fail" and r.signatures == ["relation:splits"], (r.signatures, r.reason)
+    assert "of one split" in r.reason, r.reason
+    good = evaluate(resolve(f"{PLANTED}:splits_kept"), case, "cpu", mode="fwd")
+    assert good.status == "pass" and good.relations["splits"]["equal"], (good.reason, good.relations)
+    one = evaluate(resolve(f"{PLANTED}:splits_kept"), Case(1, 5, 40, 2, 1, 16, seed=4), "cpu", mode="fwd")
+    assert one.relations["splits"]["checked"] == 0

@@ -65,9 +65,10 @@ def fuzz(
              "logits, rows with no key...), every call judged; 0: one call an example",
         callback=within(0, MAX_CALLS))] = 0,
     relations: Annotated[Optional[str], typer.Option(
-        help="Relations between calls to measure on every subject, comma separated (batch, decode): each batch "
-             "entry alone against its row, the last query row alone against its row, bit for bit; reported, "
-             "failing only a subject that promises them")] = None,
+        help="Relations between calls to measure on every subject, comma separated (batch, decode, repeat, "
+             "splits): each batch entry alone against its row, the last query row alone against its row, the "
+             "same call twice, one split against the case's splits, bit for bit; reported, failing only a "
+             "subject that promises them")] = None,
     factor: FactorOpt = None,
     atol: AtolOpt = None,
     tight: TightOpt = None,

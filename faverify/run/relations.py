@@ -9,7 +9,15 @@ decode: the last query row of a call, computed alone against the same keys (a de
 aligned as every call is), gives that row of the call: out, lse and its dq. A decode path that sums in
 another order than the prefill path breaks it.
 
-A case neither can cut (ragged, masked, biased, one entry or one row) is not checked.
+repeat: the same call again, on fresh copies of the same inputs, gives the same bits: every tensor. An
+atomic reduction whose order varies from run to run breaks it (`--repeat N` fails any difference over N
+runs on every subject).
+
+splits: a split-KV call with its case's N splits gives the bits of the same call with one split (out and
+lse). A subject that promises it combines its partials so; one that does not is measured, its difference
+judged against FP64 on each call alone as always.
+
+A case a relation cannot cut (ragged, masked, biased, one entry or one row, no splits) is not checked.
 """
 from __future__ import annotations
 
@@ -61,7 +69,32 @@ def decode_relation(subject: Subject, case: Case, pristine: Inputs, got: dict, b
     return {"checked": 1, "equal": not where, "max_diff": worst, "where": where}
 
 
-RELATION_CHECKS = {"batch": batch_relation, "decode": decode_relation}
+def repeat_relation(subject: Subject, case: Case, pristine: Inputs, got: dict, backward: bool) -> dict:
+    """The same call again; as batch_relation."""
+    x = lay_out(case, pristine, requires_grad=backward)
+    wrt = x.differentiable() if backward else {}
+    out, lse = subject(x.q, x.k, x.v, case, x.extras())
+    mine = {"out": out, "lse": lse}
+    if wrt and out.requires_grad:
+        mine.update(zip(wrt, torch.autograd.grad(out, tuple(wrt.values()), x.dout, allow_unused=True)))
+    worst, where = _worse((0.0, ""), _differ(mine, got), "the second call")
+    return {"checked": 1, "equal": not where, "max_diff": worst, "where": where}
+
+
+def splits_relation(subject: Subject, case: Case, pristine: Inputs, got: dict, backward: bool) -> dict:
+    """The call with one split against the case's; as batch_relation. Forward only: splits are a decode's."""
+    if case.splits < 2 or not subject.caps.splits:
+        return {"checked": 0}
+    one = dataclasses.replace(case, splits=1)
+    x = lay_out(case, pristine, requires_grad=False)
+    with torch.no_grad():
+        out, lse = subject(x.q, x.k, x.v, one, x.extras())
+    worst, where = _worse((0.0, ""), _differ({"out": out, "lse": lse}, got), "one split")
+    return {"checked": 1, "equal": not where, "max_diff": worst, "where": where}
+
+
+RELATION_CHECKS = {"batch": batch_relation, "decode": decode_relation, "repeat": repeat_relation,
+                   "splits": splits_relation}
 
 
 def _call(subject: Subject, case: Case, qkv: tuple, extras: dict, dout, names: tuple) -> dict:

@@ -19,7 +19,8 @@ from faverify.cases.case import Case
 from faverify.cases.vocabulary import DTYPES, FEATURES, INITS, MAX_HEAD_DIM_V
 
 INPUTS = ("q", "k", "v", "dout")  # what a subject is given: dout through autograd
-RELATIONS = ("batch", "decode")  # the relations between calls a subject may promise (run/relations.py)
+# the relations between calls a subject may promise (run/relations.py)
+RELATIONS = ("batch", "decode", "repeat", "splits")
 # The keywords each variant feature is passed by (flash-attn's names); head_dim_v has none: v's shape says it.
 KEYWORDS = {"window": ("window_size",), "softcap": ("softcap",), "alibi": ("alibi_slopes",), "sinks": ("sinks",),
             "varlen": ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
@@ -87,9 +88,10 @@ class Capabilities:
     # where causal aligns, lse's base, the lse of a row that sees no key, ALiBi's form: a preset's name
     # (conventions.PRESETS: "flash-attn-2", "flashinfer", ...) or a dict of conventions.Conventions' fields
     conventions: object = _conventions.DEFAULT
-    # relations between calls the subject promises (run/relations.py): "batch", each batch entry computed
-    # alone gives its row of the batched call bit for bit; "decode", the last query row computed alone gives
-    # that row; a broken promise fails the case (relation:batch, relation:decode)
+    # relations between calls the subject promises (run/relations.py), bit for bit: "batch", each batch entry
+    # computed alone gives its row of the batched call; "decode", the last query row computed alone gives
+    # that row; "repeat", the same call twice gives the same bits; "splits", a split-KV call gives the bits
+    # of the call with one split. A broken promise fails the case (relation:batch, ...)
     relations: tuple = ()
 
     def __post_init__(self) -> None:
