@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -29,6 +29,9 @@ def repro(
                                              "(\"nondeterministic\")", min=1, max=1000)] = 1,
     isolate: Annotated[bool, typer.Option(help="Run the subject in a worker process, as fuzz does: a crash, a "
                                                "hang or an exit of the subject is a failing case")] = True,
+    standalone: Annotated[Optional[Path], typer.Option(
+        help="Also write FILE.py (and its inputs, FILE.pt) that runs this case with torch and the subject alone, "
+             "without faverify: exit 1 while the error is past faverify's tolerance, 0 once fixed")] = None,
 ) -> int:
     """Run one case (as printed by fuzz) and print its error table. A case with `before` is a call sequence:
     those calls run first, in the same process, each judged."""
@@ -41,6 +44,13 @@ def repro(
     the_case = Case.from_json(_text("--case", case))
     subject = resolve(kernel)
     target = devices.resolve(device)[0]
+    if standalone is not None:
+        from faverify.cli.common import check_writable
+        from faverify.commands.standalone import refusal
+        why = refusal(subject, the_case)
+        if why:
+            raise UsageError("--standalone", str(standalone), why)
+        check_writable("--standalone", standalone)
     if isolate:
         from faverify.run.isolation import Worker
         from faverify.run.signals import sigterm_interrupts
@@ -64,6 +74,10 @@ def repro(
         g = result.gradcheck
         say(f"gradient check ({g['dtype']}): relative error {g['rel_err']:.3g}, allowed {g['allowed']:.3g}")
     say(f"verdict: {result.status}" + (f" ({result.reason})" if result.reason else ""))
+    if standalone is not None and result.status != "skip":
+        from faverify.commands.standalone import write
+        inputs = write(standalone, subject, the_case, result, target)
+        say(f"wrote {standalone} and its inputs {inputs}: python {standalone} runs it without faverify")
     if result.status == "skip":
         raise EnvironmentProblem(f"the case was skipped: {result.reason}")
     return 1 if result.failed else 0

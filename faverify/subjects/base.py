@@ -214,6 +214,10 @@ class Subject:
     # reports them as its "compile" phase, apart from the kernel's; or a dict of such phases (the Triton
     # kernels: {"compile": ..., "load": ...}, a build compiled or loaded from the JIT's cache). None: not told.
     compile_seconds: Callable[[], float | dict] | None = None
+    # The source of `call(q, k, v, causal, softmax_scale)` -> out or (out, lse), with its imports, in plain
+    # torch and the subject's library alone: `faverify repro --standalone` writes it into a script that runs
+    # without faverify (commands/standalone.py). "": the subject has none.
+    standalone: str = ""
 
     def take_paths(self) -> list:
         return self.paths() if self.paths is not None else []

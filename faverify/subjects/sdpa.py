@@ -91,7 +91,25 @@ def make(name: str) -> Subject:
     if caps.varlen or caps.paged:  # one sequence at a time (a reference path: per_sequence.py)
         from faverify.subjects.per_sequence import ragged
         fn = ragged(fn)
-    return Subject(name=name, fn=fn, caps=caps, description=description)
+    return Subject(name=name, fn=fn, caps=caps, description=description,
+                   standalone=STANDALONE.format(backend=backend_name))
+
+
+# what `repro --standalone` writes for a dense case: the call above without faverify's variant paths
+STANDALONE = '''import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
+
+
+def call(q, k, v, causal, softmax_scale):
+    """SDPA takes [b, h, s, d]; causal bottom-right where sq != sk (is_causal is top-left)."""
+    sq, sk = q.shape[1], k.shape[1]
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    mask = causal_lower_right(sq, sk) if causal and sq != sk else None
+    with sdpa_kernel(SDPBackend.{backend}):
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal and sq == sk,
+                                             scale=softmax_scale, enable_gqa=kt.shape[1] != qt.shape[1])
+    return out.transpose(1, 2)'''
 
 
 def _refuses_bias_dtype(name: str, attn_mask, q) -> None:

@@ -53,4 +53,15 @@ def load(spec: str) -> Subject:
         raise UsageError("--kernel", spec, f"declares features whose keyword the function does not take: "
                                            f"{', '.join(missing)} (a declared feature is passed by that keyword)")
     doc = (fn.__doc__ or "").strip().splitlines()
-    return Subject(name=spec, fn=fn, caps=caps, description=doc[0] if doc else "user function")
+    return Subject(name=spec, fn=fn, caps=caps, description=doc[0] if doc else "user function",
+                   standalone=STANDALONE.format(module=module_name, function=attr))
+
+
+# what `repro --standalone` writes for a user's function: run from the directory faverify was run from, or
+# with the module on PYTHONPATH
+STANDALONE = '''sys.path.insert(0, ".")
+from {module} import {function} as attention  # noqa: E402
+
+
+def call(q, k, v, causal, softmax_scale):
+    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale)'''

@@ -1,0 +1,50 @@
+"""`faverify repro --standalone FILE.py`: a script that runs the case with torch and the subject alone."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from property_tests.cli_helpers import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+CASE = {"batch": 2, "seqlen_q": 9, "seqlen_k": 13, "nheads": 4, "nheads_k": 2, "head_dim": 16, "dtype": "bf16",
+        "causal": True, "seed": 3, "layout": "transposed"}
+
+
+def _without_faverify(script: Path):
+    """Run the script with plain python where `import faverify` fails, from the repository's root (where the
+    planted subjects' package is found)."""
+    runner = (f"import sys, runpy; sys.modules['faverify'] = None; sys.argv = [{str(script)!r}]; "
+              f"runpy.run_path({str(script)!r}, run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", runner], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("kernel, code", [("property_tests.planted:wrong_scale", 1),
+                                          ("property_tests.planted:correct", 0), ("sdpa-math", 0)])
+def test_the_script_runs_without_faverify_and_exits_1_while_the_bug_is_there(tmp_path, kernel, code):
+    script = tmp_path / "repro_case.py"
+    r = cli("repro", "--kernel", kernel, "--device", "cpu", "--case", json.dumps(CASE), "--standalone", script)
+    assert r.exit_code == code, r.stdout
+    text = script.read_text()
+    assert "import faverify" not in text and "from faverify" not in text
+    assert (tmp_path / "repro_case.pt").exists()
+    ran = _without_faverify(script)
+    assert ran.returncode == code, ran.stdout + ran.stderr
+    if code:  # the wrong tensor, where, and what was expected there
+        assert "out: FAIL, max error" in ran.stdout and " at [" in ran.stdout and "expected" in ran.stdout, ran.stdout
+    else:
+        assert "FAIL" not in ran.stdout and "out: pass" in ran.stdout, ran.stdout
+    assert "torch " in ran.stdout  # the version block
+
+
+def test_a_case_the_script_cannot_express_is_refused_before_it_runs(tmp_path):
+    windowed = {**CASE, "window": [2, 0]}
+    r = cli("repro", "--kernel", "sdpa-math", "--device", "cpu", "--case", json.dumps(windowed),
+            "--standalone", tmp_path / "r.py")
+    assert r.exit_code == 2 and "--standalone" in r.stderr and "window" in r.stderr, r.stderr
+    assert not (tmp_path / "r.py").exists()
+    r = cli("repro", "--kernel", "combine", "--device", "cpu", "--case", json.dumps(CASE), "--standalone",
+            tmp_path / "r.py")
+    assert r.exit_code == 2 and "has no standalone call" in r.stderr, r.stderr
