@@ -28,6 +28,8 @@ class CaseResult:
     device: str = ""
     paths: list = field(default_factory=list)  # the subject's code paths this case took (Subject.paths)
     relations: dict = field(default_factory=dict)  # relation -> its check on this case (run/relations.py)
+    compiles: int = 0  # what the subject compiled for this case (Subject.compiles)
+    compile_keys: list = field(default_factory=list)  # the configurations it needs (Subject.compile_key), as text
     # the cases the same process ran before this one, oldest first (isolation.Worker.history): what a failure
     # that passes alone may need before it; not written to the run file
     history: tuple = field(default=(), repr=False, compare=False)
@@ -40,7 +42,8 @@ class CaseResult:
         return {"kernel": self.kernel, "case": self.case.to_dict(), "status": self.status, "reason": self.reason,
                 "metrics": {k: m.to_dict() for k, m in self.metrics.items()}, "signatures": list(self.signatures),
                 "gradcheck": self.gradcheck, "seconds": self.seconds, "phases": self.phases, "device": self.device,
-                "paths": list(self.paths), "relations": self.relations}
+                "paths": list(self.paths), "relations": self.relations, "compiles": self.compiles,
+                "compile_keys": list(self.compile_keys)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CaseResult":
@@ -48,7 +51,8 @@ class CaseResult:
                    metrics={k: TensorMetrics.from_dict(m) for k, m in d["metrics"].items()},
                    signatures=list(d["signatures"]), gradcheck=d.get("gradcheck"), seconds=d["seconds"],
                    phases=d.get("phases", {}), device=d.get("device", ""), paths=list(d.get("paths", [])),
-                   relations=dict(d.get("relations", {})))
+                   relations=dict(d.get("relations", {})), compiles=d.get("compiles", 0),
+                   compile_keys=list(d.get("compile_keys", [])))
 
 
 def failure(kernel: str, case: Case, status: str, reason: str, signature: str, device: str = "") -> CaseResult:

@@ -115,6 +115,9 @@ class KernelStats:
     by_feature: dict = field(default_factory=dict)
     restarts: int = 0  # worker processes started again after a crash or a timeout
     calls: int = 0  # the subject's calls judged: a case's, or each call of a sequence (Case.before) up to its end
+    compiles: int = 0  # what the subject compiled, over the cases (Subject.compiles)
+    configurations: set = field(default_factory=set)  # the distinct compile keys of the cases run
+    shapes: int = 0  # the shape budget its cases were drawn under (--shapes, or the default of a compiling subject)
     warmup_cases: int = 0  # unjudged cases run first so each compiled variant compiles once (parallel.warm_up)
     warmup_seconds: float = 0.0
     memory_retried: int = 0  # cases skipped for memory beside other workers, run again alone (parallel.py)
@@ -142,6 +145,8 @@ class KernelStats:
     def add(self, r: CaseResult) -> None:
         self.counts[r.status] += 1
         self.calls += 1 + len(r.case.before)
+        self.compiles += r.compiles
+        self.configurations.update(r.compile_keys)
         used = r.case.features() or ("dense",)
         self.features.update(used)
         if r.status != "skip":
@@ -268,7 +273,8 @@ class KernelStats:
                 "edges": {e: self.edges[e] for e in self.edges_listed},
                 "conventions": self.conventions,
                 "by_feature": {f: self.by_feature[f] for f in ("dense",) + FEATURES if f in self.by_feature},
-                "worker_restarts": self.restarts, "calls": self.calls,
+                "worker_restarts": self.restarts, "calls": self.calls, "compiles": self.compiles,
+                "configurations": sorted(self.configurations), "shapes": self.shapes,
                 "warmup": {"cases": self.warmup_cases, "seconds": round(self.warmup_seconds, 2)},
                 "memory_retried": self.memory_retried,
                 "replayed": {"cases": self.replay["cases"], "failed": self.replay["failed"],

@@ -121,6 +121,8 @@ def _merged_kernel(name: str, shards: list) -> KernelStats:
                 row["usage_max"] = u
         stats.restarts += s.get("worker_restarts", 0)
         stats.calls += s.get("calls", s["cases"])
+        stats.compiles += s.get("compiles", 0)
+        stats.configurations.update(s.get("configurations", ()))
         stats.warmup_cases += s.get("warmup", {}).get("cases", 0)
         stats.warmup_seconds += s.get("warmup", {}).get("seconds", 0.0)
         stats.memory_retried += s.get("memory_retried", 0)

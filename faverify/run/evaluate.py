@@ -63,12 +63,16 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
     clock = _Clock(device, tell)
     subject.take_paths()  # whatever ran (or compiled: a warm-up) before this case is not its
     subject.take_compile_seconds()
+    subject.take_compiles()
     relations: dict = {}  # the records _evaluate leaves, relation by relation
     result = _evaluate(subject, case, device, mode, tolerance, clock, stored, in_worker, repeat, relations, measure)
     result.relations = relations
     if gives_back(case, device):
         torch.cuda.empty_cache()
     result.paths = subject.take_paths()
+    result.compiles = subject.take_compiles()
+    if subject.compile_key is not None:
+        result.compile_keys = [repr(k) for k in subject.compile_key(case, device.type)]
     compiling = subject.take_compile_seconds()
     if compiling:  # the compiler's time (or the JIT cache's), not the kernel's: phases of their own
         clock.laps.update(compiling)

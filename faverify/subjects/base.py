@@ -214,6 +214,11 @@ class Subject:
     # reports them as its "compile" phase, apart from the kernel's; or a dict of such phases (the Triton
     # kernels: {"compile": ..., "load": ...}, a build compiled or loaded from the JIT's cache). None: not told.
     compile_seconds: Callable[[], float | dict] | None = None
+    # The compiles its calls made since the last call (a JIT that compiles per configuration), and the
+    # configurations a case's calls need, as hashable keys (case, device type): a fuzz of a subject that
+    # declares them draws within a shape budget unless told otherwise, and counts both. None: not told.
+    compiles: Callable[[], int] | None = None
+    compile_key: Callable[[Case, str], tuple] | None = None
     # The source of `call(q, k, v, causal, softmax_scale)` -> out or (out, lse), with its imports, in plain
     # torch and the subject's library alone: `faverify repro --standalone` writes it into a script that runs
     # without faverify (commands/standalone.py). "": the subject has none.
@@ -221,6 +226,9 @@ class Subject:
 
     def take_paths(self) -> list:
         return self.paths() if self.paths is not None else []
+
+    def take_compiles(self) -> int:
+        return self.compiles() if self.compiles is not None else 0
 
     def take_compile_seconds(self) -> dict:
         """Phase -> seconds spent compiling since the last take (compile_seconds)."""

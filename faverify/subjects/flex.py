@@ -21,8 +21,7 @@ from faverify.subjects.base import Capabilities, Subject
 _UNBOUNDED = 1 << 30  # a window side with no bound
 _PARAMS: dict = {}  # what the mods read: set before each call (tensors, so new values do not recompile)
 _COMPILED: dict = {}
-_SEEN: set = set()
-_COMPILE_SECONDS = [0.0]
+_COMPILES = {"seconds": 0.0, "count": 0}  # since the last take: what dynamo compiled, and the time of its calls
 
 
 def _score_mod(score, b, h, i, j):
@@ -73,26 +72,44 @@ def flex(q, k, v, *, causal: bool, softmax_scale, window_size=None, softcap=None
     qt, kt, vt = (t.transpose(1, 2).detach() if cpu else t.transpose(1, 2) for t in (q, k, v))
     # Dynamic sizes on the GPU; static on the CPU, where inductor's C++ template for fp16 with symbolic
     # sizes fails to compile ("cur_kvSplitSize9 was not declared", torch 2.13; docs/torch-backends.md)
-    key = (dev.type, q.dtype, d, v.shape[-1], not cpu and q.requires_grad) + ((b, h, sq, sk) if cpu else ())
-    start = time.perf_counter()
+    start, graphs = time.perf_counter(), _graphs()
     with torch.no_grad() if cpu else torch.enable_grad():
         result = _flex(not cpu)(qt, kt, vt, score_mod=score_mod or _score_mod, block_mask=block_mask,
                                 scale=softmax_scale,
                          enable_gqa=kt.shape[1] != qt.shape[1], return_lse=not cpu)
-    if key not in _SEEN:  # this call compiled: its time is the compiler's, not the kernel's
+    if _graphs() > graphs:  # this call compiled (dynamo made a graph): its time is the compiler's, not the kernel's
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        _SEEN.add(key)
-        _COMPILE_SECONDS[0] += time.perf_counter() - start
+        _COMPILES["count"] += _graphs() - graphs
+        _COMPILES["seconds"] += time.perf_counter() - start
     if cpu:
         return result.transpose(1, 2)
     out, lse = result
     return out.transpose(1, 2), lse.float()
 
 
-def _take_compile_seconds() -> float:
-    seconds, _COMPILE_SECONDS[0] = _COMPILE_SECONDS[0], 0.0
-    return seconds
+def _graphs() -> int:
+    """The graphs dynamo has compiled in this process: one more for each compile of a new configuration."""
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
+
+
+def _take(what: str):
+    value, _COMPILES[what] = _COMPILES[what], type(_COMPILES[what])()
+    return value
+
+
+def compile_key(case, device_type: str) -> tuple:
+    """The configurations a case's calls compile: dtype, head dims, heads and the case's own mask and
+    score_mod everywhere; on the CPU (static sizes) each call's batch and lengths too, a ragged case's one
+    per sequence (per_sequence.py calls them one at a time)."""
+    mods = (case.mask, case.score_mod, case.alibi != "off" or case.softcap > 0 or case.window != (-1, -1))
+    base = (case.dtype, case.head_dim, case.dv, case.nheads, case.nheads_k) + mods
+    if device_type != "cpu":
+        return (base,)
+    calls = [(case.batch, case.seqlen_q, case.seqlen_k)] if case.kind == "dense" else \
+        [(1, sq, sk) for sq, sk in case.sequences if sq and sk]
+    return tuple(dict.fromkeys(base + c for c in calls))
 
 
 def make() -> Subject:
@@ -102,4 +119,5 @@ def make() -> Subject:
                         mask_mod=True, score_mod=True)
     return Subject(name="flex", fn=ragged(flex), caps=caps,
                    description="torch FlexAttention, compiled (forward only on "
-                   "the CPU)", compile_seconds=_take_compile_seconds)
+                   "the CPU)", compile_seconds=lambda: _take("seconds"), compiles=lambda: _take("count"),
+                   compile_key=compile_key)

@@ -1,0 +1,55 @@
+"""A subject that compiles per configuration (Subject.compile_key, Subject.compiles): a default shape budget
+that --shapes 0 lifts, and the report's count of compiles beside the configurations the cases needed."""
+import pytest
+
+from faverify.cases.case import Case
+from faverify.reports.case_result import CaseResult
+from faverify.reports.collector import KernelStats
+from faverify.subjects import resolve
+from faverify.subjects.flex import compile_key
+from property_tests.cli_helpers import cli, read_json
+
+
+def test_the_compile_key_names_what_flex_compiles_on_the_cpu():
+    """Static sizes on the CPU: each call's batch and lengths, a varlen case's one per sequence; on a GPU the
+    sizes are dynamic. New values, layouts or seeds compile nothing."""
+    case = Case(2, 9, 13, 4, 2, 16, dtype="bf16")
+    assert compile_key(case, "cpu") == compile_key(Case(2, 9, 13, 4, 2, 16, dtype="bf16", seed=5,
+                                                        layout="transposed"), "cpu")
+    assert compile_key(case, "cpu") != compile_key(Case(2, 10, 13, 4, 2, 16, dtype="bf16"), "cpu")
+    assert compile_key(case, "cuda") == compile_key(Case(2, 10, 13, 4, 2, 16, dtype="bf16"), "cuda")
+    ragged = Case(2, 9, 13, 4, 2, 16, seqlens=((9, 13), (3, 5)))
+    assert len(compile_key(ragged, "cpu")) == 2
+    assert resolve("flex").compile_key is compile_key and resolve("sdpa-math").compile_key is None
+
+
+def test_the_report_counts_compiles_and_the_configurations_and_a_merge_unites_them():
+    stats, other = KernelStats(kernel="flex"), KernelStats(kernel="flex")
+    for s, keys, compiles in ((stats, ["a"], 1), (stats, ["a"], 0), (stats, ["b", "c"], 2), (other, ["c", "d"], 1)):
+        s.add(CaseResult("flex", Case(1, 4, 4, 1, 1, 8), "pass", compiles=compiles, compile_keys=keys))
+    summary = stats.summary()
+    assert summary["compiles"] == 3 and summary["configurations"] == ["a", "b", "c"]
+    from faverify.reports.merge import _merged_kernel
+    from faverify.reports.results import Run
+    runs = [(label, Run.from_stats("fuzz", {}, {}, {}, [s])) for label, s in (("0/2", stats), ("1/2", other))]
+    for _, run in runs:
+        for row in run.kernels[0]["stats"]:
+            row["series"] = {}
+    merged = _merged_kernel("flex", runs).summary()
+    assert merged["compiles"] == 4 and merged["configurations"] == ["a", "b", "c", "d"]
+
+
+@pytest.mark.slow
+def test_flex_draws_within_a_shape_budget_and_compiles_each_configuration_once(tmp_path):
+    """flex compiles each new shape on the CPU (seconds each): without --shapes its cases take the default
+    budget's shapes, each configuration compiles once in the one worker, and --shapes 0 lifts the budget."""
+    from faverify.cli.fuzz import DEFAULT_SHAPES
+    r = cli("fuzz", "--kernel", "flex", "--iters", "6", "--device", "cpu", "--no-db", "--features", "none",
+            "--json", tmp_path / "run.json")
+    assert r.exit_code == 0, r.stderr
+    summary = read_json(tmp_path / "run.json")["kernels"][0]["summary"]
+    assert summary["shapes"] == DEFAULT_SHAPES and summary["compiles"] == len(summary["configurations"]) > 0
+    assert "configurations, cases drawn from" in r.stderr
+    r = cli("fuzz", "--kernel", "flex", "--iters", "1", "--device", "cpu", "--no-db", "--features", "none",
+            "--shapes", "0", "--json", tmp_path / "lifted.json")
+    assert r.exit_code == 0 and read_json(tmp_path / "lifted.json")["kernels"][0]["summary"]["shapes"] == 0
