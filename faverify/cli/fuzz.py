@@ -31,10 +31,6 @@ from faverify.cli.common import (
 from faverify.errors import EnvironmentProblem, OwnError, UsageError
 from faverify.run.signals import held, sigterm_interrupts
 
-# the shape budget of a subject that declares its compile key, unless --shapes says otherwise: flex compiles
-# each shape on the CPU (seconds each), so a default draw of 200 cases would compile about 200 times
-DEFAULT_SHAPES = 16
-
 
 @app.command()
 def fuzz(
@@ -90,9 +86,7 @@ def fuzz(
     shapes: Annotated[Optional[int], typer.Option(help="A shape budget: every case takes one of N shapes "
                                                   "(sizes, head dims, dtype, causal) drawn from the seed, its "
                                                   "values, layout and variants its own; for subjects that compile "
-                                                  "or plan per shape. Default: " + str(DEFAULT_SHAPES) + " for a "
-                                                  "subject that declares its compile key (flex), none for the "
-                                                  "others; 0: none", callback=within(0))] = None,
+                                                  "or plan per shape (flex, sdpa-cudnn)", callback=within(1))] = None,
     workers: Annotated[Optional[int], typer.Option(help="Worker processes per device (default: 1 on the CPU, "
                                                         "6 per GPU: a GPU case is bound by launches)",
                                                    callback=within(1, MAX_WORKERS))] = None,
@@ -159,7 +153,7 @@ def _plan(given: dict) -> tuple:
                     all_failures=g["all_failures"], sequence=g["sequence"])
     measure = parse_choice(g["relations"], RELATIONS, "--relations") if g["relations"] is not None else ()
     settings = dict(targets=targets, workers=workers, tolerance=tolerance, wanted=wanted, mode=g["mode"].value,
-                    isolate=g["isolate"], timeout=g["timeout"], repeat=g["repeat"], measure=measure, shapes=g["shapes"],
+                    isolate=g["isolate"], timeout=g["timeout"], repeat=g["repeat"], measure=measure,
                     command=_command(g, dtypes, shard_of))
     return subjects, plan, settings
 
@@ -176,7 +170,7 @@ def _command(g: dict, dtypes: tuple, shard_of) -> str:
             + (f" --repeat {g['repeat']}" if g["repeat"] > 1 else "")
             + (f" --sequence {g['sequence']}" if g["sequence"] else "")
             + (f" --relations {g['relations']}" if g["relations"] else "")
-            + (f" --shapes {g['shapes']}" if g["shapes"] is not None else "")
+            + (f" --shapes {g['shapes']}" if g["shapes"] else "")
             + (" --all-failures" if g["all_failures"] else ""))
 
 
@@ -190,9 +184,7 @@ def _run(subjects: list, plan, settings: dict):
                    progress_factory=progress_factory(progress, plan.iters),
                    features={s.name: s.caps.features() if wanted is None else wanted for s in subjects},
                    conventions={s.name: s.caps.conventions.describe() for s in subjects}, repeat=settings["repeat"],
-                   narrow_for={s.name: s.caps.draw() for s in subjects}, measure=settings["measure"],
-                   shapes_for={s.name: DEFAULT_SHAPES for s in subjects
-                               if settings["shapes"] is None and s.compile_key is not None})
+                   narrow_for={s.name: s.caps.draw() for s in subjects}, measure=settings["measure"])
 
 
 def _stopped_before_any_case(kernel: str, json_path, markdown) -> int:

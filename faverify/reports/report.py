@@ -159,8 +159,8 @@ def summary_lines(run: Run) -> list:
                      if s.get("calls", s["cases"]) != s["cases"] else "")),
         ("compiles (a subject that compiles per configuration; their time is the compile phase)",
          _per_kernel(run, lambda s: f"{s['compiles']} for {len(s['configurations'])} configurations"
-                     + (f", cases drawn from {s['shapes']} shapes (--shapes 0 lifts the budget)" if s.get("shapes")
-                        else "") if s.get("configurations") else "")),
+                     + (f", cases drawn from {s['shapes']} shapes (--shapes)" if s.get("shapes") else "")
+                     if s.get("configurations") else "")),
         ("cases per device", _per_kernel(run, lambda s: ", ".join(f"{d} {n}" for d, n in
                                                                    sorted(s.get("per_device", {}).items())))),
         ("relations checked bit for bit (run/relations.py; a promised one broken fails)", _per_kernel(run, _relations)),

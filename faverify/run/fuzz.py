@@ -35,7 +35,7 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
         workers: int = 1, isolate: bool = True, timeout: float = 300.0,
         progress_factory: Callable[[str], Callable[[CaseResult], None]] = lambda name: (lambda r: None),
         features: dict | None = None, conventions: dict | None = None, repeat: int = 1,
-        narrow_for: dict | None = None, measure: tuple = (), shapes_for: dict | None = None):
+        narrow_for: dict | None = None, measure: tuple = ()):
     """Fuzz each kernel in turn; returns the Run document.
 
     features: kernel -> the variant features its cases draw (default: the plan's for every kernel).
@@ -43,7 +43,6 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
     repeat: run each case that many times; outputs that differ in any bit fail it ("nondeterministic").
     narrow_for: kernel -> what every case of it needs (Capabilities.draw: splits for a combine).
     measure: relations (run/relations.py) checked on every subject beside those it promises, failing nothing.
-    shapes_for: kernel -> its shape budget, where it is not the plan's (a compiling subject's default).
 
     workers: processes per device (several: the parallel mode above). isolate=False evaluates in this
     process (one device, sequential), for speed where no subject can crash the process.
@@ -56,8 +55,7 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
     all_stats, interrupted = [], False
     base_plan = plan
     for name in kernels:
-        plan = _plan_for(name, dataclasses.replace(base_plan, shapes=(shapes_for or {}).get(name, base_plan.shapes)),
-                         features, narrow_for)
+        plan = _plan_for(name, base_plan, features, narrow_for)
         stats = KernelStats(kernel=name, conventions=(conventions or {}).get(name, DEFAULT_CONVENTIONS.describe()),
                             keep_series=plan.shard is not None,  # merge.py recomputes statistics from them
                             edges_listed=tuple(listed(plan.case_args()["features"])), shapes=plan.shapes)

@@ -100,11 +100,12 @@ def _take(what: str):
 
 
 def compile_key(case, device_type: str) -> tuple:
-    """The configurations a case's calls compile: dtype, head dims, heads and the case's own mask and
-    score_mod everywhere; on the CPU (static sizes) each call's batch and lengths too, a ragged case's one
-    per sequence (per_sequence.py calls them one at a time)."""
+    """The configurations a case's calls compile: dtype, head dims, heads, the softmax scale (a Python float
+    dynamo specializes on), the layout (dynamo guards on strides) and the case's own mask and score_mod
+    everywhere; on the CPU (static sizes) each call's batch and lengths too, a ragged case's one per
+    sequence (per_sequence.py calls them one at a time)."""
     mods = (case.mask, case.score_mod, case.alibi != "off" or case.softcap > 0 or case.window != (-1, -1))
-    base = (case.dtype, case.head_dim, case.dv, case.nheads, case.nheads_k) + mods
+    base = (case.dtype, case.head_dim, case.dv, case.nheads, case.nheads_k, case.softmax_scale, case.layout) + mods
     if device_type != "cpu":
         return (base,)
     calls = [(case.batch, case.seqlen_q, case.seqlen_k)] if case.kind == "dense" else \
