@@ -9,6 +9,7 @@ from faverify.cases.vocabulary import (
     BIAS_DTYPES,
     BIASES,
     DTYPES,
+    FP8,
     INITS,
     KEY_MASKS,
     LAYOUTS,
@@ -22,7 +23,7 @@ from faverify.cases.vocabulary import (
     MAX_SEQUENCES,
     MAX_SPLITS,
     PAGE_ORDERS,
-    REGIMES,
+    REGIMES_ALL,
     SCORE_MODS,
     SINKS,
     VARIANT_DEFAULTS,
@@ -45,7 +46,7 @@ def check(case) -> None:
     if case.nheads % case.nheads_k:
         raise UsageError("nheads_k", case.nheads_k,
                          f"number of heads in key/value must divide nheads={case.nheads}")
-    for name, allowed in (("dtype", DTYPES), ("regime", REGIMES), ("layout", LAYOUTS), ("init", INITS)):
+    for name, allowed in (("dtype", DTYPES), ("regime", REGIMES_ALL), ("layout", LAYOUTS), ("init", INITS)):
         if getattr(case, name) not in allowed:
             raise UsageError(name, getattr(case, name), f"must be one of {', '.join(allowed)}")
     if not isinstance(case.causal, bool):
@@ -56,7 +57,23 @@ def check(case) -> None:
             raise UsageError("softmax_scale", s, f"must be a number in (0, {MAX_SCALE:g}], or null for "
                                                  "head_dim ** -0.5 (past it fp32 logits overflow)")
     _check_variants(case)
+    _check_fp8(case)
     _check_before(case)
+
+
+def _check_fp8(case) -> None:
+    if case.fp8 not in FP8:
+        raise UsageError("fp8", case.fp8, f"must be one of {', '.join(FP8)}")
+    if case.fp8 == "off":
+        if case.regime == "tail-mass":
+            raise UsageError("regime", "tail-mass", "is an FP8 case's regime (fp8 is off)")
+        return
+    if case.dtype != "bf16":
+        raise UsageError("dtype", case.dtype, "an FP8 case's output is bf16, as flash-attn 3 and 4 return it")
+    others = [f for f in case.features() if f != "fp8"]
+    if others or case.kind != "dense":
+        raise UsageError("fp8", case.fp8, "takes dense attention alone; this case has "
+                                          + (", ".join(others) or case.kind))
 
 
 # the most calls a sequence makes before its last (`fuzz --sequence`: 1..MAX_CALLS calls in all)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from faverify.cases import masks, ragged
+from faverify.cases import fp8, masks, ragged
 from faverify.cases.case import Case
 from faverify.cases.conventions import DEFAULT as DEFAULT_CONVENTIONS
 from faverify.cases.conventions import Conventions
@@ -60,6 +60,10 @@ class Inputs:
     block_mask: torch.Tensor | None = None
     bias: torch.Tensor | None = None
     score_mod: object = None
+    # FP8 cases (fp8.py): q, k, v above are e4m3; these fp32 [batch, nheads_k] factors give their values
+    q_descale: torch.Tensor | None = None
+    k_descale: torch.Tensor | None = None
+    v_descale: torch.Tensor | None = None
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.q, self.k, self.v
@@ -98,7 +102,7 @@ class Inputs:
 # the keywords of Inputs.extras, flash-attn's names, then the masks' (subjects.base.variant_keywords picks
 # the form of a mask each subject takes)
 EXTRAS = ("alibi_slopes", "sinks", "cu_seqlens_q", "cu_seqlens_k", "block_table", "cache_seqlens", "mask_mod",
-          "attn_mask", "block_mask", "bias", "score_mod")
+          "attn_mask", "block_mask", "bias", "score_mod", "q_descale", "k_descale", "v_descale")
 
 
 def variant_of(case: Case, x: Inputs, conventions: Conventions = DEFAULT_CONVENTIONS) -> Variant:
@@ -121,6 +125,9 @@ def make_inputs(case: Case, device: torch.device | str, *, requires_grad: bool =
     dtype = TORCH[case.dtype]
     drawn = draw_values(case, device)
     values = Inputs(*(t.to(dtype) for t in drawn[:4]), *drawn[4:])
+    if case.fp8 != "off":  # q, k, v in e4m3 with their descales; dO in the output's dtype
+        (values.q, values.q_descale), (values.k, values.k_descale), (values.v, values.v_descale) = (
+            fp8.quantize(case, t, case.nheads_k) for t in drawn[:3])
     if case.mask != "off" or case.bias != "off" or case.score_mod != "off":
         values = _with_masks(case, values, device)
     return lay_out(case, values, requires_grad=requires_grad)
@@ -155,7 +162,8 @@ def lay_out(case: Case, values: Inputs, *, requires_grad: bool = False) -> Input
     if bias is not None:
         bias = bias.detach().clone().requires_grad_(requires_grad and case.bias_grad)
     return Inputs(q, k, v, dout, values.alibi_slopes, sinks, mask_mod=values.mask_mod, attn_mask=values.attn_mask,
-                  block_mask=values.block_mask, bias=bias, score_mod=values.score_mod)
+                  block_mask=values.block_mask, bias=bias, score_mod=values.score_mod, q_descale=values.q_descale,
+                  k_descale=values.k_descale, v_descale=values.v_descale)
 
 
 def _lay_out_ragged(case: Case, values: Inputs, requires_grad: bool) -> Inputs:
@@ -207,6 +215,8 @@ def draw_values(case: Case, device: torch.device) -> tuple[torch.Tensor, ...]:
         q, k = _negative_rows(case, q, k, g)
     elif regime == "lone-key":
         q, k = _lone_keys(case, q, k)
+    elif regime == "tail-mass":
+        q, k, v = fp8.tail_mass(case, q, k, v)
     if case.layout == "broadcast":  # again: "outliers" draws per element
         k, v = _broadcast(k), _broadcast(v)
     return q, k, v, dout, _alibi_slopes(case, g, device), _sinks(case, q, k, g, device)

@@ -30,7 +30,19 @@ BATCH_FEATURES = ("varlen", "paged", "splits")  # how the batch and its keys are
 # masks and biases given as tensors or functions (docs/design.md, "Masks and biases"): a boolean keep-mask
 # drawn as a pattern, masked keys holding NaN, an additive bias and its gradient, a FlexAttention score_mod
 MASK_FEATURES = ("mask", "mask_nan", "bias", "bias_grad", "score_mod")
-FEATURES = VARIANT_FEATURES + BATCH_FEATURES + MASK_FEATURES
+# FP8 inputs (docs/design.md, "FP8"): q, k and v in float8_e4m3fn with their descale factors, the output bf16
+INPUT_FEATURES = ("fp8",)
+FEATURES = VARIANT_FEATURES + BATCH_FEATURES + MASK_FEATURES + INPUT_FEATURES
+# An FP8 case's descale factors, flash-attn 3's [batch, nheads_k] q_descale, k_descale and v_descale: one
+# value for the whole tensor, or one per batch entry and kv head
+FP8 = ("off", "tensor", "head")
+FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
+# Regimes drawn for FP8 cases alone; "tail-mass": one key holds the row's max logit and a value of 0, every
+# other key a logit ln(2^10) below it and a value of 1. Each of their weights, 2^-10, flushes to zero in
+# e4m3 (its least subnormal is 2^-9) unless P is scaled before it is quantized; together they carry the
+# output (about sk / (sk + 1024) of it)
+FP8_REGIMES = ("normal", "tail-mass", "large", "outliers", "peaked")
+REGIMES_ALL = REGIMES + ("tail-mass",)
 # A mask's pattern: per-batch key and query lengths; documents packed in one sequence (block-diagonal);
 # a prefix seen by every row, causal after it; random blocks of mask_block keys and rows; random elements
 MASKS = ("off", "padding", "document", "prefix", "block", "random")
@@ -55,7 +67,8 @@ VARIANT_DEFAULTS = {"window": (-1, -1), "softcap": 0.0, "alibi": "off", "sinks":
                     "seqlens": None, "tail": 0, "cache_seqlens": None, "page_size": 0, "pages": "in-order",
                     "pool": 0, "splits": 1, "mask": "off", "mask_shape": "full", "mask_block": 0, "mask_rate": 0,
                     "mask_lengths": None, "mask_nan": False, "bias": "off", "bias_shape": "full",
-                    "bias_dtype": "input", "bias_grad": False, "score_mod": "off", "before": ()}
+                    "bias_dtype": "input", "bias_grad": False, "score_mod": "off", "fp8": "off",
+                    "before": ()}
 
 
 # The most split-KV partials a case asks for and a bundled launcher makes (flash-attn's cap too): a single

@@ -10,8 +10,10 @@ import torch
 from faverify.cases.case import Case
 from faverify.cases.conventions import DEFAULT as DEFAULT_CONVENTIONS
 from faverify.cases.conventions import Conventions
+from faverify.cases.fp8 import dequantized
 from faverify.cases.inputs import Inputs, variant_of
 from faverify.dtypes import FLOOR_UNIT
+from faverify.judge import fp8
 from faverify.judge.metrics import error_stats
 from faverify.judge.reference import naive, reference, value_hull
 from faverify.judge.sequences import split_yardsticks, yardsticks
@@ -48,6 +50,8 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
     baseline ("baseline") are done, for a case's time per phase (a ragged case's baseline is computed with
     its reference, sequence by sequence: one phase); what follows is the metrics'."""
     q, k, v = (t.detach() for t in x.tensors())
+    if case.fp8 != "off":  # the values the e4m3 tensors stand for, exactly: the attention is judged on them
+        q, k, v = (dequantized(t, d) for t, d in zip((q, k, v), (x.q_descale, x.k_descale, x.v_descale)))
     backward = any(got.get(t) is not None for t in ("dq", "dk", "dv"))
     dout = x.dout if backward else None
     if case.kind != "dense":
@@ -64,7 +68,10 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
         else:
             ref, scales = given
         lap("reference")
-        base = naive(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant)
+        if case.fp8 != "off":
+            base = fp8.naive(case, *(t.detach() for t in x.tensors()), (x.q_descale, x.k_descale, x.v_descale))
+        else:
+            base = naive(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant)
         lap("baseline")
         if baseline is not None:
             base = {**base, **baseline}

@@ -6,11 +6,12 @@ import torch
 
 from faverify.cases.case import Case
 from faverify.cases.margins import poisoned
+from faverify.dtypes import TORCH
 
 
 def out_buffer(case: Case, q: torch.Tensor) -> torch.Tensor:
-    """A NaN buffer in NaN margins, of out's shape, for a subject that declares out_buffer."""
-    return poisoned(expected_out_shape(case), q.dtype, q.device)
+    """A NaN buffer in NaN margins, of out's shape and dtype, for a subject that declares out_buffer."""
+    return poisoned(expected_out_shape(case), TORCH[case.dtype], q.device)
 
 
 def check_splits(case: Case, splits) -> str | None:
@@ -74,8 +75,11 @@ def check_outputs(case: Case, q: torch.Tensor, out, lse) -> str | None:
     if tuple(out.shape) != want_out:
         layout = "[total_q + tail, h, head_dim_v]" if case.kind == "varlen" else "[b, s, h, head_dim_v]"
         return f"out has shape {tuple(out.shape)}, expected {want_out} ({layout})"
-    if out.dtype != q.dtype:
-        return f"out has dtype {out.dtype}, expected the input dtype {q.dtype}"
+    want_dtype = TORCH[case.dtype]  # the inputs' dtype, or an FP8 case's output dtype
+    if out.dtype != want_dtype:
+        if case.fp8 != "off":
+            return f"out has dtype {out.dtype}, expected {want_dtype} (FP8 inputs give bf16 out)"
+        return f"out has dtype {out.dtype}, expected the input dtype {want_dtype}"
     if lse is not None:
         want = expected_lse_shape(case)
         if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != want:

@@ -272,10 +272,11 @@ def _what_runs(subject: Subject, case: Case, device: torch.device, mode: str) ->
     if reason is None and mode == "bwd" and subject.caps.combine:
         reason = "a split-KV combine has no backward"
     judged_on_less = ""
-    if reason is None and case.kind == "paged" and backward:
-        if mode == "bwd":
-            reason = PAGED_FORWARD
-        mode, backward, judged_on_less = "fwd", False, PAGED_FORWARD_ONLY
+    for forward_only, why in ((case.kind == "paged", PAGED_FORWARD), (case.fp8 != "off", FP8_FORWARD)):
+        if reason is None and forward_only and backward:
+            if mode == "bwd":
+                reason = why
+            mode, backward, judged_on_less = "fwd", False, "forward only: " + why
     if reason is None and backward and not subject.caps.backward:
         if mode == "bwd":
             reason = NO_BACKWARD
@@ -311,7 +312,7 @@ def _gradients(subject: Subject, case: Case, x: Inputs, pristine: Inputs, out, g
 # the reason a passing case carries when only its forward could be judged
 FORWARD_ONLY = "forward only: the subject's output has no autograd graph, so its backward was not run"
 PAGED_FORWARD = "paged cases are judged on the forward (decode kernels are forward-only)"
-PAGED_FORWARD_ONLY = "forward only: " + PAGED_FORWARD
+FP8_FORWARD = "FP8 cases are judged on the forward (the FP8 kernels people ship are forward-only)"
 NO_BACKWARD = "the subject declares no backward (backward: false): judge it with --mode fwd"
 NO_BACKWARD_ONLY = "forward only: the subject declares no backward (backward: false)"
 

@@ -16,7 +16,7 @@ import torch
 
 from faverify.cases import conventions as _conventions
 from faverify.cases.case import Case
-from faverify.cases.vocabulary import DTYPES, FEATURES, INITS, MAX_HEAD_DIM_V
+from faverify.cases.vocabulary import DTYPES, FEATURES, FP8, INITS, MAX_HEAD_DIM_V
 
 INPUTS = ("q", "k", "v", "dout")  # what a subject is given: dout through autograd
 # the relations between calls a subject may promise (run/relations.py)
@@ -26,7 +26,7 @@ KEYWORDS = {"window": ("window_size",), "softcap": ("softcap",), "alibi": ("alib
             "varlen": ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
             "paged": ("block_table", "cache_seqlens"), "splits": ("num_splits",), "mask": ("attn_mask",),
             "bias": ("attn_mask",), "score_mod": ("score_mod",), "mask_mod": ("mask_mod",),
-            "block_mask": ("block_mask", "block_size")}
+            "block_mask": ("block_mask", "block_size"), "fp8": ("q_descale", "k_descale", "v_descale")}
 from faverify.errors import Unsupported
 
 
@@ -93,18 +93,21 @@ class Capabilities:
     # that row; "repeat", the same call twice gives the same bits; "splits", a split-KV call gives the bits
     # of the call with one split. A broken promise fails the case (relation:batch, ...)
     relations: tuple = ()
+    # FP8 inputs (cases/fp8.py): the descale granularities it takes, "tensor" and "head" (flash-attn 3's
+    # [batch, nheads_k] q_descale, k_descale, v_descale, passed by those keywords); empty: none
+    fp8: tuple = ()
 
     def __post_init__(self) -> None:
         """Each field of the type it must have: a declaration that is not valid is refused when the subject
         loads, not as a failure of every case."""
         object.__setattr__(self, "conventions", _conventions.parse(self.conventions))
-        for name in ("dtypes", "devices", "writes", "relations") + (("init_modes",) if self.init_modes is not None
-                                                                       else ()):
+        for name in ("dtypes", "devices", "writes", "relations", "fp8") + (("init_modes",) if self.init_modes
+                                                                              is not None else ()):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, value := tuple(value))
             allowed = {"dtypes": DTYPES, "devices": ("cpu", "cuda"), "writes": INPUTS, "init_modes": INITS,
-                       "relations": RELATIONS}[name]
+                       "relations": RELATIONS, "fp8": FP8[1:]}[name]
             if not isinstance(value, tuple) or not all(isinstance(x, str) and x in allowed for x in value):
                 raise ValueError(f"{name} must be a list of {', '.join(allowed)}, got {value!r}")
         if self.varlen_tail_grads not in ("zero", "finite"):
@@ -128,7 +131,8 @@ class Capabilities:
                 for d in self.head_dims):
             raise ValueError(f"head_dims must be a list of integers in min_head_dim..max_head_dim "
                              f"({self.min_head_dim}..{self.max_head_dim}), got {self.head_dims!r}")
-        for name in ("gqa", "backward", "lse", "combine", "out_buffer", "dense", "mask_mod", "block_mask") + FEATURES:
+        flags = tuple(f for f in FEATURES if f != "fp8")  # fp8 lists its granularities (checked above)
+        for name in ("gqa", "backward", "lse", "combine", "out_buffer", "dense", "mask_mod", "block_mask") + flags:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
@@ -160,6 +164,8 @@ class Capabilities:
             return "dense cases not supported (the subject declares dense: false, varlen or paged only)"
         if self.combine and case.splits < 2:
             return "a split-KV combine is judged on split cases only (splits >= 2)"
+        if self.fp8 and case.fp8 != "off" and case.fp8 not in self.fp8:
+            return f"FP8 descales per {case.fp8} not taken (takes: per {', '.join(self.fp8)})"
         return None
 
     def mask_form(self, case: Case) -> str | None:
@@ -308,6 +314,8 @@ def variant_keywords(case: Case, extras: dict, caps: Capabilities | None = None)
         kwargs["attn_mask"] = extras["bias"]
     if "score_mod" in used:
         kwargs["score_mod"] = extras["score_mod"]
+    if "fp8" in used:
+        kwargs.update({name: extras[name] for name in KEYWORDS["fp8"]})
     return kwargs
 
 

@@ -22,7 +22,8 @@ _BACKENDS = {
     "sdpa-math": ("MATH", "torch SDPA math backend (reference-style, materializes the score matrix; variants "
                           "through an fp32 float mask)",
                   Capabilities(max_head_dim=512, window=True, softcap=True, alibi=True, sinks=True,
-                               head_dim_v=True, varlen=True, paged=True, mask=True, bias=True, bias_grad=True)),
+                               head_dim_v=True, varlen=True, paged=True, mask=True, bias=True, bias_grad=True,
+                               fp8=("tensor", "head"))),
     "sdpa-flash": ("FLASH_ATTENTION", "torch SDPA FlashAttention-2 backend",
                    Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",))),
     "sdpa-efficient": ("EFFICIENT_ATTENTION", "torch SDPA memory-efficient (xformers) backend",
@@ -59,9 +60,14 @@ def make(name: str) -> Subject:
     backend_name, description, caps = _BACKENDS[name]
 
     def fn(q, k, v, *, causal: bool, softmax_scale: float, window_size=None, softcap=None, alibi_slopes=None,
-           sinks=None, attn_mask=None):
+           sinks=None, attn_mask=None, q_descale=None, k_descale=None, v_descale=None):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         from torch.nn.attention.bias import causal_lower_right
+
+        if q_descale is not None:  # FP8 (sdpa-math only): the values they stand for, in fp32; out in bf16
+            from faverify.cases.fp8 import dequantized
+            q, k, v = (dequantized(t, d).float() for t, d in zip((q, k, v), (q_descale, k_descale, v_descale)))
+            return fn(q, k, v, causal=causal, softmax_scale=softmax_scale).to(torch.bfloat16)
 
         sq, sk = q.shape[1], k.shape[1]
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))

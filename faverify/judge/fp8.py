@@ -1,0 +1,39 @@
+"""The yardstick of an FP8 case: the naive attention with FP8 numerics, which sets what a correct FP8 kernel
+may err by (the same-dtype baseline of every other case).
+
+As flash-attn 3 computes it: S = (q8 k8^T) in fp32 times q_descale * k_descale * softmax_scale; P = exp(S -
+rowmax) in fp32, its row sum l from those fp32 values; P quantized to e4m3 after scaling its row onto e4m3's
+range (the row max gives P = 1, scaled to 448), so small weights keep their precision instead of flushing;
+O = (P8 v8) / 448 * v_descale / l in fp32, rounded to the output's bf16. A row that sees no key gives
+out 0 and lse -inf.
+"""
+from __future__ import annotations
+
+import torch
+
+from faverify.cases.case import Case
+from faverify.cases.fp8 import E4M3
+from faverify.cases.vocabulary import FP8_MAX
+
+
+def naive(case: Case, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, descales: tuple) -> dict:
+    """{"out": [b, sq, h, dv] bf16, "lse": [b, h, sq] fp32} of the e4m3 inputs and their [b, hk] descales."""
+    group = case.nheads // case.nheads_k
+    qd, kd, vd = (d.float().repeat_interleave(group, dim=1)[:, :, None, None] for d in descales)
+    q, k, v = (t.float().transpose(1, 2) for t in (q8, k8, v8))  # exact: e4m3 values are fp32 values
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = (q @ k.transpose(-1, -2)) * (qd * kd * case.scale)
+    if case.causal:
+        sq, sk = s.shape[-2:]
+        rows, cols = torch.arange(sq, device=s.device)[:, None], torch.arange(sk, device=s.device)[None, :]
+        s = s.masked_fill(cols > rows + sk - sq, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)
+    seen = torch.isfinite(m)
+    m = torch.where(seen, m, torch.zeros_like(m))
+    p = torch.exp(s - m)
+    total = p.sum(dim=-1, keepdim=True)
+    p8 = (p * FP8_MAX).to(E4M3).float()
+    out = (p8 @ v) / FP8_MAX * vd / torch.where(seen, total, torch.ones_like(total))
+    out = torch.where(seen, out, torch.zeros_like(out))
+    lse = torch.where(seen, m + torch.log(total), torch.full_like(m, float("-inf"))).squeeze(-1)
+    return {"out": out.transpose(1, 2).to(torch.bfloat16), "lse": lse}

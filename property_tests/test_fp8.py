@@ -1,0 +1,87 @@
+"""FP8 inputs: e4m3 q, k, v with their descales, judged against FP64 on the values they stand for, under a
+tolerance set by the naive attention with FP8 numerics (judge/fp8.py)."""
+import dataclasses
+
+import pytest
+import torch
+
+from faverify.cases.case import Case
+from faverify.cases.fp8 import dequantized
+from faverify.cases.inputs import make_inputs
+from faverify.cases.strategies import CPU_LIMITS
+from faverify.errors import UsageError
+from faverify.run.evaluate import evaluate
+from faverify.subjects import resolve
+from property_tests.cli_helpers import cli, read_json
+
+PLANTED = "property_tests.planted_fp8"
+TAIL = Case(1, 5, 1500, 2, 1, 64, dtype="bf16", fp8="tensor", regime="tail-mass", causal=True, seed=2)
+PLAIN = Case(2, 9, 13, 4, 2, 16, dtype="bf16", fp8="head", seed=1)
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "head"])
+def test_inputs_are_e4m3_scaled_onto_its_range_and_dequantize_exactly(granularity):
+    case = dataclasses.replace(PLAIN, fp8=granularity, layout="transposed")
+    x = make_inputs(case, "cpu")
+    assert x.q.dtype == x.k.dtype == x.v.dtype == torch.float8_e4m3fn and x.dout.dtype == torch.bfloat16
+    assert x.q_descale.shape == (case.batch, case.nheads_k) and x.q_descale.dtype == torch.float32
+    for t, d in ((x.q, x.q_descale), (x.k, x.k_descale), (x.v, x.v_descale)):
+        wide = dequantized(t, d)
+        assert torch.equal(wide / d.double().repeat_interleave(t.shape[2] // d.shape[1], 1)[:, None, :, None],
+                           t.double())  # the product is exact in FP64
+        b, n, h, d = t.shape
+        blocks = t.double().abs().reshape(b, n, case.nheads_k, h // case.nheads_k, d)  # q's heads by kv head
+        top = blocks.amax() if granularity == "tensor" else blocks.amax(dim=(1, 3, 4))
+        assert torch.all(top == 448.0)  # the largest magnitude of each scaled block is e4m3's largest
+
+
+def test_a_case_fp8_cannot_mean_is_refused():
+    for bad, field in ((dict(dtype="fp16"), "dtype"), (dict(window=(2, 0)), "fp8"), (dict(fp8="block"), "fp8")):
+        with pytest.raises(UsageError, match=field):
+            dataclasses.replace(PLAIN, **bad)
+    with pytest.raises(UsageError, match="regime"):
+        Case(1, 4, 4, 1, 1, 8, regime="tail-mass")
+
+
+def test_the_draw_makes_fp8_cases_of_both_granularities_and_the_tail_mass_regime():
+    """Beside other features FP8 takes the cases their mix leaves plain (the other features keep their
+    shares): a tenth of sdpa-math's 200; alone, most of them."""
+    from faverify.run.parallel import draw_cases
+    from faverify.run.plan import FuzzPlan
+    caps = resolve("sdpa-math").caps
+    plan = FuzzPlan(iters=200, seed=0, dtypes=("bf16", "fp16"), limits=CPU_LIMITS, database=None,
+                    features=caps.features())
+    drawn = draw_cases(plan)
+    fp8 = [c for c in drawn if c.fp8 != "off"]
+    assert 10 <= len(fp8) <= 40 and {c.fp8 for c in fp8} == {"tensor", "head"}, len(fp8)
+    assert all(c.features() == ("fp8",) and c.dtype == "bf16" for c in fp8)
+    alone = draw_cases(dataclasses.replace(plan, features=("fp8",), iters=60))
+    assert sum(c.fp8 != "off" for c in alone) > 30 and "tail-mass" in {c.regime for c in alone}
+
+
+@pytest.mark.parametrize("name, tail, plain", [("fp8_right", "pass", "pass"), ("fp8_p_unscaled", "fail", "pass"),
+                                               ("fp8_v_descale_ignored", "fail", "fail"),
+                                               ("fp8_q_descale_twice", "fail", "fail")])
+def test_each_fp8_bug_fails_and_its_control_passes(name, tail, plain):
+    """P quantized without its scale loses the tail of small weights: only the tail-mass regime shows it
+    (its keys' weights, 2^-10 each, flush to zero in e4m3 and carry 0.59 of the output together)."""
+    s = resolve(f"{PLANTED}:{name}")
+    assert [evaluate(s, c, "cpu").status for c in (TAIL, PLAIN)] == [tail, plain]
+
+
+def test_a_subject_without_the_granularity_skips_the_case_with_the_reason():
+    r = evaluate(resolve(f"{PLANTED}:fp8_per_tensor_only"), PLAIN, "cpu")
+    assert r.status == "skip" and "per head not taken" in r.reason
+    r = evaluate(resolve("property_tests.planted:correct"), PLAIN, "cpu")
+    assert r.status == "skip" and "fp8 not declared" in r.reason
+
+
+def test_sdpa_math_on_dequantized_inputs_passes_an_fp8_fuzz_and_the_bug_fails_it(tmp_path):
+    r = cli("fuzz", "--kernel", "sdpa-math", "--features", "fp8", "--iters", "60", "--dtype", "bf16", "--device",
+            "cpu", "--no-db", "--json", tmp_path / "run.json")
+    assert r.exit_code == 0, r.stderr
+    summary = read_json(tmp_path / "run.json")["kernels"][0]["summary"]
+    assert summary["features"]["fp8"] > 20 and summary["regimes"]["tail-mass"]["cases"] > 0, summary["features"]
+    r = cli("fuzz", "--kernel", f"{PLANTED}:fp8_p_unscaled", "--iters", "100", "--dtype", "bf16", "--device", "cpu",
+            "--no-db")
+    assert r.exit_code == 1 and "tail-mass" in r.stderr, r.stderr
