@@ -60,14 +60,19 @@
 #                    prebuild, on the same warm machine: the modules stay in ~/.cache/flashinfer)
 #   hopper-bwd [300] the Hopper dK/dV (backward_hopper.py, opt-in): its FP64 test and bit-equality on 40 drawn
 #                    cases, then devtools/hopper_bwd_ab.py (against the Triton backward and sdpa-cudnn's)
-#   hopper-bwd-fast [530] the Hopper backward's two modes as subjects: 1000-case fuzzes of triton-hopper-bwd-fast
+#   hopper-bwd-fast [570] the Hopper backward's two modes as subjects: 1000-case fuzzes of triton-hopper-bwd-fast
 #                    and triton-hopper-bwd (path counts: "bwd hopper fused-dq", "bwd hopper"), the deterministic
-#                    mode's bits over 3 runs of 40 cases, the fast mode's 4 mutants at 300 cases, and the
-#                    backward's bench rows of both beside triton's, sdpa-flash's and sdpa-cudnn's
+#                    mode's bits over 3 runs of 40 cases, the fast mode's 4 mutants at 300 cases (and the
+#                    stage-reuse mutant's own fuzz: its cases' statuses and paths), and the backward's bench
+#                    rows of both beside triton's, sdpa-flash's and sdpa-cudnn's
 #   backward-profile [150] devtools/backward_profile.py: each kernel's GPU time in one backward (triton, triton
 #                    with the Hopper dK/dV, with its fused dQ, sdpa-cudnn, sdpa-flash) at bench's d64/d128,
 #                    seqlens 4096 and 16384
 #   sanitize   [240] compute-sanitizer memcheck and racecheck on devtools/sanitize_cases.py
+#   between-calls [540] call sequences and relations on the GPU: triton at --sequence 8 --relations
+#                    batch,decode,repeat (300 sequences), then sdpa-flash, sdpa-efficient, sdpa-cudnn and flex at
+#                    --sequence 8 --relations batch,decode,repeat (150 each), and triton-paged at --relations splits
+#   fp8        [120] sdpa-math's FP8 cases on the GPU (--features fp8, 500 cases): the control of the FP8 judge
 #
 # On the lent machine (no network) faverify is installed from the checkout without dependencies first, and
 # a kernel library's wheel set carried under .whl/ (devtools/wheelset.py: its loads, over as many calls) is
@@ -218,6 +223,10 @@ for step in $steps; do
       run mutants-hopper-bwd 180 "killed|survived|control|Error" python3 -m faverify mutants --iters 300 \
         --only hopper-bwd-stage-reused-early,hopper-bwd-ds-no-fence,hopper-bwd-dk-unscaled,hopper-bwd-dq-drops-last-key-tile \
         --dtype bf16,fp16 --timeout 60 --json "$out/mutants-hopper-bwd.json"
+      # what the mutants' table leaves out: the statuses, errors and paths of a surviving mutant's cases
+      run mutant-stage-reused 40 "^PASS|^FAIL|own errors|code path|skipped|crash" python3 -m faverify fuzz \
+        --kernel mutant:hopper-bwd-stage-reused-early --iters 60 --dtype bf16,fp16 --mode both --no-db \
+        --json "$out/mutant-stage-reused.json"
       run bench-hopper-bwd 170 "^triton|^sdpa|passed|failed" python3 -m faverify bench \
         --kernel triton,triton-hopper-bwd,triton-hopper-bwd-fast --headdims 64,128 --seqlens 4096,16384 \
         --dtype bf16,fp16 --mode bwd --no-tune --json "$out/bench-hopper-bwd.json" ;;
@@ -227,6 +236,18 @@ for step in $steps; do
         run "sanitize-$tool" 120 "ERROR SUMMARY|hazard|error" compute-sanitizer --tool "$tool" \
           python3 devtools/sanitize_cases.py
       done ;;
+    between-calls)
+      run between-triton 150 "^PASS|^FAIL|sequences,|relations checked|minimal case|interrupted" python3 -m faverify \
+        fuzz --kernel triton --sequence 8 --iters 300 --relations batch,decode,repeat --dtype bf16,fp16 --no-db \
+        --json "$out/between-triton.json"
+      run between-libraries 270 "^PASS|^FAIL|sequences,|relations checked|minimal case|interrupted" python3 -m \
+        faverify fuzz --kernel sdpa-flash,sdpa-efficient,sdpa-cudnn,flex --sequence 8 --iters 150 \
+        --relations batch,decode,repeat --dtype bf16,fp16 --no-db --json "$out/between-libraries.json"
+      run between-splits 120 "^PASS|^FAIL|relations checked|minimal case|interrupted" python3 -m faverify fuzz \
+        --kernel triton-paged --iters 1000 --relations splits --dtype bf16,fp16 --no-db \
+        --json "$out/between-splits.json" ;;
+    fp8) run fp8 120 "^PASS|^FAIL|cases per feature|minimal case|interrupted" python3 -m faverify fuzz \
+      --kernel sdpa-math --features fp8 --iters 500 --dtype bf16 --no-db --json "$out/fp8.json" ;;
     *) echo "unknown step: $step (steps: $(grep -oE '^    [a-z0-9-]+\)' "$0" | tr -d ' )' | tr '\n' ' '))"
        exit 2 ;;
   esac
