@@ -51,3 +51,47 @@ def test_flex_counts_each_configuration_compiled_once_in_one_worker(tmp_path):
     summary = read_json(tmp_path / "run.json")["kernels"][0]["summary"]
     assert summary["shapes"] == 2 and summary["compiles"] == len(summary["configurations"]) > 0
     assert "configurations, cases drawn from 2 shapes" in r.stderr
+
+
+class _Instant:
+    """A worker that finishes each item at once and remembers what it ran."""
+
+    def __init__(self):
+        import multiprocessing
+        self.ran, self.item = [], None
+        self._ready, sender = multiprocessing.Pipe(duplex=False)
+        sender.send(None)  # always readable: the pool's wait returns at once
+        self._sender = sender
+
+    def submit(self, item):
+        self.item = item
+
+    def collect(self):
+        item, self.item = self.item, None
+        self.ran.append(item)
+        return item
+
+    def waitables(self):
+        return [self._ready]
+
+    def stop(self):
+        pass
+
+
+def test_an_affinity_queue_keeps_each_compile_key_with_the_worker_that_ran_it():
+    """A free worker takes the next item of a key it ran, else one of a key nobody ran, else the next: each
+    configuration compiles in one worker where a first-in-first-out queue hands it to whichever is free."""
+    from faverify.run.scheduler import Affinity, Pool
+    keys = list("abacbadaebc")
+    for queue in (Affinity, None):
+        workers = [_Instant(), _Instant()]
+        items = [(i, (i, k)) for i, k in enumerate(keys)]
+        done = []
+        Pool(workers).map(Affinity(items, key=lambda item: item[1]) if queue else items,
+                          lambda tag, result: done.append(tag))
+        assert sorted(done) == list(range(len(keys)))
+        owners = [{k for _, k in w.ran} for w in workers]
+        if queue:
+            assert not owners[0] & owners[1], owners  # no key ran on both
+        else:
+            assert owners[0] & owners[1]  # first in, first out: the same key on both workers

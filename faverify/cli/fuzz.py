@@ -184,7 +184,8 @@ def _run(subjects: list, plan, settings: dict):
                    progress_factory=progress_factory(progress, plan.iters),
                    features={s.name: s.caps.features() if wanted is None else wanted for s in subjects},
                    conventions={s.name: s.caps.conventions.describe() for s in subjects}, repeat=settings["repeat"],
-                   narrow_for={s.name: s.caps.draw() for s in subjects}, measure=settings["measure"])
+                   narrow_for={s.name: s.caps.draw() for s in subjects}, measure=settings["measure"],
+                   compile_keys={s.name: s.compile_key for s in subjects if s.compile_key is not None})
 
 
 def _stopped_before_any_case(kernel: str, json_path, markdown) -> int:

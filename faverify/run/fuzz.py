@@ -35,7 +35,7 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
         workers: int = 1, isolate: bool = True, timeout: float = 300.0,
         progress_factory: Callable[[str], Callable[[CaseResult], None]] = lambda name: (lambda r: None),
         features: dict | None = None, conventions: dict | None = None, repeat: int = 1,
-        narrow_for: dict | None = None, measure: tuple = ()):
+        narrow_for: dict | None = None, measure: tuple = (), compile_keys: dict | None = None):
     """Fuzz each kernel in turn; returns the Run document.
 
     features: kernel -> the variant features its cases draw (default: the plan's for every kernel).
@@ -43,6 +43,8 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
     repeat: run each case that many times; outputs that differ in any bit fail it ("nondeterministic").
     narrow_for: kernel -> what every case of it needs (Capabilities.draw: splits for a combine).
     measure: relations (run/relations.py) checked on every subject beside those it promises, failing nothing.
+    compile_keys: kernel -> its Subject.compile_key, where it declares one: a parallel run sends each
+    configuration's cases to one worker.
 
     workers: processes per device (several: the parallel mode above). isolate=False evaluates in this
     process (one device, sequential), for speed where no subject can crash the process.
@@ -74,7 +76,9 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
             replay(name, stored, evaluate, stats)
             progress = _stopping(progress_factory(name))
             if parallel:
-                fuzz_parallel(name, plan, pool, stats, progress, warmup, keep=workers)
+                declared = (compile_keys or {}).get(name)
+                key = (lambda case, f=declared, kind=devices[0].type: f(case, kind)) if declared else None
+                fuzz_parallel(name, plan, pool, stats, progress, warmup, keep=workers, key=key)
             else:
                 fuzz_subject(name, plan, evaluate, stats, progress)
         except KeyboardInterrupt:

@@ -20,7 +20,7 @@ from faverify.reports.case_result import CaseResult, skipped_for_memory
 from faverify.reports.collector import Failure, KernelStats, Roots
 from faverify.run.isolation import Task
 from faverify.run.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings, seed_only
-from faverify.run.scheduler import Pool, cores
+from faverify.run.scheduler import Affinity, Pool, cores
 from faverify.subjects import resolve
 
 # The draw and its replay must use the very same settings: Hypothesis's choices depend on max_examples.
@@ -139,9 +139,10 @@ def warm_up(pool, warmup: list, stats: KernelStats) -> None:
 
 def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
                   progress: Callable[[CaseResult], None] = lambda r: None, warmup: list = (),
-                  keep: int | None = None) -> KernelStats:
+                  keep: int | None = None, key: Callable[[Case], tuple] | None = None) -> KernelStats:
     """keep: workers per device after the warm-up (the pool may have started more, to compile on every
-    core)."""
+    core). key: the subject's compile key (Subject.compile_key): each configuration's cases go to the worker
+    that compiled it (scheduler.Affinity)."""
     start = time.perf_counter()
     timing: dict = {}
     drawn = stream_cases(plan, timing)  # drawing while the warm-up compiles
@@ -180,7 +181,8 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
     shrunk: dict = {}  # signature -> (minimal, steps, note)
     try:
         index, count = plan.shard or (0, 1)
-        pool.map(((i, task(i, c)) for i, c in enumerate(drawn) if i % count == index),
+        items = ((i, task(i, c)) for i, c in enumerate(drawn) if i % count == index)
+        pool.map(Affinity(items, lambda t: key(t.case)) if key is not None else items,
                  lambda i, result: record(i, result, hold=True))
         if held:
             # run again on one worker per device, the others idle (they gave back what a case past 2 GiB
