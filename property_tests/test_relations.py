@@ -1,4 +1,6 @@
 """The relations a subject promises (run/relations.py) are checked bit for bit, and a broken one fails."""
+import pytest
+
 from faverify.cases.case import Case
 from faverify.run.evaluate import evaluate
 from faverify.subjects import resolve
@@ -17,13 +19,16 @@ def test_a_batch_entry_that_differs_alone_fails_the_batch_relation():
                                                                  "where": "", "promised": True}, good.relations
 
 
-def test_a_last_row_that_differs_decoded_alone_fails_the_decode_relation():
-    case = Case(2, 9, 7, 2, 1, 16, dtype="fp16", causal=True, seed=2)
-    r = evaluate(resolve(f"{PLANTED}:decode_dependent"), case, "cpu", mode="fwd")
-    assert r.status == "fail" and r.signatures == ["relation:decode"], (r.signatures, r.reason)
-    assert "out of the last query row" in r.reason, r.reason
+@pytest.mark.parametrize("relation, planted, case, where", [
+    ("decode", "decode_dependent", Case(2, 9, 7, 2, 1, 16, dtype="fp16", causal=True, seed=2), "the last query row"),
+    ("repeat", "run_dependent", Case(2, 9, 7, 2, 1, 16, dtype="bf16", seed=3), "the second call")])
+def test_a_call_that_differs_from_its_relation_fails_it(relation, planted, case, where):
+    """A last row that differs decoded alone; a call that differs when repeated. Their control keeps both."""
+    r = evaluate(resolve(f"{PLANTED}:{planted}"), case, "cpu", mode="fwd")
+    assert r.status == "fail" and r.signatures == [f"relation:{relation}"], (r.signatures, r.reason)
+    assert f"out of {where}" in r.reason, r.reason
     good = evaluate(resolve(f"{PLANTED}:relations_kept"), case, "cpu", mode="fwd")
-    assert good.status == "pass" and good.relations["decode"]["equal"], good.relations
+    assert good.status == "pass" and good.relations[relation]["equal"], good.relations
 
 
 def test_a_case_the_relation_cannot_cut_is_not_checked():
@@ -55,15 +60,6 @@ def test_relations_asked_for_are_measured_on_a_subject_that_promises_none(tmp_pa
     bad = cli("fuzz", "--kernel", "sdpa-math", "--iters", "1", "--device", "cpu", "--relations", "order")
     assert bad.exit_code == 2 and "--relations" in bad.stderr and "batch, decode, repeat, splits" in bad.stderr, \
         bad.stderr
-
-
-def test_a_call_that_differs_when_repeated_fails_the_repeat_relation():
-    case = Case(2, 9, 7, 2, 1, 16, dtype="bf16", seed=3)
-    r = evaluate(resolve(f"{PLANTED}:run_dependent"), case, "cpu", mode="fwd")
-    assert r.status == "fail" and r.signatures == ["relation:repeat"], (r.signatures, r.reason)
-    assert "out of the second call" in r.reason, r.reason
-    good = evaluate(resolve(f"{PLANTED}:relations_kept"), case, "cpu", mode="fwd")
-    assert good.status == "pass" and good.relations["repeat"]["equal"], good.relations
 
 
 def test_a_split_call_that_differs_from_one_split_fails_the_splits_relation():
