@@ -48,3 +48,27 @@ def test_a_case_the_script_cannot_express_is_refused_before_it_runs(tmp_path):
     r = cli("repro", "--kernel", "combine", "--device", "cpu", "--case", json.dumps(CASE), "--standalone",
             tmp_path / "r.py")
     assert r.exit_code == 2 and "has no standalone call" in r.stderr, r.stderr
+
+
+def test_the_flash_attn_4_script_calls_the_library_as_its_users_do():
+    """Written for a GPU with flash-attn-4 (not run here): the script compiles, imports the library's own
+    function and no faverify, and leaves out lse, which flash-attn 4 returns in its own conventions."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from faverify.cases.case import Case
+    from faverify.commands.standalone import script
+    from faverify.reports.case_result import CaseResult
+    from faverify.subjects.base import Capabilities, Subject
+    from faverify.subjects.flash_attn_4 import STANDALONE
+    subject = Subject("flash-attn-4", fn=None, caps=Capabilities(lse=True, conventions="flash-attn-4"),
+                      standalone=STANDALONE)
+    case = Case.from_dict(CASE)
+    metrics = {t: SimpleNamespace(allowed=0.01) for t in ("out", "lse")}  # what the script reads of them
+    text = script(subject, case, CaseResult("flash-attn-4", case, "fail", metrics=metrics), torch.device("cuda"),
+                  "r.pt")
+    compile(text, "r.py", "exec")
+    assert "from flash_attn.cute import flash_attn_func" in text
+    assert "import faverify" not in text and "from faverify" not in text
+    assert "ALLOWED = {'out': 0.01}" in text

@@ -108,8 +108,12 @@ def versions():
     if DEVICE == "cuda":
         major, minor = torch.cuda.get_device_capability()
         lines.append(f"GPU {torch.cuda.get_device_name()} (sm {major}.{minor})")
-    for name in sorted({m.split(".")[0] for m in sys.modules} & {"flash_attn", "flashinfer", "triton"}):
-        lines.append(f"{name} {getattr(sys.modules[name], '__version__', '?')}")
+    from importlib import metadata
+    for name in ("flash-attn-4", "flash-attn", "flashinfer-python", "triton"):  # the wheels, not the modules
+        try:
+            lines.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pass
     return lines
 
 

@@ -70,4 +70,13 @@ def make() -> Subject:
                         window=True, softcap=True, sinks=True, head_dim_v=True, varlen=True, paged=True,
                         conventions="flash-attn-4")
     return Subject(name="flash-attn-4", fn=flash_attn_4, caps=caps,
-                   description=f"flash-attn 4 ({_version(cute)}), CuTe-DSL kernels")
+                   description=f"flash-attn 4 ({_version(cute)}), CuTe-DSL kernels", standalone=STANDALONE)
+
+
+# what `repro --standalone` writes for a dense case: the library's own call, as its users make it
+STANDALONE = '''from flash_attn.cute import flash_attn_func
+
+
+def call(q, k, v, causal, softmax_scale):
+    """flash-attn 4's dense call on [b, s, h, d]: (out, lse)."""
+    return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, return_lse=True)'''
