@@ -52,7 +52,8 @@ def test_a_case_the_script_cannot_express_is_refused_before_it_runs(tmp_path):
 
 def test_the_flash_attn_4_script_calls_the_library_as_its_users_do():
     """Written for a GPU with flash-attn-4 (not run here): the script compiles, imports the library's own
-    function and no faverify, and leaves out lse, which flash-attn 4 returns in its own conventions."""
+    function and no faverify, and compares out and lse (flash-attn 4's lse is faverify's: [b, h, sq], base
+    e). A subject whose lse follows other conventions has its lse left out."""
     from types import SimpleNamespace
 
     import torch
@@ -71,4 +72,8 @@ def test_the_flash_attn_4_script_calls_the_library_as_its_users_do():
     compile(text, "r.py", "exec")
     assert "from flash_attn.cute import flash_attn_func" in text
     assert "import faverify" not in text and "from faverify" not in text
-    assert "ALLOWED = {'out': 0.01}" in text
+    assert "ALLOWED = {'out': 0.01, 'lse': 0.01}" in text
+    other = Subject("lse-base-2", fn=None, caps=Capabilities(lse=True, conventions={"lse_base": "2"}),
+                    standalone=STANDALONE)
+    assert "ALLOWED = {'out': 0.01}" in script(other, case, CaseResult("x", case, "fail", metrics=metrics),
+                                               torch.device("cuda"), "r.pt")
