@@ -95,3 +95,22 @@ def test_an_affinity_queue_keeps_each_compile_key_with_the_worker_that_ran_it():
             assert not owners[0] & owners[1], owners  # no key ran on both
         else:
             assert owners[0] & owners[1]  # first in, first out: the same key on both workers
+
+
+def test_a_sequence_counts_the_compiles_and_configurations_of_every_call():
+    """A sequence's earlier calls compile too: its result sums their compiles and unites their keys."""
+    import torch
+
+    from faverify.run.evaluate import evaluate
+    from faverify.subjects.base import Capabilities, Subject
+    from property_tests.planted import correct
+    counted = []
+
+    def compiling(q, k, v, *, causal, softmax_scale):
+        counted.append(1)
+        return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    s = Subject("compiling", compiling, Capabilities(), compiles=lambda: counted.pop() if counted else 0,
+                compile_key=lambda case, kind: ((case.seqlen_q,),))
+    one, two = Case(1, 4, 4, 1, 1, 8, dtype="fp32"), Case(1, 6, 4, 1, 1, 8, dtype="fp32")
+    r = evaluate(s, Case(1, 4, 4, 1, 1, 8, dtype="fp32", before=(one, two)), torch.device("cpu"), mode="fwd")
+    assert r.status == "pass" and r.compiles == 3 and r.compile_keys == ["(4,)", "(6,)"], (r.compiles, r.compile_keys)

@@ -98,18 +98,18 @@ def _sequence(subject: Subject, case: Case, device: torch.device, settings: dict
     theirs); else the last call's, as the whole sequence. The phases are the calls' together."""
     calls = case.before + (dataclasses.replace(case, before=()),)
     phases: dict = {}
-    seconds = 0.0
+    seconds, compiles, keys = 0.0, 0, []
     for i, call in enumerate(calls):
         if i and settings["tell"]:
             settings["tell"]("subject")  # the subject's time again: the next call's
         last = i == len(calls) - 1
         r = evaluate(subject, call, device, **{**settings, "gradcheck": settings["gradcheck"] and last})
-        seconds += r.seconds
+        seconds, compiles, keys = seconds + r.seconds, compiles + r.compiles, keys + r.compile_keys
         for phase, t in r.phases.items():
             phases[phase] = phases.get(phase, 0.0) + t
         if r.failed or r.status == "error" or last:
             r.case = dataclasses.replace(call, before=case.before[:i])
-            r.phases, r.seconds = phases, seconds
+            r.phases, r.seconds, r.compiles, r.compile_keys = phases, seconds, compiles, list(dict.fromkeys(keys))
             return r
     raise AssertionError("unreachable: the last call returns")
 
