@@ -192,8 +192,8 @@ class Case:
         return self.masked_rows > 0
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(dataclasses.replace(self, before=()))
-        if self.before:
+        d = dataclasses.asdict(self)
+        if self.before:  # each earlier call as its own JSON, its variant fields left out when off
             d["before"] = [c.to_dict() for c in self.before]
         for name, off in VARIANT_DEFAULTS.items():
             if d[name] == off:

@@ -16,6 +16,7 @@ import torch
 
 from faverify import __version__
 from faverify.cases.case import Case
+from faverify.cases.conventions import DEFAULT as DEFAULT_CONVENTIONS
 from faverify.cases.inputs import make_inputs
 from faverify.dtypes import UNIT_ROUNDOFF
 from faverify.errors import UsageError
@@ -31,9 +32,11 @@ def refusal(subject: Subject, case: Case) -> str | None:
     if not subject.standalone:
         return f"{subject.name} has no standalone call (module:function subjects and the sdpa backends have one)"
     extra = [f for f in case.features() if f != "head_dim_v"]
-    if case.kind != "dense" or extra or case.before:
-        what = ", ".join(extra) or case.kind if not case.before else "earlier calls"
-        return f"takes a dense case of one call without variant features, masks or biases; this one has {what}"
+    if case.before:
+        return "takes a case of one call; this one has earlier calls"
+    if case.kind != "dense" or extra:
+        return ("takes a dense case without variant features, masks or biases; this one has "
+                + (", ".join(extra) or case.kind))
     return None
 
 
@@ -51,7 +54,7 @@ def write(path: Path, subject: Subject, case: Case, result: CaseResult, device: 
 
 def script(subject: Subject, case: Case, result: CaseResult, device: torch.device, inputs: str) -> str:
     judged = {t: m for t, m in result.metrics.items() if t in JUDGED}
-    if subject.caps.conventions.describe() != _default_conventions():  # its lse in its own units: not compared
+    if subject.caps.conventions != DEFAULT_CONVENTIONS:  # its lse in its own units: not compared
         judged.pop("lse", None)
     allowed = {t: m.allowed for t, m in judged.items()}
     unit = {t: UNIT_ROUNDOFF["fp32" if t == "lse" else case.dtype] for t in judged}
@@ -66,11 +69,6 @@ def script(subject: Subject, case: Case, result: CaseResult, device: torch.devic
                 f"UNIT = {unit!r}  # each tensor's unit roundoff: its own rounding is not counted\n")
     return "\n".join([header, "import sys", "from pathlib import Path", "", "import torch", "", subject.standalone,
                       "", settings, _BODY])
-
-
-def _default_conventions() -> str:
-    from faverify.cases.conventions import DEFAULT
-    return DEFAULT.describe()
 
 
 _BODY = '''

@@ -117,7 +117,7 @@ class KernelStats:
     calls: int = 0  # the subject's calls judged: a case's, or each call of a sequence (Case.before) up to its end
     compiles: int = 0  # what the subject compiled, over the cases (Subject.compiles)
     configurations: set = field(default_factory=set)  # the distinct compile keys of the cases run
-    shapes: int = 0  # the shape budget its cases were drawn under (--shapes, or the default of a compiling subject)
+    shapes: int = 0  # the shape budget its cases were drawn under (--shapes; 0: none)
     warmup_cases: int = 0  # unjudged cases run first so each compiled variant compiles once (parallel.warm_up)
     warmup_seconds: float = 0.0
     memory_retried: int = 0  # cases skipped for memory beside other workers, run again alone (parallel.py)

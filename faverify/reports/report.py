@@ -49,8 +49,9 @@ def failure_block(f: Failure, style: str) -> str:
                      + (f"; {f.note}" if f.note else "") + companions),
              st.text(f"minimal case: {m.case.short()}"),
              st.text(f"reason: {m.reason}")]
-    if f.sequence and Case.from_json(f.sequence) != m.case:  # what fails again in a fresh process
-        lines.append(st.text(f"fails again in one fresh process as: {Case.from_json(f.sequence).short()}"))
+    replayed = Case.from_json(f.sequence) if f.sequence else m.case
+    if replayed != m.case:  # what fails again in a fresh process
+        lines.append(st.text(f"fails again in one fresh process as: {replayed.short()}"))
     parts = ["\n".join(st.item(line) for line in lines),
              f"```json\n{m.case.to_json()}\n```" if st.md else m.case.to_json()]
     if m.metrics:
