@@ -57,6 +57,9 @@ def test_the_draw_makes_fp8_cases_of_both_granularities_and_the_tail_mass_regime
     assert all(c.features() == ("fp8",) and c.dtype == "bf16" for c in fp8)
     alone = draw_cases(dataclasses.replace(plan, features=("fp8",), iters=60))
     assert sum(c.fp8 != "off" for c in alone) > 30 and "tail-mass" in {c.regime for c in alone}
+    narrowed = draw_cases(dataclasses.replace(plan, features=("fp8",), iters=60, narrow={"regimes": ("normal",)}))
+    # --regimes holds for FP8 cases too; tail-mass is FP8's own
+    assert {c.regime for c in narrowed if c.fp8 != "off"} == {"normal", "tail-mass"}
 
 
 @pytest.mark.parametrize("name, tail, plain", [("fp8_right", "pass", "pass"), ("fp8_p_unscaled", "fail", "pass"),
