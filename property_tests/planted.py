@@ -115,6 +115,21 @@ def segfaults(q, k, v, *, causal, softmax_scale):
     return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
 
 
+def faults_late(q, k, v, *, causal, softmax_scale):
+    """On causal cases, a fault that surfaces only after it returns, in faverify's own code (a stand-in for a
+    kernel's asynchronous CUDA fault, reported by the next call that synchronizes): faverify's next look at
+    the inputs raises as a lost context does, once."""
+    if causal:
+        from faverify.run import evaluate
+        looked = evaluate.changed_inputs
+
+        def lost_context(*args, **kwargs):
+            evaluate.changed_inputs = looked
+            raise RuntimeError("CUDA error: unspecified launch failure (planted)")
+        evaluate.changed_inputs = lost_context
+    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
 def hangs(q, k, v, *, causal, softmax_scale):
     """Never returns when seqlen_q > 100 (a stand-in for a kernel that deadlocks)."""
     if q.shape[1] > 100:

@@ -24,6 +24,27 @@ def test_a_faulting_subject_is_a_crash_and_the_run_goes_on(tmp_path):
     assert "died" in crash["minimal"]["reason"] and crash["minimal"]["case"]["causal"]
 
 
+@pytest.mark.parametrize("isolate", [True, False])
+def test_a_fault_that_surfaces_in_faverifys_code_is_the_subjects_crash(tmp_path, isolate):
+    """A kernel's CUDA fault is reported at the next call that synchronizes, often faverify's own after the
+    subject returned: it is the subject's crash, never faverify's error, and the process that lost its
+    context runs nothing more (a fresh worker goes on; in one process, the cases after it are skipped)."""
+    r = cli("fuzz", "--kernel", "property_tests.planted:faults_late", "--iters", "6", "--device", "cpu",
+            "--shrink-budget", "2", *([] if isolate else ["--no-isolate"]), "--json", tmp_path / "run.json")
+    assert r.exit_code == 1, r.stderr
+    run = read_json(tmp_path / "run.json")["kernels"][0]
+    summary = run["summary"]
+    assert summary["errors"] == 0 and summary["crashed"] >= 1, summary
+    crash = [f for f in run["failures"] if f["signature"] == "crash"][0]
+    assert crash["minimal"]["case"]["causal"]
+    assert "CUDA context lost (the fault surfaced in faverify's code" in crash["minimal"]["reason"]
+    if isolate:
+        assert summary["passed"] >= 1 and summary["worker_restarts"] >= 1
+    else:
+        assert summary["passed"] + summary["crashed"] + summary["skipped"] == 6 and summary["skipped"] >= 1
+        assert all("context was lost on an earlier case" in reason for reason in summary["skip_reasons"])
+
+
 def test_a_hanging_subject_times_out_and_the_run_goes_on(tmp_path):
     """Each hang costs the timeout and a new worker: 4 cases (2 of them hang) and one shrink step."""
     r = cli("fuzz", "--kernel", "property_tests.planted:hangs", "--iters", "4", "--device", "cpu",

@@ -36,8 +36,10 @@ def repro(
     """Run one case (as printed by fuzz) and print its error table. A case with `before` is a call sequence:
     those calls run first, in the same process, each judged."""
     from faverify import devices
+    from faverify.reports.case_result import own_error
     from faverify.reports.report import METRIC_HEADERS, metrics_rows, table
     from faverify.run.evaluate import evaluate
+    from faverify.run.guard import blame_lost_context, context_lost
     from faverify.subjects import resolve
 
     tolerance = tolerance_from(factor, atol, tight)
@@ -61,8 +63,14 @@ def repro(
         finally:
             worker.stop()
     else:
-        result = evaluate(subject, the_case, target, mode=mode.value, tolerance=tolerance, gradcheck=gradcheck,
-                          repeat=repeat)
+        try:
+            result = evaluate(subject, the_case, target, mode=mode.value, tolerance=tolerance,
+                              gradcheck=gradcheck, repeat=repeat)
+        except Exception as e:
+            result = own_error(kernel, the_case, e, str(target))
+            if not context_lost(result):  # faverify's own bug: raised as every other command's is
+                raise
+        blame_lost_context(result)
     for i, call in enumerate(the_case.before):
         say(f"earlier call {i + 1} of {len(the_case.before)}: {call.short()}")
     say(f"{kernel} on {target}: {the_case.short()}")

@@ -93,6 +93,10 @@ def verdict_lines(run: Run, style: str) -> list:
     if not failures and not run.failed:
         if run.ran == 0:
             return [f"{st.bold('NOTHING RAN')}: every case of {kernels} was skipped{interrupted}"]
+        if run.errors:  # cases nobody judged: a pass would claim them
+            return [f"{st.bold('INCOMPLETE')}: faverify's own code raised on {run.errors} of {run.ran} cases of "
+                    f"{kernels} (a bug in faverify), which were not judged; the other {run.ran - run.errors} "
+                    f"passed{interrupted}"]
         if interrupted:  # a part of the run passed: nothing was proven of the whole
             return [f"{st.bold('INTERRUPTED')}: {run.ran} cases of {kernels} ran before the stop, all within "
                     "tolerance of the FP64 reference; the run did not finish"]

@@ -20,6 +20,7 @@ from faverify.reports.results import Run
 from faverify.run import examples
 from faverify.run.confirm import confirm, repro_flags, unconfirmed
 from faverify.run.evaluate import evaluate as evaluate_case
+from faverify.run.guard import blame_lost_context, context_lost
 from faverify.run.isolation import HISTORY, case_workers
 from faverify.run.parallel import draw_cases, fuzz_parallel, warmup_cases
 from faverify.run.plan import FuzzPlan
@@ -119,13 +120,21 @@ def _in_process(name: str, device, mode: str, tolerance, repeat: int,
     """Evaluate cases in this process (--no-isolate): faverify's own error on a case is that case's result."""
     subject = resolve(name)
     history: list = []  # the cases this process ran, as a worker keeps them (isolation.Worker.history)
+    lost: list = []  # the case on which this process's CUDA context was lost: nothing after it can run here
 
     def evaluate(case: Case, gradcheck: bool) -> CaseResult:
+        if lost:
+            return CaseResult(name, case, "skip", "not run: this process's CUDA context was lost on an earlier "
+                              "case (" + lost[0].short() + "); without --no-isolate each case after a crash "
+                              "runs in a fresh worker", device=str(device))
         try:
             result = evaluate_case(subject, case, device, mode=mode, tolerance=tolerance, gradcheck=gradcheck,
                                    repeat=repeat, measure=measure)
         except Exception as e:  # faverify's own bug: this case's error, and the run goes on
             result = own_error(name, case, e, str(device))
+        if context_lost(result):
+            lost.append(case)
+        blame_lost_context(result)
         result.history = tuple(history)
         history[:] = (history + [case])[-HISTORY:]
         return result

@@ -42,3 +42,27 @@ def subject_code(in_worker: bool, skips: bool = False):
         raise SubjectRaised(e) from e
     except BaseException as e:
         raise SubjectRaised(e) from e
+
+
+# Messages after which a CUDA context cannot be trusted. A kernel's fault is reported asynchronously, at
+# the next call that synchronizes: often faverify's own code after the subject returned (a copy, a
+# reduction, a memory query). torch's own ops do not fault on valid tensors, so such an error is the
+# subject's whichever code it surfaced in.
+POISONED = ("CUDA error", "illegal memory access", "device-side assert", "unspecified launch failure",
+            "CUBLAS_STATUS_EXECUTION_FAILED", "misaligned address")
+
+
+def context_lost(result) -> bool:
+    """Whether a case's result (a failure, or faverify's own error) carries a fault of the CUDA context."""
+    return result.status in ("fail", "crash", "error") and any(m in result.reason for m in POISONED)
+
+
+def blame_lost_context(result):
+    """A result whose CUDA context was lost, made the subject's crash (in place; returned): the fault came
+    from the kernel the case ran, wherever it surfaced. The reason keeps where it surfaced."""
+    if context_lost(result):
+        where = " in faverify's code after the subject returned" if result.status == "error" else ""
+        result.status, result.signatures = "crash", ["crash"]
+        reason = result.reason.removeprefix("faverify raised ")
+        result.reason = f"CUDA context lost (the fault surfaced{where}): {reason}"
+    return result

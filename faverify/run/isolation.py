@@ -22,12 +22,10 @@ from faverify.judge.verdict import Tolerance
 from faverify.reports.case_result import CaseResult, failure, own_error
 from faverify.run import processes
 from faverify.run.evaluate import evaluate, exercise
+from faverify.run.guard import blame_lost_context, context_lost
 from faverify.run.scheduler import POLL_SECONDS, cores
 from faverify.subjects import resolve
 
-# Messages after which a CUDA context cannot be trusted: the worker reports a crash and exits.
-_POISONED = ("CUDA error", "illegal memory access", "device-side assert", "unspecified launch failure",
-             "CUBLAS_STATUS_EXECUTION_FAILED", "misaligned address")
 STARTUP_SECONDS = 120.0  # importing torch and initializing CUDA happen once per worker, not per case
 # faverify's own time on a case after the subject returned (the FP64 reference, the metrics, a gradient check),
 # beside the subject's --timeout: past it the case is faverify's error, never the kernel's timeout
@@ -100,11 +98,8 @@ def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: in
                                   tell=lambda phase: conn.send((phase, None)))
         except BaseException as e:  # faverify's own bug while judging: its error, not the subject's failure
             result = own_error(kernel, case, e, device)
-        poisoned = result.failed and any(marker in result.reason for marker in _POISONED)
-        if poisoned:
-            result.status, result.signatures = "crash", ["crash"]
-            result.reason = "CUDA context lost: " + result.reason
-        conn.send(("result", result.to_dict()))
+        poisoned = context_lost(result)  # the subject's crash, and this process cannot go on
+        conn.send(("result", blame_lost_context(result).to_dict()))
         if poisoned:
             return
 
