@@ -20,7 +20,9 @@ def nvcc_or_skip() -> str:
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
+    """An empty cache, on disk and in this process (a library an earlier test loaded would be reused)."""
     monkeypatch.setenv("FAVERIFY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "_LOADED", {})
     return tmp_path / "cache" / "cuda"
 
 

@@ -45,6 +45,15 @@ def test_a_fault_that_surfaces_in_faverifys_code_is_the_subjects_crash(tmp_path,
         assert all("context was lost on an earlier case" in reason for reason in summary["skip_reasons"])
 
 
+def test_a_subject_that_cannot_load_in_a_worker_for_the_machines_reason_stops_with_exit_2(tmp_path):
+    """A missing toolchain in the workers is the machine's problem: one clear line and exit 2, never a crash
+    of the kernel on every case."""
+    r = cli("fuzz", "--kernel", "property_tests.planted_worker_load:correct", "--iters", "4", "--device", "cpu",
+            "--no-db")
+    assert r.exit_code == 2 and "could not load in a worker process" in r.stderr and "gcc" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "crash" not in r.stderr, r.stderr
+
+
 def test_a_hanging_subject_times_out_and_the_run_goes_on(tmp_path):
     """Each hang costs the timeout and a new worker: 4 cases (2 of them hang) and one shrink step."""
     r = cli("fuzz", "--kernel", "property_tests.planted:hangs", "--iters", "4", "--device", "cpu",

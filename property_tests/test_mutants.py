@@ -1,4 +1,8 @@
 """faverify mutants: every seeded bug is caught, and the unmutated kernels pass under the same settings."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -7,6 +11,11 @@ from faverify.kernels.mutants.catalog import HOPPER_MUTANTS, MUTANTS, Mutant, ap
 from property_tests.cli_helpers import cli, read_json
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# the tests that fuzz mutants on the CPU: the Triton kernels run there only under the interpreter
+on_the_interpreter = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the Triton kernels run on the CPU only under TRITON_INTERPRET=1; this machine runs them on its GPU, "
+           "where test_a_hopper_mutant_fails_in_a_worker_process and the full mutants run fuzz them")
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
@@ -87,6 +96,17 @@ def test_mutants_of_the_hopper_kernels_run_only_where_they_do():
         assert r.exit_code == 2 and f"--only='{name}': its code runs only on sm_90 GPUs" in r.stderr, r.stderr
 
 
+def test_a_device_the_mutated_kernels_do_not_run_on_is_a_usage_error():
+    """Without the interpreter the Triton kernels run on the GPU alone: --device cpu would skip every case and
+    report each mutant as surviving, for nothing."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    r = subprocess.run([sys.executable, "-m", "faverify", "mutants", "--only", "no-final-division", "--device",
+                        "cpu"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--device='cpu': the mutated kernels (triton) run on cuda in this process" \
+        in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@on_the_interpreter
 def test_mutants_in_parallel_jobs(tmp_path):
     """The GPU default: mutants fuzzed at once, each in a job process with its own worker (the slow test
     below runs them one after another, the CPU default)."""
@@ -223,6 +243,7 @@ def test_a_mutant_that_does_not_parse_is_an_error_row_not_a_kill():
     assert not row["killed"] and "no longer parses" in row["reason"], row
 
 
+@on_the_interpreter
 def test_a_kill_counts_only_where_the_control_passes_what_the_mutant_failed():
     """The unmutated kernels are run on a kill's minimal case in the mode of the mutant's failure: the
     forward alone for out or lse (the interpreter's backward costs twice the forward), both otherwise. A

@@ -93,6 +93,7 @@ def _chosen(only: Optional[str], target, dtypes: tuple) -> tuple:
     """(the mutants to run, {name: why} of those that cannot run on this device or dtypes); naming one of
     those in --only is an error."""
     from faverify.kernels.mutants.catalog import BY_NAME, left_out
+    from faverify.subjects import resolve
     names = [n.strip() for n in (only or ",".join(BY_NAME)).split(",") if n.strip()]
     for n in names:
         if n not in BY_NAME:
@@ -101,7 +102,14 @@ def _chosen(only: Optional[str], target, dtypes: tuple) -> tuple:
     if only is not None and elsewhere:
         first = next(iter(elsewhere))
         raise UsageError("--only", first, elsewhere[first])
-    return [n for n in names if n not in elsewhere], elsewhere
+    names = [n for n in names if n not in elsewhere]
+    for subject in dict.fromkeys(BY_NAME[n].subject for n in names):
+        devices = resolve(subject).caps.devices  # every case would be skipped: a survival for nothing
+        if target.type not in devices:
+            raise UsageError("--device", str(target), f"the mutated kernels ({subject}) run on "
+                             f"{', '.join(devices)} in this process; Triton runs on the CPU only under "
+                             "TRITON_INTERPRET=1, set before faverify starts")
+    return names, elsewhere
 
 
 def _show(report: dict, elsewhere: dict) -> None:

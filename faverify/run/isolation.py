@@ -18,6 +18,7 @@ import torch
 
 from faverify.cases import golden_files
 from faverify.cases.case import Case
+from faverify.errors import EnvironmentProblem, UsageError
 from faverify.judge.verdict import Tolerance
 from faverify.reports.case_result import CaseResult, failure, own_error
 from faverify.run import processes
@@ -74,7 +75,10 @@ def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: in
         tol = Tolerance.from_dict(tolerance)
         conn.send(("ready", None))
     except BaseException as e:  # a subject that cannot load: told to the parent, which reports it
-        conn.send(("error", f"{type(e).__name__}: {e}"))
+        # a missing toolchain (EnvironmentProblem) or a module that will not import (UsageError) is no crash
+        # of the kernel: the run stops with exit 2, as it would had this process failed to load it
+        stops = isinstance(e, (EnvironmentProblem, UsageError))
+        conn.send(("environment" if stops else "error", f"{type(e).__name__}: {e}"))
         return
     while True:
         try:
@@ -188,6 +192,9 @@ class Worker:
                     self.judging, self.sent_at = kind == "judging", time.monotonic()
                     continue
                 self.pending = None
+                if kind == "environment":  # this machine cannot run the subject: exit 2, as in this process
+                    self.stop()
+                    raise EnvironmentProblem(f"{self.kernel} could not load in a worker process: {payload}")
                 if kind == "error":  # the subject would not load in the worker
                     self.stop()
                     return failure(self.kernel, case, "crash", f"the worker could not load the subject: {payload}",
