@@ -53,6 +53,7 @@ def confirm(failures: list, kernel: str, device, *, mode: str, tolerance: Tolera
         f.flags = repro_flags(f.signature, mode, tolerance, timeout, repeat)
     settings = dict(mode=mode, tolerance=tolerance, timeout=timeout, repeat=repeat)
     for f in failures:
+        _without_needless_calls(f, kernel, device, **settings)
         result = replay(f, kernel, device, **settings)
         f.replayed = REPLAY_FAILED if result.failed else REPLAY_PASSED
         f.replay_reason = result.reason if result.failed else PASSED_ALONE
@@ -63,6 +64,14 @@ def confirm(failures: list, kernel: str, device, *, mode: str, tolerance: Tolera
                 f.replayed = REPLAY_FAILED
                 f.replay_reason = (f"passes alone; fails after {len(found.before)} earlier call(s) in one process, "
                                    "a state carried from call to call")
+
+
+def _without_needless_calls(f: Failure, kernel: str, device, **settings) -> None:
+    """A minimal case that is a call sequence, made its last call alone where that fails as it did: the
+    shrink keeps earlier calls whenever dropping them would change the last call (a sequence draws each
+    call from the one before), and a failure that needs none has its smallest input without them."""
+    if f.minimal.case.before:
+        f.minimal = _failing(replace(f.minimal.case, before=()), f, kernel, device, **settings) or f.minimal
 
 
 def replay(f: Failure, kernel: str, device, *, mode: str, tolerance: Tolerance, timeout: float, repeat: int):
@@ -78,16 +87,20 @@ def replay(f: Failure, kernel: str, device, *, mode: str, tolerance: Tolerance, 
 SEQUENCE_TRIALS = 24
 
 
-def _fails(case, f: Failure, kernel: str, device, **settings) -> bool:
-    """Whether `case` (a call sequence) fails in one fresh worker as `f` did (its signature, or a crash or
-    timeout where it was one)."""
+def _failing(case, f: Failure, kernel: str, device, **settings):
+    """`case` (a call sequence) in one fresh worker: its result where it fails as `f` did (its signature, or
+    a crash or timeout where it was one), else None."""
     worker = Worker(kernel, str(device), settings["mode"], settings["tolerance"].to_dict(), settings["timeout"],
                     settings["repeat"])
     try:
         r = worker.evaluate(case, f.signature.startswith("gradcheck"))
     finally:
         worker.stop()
-    return r.failed and (f.signature in r.signatures or f.signature == r.status)
+    return r if r.failed and (f.signature in r.signatures or f.signature == r.status) else None
+
+
+def _fails(case, f: Failure, kernel: str, device, **settings) -> bool:
+    return _failing(case, f, kernel, device, **settings) is not None
 
 
 def earlier_calls(f: Failure, kernel: str, device, **settings) -> Case | None:
