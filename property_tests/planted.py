@@ -277,6 +277,10 @@ def _variant(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.
     top = full.amax(dim=-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     total = torch.exp(full - top).sum(dim=-1, keepdim=True)
+    if bug == "off-by-one-unshifted" and sinks is not None and not sinks.any():
+        # the off-by-one sink as a literal 1 in the denominator, where exp(0 - max) belongs
+        total = torch.exp(s - top).sum(dim=-1, keepdim=True) + 1.0
+        lse_all = (top + torch.log(total)).squeeze(-1)
     p = torch.where(total > 0, torch.exp(s - top) / total, torch.zeros_like(s))
     out = (p @ vt).transpose(1, 2).to(q.dtype)
     lse = lse_keys if bug == "sink-not-in-lse" else lse_all
@@ -308,6 +312,7 @@ softcap_before_scale = _planted("softcap-before-scale")  # caps q.k, then scales
 alibi_no_offset = _planted("alibi-no-offset")  # -slope * |i - j|, top-left instead of bottom-right
 sink_not_in_lse = _planted("sink-not-in-lse")  # out right, lse of the keys alone
 sink_no_grad = _planted("sink-no-grad")  # the sink detached: dsinks 0
+off_by_one_unshifted = _planted("off-by-one-unshifted")  # the fixed sink's weight 1, not exp(-max)
 
 
 def declares_window_without_keyword(q, k, v, *, causal, softmax_scale):

@@ -179,6 +179,7 @@ def test_the_fuzz_draws_every_declared_feature_and_counts_them(tmp_path):
     ("alibi_no_offset", "alibi", "out:tolerance"),
     ("sink_not_in_lse", "sinks", "lse:"),
     ("sink_no_grad", "sinks", "dsinks:tolerance"),
+    ("off_by_one_unshifted", "sinks", "out:"),
 ])
 def test_a_planted_bug_per_feature_is_caught_and_shrunk_to_a_case_that_names_it(bug, feature, signature, tmp_path):
     """The control (variant_correct) passes the same draw: without the feature in the reference it would
@@ -189,6 +190,8 @@ def test_a_planted_bug_per_feature_is_caught_and_shrunk_to_a_case_that_names_it(
     assert by_feature[feature]["failed"] > 0 and by_feature.get("dense", {"failed": 0})["failed"] == 0
     minimal = Case.from_dict(mine[0]["minimal"]["case"])
     assert feature in minimal.features() and minimal.seqlen_q * minimal.seqlen_k <= 16
+    if bug == "off_by_one_unshifted":  # only the fixed sink takes the planted path
+        assert minimal.sinks == "zero", minimal
     control = cli("fuzz", "--kernel", "property_tests.planted:variant_correct", *args)
     assert control.exit_code == 0, control.stdout[-2000:]
 

@@ -63,6 +63,7 @@ EDGES: dict[str, tuple] = {
     ),
     "alibi": tuple((form, lambda c, f=form: c.alibi == f) for form in ("head", "batch-head", "zero")),
     "sinks": tuple((place, lambda c, p=place: c.sinks == p) for place in ("around", "above", "below")) + (
+        ("the off-by-one sink (a fixed 0)", lambda c: c.sinks == "zero"),
         ("sinks on rows that see no key", lambda c: c.sinks != "off" and _rows_without_key(c)),
     ),
     "head_dim_v": (

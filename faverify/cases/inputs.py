@@ -44,6 +44,7 @@ class Inputs:
     dout: torch.Tensor
     alibi_slopes: torch.Tensor | None = None  # fp32 [h] or [b, h]
     sinks: torch.Tensor | None = None  # fp32 [h]; a leaf that requires grad when the case runs backward
+    fixed_sinks: bool = False  # the sinks are a fixed logit (the off-by-one sink): never a gradient's leaf
     # ragged cases (ragged.py): varlen offsets int32 [batch + 1]; paged block table and cache lengths, and
     # the keys and values each sequence must read ([batch, max cache, hk, d]: the reference's, never passed)
     cu_seqlens_q: torch.Tensor | None = None
@@ -83,7 +84,7 @@ class Inputs:
         if not dout:
             fields["dout"] = self.dout
         if self.sinks is not None:
-            fields["sinks"] = self.sinks.detach().clone().requires_grad_(requires_grad)
+            fields["sinks"] = self.sinks.detach().clone().requires_grad_(requires_grad and not self.fixed_sinks)
         if self.bias is not None:
             fields["bias"] = self.bias.detach().clone().requires_grad_(requires_grad and self.bias.requires_grad)
         return Inputs(**fields)
@@ -92,7 +93,7 @@ class Inputs:
         """What gradients are taken with respect to, by the gradient's name: q, k, v, and the sinks and the
         bias when the case asks for theirs."""
         named = dict(zip(("dq", "dk", "dv"), self.tensors()))
-        if self.sinks is not None:
+        if self.sinks is not None and not self.fixed_sinks:
             named["dsinks"] = self.sinks
         if self.bias is not None and self.bias.requires_grad:
             named["dbias"] = self.bias
@@ -109,7 +110,7 @@ def variant_of(case: Case, x: Inputs, conventions: Conventions = DEFAULT_CONVENT
     """What the reference adds to dense attention for this case and its inputs, under the conventions."""
     left, right = case.bounds
     return Variant(left=left, right=right, softcap=case.softcap, alibi_slopes=x.alibi_slopes,
-                   sinks=None if x.sinks is None else x.sinks.detach(),
+                   sinks=None if x.sinks is None else x.sinks.detach(), sinks_learned=not x.fixed_sinks,
                    offset=conventions.offset(case.seqlen_q, case.seqlen_k), alibi_form=conventions.alibi,
                    mask=x.attn_mask, bias=None if x.bias is None else x.bias.detach(), score_mod=x.score_mod)
 
@@ -155,13 +156,12 @@ def lay_out(case: Case, values: Inputs, *, requires_grad: bool = False) -> Input
     dout = values.dout
     if case.layout == "transposed":  # dO from a transpose as well, as callers' gradients often are
         dout = dout.transpose(1, 2).contiguous().transpose(1, 2)
-    sinks = values.sinks
-    if sinks is not None:
-        sinks = sinks.detach().clone().requires_grad_(requires_grad)
+    sinks = _sinks_leaf(case, values.sinks, requires_grad)
     bias = values.bias
     if bias is not None:
         bias = bias.detach().clone().requires_grad_(requires_grad and case.bias_grad)
-    return Inputs(q, k, v, dout, values.alibi_slopes, sinks, mask_mod=values.mask_mod, attn_mask=values.attn_mask,
+    return Inputs(q, k, v, dout, values.alibi_slopes, sinks, case.sinks == "zero", mask_mod=values.mask_mod,
+                  attn_mask=values.attn_mask,
                   block_mask=values.block_mask, bias=bias, score_mod=values.score_mod, q_descale=values.q_descale,
                   k_descale=values.k_descale, v_descale=values.v_descale)
 
@@ -170,14 +170,19 @@ def _lay_out_ragged(case: Case, values: Inputs, requires_grad: bool) -> Inputs:
     """Pack or page a padded draw; inputs already packed or paged (a rerun's) are copied afresh."""
     if values.cu_seqlens_q is not None or values.block_table is not None:
         return values.copy(requires_grad=requires_grad)
-    sinks = values.sinks
-    if sinks is not None:
-        sinks = sinks.detach().clone().requires_grad_(requires_grad)
+    sinks = _sinks_leaf(case, values.sinks, requires_grad)
     if case.kind == "varlen":
         parts = ragged.pack(case, values.q, values.k, values.v, values.dout, requires_grad)
     else:  # paged: q as a dense batch; no gradients are asked of it (decode kernels are forward-only)
         parts = dict(q=margined(values.q, requires_grad), dout=values.dout, **ragged.page(case, values.k, values.v))
-    return Inputs(alibi_slopes=values.alibi_slopes, sinks=sinks, **parts)
+    return Inputs(alibi_slopes=values.alibi_slopes, sinks=sinks, fixed_sinks=case.sinks == "zero", **parts)
+
+
+def _sinks_leaf(case: Case, sinks: torch.Tensor | None, requires_grad: bool) -> torch.Tensor | None:
+    """A fresh copy of the sinks, a leaf that requires grad where the case runs backward and learns them."""
+    if sinks is None:
+        return None
+    return sinks.detach().clone().requires_grad_(requires_grad and case.sinks != "zero")
 
 
 def draw_values(case: Case, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -289,6 +294,8 @@ def _sinks(case: Case, q, k, g: torch.Generator, device: torch.device) -> torch.
     if case.sinks == "off":
         return None
     h = case.nheads
+    if case.sinks == "zero":
+        return torch.zeros(h, device=device)
     z = torch.randn(h, generator=g, device=device)
     if case.sinks == "around":
         return z + _row_lse(case, q, k)

@@ -361,8 +361,9 @@ def variants(draw, features: tuple, *, seqlen_k: int, forced: str | None = None,
         elif f == "alibi":
             out["alibi"] = draw(st.sampled_from(("head", "batch-head", "zero")))
         elif f == "sinks":
-            # about the rows' lse (twice as often: there its gradient is largest), all the weight, none
-            out["sinks"] = draw(st.sampled_from(("around", "above", "below", "around")))
+            # about the rows' lse (twice as often: there its gradient is largest), all the weight, none, and
+            # the off-by-one sink's fixed 0
+            out["sinks"] = draw(st.sampled_from(("around", "above", "below", "around", "zero")))
         elif f == "head_dim_v":
             # up to 256 like q/k's (what most kernels take), 512 (MLA) among the edges
             listed = [d for d in HEAD_DIMS_V + HEAD_DIMS if d <= max_head_dim_v]

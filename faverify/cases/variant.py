@@ -19,6 +19,7 @@ class Variant:
     softcap: float = 0.0
     alibi_slopes: torch.Tensor | None = None  # fp32 [h] or [b, h]
     sinks: torch.Tensor | None = None  # fp32 [h]
+    sinks_learned: bool = True  # False: a fixed logit (the off-by-one sink), whose gradient nobody asks
     offset: int | None = None  # row i's diagonal key is i + offset; None: sk - sq (bottom-right)
     alibi_form: str = "flash"  # or "relative": + slope * (j - diagonal) (conventions.ALIBI_FORMS)
     # masks.py: a bool keep-mask and an additive bias, [B, H, SQ, SK] broadcasting over [b, h, sq, sk]

@@ -20,8 +20,10 @@ MAX_SEQUENCES = 1 << 16  # of a varlen or paged case
 # ALiBi slopes: per head, per batch and head, or all zero (must give dense attention); drawn from the seed
 ALIBI = ("off", "head", "batch-head", "zero")
 # Sink logits per head, drawn from the seed: about the size of the rows' own log-sum-exp, far above every
-# logit (all weight on the sink, out near 0) or far below (no weight on it)
-SINKS = ("off", "around", "above", "below")
+# logit (all weight on the sink, out near 0) or far below (no weight on it); learned, their gradient judged.
+# "zero": the off-by-one sink (Transformer Engine's softmax_type="off-by-one"), a fixed logit 0 that is not
+# learned: passed as a zero tensor that asks no gradient
+SINKS = ("off", "around", "above", "below", "zero")
 # "varlen", "paged" and "splits" change the batch's shape rather than the logits (docs/design.md, "Ragged
 # and paged"): sequences of their own lengths packed along the token axis, keys in a paged cache, and the
 # keys cut into split-KV partial results

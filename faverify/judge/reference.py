@@ -106,7 +106,8 @@ def _setup(q, k, v, dout, variant, compute, round_to, with_scales, scale) -> Sim
     st.dq = torch.zeros(b, hk, g, sq, d, dtype=compute, device=dev) if grads else None
     st.dk_heads = torch.zeros(b, hk, g, sk, d, dtype=compute, device=dev) if grads else None
     st.dv_heads = torch.zeros(b, hk, g, sk, dv, dtype=compute, device=dev) if grads else None
-    st.dsinks = torch.zeros(hk, g, dtype=compute, device=dev) if grads and st.sink is not None else None
+    learned = st.sink is not None and variant.sinks_learned
+    st.dsinks = torch.zeros(hk, g, dtype=compute, device=dev) if grads and learned else None
     st.dbias = torch.zeros(variant.bias.shape, dtype=compute, device=dev) if grads and st.bias is not None else None
     st.acc = _ScaleAccumulator(st.Q, st.K, st.V, st.dO, scale, st.slopes, st.sink, sq) if with_scales else None
     st.cols = torch.arange(sk, device=dev)
