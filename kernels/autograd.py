@@ -7,21 +7,24 @@ from typing import Callable
 import torch
 
 
-def row_stats_function(name: str, forward: Callable, backward: Callable) -> type:
+def row_stats_function(name: str, forward: Callable, backward: Callable, lse_grad: bool = False) -> type:
     """A torch.autograd.Function named `name`, applied as (q, k, v, causal, softmax_scale, init, how):
     forward(q, k, v, softmax_scale, causal, init, how) -> (out, lse, (row max, log2 l)); backward(dout, q, k,
-    v, out, rows, softmax_scale, causal, how) -> (dq, dk, dv). `how` is the launcher's own choice (a Launch,
-    a CUDA variant); lse has no gradient."""
+    v, out, rows, softmax_scale, causal, how[, dlse]) -> (dq, dk, dv). `how` is the launcher's own choice (a
+    Launch, a CUDA variant). lse_grad: a loss on lse reaches the inputs (backward takes dlse); else lse has
+    no gradient, marked so: a loss on it raises rather than being dropped."""
     def run_forward(ctx, q, k, v, causal, softmax_scale, init, how):
         out, lse, (rowmax, log2l) = forward(q, k, v, softmax_scale, causal, init, how)
         ctx.save_for_backward(q, k, v, out, rowmax, log2l)
         ctx.scale, ctx.causal, ctx.how = softmax_scale, causal, how
-        ctx.mark_non_differentiable(lse)
+        if not lse_grad:
+            ctx.mark_non_differentiable(lse)
         return out, lse
 
-    def run_backward(ctx, dout, _dlse):
+    def run_backward(ctx, dout, dlse):
         q, k, v, out, rowmax, log2l = ctx.saved_tensors
-        dq, dk, dv = backward(dout, q, k, v, out, (rowmax, log2l), ctx.scale, ctx.causal, ctx.how)
+        extra = {"dlse": dlse} if lse_grad else {}
+        dq, dk, dv = backward(dout, q, k, v, out, (rowmax, log2l), ctx.scale, ctx.causal, ctx.how, **extra)
         return dq, dk, dv, None, None, None, None
 
     return type(name, (torch.autograd.Function,), {"forward": staticmethod(run_forward),

@@ -239,6 +239,18 @@ def returns_on_meta(q, k, v, *, causal, softmax_scale):
 # Variant subjects: flash-attn's keywords, fp32 with autograd; `variant_correct` is the control, each other
 # plants one bug of the kind the trackers show.
 
+class _DropsGradient(torch.autograd.Function):
+    """The identity whose backward gives zeros: a kernel that returns lse with a graph and ignores dlse."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.zeros_like(grad)
+
+
 def _variant(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
              bug=None):
     b, sq, h, d = q.shape
@@ -284,6 +296,10 @@ def _variant(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.
     p = torch.where(total > 0, torch.exp(s - top) / total, torch.zeros_like(s))
     out = (p @ vt).transpose(1, 2).to(q.dtype)
     lse = lse_keys if bug == "sink-not-in-lse" else lse_all
+    if bug == "dlse-ignored":  # lse keeps a graph, but a loss on it reaches nothing
+        lse = _DropsGradient.apply(lse)
+    elif bug == "dlse-into-dout":  # dlse added to every element of its row's dO: dv moves with it
+        lse = lse + (out - out.detach()).float().sum(-1).transpose(1, 2)
     return out, lse.float()
 
 
@@ -297,12 +313,12 @@ def variant_correct(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), sof
                     alibi_slopes=alibi_slopes, sinks=sinks)
 
 
-def _planted(bug):
+def _planted(bug, caps=_VARIANTS):
     def fn(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None):
         return _variant(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
                         softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, bug=bug)
-    fn.__doc__ = f"Every variant feature, with one bug: {bug}."
-    fn.faverify_capabilities = _VARIANTS
+    fn.__doc__ = f"Every variant feature, with one bug: {bug}." if bug else "Every variant feature, right."
+    fn.faverify_capabilities = caps
     return fn
 
 
@@ -313,6 +329,11 @@ alibi_no_offset = _planted("alibi-no-offset")  # -slope * |i - j|, top-left inst
 sink_not_in_lse = _planted("sink-not-in-lse")  # out right, lse of the keys alone
 sink_no_grad = _planted("sink-no-grad")  # the sink detached: dsinks 0
 off_by_one_unshifted = _planted("off-by-one-unshifted")  # the fixed sink's weight 1, not exp(-max)
+# a loss on lse (lse_grad): the control and two bugs of a backward that takes dlse
+_LSE_GRAD = {**_VARIANTS, "lse_grad": True}
+lse_grad_correct = _planted(None, _LSE_GRAD)
+dlse_ignored = _planted("dlse-ignored", _LSE_GRAD)
+dlse_into_dout = _planted("dlse-into-dout", _LSE_GRAD)
 
 
 def declares_window_without_keyword(q, k, v, *, causal, softmax_scale):

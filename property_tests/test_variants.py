@@ -196,6 +196,21 @@ def test_a_planted_bug_per_feature_is_caught_and_shrunk_to_a_case_that_names_it(
     assert control.exit_code == 0, control.stdout[-2000:]
 
 
+@pytest.mark.parametrize("bug,signature", [("dlse_ignored", "dq:"), ("dlse_into_dout", "dv:")])
+def test_a_planted_bug_of_the_lse_gradient_is_caught_and_its_control_passes(bug, signature, tmp_path):
+    """A loss on lse (lse_grad): dlse dropped fails dq; dlse folded into dO fails dv, exactly 0 where the loss
+    is on lse alone. Each minimal case names the feature; the control passes the same draw."""
+    record, mine, args = planted_bug_caught(f"property_tests.planted:{bug}", "lse_grad", 150, tmp_path,
+                                            lambda s: s.startswith(signature))
+    assert record["summary"]["by_feature"]["lse_grad"]["failed"] > 0
+    minimal = Case.from_dict(mine[0]["minimal"]["case"])
+    assert "lse_grad" in minimal.features(), minimal
+    if bug == "dlse_into_dout":  # dv is off wherever dlse is; on lse alone it must be exactly 0
+        assert "dv:" in mine[0]["minimal"]["reason"], mine[0]["minimal"]["reason"]
+    control = cli("fuzz", "--kernel", "property_tests.planted:lse_grad_correct", *args)
+    assert control.exit_code == 0, control.stdout[-2000:]
+
+
 @pytest.mark.parametrize("kernel,features,case", [
     ("lse_base2", "none", Case(1, 9, 5, 2, 2, 16, dtype="fp32", causal=True, seed=1)),
     ("causal_top_left", "none", Case(1, 5, 9, 2, 2, 16, dtype="fp32", causal=True, seed=1)),

@@ -62,6 +62,7 @@ class Case:
     bias_grad: bool = False  # the bias requires grad: dbias is judged with the other gradients
     score_mod: str = "off"
     fp8: str = "off"  # q, k, v in float8_e4m3fn with descale factors of this granularity (vocabulary.FP8)
+    lse_grad: str = "off"  # a loss on lse as well as on out, or on lse alone (vocabulary.LSE_GRADS)
     # a call sequence (`fuzz --sequence`): the calls this process makes before this one, oldest first, each
     # a case of its own with no `before`; every call is judged, so a bug carried from one call into the next
     # (a compile cache keyed too loosely, a scratch buffer never cleared) fails the call it reaches
@@ -100,7 +101,8 @@ class Case:
               "sinks": self.sinks != "off", "head_dim_v": self.head_dim_v is not None,
               "varlen": self.seqlens is not None, "paged": self.cache_seqlens is not None, "splits": self.splits > 1,
               "mask": self.mask != "off", "mask_nan": self.mask_nan, "bias": self.bias != "off",
-              "bias_grad": self.bias_grad, "score_mod": self.score_mod != "off", "fp8": self.fp8 != "off"}
+              "bias_grad": self.bias_grad, "score_mod": self.score_mod != "off", "fp8": self.fp8 != "off",
+              "lse_grad": self.lse_grad != "off"}
         return tuple(f for f in FEATURES if on[f])
 
     @property
@@ -263,6 +265,8 @@ class Case:
         flags += self._mask_flags()
         if self.fp8 != "off":
             flags.append(f"fp8 e4m3 descale per {self.fp8}")
+        if self.lse_grad != "off":
+            flags.append("loss on lse" + (" alone" if self.lse_grad == "alone" else " and out"))
         calls = f"after {len(self.before)} call{'s' if len(self.before) > 1 else ''}: " if self.before else ""
         return (f"{calls}b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} h{self.nheads}{gqa} d{self.head_dim} "
                 + " ".join(flags))

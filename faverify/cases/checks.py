@@ -13,6 +13,7 @@ from faverify.cases.vocabulary import (
     INITS,
     KEY_MASKS,
     LAYOUTS,
+    LSE_GRADS,
     MASK_SHAPES,
     MASKS,
     MAX_HEAD_DIM,
@@ -58,7 +59,17 @@ def check(case) -> None:
                                                  "head_dim ** -0.5 (past it fp32 logits overflow)")
     _check_variants(case)
     _check_fp8(case)
+    _check_lse_grad(case)
     _check_before(case)
+
+
+def _check_lse_grad(case) -> None:
+    if case.lse_grad not in LSE_GRADS:
+        raise UsageError("lse_grad", case.lse_grad, f"must be one of {', '.join(LSE_GRADS)}")
+    if case.lse_grad != "off" and (case.kind != "dense" or case.splits > 1 or case.fp8 != "off"):
+        raise UsageError("lse_grad", case.lse_grad, "takes dense cases with one split and no FP8 (the lse of a "
+                                                    "whole row of a dense batch); this case is "
+                                                    + (case.kind if case.kind != "dense" else "split or FP8"))
 
 
 def _check_fp8(case) -> None:

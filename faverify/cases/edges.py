@@ -113,6 +113,11 @@ EDGES: dict[str, tuple] = {
     "bias_grad": (("the gradient of a broadcast bias", lambda c: c.bias_grad and c.bias_shape != "full"),),
     "score_mod": tuple((f"{m} score_mod", lambda c, m=m: c.score_mod == m) for m in ("relative", "alibi",
                                                                                       "softcap")),
+    "lse_grad": (
+        ("a loss on lse alone (dv exactly 0)", lambda c: c.lse_grad == "alone"),
+        ("a loss on lse with rows that see no key", lambda c: c.lse_grad != "off" and _rows_without_key(c)),
+        ("a loss on lse with sinks", lambda c: c.lse_grad != "off" and c.sinks != "off"),
+    ),
 }
 
 

@@ -17,6 +17,7 @@ from faverify.cases.conventions import DEFAULT as DEFAULT_CONVENTIONS
 from faverify.cases.conventions import Conventions
 from faverify.cases.margins import margined
 from faverify.cases.variant import Variant
+from faverify.cases.vocabulary import MAX_SEED
 from faverify.dtypes import TORCH
 
 # Large-logit regime: q and k scaled by 32 give logits of standard deviation 32*32 = 1024 (at the default
@@ -27,6 +28,7 @@ BF16_SCALE_VALUE = 133120.0
 FP16_SCALE_VALUE = 32768.0  # 133120 overflows fp16; 2^15 is the same idea within range
 OUTLIER_SIGMA, OUTLIER_RATE = 10.0, 0.001  # N(0,1) + N(0,100)*Bernoulli(0.001), as in the FA3 paper
 TINY_SIGMA = 2.0**-10
+DLSE_STREAM = 0x5EED  # dlse's seed, offset from the case's
 PEAK_GAIN = 4.0  # dominant logit about PEAK_GAIN*sqrt(d) above the rest, about PEAK_GAIN*20 at d=32..256
 # "negative": the row maxima drawn, past exp's fp32 range (-88.7, where exp(lse) underflows), FlashInfer's
 # finite -inf sentinel (-5e4) and beyond
@@ -65,6 +67,8 @@ class Inputs:
     q_descale: torch.Tensor | None = None
     k_descale: torch.Tensor | None = None
     v_descale: torch.Tensor | None = None
+    # a loss on lse (Case.lse_grad): its gradient, fp32 [b, h, sq] in the natural log's units
+    dlse: torch.Tensor | None = None
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.q, self.k, self.v
@@ -160,10 +164,20 @@ def lay_out(case: Case, values: Inputs, *, requires_grad: bool = False) -> Input
     bias = values.bias
     if bias is not None:
         bias = bias.detach().clone().requires_grad_(requires_grad and case.bias_grad)
+    dlse = values.dlse if values.dlse is not None or case.lse_grad == "off" else _dlse(case, q.device)
+    if case.lse_grad == "alone":  # the loss on lse alone: no gradient reaches out
+        dout = torch.zeros_like(dout)
     return Inputs(q, k, v, dout, values.alibi_slopes, sinks, case.sinks == "zero", mask_mod=values.mask_mod,
-                  attn_mask=values.attn_mask,
-                  block_mask=values.block_mask, bias=bias, score_mod=values.score_mod, q_descale=values.q_descale,
-                  k_descale=values.k_descale, v_descale=values.v_descale)
+                  attn_mask=values.attn_mask, block_mask=values.block_mask, bias=bias, score_mod=values.score_mod,
+                  q_descale=values.q_descale, k_descale=values.k_descale, v_descale=values.v_descale, dlse=dlse)
+
+
+def _dlse(case: Case, device: torch.device) -> torch.Tensor:
+    """The loss's gradient on lse, N(0, 1) per row, drawn on the CPU from a stream of its own (the other
+    inputs are drawn as they were, and a golden file's stored inputs get the same dlse on any device)."""
+    g = generator((case.seed + DLSE_STREAM) % MAX_SEED, "cpu")
+    return torch.randn(case.batch, case.nheads, case.seqlen_q, generator=g).to(device)
+
 
 
 def _lay_out_ragged(case: Case, values: Inputs, requires_grad: bool) -> Inputs:

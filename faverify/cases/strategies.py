@@ -160,6 +160,10 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     if mask_features and not shape.get("cache_seqlens") and not shape.get("seqlens") and shape.get("splits", 1) == 1:
         # may drop softcap and ALiBi
         variant.update(draw(masked(tuple(features), dense, variant, masks, forced=forced)))
+    dense_batch = not shape.get("seqlens") and not shape.get("cache_seqlens") and shape.get("splits", 1) == 1
+    if "lse_grad" in features and dense_batch:  # drawn last: the rest of the case as it was
+        # a loss on lse beside out's twice as often as on lse alone (where dv must be exactly 0)
+        variant["lse_grad"] = draw(st.sampled_from(("with", "alone", "with")))
     return Case(**{**dense, **variant, **shape})
 
 

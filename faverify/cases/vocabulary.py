@@ -34,7 +34,12 @@ BATCH_FEATURES = ("varlen", "paged", "splits")  # how the batch and its keys are
 MASK_FEATURES = ("mask", "mask_nan", "bias", "bias_grad", "score_mod")
 # FP8 inputs (docs/design.md, "FP8"): q, k and v in float8_e4m3fn with their descale factors, the output bf16
 INPUT_FEATURES = ("fp8",)
-FEATURES = VARIANT_FEATURES + BATCH_FEATURES + MASK_FEATURES + INPUT_FEATURES
+# outputs that take a gradient beside out (docs/design.md, "LSE gradient"): a loss on lse too
+OUTPUT_FEATURES = ("lse_grad",)
+FEATURES = VARIANT_FEATURES + BATCH_FEATURES + MASK_FEATURES + INPUT_FEATURES + OUTPUT_FEATURES
+# A loss on lse (flash-attn 4's dlse, FlexAttention's lse gradient, ring attention's merges): dlse drawn
+# N(0, 1) per row, beside dO ("with") or with dO zero ("alone", where dv must be exactly 0)
+LSE_GRADS = ("off", "with", "alone")
 # An FP8 case's descale factors, flash-attn 3's [batch, nheads_k] q_descale, k_descale and v_descale: one
 # value for the whole tensor, or one per batch entry and kv head
 FP8 = ("off", "tensor", "head")
@@ -70,7 +75,7 @@ VARIANT_DEFAULTS = {"window": (-1, -1), "softcap": 0.0, "alibi": "off", "sinks":
                     "pool": 0, "splits": 1, "mask": "off", "mask_shape": "full", "mask_block": 0, "mask_rate": 0,
                     "mask_lengths": None, "mask_nan": False, "bias": "off", "bias_shape": "full",
                     "bias_dtype": "input", "bias_grad": False, "score_mod": "off", "fp8": "off",
-                    "before": ()}
+                    "lse_grad": "off", "before": ()}
 
 
 # The most split-KV partials a case asks for and a bundled launcher makes (flash-attn's cap too): a single

@@ -57,6 +57,8 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
     if case.kind != "dense":
         return _judge_ragged(case, x, got, tolerance, tensors, backward, conventions, baseline, lap)
     variant = variant_of(case, x, conventions)
+    # a loss on lse in the declared base: d loss / d lse_e = dlse * (lse_declared / lse_e)
+    dlse = x.dlse * conventions.lse_scale if backward and x.dlse is not None else None
     empty = case.empty_rows(variant.offset)
     empty_mask = None
     if given is not None and (conventions.causal, conventions.alibi) != (DEFAULT_CONVENTIONS.causal,
@@ -64,14 +66,14 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
         given = None  # a golden file holds the reference under the default masks: computed here instead
     with torch.no_grad():
         if given is None:
-            ref, scales = reference(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant)
+            ref, scales = reference(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant, dlse=dlse)
         else:
             ref, scales = given
         lap("reference")
         if case.fp8 != "off":
             base = fp8.naive(case, *(t.detach() for t in x.tensors()), (x.q_descale, x.k_descale, x.v_descale))
         else:
-            base = naive(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant)
+            base = naive(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant, dlse=dlse)
         lap("baseline")
         if baseline is not None:
             base = {**base, **baseline}

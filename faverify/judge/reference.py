@@ -42,27 +42,32 @@ def bytes_needed(b: int, sq: int, sk: int, h: int, hk: int, d: int, elem: int, d
     return dtype_side + fp64 + chunk
 
 
-def reference(q, k, v, dout=None, *, causal: bool, scale: float, variant: Variant | None = None) -> tuple[Tensors,
-                                                                                                          dict]:
+def reference(q, k, v, dout=None, *, causal: bool, scale: float, variant: Variant | None = None,
+              dlse=None) -> tuple[Tensors, dict]:
     """FP64 outputs (and gradients when dout is given), plus the magnitude scale of each tensor.
 
     A scale is the size of the terms summed to produce a tensor (see _ScaleAccumulator), not the size of
     the result: dk is exactly zero when seqlen_k == 1, but the terms that cancelled to give that zero are
     not, and rounding them costs a kernel about u times their size.
+    dlse: [b, h, sq], a loss's gradient on lse (natural log) beside dout's on out: each row's logits take
+    p * dlse more (d lse / d s = p), and its sink p_sink * dlse.
     """
     return _attention(q, k, v, dout, scale=scale, variant=variant or Variant.dense(causal), compute=torch.float64,
-                      round_to=None, with_scales=True)
+                      round_to=None, with_scales=True, dlse=dlse)
 
 
-def naive(q, k, v, dout=None, *, causal: bool, scale: float, variant: Variant | None = None) -> Tensors:
+def naive(q, k, v, dout=None, *, causal: bool, scale: float, variant: Variant | None = None,
+          dlse=None) -> Tensors:
     """The same formulas in the inputs' dtype: fp32 arithmetic, rounded to q.dtype after every op."""
     tensors, _ = _attention(q, k, v, dout, scale=scale, variant=variant or Variant.dense(causal),
-                            compute=torch.float32, round_to=q.dtype, with_scales=False)
+                            compute=torch.float32, round_to=q.dtype, with_scales=False, dlse=dlse)
     return tensors
 
 
-def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales):
+def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales, dlse=None):
     st = _setup(q, k, v, dout, variant, compute, round_to, with_scales, scale)
+    # [b, hk, g, sq, 1], as the rows' statistics are (fp32 draws: exact in either compute dtype)
+    st.dlse = None if dlse is None or not st.backward else dlse.to(compute).reshape(st.b, st.hk, st.g, st.sq, 1)
     if st.sk == 0 and st.sink is not None:  # no key: the sink alone is the softmax, lse its logit, out 0
         st.lse[:] = st.sink.reshape(1, st.hk, st.g, 1)
     if st.sk > 0:
@@ -175,9 +180,10 @@ def _backward_rows(st: SimpleNamespace, variant: Variant, i0: int, i1: int, p, o
         D = (dOc * o).sum(dim=-1, keepdim=True)  # rowsum(dO * O) == rowsum(dP * P) exactly
     else:
         D = (dp * p).sum(dim=-1, keepdim=True)  # what torch's softmax backward computes
-    ds = rnd(p * (dp - D))  # the gradient of the logits after cap, bias and masks
+    dlse = st.dlse[:, :, :, i0:i1] if st.dlse is not None else 0.0
+    ds = rnd(p * (dp - D + dlse))  # the gradient of the logits after cap, bias and masks
     if st.dsinks is not None:  # the sink's own logit: its dP is 0 (no value)
-        st.dsinks += (-rnd(sink_weight) * D).sum(dim=(0, 3, 4))
+        st.dsinks += (rnd(sink_weight) * (dlse - D)).sum(dim=(0, 3, 4))
     if mod_slope is not None:
         ds = rnd(ds * mod_slope)
     if st.dbias is not None:  # the gradient of the logit where the bias was added
@@ -196,6 +202,8 @@ def _backward_rows(st: SimpleNamespace, variant: Variant, i0: int, i1: int, p, o
         # error of half a subnormal step (u * tiny) whatever their size: there out's magnitude is tiny's (an
         # fp16 out near 1e-7 put dsinks at 1.7x the error allowed on the H200)
         D_terms = (dOc.abs() * o.abs().clamp(min=st.out_tiny)).sum(dim=-1, keepdim=True)
+        if st.dlse is not None:  # dlse sits beside D in each dS term
+            D_terms = D_terms + st.dlse[:, :, :, i0:i1].abs()
         slope = cap_slope if cap_slope is not None else mod_slope.abs() if mod_slope is not None else None
         st.acc.add_backward(i0, i1, p, dp, D_terms, slope, sink_weight)
 

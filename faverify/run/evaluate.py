@@ -291,10 +291,17 @@ def _gradients(subject: Subject, case: Case, x: Inputs, pristine: Inputs, out, g
     """The subject's backward through autograd, its gradients put in `got` as the caller sees them; the
     failing result if it raised or returned gradients no caller could use, else None."""
     name = subject.name
+    outputs, output_grads = (out,), (x.dout,)
+    if case.lse_grad != "off":  # a loss on lse too: the subject's lse must carry its gradient
+        lse = got["lse"]
+        if lse is None or not lse.requires_grad:
+            return failure(name, case, "fail", "the subject declares lse_grad but its lse has no autograd graph: "
+                           "a loss on lse would give no gradient", "contract")
+        outputs, output_grads = (out, lse), (x.dout, x.dlse.to(lse.dtype))
     try:
         with subject_code(in_worker):
             wrt = x.differentiable()
-            grads = torch.autograd.grad(out, tuple(wrt.values()), x.dout, allow_unused=True)
+            grads = torch.autograd.grad(outputs, tuple(wrt.values()), output_grads, allow_unused=True)
     except SubjectRaised as e:  # autograd's own complaint may come from an input changed in place
         failing = changed_inputs(x, pristine, subject.caps.writes)
         failing.append((f"error:{e.name}", f"backward raised {e}"))

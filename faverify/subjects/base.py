@@ -93,6 +93,8 @@ class Capabilities:
     # that row; "repeat", the same call twice gives the same bits; "splits", a split-KV call gives the bits
     # of the call with one split. A broken promise fails the case (relation:batch, ...)
     relations: tuple = ()
+    # a loss on lse: the lse it returns carries an autograd graph, whose gradient is judged with the others'
+    lse_grad: bool = False
     # FP8 inputs (cases/fp8.py): the descale granularities it takes, "tensor" and "head" (flash-attn 3's
     # [batch, nheads_k] q_descale, k_descale, v_descale, passed by those keywords); empty: none
     fp8: tuple = ()
@@ -110,6 +112,8 @@ class Capabilities:
                        "relations": RELATIONS, "fp8": FP8[1:]}[name]
             if not isinstance(value, tuple) or not all(isinstance(x, str) and x in allowed for x in value):
                 raise ValueError(f"{name} must be a list of {', '.join(allowed)}, got {value!r}")
+        if self.lse_grad and not self.lse:
+            raise ValueError("lse_grad needs lse: true (a loss on lse needs the subject to return lse)")
         if self.varlen_tail_grads not in ("zero", "finite"):
             raise ValueError(f"varlen_tail_grads must be zero or finite, got {self.varlen_tail_grads!r}")
         if self.page_sizes is not None:

@@ -113,6 +113,10 @@ MUTANTS = (
     Mutant("bwd-delta-from-v", "interface.py", "delta-input", "o = v",
            "the backward's D = rowsum(dO * O) is computed from V instead of O",
            "O and V have the same shape in the common case seqlen_q == seqlen_k, nheads == nheads_k"),
+    Mutant("dlse-dropped", "interface.py", "dlse", "",
+           "the dense backward drops a loss's gradient on lse: dS = P * (dP - D), where dlse belongs beside D",
+           "lse is returned for the forward's sake and its gradient is an afterthought; a loss on out alone "
+           "never sees it", cases=dict(features=("lse_grad",), mixes=("one",))),
     Mutant("dk-missing-scale", "backward.py", "dk-scale", "",
            "dk misses the softmax scale",
            "dq's scale is applied in one kernel and dk's in another; one gets forgotten"),

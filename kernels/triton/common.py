@@ -308,3 +308,10 @@ def alibi_distance(pos, j, FP32_DIST: tl.constexpr):
         return tl.abs(pos.to(tl.float32) - j.to(tl.float32))
     else:
         return tl.abs(pos - j).to(tl.float32)
+
+
+def with_dlse(delta, dlse) -> None:
+    """A loss on lse as well: d lse / d s = P, so dS = P * (dP - D + dlse), and every backward kernel, reading
+    D from memory, takes D - dlse in its place (the sink's gradient too: -P_sink * (D - dlse))."""
+    if dlse is not None:
+        delta.sub_(dlse.float())

@@ -21,6 +21,7 @@ from faverify.kernels.triton.common import (
     block_d,
     quiet,
     take_paths,  # noqa: F401  (the subject's Subject.paths)
+    with_dlse,
 )
 from faverify.kernels.triton.common import LAUNCHED as _LAUNCHED
 from faverify.kernels.triton.common import aligned as _aligned
@@ -177,9 +178,10 @@ def _hopper_variant(launch: Launch):
 
 @_on_their_device
 def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles: dict | None = None,
-             launch: Launch = DEFAULT, alibi: tuple | None = None):
+             launch: Launch = DEFAULT, alibi: tuple | None = None, dlse=None):
     """rows: the forward's (row max, log2 l) per [b, h, seqlen_q] row. alibi: (fp32 slopes [h] or [b, h],
-    their batch stride), the bias the forward added (variant_args.Variant.backward_is_dense)."""
+    their batch stride), the bias the forward added (variant_args.Variant.backward_is_dense). dlse: a loss's
+    gradient on lse [b, h, seqlen_q] or None."""
     rowmax, log2l = rows
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
@@ -202,6 +204,7 @@ def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles:
     _build("_bwd_preprocess", o, dout)[(triton.cdiv(sq, pre_m), b * h)](
         o, dout, delta, *_strides(o), *_strides(dout), h, sq, d, BLOCK_M=pre_m, BLOCK_D=c["BLOCK_D"],
         EVEN_D=c["EVEN_D"])
+    with_dlse(delta, dlse)  # [mutant site: dlse]
     slopes, stride_ab = alibi if alibi is not None else (rowmax, 0)  # not read without ALiBi
     bias = (slopes, stride_ab, 1.0 / scale)
     t = pick["dkdv"]
@@ -238,12 +241,12 @@ def _quiet_forward(q, k, v, softmax_scale, causal, init, launch):
         return forward(q, k, v, softmax_scale, causal, init, launch=launch)
 
 
-def _quiet_backward(dout, q, k, v, out, rows, softmax_scale, causal, launch):
+def _quiet_backward(dout, q, k, v, out, rows, softmax_scale, causal, launch, dlse=None):
     with quiet():
-        return backward(dout, q, k, v, out, rows, softmax_scale, causal, launch=launch)
+        return backward(dout, q, k, v, out, rows, softmax_scale, causal, launch=launch, dlse=dlse)
 
 
-FlashAttnFunction = row_stats_function("FlashAttnFunction", _quiet_forward, _quiet_backward)
+FlashAttnFunction = row_stats_function("FlashAttnFunction", _quiet_forward, _quiet_backward, lse_grad=True)
 
 
 DEVICE_HINT = "CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before import"

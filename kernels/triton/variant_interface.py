@@ -12,7 +12,7 @@ from faverify.kernels.triton import configs
 from faverify.kernels.triton import variant_backward as _vbwd
 from faverify.kernels.triton import variant_decode as _vdec
 from faverify.kernels.triton import variant_forward as _vfwd
-from faverify.kernels.triton.common import INTERPRET, aligned, block_d, quiet
+from faverify.kernels.triton.common import INTERPRET, aligned, block_d, quiet, with_dlse
 from faverify.kernels.triton.common import LAUNCHED as _LAUNCHED
 from faverify.kernels.triton.common import seq_strides as _qstrides
 from faverify.kernels.triton.launch import DEFAULT, Launch
@@ -203,8 +203,9 @@ def combine(out_splits, lse_splits, out, lse, launch: Launch = DEFAULT) -> None:
 
 def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None,
              max_seqlen_q=None, max_seqlen_k=None, sinks_grad: bool = False, bias_grad: bool = False,
-             launch: Launch = DEFAULT, dense_backward=None):
-    """dq, dk, dv, dsinks (None unless sinks_grad) and dbias (None unless bias_grad). dense_backward: the
+             launch: Launch = DEFAULT, dense_backward=None, dlse=None):
+    """dq, dk, dv, dsinks (None unless sinks_grad) and dbias (None unless bias_grad). dlse: a loss's gradient
+    on lse, lse's shape, or None (interface.with_dlse). dense_backward: the
     dense kernels' (dout, q, k, v, out, rows, scale, causal, alibi=(slopes, batch stride)) -> (dq, dk, dv),
     interface.backward, for a variant whose backward is dense attention's (Variant.backward_is_dense); None:
     these kernels always."""
@@ -221,6 +222,7 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
         batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
         packed = None
         delta = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
+    with_dlse(delta, dlse)
     dsinks = None
     if sinks_grad:
         # d z_h = -sum_i p_sink_i D_i, p_sink_i = e^(z_h - lse_i) <= 1, over every row of every sequence.
@@ -243,7 +245,7 @@ def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, 
         # none of them
         alibi = var.tensors(q)[:2] if var.alibi is not None else None  # (slopes, their batch stride)
         dq, dk, dvv = dense_backward(dout, q, k, v, out, (rowmax.contiguous(), log2l.contiguous()), var.scale,
-                                     var.right == 0, alibi=alibi)
+                                     var.right == 0, alibi=alibi, dlse=dlse)
         return dq, dk, dvv, dsinks, None
     dq, dk, dvv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     if dout.stride(-1) != 1:
@@ -290,17 +292,16 @@ class VariantFunction(torch.autograd.Function):
         out, lse, rows = result if result is not None else forward(q, k, v, var, **ragged, launch=launch)[:3]
         ctx.save_for_backward(q, k, v, out, lse, *rows)
         ctx.var, ctx.ragged, ctx.launch, ctx.dense_backward = var, ragged, launch, dense_backward
-        ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, dlse):
         q, k, v, out, lse, rowmax, log2l = ctx.saved_tensors
         sinks_grad = ctx.var.sinks is not None and ctx.needs_input_grad[3]
         bias_grad = ctx.var.bias is not None and ctx.needs_input_grad[4]
         dq, dk, dv, dsinks, dbias = backward(dout, q, k, v, out, lse, (rowmax, log2l), ctx.var, **ctx.ragged,
                                              sinks_grad=sinks_grad, bias_grad=bias_grad, launch=ctx.launch,
-                                             dense_backward=ctx.dense_backward)
+                                             dense_backward=ctx.dense_backward, dlse=dlse)
         return dq, dk, dv, dsinks, dbias, None, None, None, None, None
 
 
