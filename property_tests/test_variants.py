@@ -280,3 +280,14 @@ def test_sdpa_math_keeps_the_softcap_slope_where_the_cap_saturates():
     r = evaluate(resolve("sdpa-math"), case, "cpu")
     assert r.status == "pass", r.reason
     assert r.metrics["dq"].max_abs < r.metrics["dq"].baseline_max_abs / 10, r.metrics["dq"]
+
+
+def test_the_golden_cases_of_a_loss_on_lse_fail_a_backward_that_ignores_dlse():
+    """The stored FP64 gradients of the lse_grad cases (their dlse comes from the seed, not the file)."""
+    names = "lse-grad-masked-rows,lse-grad-alone-sinks,sinks-off-by-one"
+    ignored = cli("golden", "verify", "--kernel", "property_tests.planted:dlse_ignored", "--only", names,
+                  "--device", "cpu", "--no-isolate")
+    assert ignored.exit_code == 1 and "1 of 3 golden cases pass, 2 fail" in ignored.output, ignored.output
+    right = cli("golden", "verify", "--kernel", "property_tests.planted:lse_grad_correct", "--only", names,
+                "--device", "cpu", "--no-isolate")
+    assert right.exit_code == 0 and "3 of 3 golden cases pass" in right.output, right.output

@@ -99,6 +99,10 @@ CASES = {
     "alibi-batch-head": _c(2, 40, 60, 2, 2, 32, alibi="batch-head"),
     "sinks-dominant": _c(1, 64, 64, 2, 2, 32, sinks="above"),
     "sinks-masked-rows": _c(1, 100, 40, 2, 1, 32, "fp16", True, sinks="around"),
+    "sinks-off-by-one": _c(1, 64, 80, 2, 1, 32, "fp16", True, regime="large", sinks="zero"),
+    # a loss on lse: beside out's over masked rows, and alone (dv exactly 0) with a sink
+    "lse-grad-masked-rows": _c(1, 80, 48, 2, 2, 32, "fp16", True, lse_grad="with"),
+    "lse-grad-alone-sinks": _c(1, 48, 64, 2, 1, 32, sinks="around", lse_grad="alone"),
     "head-dim-v-512-d-64": _c(1, 17, 33, 1, 1, 64, head_dim_v=512),
     "mla-192-128-causal": _c(1, 40, 40, 2, 2, 192, "bf16", True, head_dim_v=128),
     "fp32-every-feature": _c(1, 33, 47, 2, 1, 32, "fp32", window=(9, 3), softcap=5.0, alibi="head",

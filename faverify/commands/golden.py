@@ -25,7 +25,7 @@ from faverify.cases.golden_files import (
     write_case,
     write_index,
 )
-from faverify.cases.inputs import Inputs, draw_values, variant_of
+from faverify.cases.inputs import Inputs, draw_values, lay_out, variant_of
 from faverify.dtypes import TORCH
 from faverify.judge.reference import reference
 from faverify.run.evaluate import evaluate
@@ -124,9 +124,10 @@ def record(directory: Path = DEFAULT_DIR, names=None) -> list:
             continue
         drawn = draw_values(case, torch.device("cpu"))
         values = Inputs(*(t.to(TORCH[case.dtype]) for t in drawn[:4]), *drawn[4:])
+        x = lay_out(case, values)  # the call's view: a loss on lse brings its dlse, and "alone" a zero dO
         with torch.no_grad():
-            ref, scales = reference(values.q, values.k, values.v, values.dout, causal=case.causal, scale=case.scale,
-                                    variant=variant_of(case, values))
+            ref, scales = reference(values.q, values.k, values.v, x.dout, causal=case.causal, scale=case.scale,
+                                    variant=variant_of(case, x), dlse=x.dlse)
         entries.append(write_case(directory, name, case, values, ref, scales))
     write_index(directory, entries, names)
     return entries
