@@ -81,6 +81,24 @@ def paged_correct(q, k_cache, v_cache, *, causal, softmax_scale, block_table, ca
                   lambda b, p: block_table[b, p])
 
 
+def paged_mtp_top_left(q, k_cache, v_cache, *, causal, softmax_scale, block_table, cache_seqlens):
+    """A multi-token decode (several query tokens a sequence, as speculative decoding verifies) whose causal
+    mask is aligned top-left: query i sees keys 0..i, not the cache up to its own position."""
+    ps = k_cache.shape[1]
+    outs = []
+    for b in range(q.shape[0]):
+        n = int(cache_seqlens[b])
+        t = torch.arange(n, device=q.device)
+        pages = block_table[b, t // ps].long()
+        k, v = k_cache[pages, t % ps][None], v_cache[pages, t % ps][None]
+        if n == 0:
+            outs.append(q.new_zeros(1, *q.shape[1:3], v_cache.shape[3]))
+        else:
+            outs.append(_attention(q[b:b + 1], k, v, causal=causal, scale=softmax_scale,
+                                   mask_top_left=q.shape[1] > 1))
+    return torch.cat(outs)
+
+
 def paged_in_order(q, k_cache, v_cache, *, causal, softmax_scale, block_table, cache_seqlens):
     """Takes a sequence's pages to follow its first one in the pool, ignoring the rest of the block table."""
     return _paged(q, k_cache, v_cache, block_table, cache_seqlens, causal, softmax_scale,
@@ -173,7 +191,7 @@ for _fn in (varlen_correct, varlen_reads_next_key):
     _fn.faverify_capabilities = dict(VARLEN, backward=False)
 for _fn in (varlen_into_buffer, varlen_writes_tail, varlen_first_sequence_only):
     _fn.faverify_capabilities = dict(VARLEN, backward=False, out_buffer=True)
-for _fn in (paged_correct, paged_in_order, paged_int32_offsets):
+for _fn in (paged_correct, paged_in_order, paged_int32_offsets, paged_mtp_top_left):
     _fn.faverify_capabilities = dict(PAGED, backward=False)
 for _fn in (combine_correct, combine_nan_on_empty):
     _fn.faverify_capabilities = {"combine": True, "splits": True, "paged": True, "backward": False}

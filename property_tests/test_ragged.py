@@ -204,6 +204,8 @@ def _fuzz(kernel, tmp_path, *extra, iters=60):
      lambda c: c.kind == "varlen" and len(c.seqlens) == 2),
     ("paged_in_order", "paged_correct", "out:",
      lambda c: c.kind == "paged" and c.pages != "in-order" and c.page_size == 1 and c.batch <= 3 and c.seqlen_k <= 2),
+    ("paged_mtp_top_left", "paged_correct", "out:",  # the multi-token decode edge: a few queries, causal
+     lambda c: c.kind == "paged" and c.causal and 2 <= c.seqlen_q <= 4),
     ("combine_nan_on_empty", "combine_correct", "out:nan",
      lambda c: c.splits == 2 and c.empty_rows() != (0, 0)),
     ("splits_drop_last_key", "splits_correct", "out_splits:",
