@@ -252,7 +252,7 @@ class _DropsGradient(torch.autograd.Function):
 
 
 def _variant(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
-             bug=None):
+             bug=None, return_max_logit=False):
     b, sq, h, d = q.shape
     sk = k.shape[1]
     qt, kt, vt, scale = heads_first(q, k, v, softmax_scale)
@@ -276,6 +276,7 @@ def _variant(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.
         hidden |= j > diag + right
     if left >= 0:
         hidden |= j < diag - left - (1 if bug == "window-off-by-one" else 0)
+    unmasked = s
     s = s.masked_fill(hidden, float("-inf"))
     if sinks is not None:
         z = (sinks.detach() if bug == "sink-no-grad" else sinks).reshape(1, h, 1, 1).expand(b, h, sq, 1)
@@ -300,6 +301,9 @@ def _variant(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.
         lse = _DropsGradient.apply(lse)
     elif bug == "dlse-into-dout":  # dlse added to every element of its row's dO: dv moves with it
         lse = lse + (out - out.detach()).float().sum(-1).transpose(1, 2)
+    if return_max_logit:  # the largest logit each row sees; the planted bug's, over the masked keys too
+        top = (unmasked if bug == "max-logit-unmasked" else s).amax(dim=-1).detach().float()
+        return out, lse.float(), top.amax(dim=(0, 2)) if bug == "per-head" else top
     return out, lse.float()
 
 
@@ -314,9 +318,11 @@ def variant_correct(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), sof
 
 
 def _planted(bug, caps=_VARIANTS):
-    def fn(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None):
+    def fn(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
+           return_max_logit=False):
         return _variant(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
-                        softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, bug=bug)
+                        softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, bug=bug,
+                        return_max_logit=return_max_logit)
     fn.__doc__ = f"Every variant feature, with one bug: {bug}." if bug else "Every variant feature, right."
     fn.faverify_capabilities = caps
     return fn
@@ -334,6 +340,10 @@ _LSE_GRAD = {**_VARIANTS, "lse_grad": True}
 lse_grad_correct = _planted(None, _LSE_GRAD)
 dlse_ignored = _planted("dlse-ignored", _LSE_GRAD)
 dlse_into_dout = _planted("dlse-into-dout", _LSE_GRAD)
+# the max logit: per row (the control), per head (declared so), and over masked keys too (the bug)
+max_logit_correct = _planted(None, {**_VARIANTS, "max_logit": True})
+max_logit_per_head = _planted("per-head", {**_VARIANTS, "max_logit": True, "conventions": {"max_logit": "head"}})
+max_logit_unmasked = _planted("max-logit-unmasked", {**_VARIANTS, "max_logit": True})
 
 
 def declares_window_without_keyword(q, k, v, *, causal, softmax_scale):

@@ -291,3 +291,22 @@ def test_the_golden_cases_of_a_loss_on_lse_fail_a_backward_that_ignores_dlse():
     right = cli("golden", "verify", "--kernel", "property_tests.planted:lse_grad_correct", "--only", names,
                 "--device", "cpu", "--no-isolate")
     assert right.exit_code == 0 and "3 of 3 golden cases pass" in right.output, right.output
+
+
+def test_a_max_logit_over_masked_keys_is_caught_and_the_declared_shapes_pass(tmp_path):
+    """The largest logit each row sees (return_max_logit=True): one taken over the masked keys too fails
+    with a minimal case that asks for it; per row (the default) and per head (declared) both pass."""
+    record, mine, args = planted_bug_caught("property_tests.planted:max_logit_unmasked", "max_logit,window", 150,
+                                            tmp_path, lambda s: s.startswith("max_logit:"))
+    minimal = Case.from_dict(mine[0]["minimal"]["case"])
+    assert minimal.max_logit and (minimal.causal or minimal.window != (-1, -1)), minimal
+    for control in ("max_logit_correct", "max_logit_per_head"):
+        r = cli("fuzz", "--kernel", f"property_tests.planted:{control}", *args)
+        assert r.exit_code == 0, r.stdout[-2000:]
+    from faverify.subjects.base import Capabilities, Subject
+    declared = resolve("property_tests.planted:max_logit_per_head")
+    rows = Subject("rows", declared.fn, Capabilities(**{**declared.caps.to_dict(), "conventions": "flash-attn-3"}))
+    case = Case(2, 5, 7, 2, 1, 16, dtype="fp32", max_logit=True, seed=3)
+    assert evaluate(declared, case, "cpu", mode="fwd").status == "pass"
+    r = evaluate(rows, case, "cpu", mode="fwd")
+    assert r.status == "fail" and "max_logit has shape (2,), expected (2, 2, 5)" in r.reason, r.reason

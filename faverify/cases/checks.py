@@ -66,10 +66,13 @@ def check(case) -> None:
 def _check_lse_grad(case) -> None:
     if case.lse_grad not in LSE_GRADS:
         raise UsageError("lse_grad", case.lse_grad, f"must be one of {', '.join(LSE_GRADS)}")
-    if case.lse_grad != "off" and (case.kind != "dense" or case.splits > 1 or case.fp8 != "off"):
-        raise UsageError("lse_grad", case.lse_grad, "takes dense cases with one split and no FP8 (the lse of a "
-                                                    "whole row of a dense batch); this case is "
-                                                    + (case.kind if case.kind != "dense" else "split or FP8"))
+    for name, on in (("lse_grad", case.lse_grad != "off"), ("max_logit", case.max_logit)):
+        if on and (case.kind != "dense" or case.splits > 1 or case.fp8 != "off"):
+            raise UsageError(name, getattr(case, name), "takes dense cases with one split and no FP8 (a value of "
+                                                        "each whole row of a dense batch); this case is "
+                                                        + (case.kind if case.kind != "dense" else "split or FP8"))
+    if not isinstance(case.max_logit, bool):
+        raise UsageError("max_logit", case.max_logit, "must be true or false")
 
 
 def _check_fp8(case) -> None:

@@ -13,6 +13,9 @@ EMPTY_LSE = ("-inf", "+inf")
 # flash: -a * |i + sk - sq - j|, symmetric about the diagonal; relative: a * (j - diagonal), signed, as
 # FlashInfer and cuDNN add it (the same as flash on and below the diagonal)
 ALIBI_FORMS = ("flash", "relative")
+# the max-logit output: one per query row [b, h, sq] (cuDNN's Max, FlashMLA's max_logits), or one per head
+# [h], the largest over the batch and every row (Transformer Engine's return_max_logit, what QK-clip reads)
+MAX_LOGIT_SHAPES = ("row", "head")
 
 
 @dataclass(frozen=True)
@@ -21,10 +24,11 @@ class Conventions:
     lse_base: str = "e"
     empty_lse: str = "-inf"
     alibi: str = "flash"
+    max_logit: str = "row"
 
     def __post_init__(self) -> None:
         for name, allowed in (("causal", ALIGNMENTS), ("lse_base", LSE_BASES), ("empty_lse", EMPTY_LSE),
-                              ("alibi", ALIBI_FORMS)):
+                              ("alibi", ALIBI_FORMS), ("max_logit", MAX_LOGIT_SHAPES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"conventions.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
 
@@ -43,7 +47,7 @@ class Conventions:
 
     def describe(self) -> str:
         return (f"causal and windows {self.causal}, lse base {self.lse_base}, lse of a row that sees no key "
-                f"{self.empty_lse}, ALiBi {self.alibi}")
+                f"{self.empty_lse}, ALiBi {self.alibi}, max logit per {self.max_logit}")
 
     def to_dict(self) -> dict:
         return asdict(self)

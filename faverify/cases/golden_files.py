@@ -242,9 +242,9 @@ def decode(data: bytes, entry: Entry, device) -> tuple:
             extras = [torch.from_numpy(z[f"in_{n}"]).to(device) if f"in_{n}" in z.files else None for n in _EXTRAS]
             values = Inputs(*(_unbits(z[f"in_{n}"], entry.case.dtype, device) for n in ("q", "k", "v", "dout")),
                             *extras)
-            # only a case with sinks has dsinks, only one with a bias dbias
+            # only a case with sinks has dsinks, only one with a bias dbias; no stored case asks a max logit
             ref = {n: torch.from_numpy(z[f"ref_{n}"]).to(device) for n in TENSORS
-                   if n not in ("dsinks", "dbias") or f"ref_{n}" in z.files}
+                   if n not in ("dsinks", "dbias", "max_logit") or f"ref_{n}" in z.files}
             scales = {n[len("scale_"):]: torch.tensor(float(z[n]), dtype=torch.float64, device=device)
                       for n in z.files if n.startswith("scale_")}
     except (ValueError, KeyError, OSError) as e:

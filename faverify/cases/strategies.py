@@ -164,6 +164,8 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     if "lse_grad" in features and dense_batch:  # drawn last: the rest of the case as it was
         # a loss on lse beside out's twice as often as on lse alone (where dv must be exactly 0)
         variant["lse_grad"] = draw(st.sampled_from(("with", "alone", "with")))
+    if "max_logit" in features and dense_batch:
+        variant["max_logit"] = True
     return Case(**{**dense, **variant, **shape})
 
 

@@ -34,8 +34,9 @@ BATCH_FEATURES = ("varlen", "paged", "splits")  # how the batch and its keys are
 MASK_FEATURES = ("mask", "mask_nan", "bias", "bias_grad", "score_mod")
 # FP8 inputs (docs/design.md, "FP8"): q, k and v in float8_e4m3fn with their descale factors, the output bf16
 INPUT_FEATURES = ("fp8",)
-# outputs that take a gradient beside out (docs/design.md, "LSE gradient"): a loss on lse too
-OUTPUT_FEATURES = ("lse_grad",)
+# outputs beside out and lse: a loss on lse too (docs/design.md, "LSE gradient"); the rows' largest logit,
+# returned when asked (return_max_logit=True: Transformer Engine's, cuDNN's Max, FlashMLA's max_logits)
+OUTPUT_FEATURES = ("lse_grad", "max_logit")
 FEATURES = VARIANT_FEATURES + BATCH_FEATURES + MASK_FEATURES + INPUT_FEATURES + OUTPUT_FEATURES
 # A loss on lse (flash-attn 4's dlse, FlexAttention's lse gradient, ring attention's merges): dlse drawn
 # N(0, 1) per row, beside dO ("with") or with dO zero ("alone", where dv must be exactly 0)
@@ -75,13 +76,15 @@ VARIANT_DEFAULTS = {"window": (-1, -1), "softcap": 0.0, "alibi": "off", "sinks":
                     "pool": 0, "splits": 1, "mask": "off", "mask_shape": "full", "mask_block": 0, "mask_rate": 0,
                     "mask_lengths": None, "mask_nan": False, "bias": "off", "bias_shape": "full",
                     "bias_dtype": "input", "bias_grad": False, "score_mod": "off", "fp8": "off",
-                    "lse_grad": "off", "before": ()}
+                    "lse_grad": "off", "max_logit": False, "before": ()}
 
 
 # The most split-KV partials a case asks for and a bundled launcher makes (flash-attn's cap too): a single
 # sequence's decode over a 128k-key cache fills the H200 at 99 (kernels/triton/interface.num_splits_for).
 MAX_SPLITS = 128
 # what a case's call produces and the judge compares: the output, its log-sum-exp and the gradients
-TENSORS = ("out", "lse", "dq", "dk", "dv", "dsinks", "dbias")
+TENSORS = ("out", "lse", "dq", "dk", "dv", "dsinks", "dbias", "max_logit")
+# the tensors of one value per query row, -inf where a row sees no key, moving 1:1 with the logits
+ROW_LOGITS = ("lse", "max_logit")
 # a split-KV call's partial outputs and log-sum-exps, one per key range, before the combine
 SPLIT_TENSORS = ("out_splits", "lse_splits")

@@ -64,16 +64,20 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
     if given is not None and (conventions.causal, conventions.alibi) != (DEFAULT_CONVENTIONS.causal,
                                                                          DEFAULT_CONVENTIONS.alibi):
         given = None  # a golden file holds the reference under the default masks: computed here instead
+    if given is not None and case.max_logit and "max_logit" not in given[0]:
+        given = None  # a file without the max logit: the reference computed here
     with torch.no_grad():
         if given is None:
-            ref, scales = reference(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant, dlse=dlse)
+            ref, scales = reference(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant, dlse=dlse,
+                                    max_logit=case.max_logit)
         else:
             ref, scales = given
         lap("reference")
         if case.fp8 != "off":
             base = fp8.naive(case, *(t.detach() for t in x.tensors()), (x.q_descale, x.k_descale, x.v_descale))
         else:
-            base = naive(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant, dlse=dlse)
+            base = naive(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant, dlse=dlse,
+                         max_logit=case.max_logit)
         lap("baseline")
         if baseline is not None:
             base = {**base, **baseline}
@@ -82,6 +86,8 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
                                                                                              dtype=torch.bool)
         if conventions != DEFAULT_CONVENTIONS:
             ref, scales, base = _declared(ref, scales, base, conventions)
+        if case.max_logit and conventions.max_logit == "head":  # the largest over the batch and every row
+            ref, base = ({**t, "max_logit": t["max_logit"].amax(dim=(0, 2))} for t in (ref, base))
         stats = error_stats(got, ref, base, scales, tensors=tensors, empty_rows=empty, empty_mask=empty_mask,
                             sinks=x.sinks is not None, empty_lse=conventions.empty_lse_value)
     metrics = judge_all(stats, case.dtype, tolerance)

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from faverify.cases.vocabulary import ROW_LOGITS
+
 _STATS = ("max_abs", "mean_abs", "rmse", "ref_max", "max_ulp", "nan", "inf", "masked_bad",
           "baseline_max_abs", "worst", "beyond_rounding")
 
@@ -92,7 +94,7 @@ def _raw_stats(name, got, ref, base, empty, empty_lse, scale):
     (a difference with the FP64 reference is computed in FP64, exactly as after a cast, without one)."""
     got = got.detach()
     diff = (got - ref).abs()  # NaN where got is NaN; NaN or Inf where got is Inf
-    if name == "lse":  # the only tensor whose reference has non-finite entries (-inf rows)
+    if name in ROW_LOGITS:  # the tensors whose reference has non-finite entries (-inf rows)
         fin = torch.isfinite(ref)
         diff = torch.where(fin, diff, 0.0)
         gbad = fin & ~torch.isfinite(got)
@@ -130,16 +132,20 @@ def _raw_stats(name, got, ref, base, empty, empty_lse, scale):
 def _masked_bad(name, g, empty, empty_lse):
     """Rows that see no key: out and dq must be 0, lse -inf (or the declared value; docs/design.md). The
     rows come from the case, on the host: no device sync."""
-    if isinstance(empty, torch.Tensor):
-        if name not in ("out", "lse", "dq"):
+    if name == "max_logit":  # whatever lse's convention, a row that sees no key has no largest logit
+        empty_lse = -math.inf
+        if g.dim() == 1:  # one per head: no rows of its own
             return torch.zeros((), dtype=torch.float64, device=g.device)
-        if name == "lse":
+    if isinstance(empty, torch.Tensor):
+        if name not in ("out", "lse", "dq", "max_logit"):
+            return torch.zeros((), dtype=torch.float64, device=g.device)
+        if name in ROW_LOGITS:
             return ((g != empty_lse) & empty).sum().to(torch.float64)
         return ((g != 0) & empty.transpose(1, 2).unsqueeze(-1)).sum().to(torch.float64)
-    if empty[1] <= empty[0] or name not in ("out", "lse", "dq"):
+    if empty[1] <= empty[0] or name not in ("out", "lse", "dq", "max_logit"):
         return torch.zeros((), dtype=torch.float64, device=g.device)
     rows = slice(*empty)
-    if name == "lse":  # [b, h, sq]
+    if name in ROW_LOGITS:  # [b, h, sq]
         return (g[:, :, rows] != empty_lse).sum().to(torch.float64)
     return (g[:, rows] != 0).sum().to(torch.float64)  # [b, sq, h, d]
 

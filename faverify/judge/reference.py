@@ -43,29 +43,32 @@ def bytes_needed(b: int, sq: int, sk: int, h: int, hk: int, d: int, elem: int, d
 
 
 def reference(q, k, v, dout=None, *, causal: bool, scale: float, variant: Variant | None = None,
-              dlse=None) -> tuple[Tensors, dict]:
+              dlse=None, max_logit: bool = False) -> tuple[Tensors, dict]:
     """FP64 outputs (and gradients when dout is given), plus the magnitude scale of each tensor.
 
     A scale is the size of the terms summed to produce a tensor (see _ScaleAccumulator), not the size of
     the result: dk is exactly zero when seqlen_k == 1, but the terms that cancelled to give that zero are
     not, and rounding them costs a kernel about u times their size.
     dlse: [b, h, sq], a loss's gradient on lse (natural log) beside dout's on out: each row's logits take
-    p * dlse more (d lse / d s = p), and its sink p_sink * dlse.
+    p * dlse more (d lse / d s = p), and its sink p_sink * dlse. max_logit: the largest logit each row sees
+    (after softcap, ALiBi and bias; the sink is no key), [b, h, sq], -inf where it sees none.
     """
     return _attention(q, k, v, dout, scale=scale, variant=variant or Variant.dense(causal), compute=torch.float64,
-                      round_to=None, with_scales=True, dlse=dlse)
+                      round_to=None, with_scales=True, dlse=dlse, max_logit=max_logit)
 
 
 def naive(q, k, v, dout=None, *, causal: bool, scale: float, variant: Variant | None = None,
-          dlse=None) -> Tensors:
+          dlse=None, max_logit: bool = False) -> Tensors:
     """The same formulas in the inputs' dtype: fp32 arithmetic, rounded to q.dtype after every op."""
     tensors, _ = _attention(q, k, v, dout, scale=scale, variant=variant or Variant.dense(causal),
-                            compute=torch.float32, round_to=q.dtype, with_scales=False, dlse=dlse)
+                            compute=torch.float32, round_to=q.dtype, with_scales=False, dlse=dlse,
+                            max_logit=max_logit)
     return tensors
 
 
-def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales, dlse=None):
+def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales, dlse=None, max_logit=False):
     st = _setup(q, k, v, dout, variant, compute, round_to, with_scales, scale)
+    st.max_logit = torch.full_like(st.lse, float("-inf")) if max_logit else None
     # [b, hk, g, sq, 1], as the rows' statistics are (fp32 draws: exact in either compute dtype)
     st.dlse = None if dlse is None or not st.backward else dlse.to(compute).reshape(st.b, st.hk, st.g, st.sq, 1)
     if st.sk == 0 and st.sink is not None:  # no key: the sink alone is the softmax, lse its logit, out 0
@@ -149,6 +152,8 @@ def _rows_of(st: SimpleNamespace, variant: Variant, i0: int, i1: int) -> None:
     """Rows i0..i1: their softmax, out and lse, and their part of every gradient."""
     s, cap_slope, mod_slope = _logits(st, variant, i0, i1)
     m = s.amax(dim=-1, keepdim=True)
+    if st.max_logit is not None:
+        st.max_logit[:, :, :, i0:i1] = m.squeeze(-1)
     if st.sink is not None:
         m = torch.maximum(m, st.sink.expand_as(m))
     m = torch.where(m == float("-inf"), torch.zeros_like(m), m)  # guard: never (-inf) - (-inf)
@@ -212,6 +217,8 @@ def _finish(st: SimpleNamespace, variant: Variant, compute, round_to) -> tuple:
     """The outputs in the callers' layout ([b, s, h, e], lse [b, h, s]) and the scales of their terms."""
     b, sq, h, rnd = st.b, st.sq, st.h, st.rnd
     tensors = {"out": rnd(st.out).reshape(b, h, sq, st.dv).permute(0, 2, 1, 3), "lse": rnd(st.lse).reshape(b, h, sq)}
+    if st.max_logit is not None:  # a max of rounded logits: no rounding of its own
+        tensors["max_logit"] = st.max_logit.reshape(b, h, sq)
     if st.backward:
         # a naive GQA user expands k/v per head; autograd sums the per-head gradients in the dtype
         tensors["dq"] = st.dq.reshape(b, h, sq, st.d).permute(0, 2, 1, 3)
@@ -222,10 +229,13 @@ def _finish(st: SimpleNamespace, variant: Variant, compute, round_to) -> tuple:
         if st.dbias is not None:
             tensors["dbias"] = rnd(st.dbias)
     scales = st.acc.result(tensors["lse"], st.backward) if st.acc is not None else {}
+    if "max_logit" in tensors and st.acc is not None:  # a logit: its error is the logits' own
+        scales["max_logit"] = scales["logit"]
     if st.acc is not None and "dbias" in tensors and "dbias" not in scales:  # no key: no term at all
         scales["dbias"] = torch.zeros((), dtype=compute, device=st.dev)
     if round_to is not None:  # already rounded: the cast is exact (dsinks stays fp32, as the sinks are)
-        keep = {"dsinks": torch.float32, "dbias": variant.bias.dtype if variant.bias is not None else None}
+        keep = {"dsinks": torch.float32, "dbias": variant.bias.dtype if variant.bias is not None else None,
+                "max_logit": torch.float32}
         tensors = {name: t.to(keep.get(name) or round_to) for name, t in tensors.items()}
     return tensors, scales
 

@@ -53,17 +53,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from faverify.cases.vocabulary import TENSORS
+from faverify.cases.vocabulary import ROW_LOGITS, TENSORS
 from faverify.dtypes import FLOOR_UNIT, TORCH, UNIT_ROUNDOFF
 from faverify.errors import UsageError
 from faverify.judge.metrics import ErrorStats, TensorMetrics
 
 # flash-attention's own suite allows 2x the baseline error for out and 3x for the gradients.
-DEFAULT_FACTOR = {"out": 2.0, "lse": 2.0, "dq": 3.0, "dk": 3.0, "dv": 3.0, "dsinks": 3.0, "dbias": 3.0}
-DEFAULT_ATOL = {"out": 1.0, "lse": 1.0, "dq": 1.0, "dk": 1.0, "dv": 1.0, "dsinks": 1.0, "dbias": 1.0}
+DEFAULT_FACTOR = {"out": 2.0, "lse": 2.0, "dq": 3.0, "dk": 3.0, "dv": 3.0, "dsinks": 3.0, "dbias": 3.0,
+                  "max_logit": 2.0}
+DEFAULT_ATOL = {"out": 1.0, "lse": 1.0, "dq": 1.0, "dk": 1.0, "dv": 1.0, "dsinks": 1.0, "dbias": 1.0,
+                "max_logit": 1.0}
 # The floor left beside an informative baseline, in the same unit u(dtype) * scale_T: calibrated
 # (docs/measurements.md, "Tolerance floor") as the largest floor any correct subject needed there, with margin.
-DEFAULT_TIGHT = {"out": 0.25, "lse": 0.25, "dq": 0.25, "dk": 0.25, "dv": 0.25, "dsinks": 0.25, "dbias": 0.25}
+DEFAULT_TIGHT = {"out": 0.25, "lse": 0.25, "dq": 0.25, "dk": 0.25, "dv": 0.25, "dsinks": 0.25, "dbias": 0.25,
+                 "max_logit": 0.25}
 KNEE = 0.25  # a baseline error of KNEE * F or more is informative: the floor beside it is the tight one
 FLUSHED = 2.0 ** -120  # what flushing fp32 subnormals to zero may cost (the docstring's last floor term)
 # out's baseline term is at most this share of max|ref|: where the naive attention rounds logits of 1e3 to
@@ -98,7 +101,7 @@ class Tolerance:
         informative = min(1.0, base / knee) if knee > 0 else 1.0
         coef = max(self.tight[tensor], self.atol[tensor] * (1.0 - informative))
         logit_error = 2 * UNIT_ROUNDOFF["fp32"] * logit
-        carried = logit_error if tensor == "lse" else logit_error * scale
+        carried = logit_error if tensor in ROW_LOGITS else logit_error * scale
         return self.factor[tensor] * base, coef * unit + carried + FLUSHED
 
     def describe(self) -> str:
@@ -156,14 +159,14 @@ def judge(stats: ErrorStats, dtype: str, tolerance: Tolerance) -> TensorMetrics:
     reasons = []
     if s["nan"]:
         reasons.append(f"{int(s['nan'])} NaN where the reference is finite")
-    waived = name != "lse" and tolerance.ill_conditioned(logit)
+    waived = name not in ROW_LOGITS and tolerance.ill_conditioned(logit)
     # dq and dk scale with the logits' inputs: where the weights are undetermined (waived), a conforming
     # kernel's weights give gradients past the dtype's range, and Inf is such a result rounded
     unbounded = waived and name in ("dq", "dk")
-    if s["inf"] and not (name != "lse" and allowed >= torch.finfo(TORCH[dtype]).max) and not unbounded:
+    if s["inf"] and not (name not in ROW_LOGITS and allowed >= torch.finfo(TORCH[dtype]).max) and not unbounded:
         reasons.append(f"{int(s['inf'])} Inf where the reference is finite")
     if s["masked_bad"]:
-        want = "-inf" if name == "lse" else "0"
+        want = "-inf" if name in ROW_LOGITS else "0"
         reasons.append(f"{int(s['masked_bad'])} entries of rows that see no key are not {want}")
     # beyond_rounding: absent from statistics written before it was kept, where max_abs stands in
     if s.get("beyond_rounding", s["max_abs"]) > allowed and not waived:

@@ -90,6 +90,23 @@ def check_outputs(case: Case, q: torch.Tensor, out, lse) -> str | None:
     return None
 
 
+def check_max_logit(case: Case, q: torch.Tensor, max_logit, per: str) -> str | None:
+    """The max logit asked for: a float32 tensor on q's device, [b, h, seqlen_q] per row or [h] per head
+    (conventions.max_logit)."""
+    if not isinstance(max_logit, torch.Tensor):
+        return f"max_logit is {type(max_logit).__name__}, expected a tensor (the case asked for it)"
+    problem = plain("max_logit", max_logit) or on_device("max_logit", max_logit, q.device)
+    if problem:
+        return problem
+    want = (case.batch, case.nheads, case.seqlen_q) if per == "row" else (case.nheads,)
+    if tuple(max_logit.shape) != want:
+        layout = "[b, h, seqlen_q]" if per == "row" else "[h]"
+        return f"max_logit has shape {tuple(max_logit.shape)}, expected {want} ({layout}, one per {per})"
+    if max_logit.dtype != torch.float32:
+        return f"max_logit has dtype {max_logit.dtype}, expected torch.float32"
+    return None
+
+
 def split_shape(case: Case) -> tuple:
     """(out_splits', lse_splits' shape): [splits] before out's and lse's own, packed for a varlen case."""
     return (case.splits, *expected_out_shape(case)), (case.splits, *expected_lse_shape(case))

@@ -24,6 +24,7 @@ from faverify.reports.case_result import CaseResult, failure
 from faverify.run.contract import (
     SENTINEL,
     as_the_caller_sees,
+    check_max_logit,
     check_outputs,
     check_splits,
     on_device,
@@ -38,8 +39,8 @@ from faverify.run.relations import RELATION_CHECKS
 from faverify.run.side_effects import changed_inputs, copy_inputs, differences
 from faverify.subjects.base import Subject
 
-MODES = {"fwd": ("out", "lse"), "bwd": ("dq", "dk", "dv", "dsinks", "dbias"),
-         "both": ("out", "lse", "dq", "dk", "dv", "dsinks", "dbias")}
+MODES = {"fwd": ("out", "lse", "max_logit"), "bwd": ("dq", "dk", "dv", "dsinks", "dbias"),
+         "both": ("out", "lse", "max_logit", "dq", "dk", "dv", "dsinks", "dbias")}
 
 
 def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: str = "both",
@@ -172,7 +173,7 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     clock.lap("inputs")
     try:
         with subject_code(in_worker, skips=True):
-            out, lse, splits = subject.call(x.q, x.k, x.v, case, x.extras(), out=buffer)
+            out, lse, splits, max_logit = subject.call(x.q, x.k, x.v, case, x.extras(), out=buffer)
     except (Unsupported, ValueError, NotImplementedError) as e:
         return CaseResult(name, case, "skip", f"{type(e).__name__}: {e}")
     except SubjectRaised as e:  # the subject's failure, recorded with its message
@@ -180,11 +181,13 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     problem = check_outputs(case, x.q, out, lse) or (check_splits(case, splits) if splits is not None else None)
     if problem is None and subject.caps.lse and lse is None:
         problem = "the subject declares lse: true but returned out alone (return (out, lse))"
+    if problem is None and case.max_logit:
+        problem = check_max_logit(case, x.q, max_logit, subject.caps.conventions.max_logit)
     if problem:
         return failure(name, case, "fail", problem, "contract")
 
     out, lse = as_the_caller_sees(out), as_the_caller_sees(lse)
-    got = {"out": out, "lse": lse}
+    got = {"out": out, "lse": lse, "max_logit": as_the_caller_sees(max_logit)}
     forward_only = judged_on_less
     if backward and not out.requires_grad:  # judged on its forward alone, and the case says so
         forward_only, backward = FORWARD_ONLY, False

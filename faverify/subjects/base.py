@@ -95,6 +95,9 @@ class Capabilities:
     relations: tuple = ()
     # a loss on lse: the lse it returns carries an autograd graph, whose gradient is judged with the others'
     lse_grad: bool = False
+    # returns the largest logit each row sees when a case asks (return_max_logit=True), last in what it
+    # returns; one per row or one per head (conventions.max_logit)
+    max_logit: bool = False
     # FP8 inputs (cases/fp8.py): the descale granularities it takes, "tensor" and "head" (flash-attn 3's
     # [batch, nheads_k] q_descale, k_descale, v_descale, passed by those keywords); empty: none
     fp8: tuple = ()
@@ -253,7 +256,9 @@ class Subject:
         return self.call(q, k, v, case, extras)[:2]
 
     def call(self, q, k, v, case: Case, extras: dict | None = None, out=None):
-        """Run the subject on one case: (out, lse or None, (out_splits, lse_splits) or None).
+        """Run the subject on one case: (out, lse or None, (out_splits, lse_splits) or None, max_logit or
+        None). A case that asks for the max logit passes return_max_logit=True, and takes it from the end of
+        what the subject returns.
         Unsupported -> faverify.errors.Unsupported. extras: the case's variant and ragged tensors by
         keyword (Inputs.extras); out: the buffer a subject that declares out_buffer writes into.
 
@@ -267,7 +272,19 @@ class Subject:
             kwargs["out"] = out
         if self.caps.splits:  # even 1: a split subject's own default might cut the keys otherwise
             kwargs["num_splits"] = case.splits
+        if case.max_logit:
+            kwargs["return_max_logit"] = True
         result = self.fn(q, k, v, **kwargs)
+        max_logit = None
+        if case.max_logit:
+            if not isinstance(result, (tuple, list)) or len(result) != (3 if self.caps.lse else 2):
+                raise TypeError(f"{self.name} was asked for the max logit: it must return "
+                                + ("(out, lse, max_logit)" if self.caps.lse else "(out, max_logit)"))
+            result, max_logit = (tuple(result[:-1]) if self.caps.lse else result[0]), result[-1]
+        return self._parts(result) + (max_logit,)
+
+    def _parts(self, result) -> tuple:
+        """(out, lse or None, splits or None) of what the subject's function returned."""
         if self.caps.splits:
             if not isinstance(result, (tuple, list)) or len(result) != 4:
                 raise TypeError(f"{self.name} declares splits: it must return (out, lse, out_splits, lse_splits)")
