@@ -5,8 +5,9 @@ import torch
 from hypothesis import given
 
 from faverify.cases.case import Case
-from faverify.cases.inputs import BF16_SCALE_VALUE, FP16_SCALE_VALUE, make_inputs
+from faverify.cases.inputs import make_inputs
 from faverify.cases.strategies import cases
+from faverify.cases.values import BF16_SCALE_VALUE, FP16_SCALE_VALUE
 from faverify.cases.vocabulary import LAYOUTS
 
 

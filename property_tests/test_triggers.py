@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from faverify.cases.case import Case
-from faverify.cases.inputs import LONE_KEY_SCORE, NEGATIVE_MAXIMA, make_inputs
+from faverify.cases.inputs import make_inputs
+from faverify.cases.values import LONE_KEY_SCORE, NEGATIVE_MAXIMA
 from faverify.cases.vocabulary import LAYOUTS, REGIMES
 from faverify.judge.reference import reference
 from property_tests.cli_helpers import cli

@@ -64,6 +64,9 @@ class Case:
     fp8: str = "off"  # q, k, v in float8_e4m3fn with descale factors of this granularity (vocabulary.FP8)
     lse_grad: str = "off"  # a loss on lse as well as on out, or on lse alone (vocabulary.LSE_GRADS)
     max_logit: bool = False  # the call asks for the largest logit each row sees (return_max_logit=True)
+    # sparse key indices (cases/sparse.py): what they hold (vocabulary.SPARSE) and how many a row lists
+    sparse: str = "off"
+    topk: int = 0
     # a call sequence (`fuzz --sequence`): the calls this process makes before this one, oldest first, each
     # a case of its own with no `before`; every call is judged, so a bug carried from one call into the next
     # (a compile cache keyed too loosely, a scratch buffer never cleared) fails the call it reaches
@@ -103,7 +106,7 @@ class Case:
               "varlen": self.seqlens is not None, "paged": self.cache_seqlens is not None, "splits": self.splits > 1,
               "mask": self.mask != "off", "mask_nan": self.mask_nan, "bias": self.bias != "off",
               "bias_grad": self.bias_grad, "score_mod": self.score_mod != "off", "fp8": self.fp8 != "off",
-              "lse_grad": self.lse_grad != "off", "max_logit": self.max_logit}
+              "lse_grad": self.lse_grad != "off", "max_logit": self.max_logit, "sparse": self.sparse != "off"}
         return tuple(f for f in FEATURES if on[f])
 
     @property
@@ -270,6 +273,8 @@ class Case:
             flags.append("loss on lse" + (" alone" if self.lse_grad == "alone" else " and out"))
         if self.max_logit:
             flags.append("max_logit")
+        if self.sparse != "off":
+            flags.append(f"sparse={self.sparse} topk={self.topk}")
         calls = f"after {len(self.before)} call{'s' if len(self.before) > 1 else ''}: " if self.before else ""
         return (f"{calls}b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} h{self.nheads}{gqa} d{self.head_dim} "
                 + " ".join(flags))

@@ -23,10 +23,12 @@ from faverify.cases.vocabulary import (
     MAX_SEED,
     MAX_SEQUENCES,
     MAX_SPLITS,
+    MAX_TOPK,
     PAGE_ORDERS,
     REGIMES_ALL,
     SCORE_MODS,
     SINKS,
+    SPARSE,
     VARIANT_DEFAULTS,
 )
 from faverify.errors import UsageError
@@ -73,6 +75,23 @@ def _check_lse_grad(case) -> None:
                                                         + (case.kind if case.kind != "dense" else "split or FP8"))
     if not isinstance(case.max_logit, bool):
         raise UsageError("max_logit", case.max_logit, "must be true or false")
+    _check_sparse(case)
+
+
+def _check_sparse(case) -> None:
+    if case.sparse not in SPARSE:
+        raise UsageError("sparse", case.sparse, f"must be one of {', '.join(SPARSE)}")
+    if case.sparse == "off":
+        if case.topk:
+            raise UsageError("topk", case.topk, "is a sparse case's (sparse is off)")
+        return
+    _require_int("topk", case.topk, minimum=1, maximum=MAX_TOPK)
+    others = [f for f in case.features() if f in ("window", "varlen", "paged", "splits", "mask", "bias",
+                                                  "score_mod", "fp8")]
+    if case.causal or others:
+        raise UsageError("sparse", case.sparse, "the indices alone say which keys a row sees: no causal mask, "
+                                                "window, mask, bias or ragged batch beside them; this case has "
+                                                + ", ".join((["causal"] if case.causal else []) + others))
 
 
 def _check_fp8(case) -> None:

@@ -16,6 +16,9 @@ ALIBI_FORMS = ("flash", "relative")
 # the max-logit output: one per query row [b, h, sq] (cuDNN's Max, FlashMLA's max_logits), or one per head
 # [h], the largest over the batch and every row (Transformer Engine's return_max_logit, what QK-clip reads)
 MAX_LOGIT_SHAPES = ("row", "head")
+# a key that sparse indices list twice: weighed twice, as a kernel that gathers the listed keys does
+# (FlashMLA's sparse kernels), or once, as one that masks the keys not listed does
+SPARSE_DUPLICATES = ("each", "once")
 
 
 @dataclass(frozen=True)
@@ -25,10 +28,12 @@ class Conventions:
     empty_lse: str = "-inf"
     alibi: str = "flash"
     max_logit: str = "row"
+    sparse_duplicates: str = "each"
 
     def __post_init__(self) -> None:
         for name, allowed in (("causal", ALIGNMENTS), ("lse_base", LSE_BASES), ("empty_lse", EMPTY_LSE),
-                              ("alibi", ALIBI_FORMS), ("max_logit", MAX_LOGIT_SHAPES)):
+                              ("alibi", ALIBI_FORMS), ("max_logit", MAX_LOGIT_SHAPES),
+                              ("sparse_duplicates", SPARSE_DUPLICATES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"conventions.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
 
@@ -47,7 +52,8 @@ class Conventions:
 
     def describe(self) -> str:
         return (f"causal and windows {self.causal}, lse base {self.lse_base}, lse of a row that sees no key "
-                f"{self.empty_lse}, ALiBi {self.alibi}, max logit per {self.max_logit}")
+                f"{self.empty_lse}, ALiBi {self.alibi}, max logit per {self.max_logit}, a key listed twice by "
+                f"sparse indices weighed {'twice' if self.sparse_duplicates == 'each' else 'once'}")
 
     def to_dict(self) -> dict:
         return asdict(self)

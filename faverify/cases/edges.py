@@ -12,7 +12,7 @@ from typing import Callable
 
 from faverify.cases.case import Case
 
-EDGE_CASES, EDGE_FLOOR = 150, 3  # every edge of a feature a subject declares, at least this often in that many
+EDGE_CASES, EDGE_FLOOR = 200, 3  # every edge of a feature a subject declares, at least this often in that many
 
 
 def _rows_without_key(c: Case) -> bool:
@@ -113,6 +113,13 @@ EDGES: dict[str, tuple] = {
     "bias_grad": (("the gradient of a broadcast bias", lambda c: c.bias_grad and c.bias_shape != "full"),),
     "score_mod": tuple((f"{m} score_mod", lambda c, m=m: c.score_mod == m) for m in ("relative", "alibi",
                                                                                       "softcap")),
+    "sparse": (
+        ("invalid indices: -1 slots (rows of them alone) or past seqlen_k",
+         lambda c: c.sparse in ("invalid", "out-of-range")),
+        ("a key listed twice", lambda c: c.sparse == "duplicates"),
+        ("one index a row, or more than the keys", lambda c: c.sparse != "off" and (c.topk == 1
+                                                                                    or c.topk > c.seqlen_k)),
+    ),
     "lse_grad": (
         ("a loss on lse alone (dv exactly 0)", lambda c: c.lse_grad == "alone"),
         ("a loss on lse with rows that see no key", lambda c: c.lse_grad != "off" and _rows_without_key(c)),

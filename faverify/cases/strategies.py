@@ -23,8 +23,10 @@ from faverify.cases.vocabulary import (
     MASKS,
     MAX_HEAD_DIM,
     MAX_HEAD_DIM_V,
+    MAX_TOPK,
     PAGE_ORDERS,
     REGIMES,
+    SPARSE,
     VARIANT_FEATURES,
 )
 from faverify.errors import UsageError
@@ -59,7 +61,7 @@ INT32_ELEMENTS = 1 << 31  # offsets into a pool this large overflow a signed 32-
 # features "each" alone left plain attention to 2 cases in 200 (triton, CPU).
 FEATURE_MIXES = ("plain", "one", "one", "one", "one", "each", "each", "each")
 SUB_FEATURES = {"mask_nan": "mask", "bias_grad": "bias"}  # drawn only with the feature they qualify
-EXCLUSIVE = ("varlen", "paged", "mask", "bias", "score_mod")  # a case has at most one of them (and splits)
+EXCLUSIVE = ("varlen", "paged", "mask", "bias", "score_mod", "sparse")  # a case has at most one of them (and splits)
 ON = (False, True, True)  # a variant feature of an "each" case is on two times in three (shrinks to off)
 
 
@@ -156,17 +158,34 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     if always_split or "splits" in features:
         choices = SPLITS if always_split or forced == "splits" else (1,) + SPLITS
         shape["splits"] = draw(st.sampled_from(choices))
-    mask_features = set(features) & {"mask", "bias", "score_mod"}
-    if mask_features and not shape.get("cache_seqlens") and not shape.get("seqlens") and shape.get("splits", 1) == 1:
-        # may drop softcap and ALiBi
-        variant.update(draw(masked(tuple(features), dense, variant, masks, forced=forced)))
     dense_batch = not shape.get("seqlens") and not shape.get("cache_seqlens") and shape.get("splits", 1) == 1
+    mask_features = set(features) & {"mask", "bias", "score_mod"}
+    if mask_features and dense_batch:  # may drop softcap and ALiBi
+        variant.update(draw(masked(tuple(features), dense, variant, masks, forced=forced)))
+    # sparse indices say alone which keys a row sees: no causal mask, window, mask or bias beside them. A case
+    # of its own, or one of "each" features that left those off (the others keep their shares: edges.py)
+    plain_keys = not (dense["causal"] or mask_features & set(variant) or variant.get("window", (-1, -1)) != (-1, -1))
+    sparse = "sparse" in features and dense_batch and (forced == "sparse" or (forced is None and plain_keys))
     if "lse_grad" in features and dense_batch:  # drawn last: the rest of the case as it was
         # a loss on lse beside out's twice as often as on lse alone (where dv must be exactly 0)
         variant["lse_grad"] = draw(st.sampled_from(("with", "alone", "with")))
     if "max_logit" in features and dense_batch:
         variant["max_logit"] = True
+    if sparse:
+        variant.update(draw(_sparse(dense["seqlen_k"])), window=(-1, -1))
+        dense["causal"] = False  # where the case was forced to be sparse
     return Case(**{**dense, **variant, **shape})
+
+
+@st.composite
+def _sparse(draw, seqlen_k: int) -> dict:
+    """What the indices hold, beside valid keys (duplicates, -1 slots, indices past seqlen_k), and how many a
+    row lists: one, as many as the keys, more (padded with -1), or any up to MAX_TOPK."""
+    topk = draw(st.one_of(st.sampled_from(sorted({1, min(max(seqlen_k, 1), MAX_TOPK),
+                                                   min(seqlen_k + 1, MAX_TOPK)})),
+                          st.integers(1, MAX_TOPK)))
+    # "distinct" keys are in each of them; duplicates as often as the invalid indices of both kinds
+    return dict(sparse=draw(st.sampled_from(SPARSE[2:] + ("duplicates",))), topk=topk)
 
 
 def _check_choices(dtypes, regimes, layouts, inits, head_dims, features) -> None:
@@ -249,7 +268,9 @@ def _mixture(draw, features: tuple, mixes: tuple, ragged_only: bool) -> tuple:
     # where ragged batches and masks compete for the cases (masks take dense batches alone), the features that
     # take a case of their own twice as often: they share the cases among them, where the others add to any
     competing = {"varlen", "paged"} & set(optional)
-    one = draw(st.sampled_from(optional + [f for f in optional if f in EXCLUSIVE and competing]))
+    # sparse, whose edges are its own cases' alone, thrice
+    one = draw(st.sampled_from(optional + [f for f in optional if f in EXCLUSIVE and competing]
+                               + [f for f in optional if f == "sparse"] * 2))
     return required + (one,) + tuple(f for f, of in SUB_FEATURES.items() if of == one and f in features), one
 
 

@@ -37,7 +37,14 @@ INPUT_FEATURES = ("fp8",)
 # outputs beside out and lse: a loss on lse too (docs/design.md, "LSE gradient"); the rows' largest logit,
 # returned when asked (return_max_logit=True: Transformer Engine's, cuDNN's Max, FlashMLA's max_logits)
 OUTPUT_FEATURES = ("lse_grad", "max_logit")
-FEATURES = VARIANT_FEATURES + BATCH_FEATURES + MASK_FEATURES + INPUT_FEATURES + OUTPUT_FEATURES
+# the keys a row sees given as indices (cases/sparse.py, docs/design.md, "Sparse key indices")
+KEY_FEATURES = ("sparse",)
+FEATURES = VARIANT_FEATURES + BATCH_FEATURES + MASK_FEATURES + INPUT_FEATURES + OUTPUT_FEATURES + KEY_FEATURES
+# What a sparse case's indices hold: "distinct", valid keys listed once (-1 where topk passes seqlen_k);
+# "duplicates", keys drawn with replacement; "invalid", -1 slots among them and rows of -1 alone;
+# "out-of-range", indices at and past seqlen_k (invalid, as FlashMLA reads them)
+SPARSE = ("off", "distinct", "duplicates", "invalid", "out-of-range")
+MAX_TOPK = 64
 # A loss on lse (flash-attn 4's dlse, FlexAttention's lse gradient, ring attention's merges): dlse drawn
 # N(0, 1) per row, beside dO ("with") or with dO zero ("alone", where dv must be exactly 0)
 LSE_GRADS = ("off", "with", "alone")
@@ -76,7 +83,7 @@ VARIANT_DEFAULTS = {"window": (-1, -1), "softcap": 0.0, "alibi": "off", "sinks":
                     "pool": 0, "splits": 1, "mask": "off", "mask_shape": "full", "mask_block": 0, "mask_rate": 0,
                     "mask_lengths": None, "mask_nan": False, "bias": "off", "bias_shape": "full",
                     "bias_dtype": "input", "bias_grad": False, "score_mod": "off", "fp8": "off",
-                    "lse_grad": "off", "max_logit": False, "before": ()}
+                    "lse_grad": "off", "max_logit": False, "sparse": "off", "topk": 0, "before": ()}
 
 
 # The most split-KV partials a case asks for and a bundled launcher makes (flash-attn's cap too): a single

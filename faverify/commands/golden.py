@@ -25,7 +25,8 @@ from faverify.cases.golden_files import (
     write_case,
     write_index,
 )
-from faverify.cases.inputs import Inputs, draw_values, lay_out, variant_of
+from faverify.cases.inputs import Inputs, lay_out, variant_of
+from faverify.cases.values import draw_values
 from faverify.dtypes import TORCH
 from faverify.judge.reference import reference
 from faverify.run.evaluate import evaluate

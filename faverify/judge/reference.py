@@ -18,14 +18,12 @@ import torch
 
 from faverify.cases.mods import sech2
 from faverify.cases.variant import Variant
+from faverify.judge.scales import ScaleAccumulator, add_rows
 
 Tensors = dict  # name -> tensor: out [b,sq,h,dv], lse [b,h,sq], dq [b,sq,h,d], dk [b,sk,hk,d], dv [b,sk,hk,dv],
 # dsinks [h], dbias the bias's shape [b|1, h|1, sq|1, sk]
 
 
-# A bias entry this large acts as a mask (exp of it is exactly 0 beside any other logit; a row of them only
-# is uniform in fp32 as in FP64), not as a logit whose rounding costs precision: the logit bound leaves it out
-MASK_LIKE = 1e30
 _CHUNK_BUDGET = {"cpu": 64 << 20, "cuda": 1 << 30}  # bytes for one chunk's [rows x seqlen_k] temporaries
 _TEMPORARIES = 6  # s, p, dp, ds and two products alive at once
 
@@ -46,7 +44,7 @@ def reference(q, k, v, dout=None, *, causal: bool, scale: float, variant: Varian
               dlse=None, max_logit: bool = False) -> tuple[Tensors, dict]:
     """FP64 outputs (and gradients when dout is given), plus the magnitude scale of each tensor.
 
-    A scale is the size of the terms summed to produce a tensor (see _ScaleAccumulator), not the size of
+    A scale is the size of the terms summed to produce a tensor (see scales.ScaleAccumulator), not the size of
     the result: dk is exactly zero when seqlen_k == 1, but the terms that cancelled to give that zero are
     not, and rounding them costs a kernel about u times their size.
     dlse: [b, h, sq], a loss's gradient on lse (natural log) beside dout's on out: each row's logits take
@@ -117,7 +115,7 @@ def _setup(q, k, v, dout, variant, compute, round_to, with_scales, scale) -> Sim
     learned = st.sink is not None and variant.sinks_learned
     st.dsinks = torch.zeros(hk, g, dtype=compute, device=dev) if grads and learned else None
     st.dbias = torch.zeros(variant.bias.shape, dtype=compute, device=dev) if grads and st.bias is not None else None
-    st.acc = _ScaleAccumulator(st.Q, st.K, st.V, st.dO, scale, st.slopes, st.sink, sq) if with_scales else None
+    st.acc = ScaleAccumulator(st.Q, st.K, st.V, st.dO, scale, st.slopes, st.sink, sq) if with_scales else None
     st.cols = torch.arange(sk, device=dev)
     return st
 
@@ -192,7 +190,7 @@ def _backward_rows(st: SimpleNamespace, variant: Variant, i0: int, i1: int, p, o
     if mod_slope is not None:
         ds = rnd(ds * mod_slope)
     if st.dbias is not None:  # the gradient of the logit where the bias was added
-        _add_rows(st.dbias, ds, i0, i1)
+        add_rows(st.dbias, ds, i0, i1)
         if st.acc is not None:
             st.acc.add_dbias(variant.bias.shape, i0, i1, p * (dp.abs() + (dOc * o).abs().sum(-1, keepdim=True))
                              * (mod_slope.abs() if mod_slope is not None else 1.0))
@@ -299,22 +297,6 @@ def _rows(t: torch.Tensor, i0: int, i1: int) -> torch.Tensor:
     return t[:, :, :, i0:i1] if t.shape[3] > 1 else t
 
 
-def _add_rows(dbias: torch.Tensor, ds: torch.Tensor, i0: int, i1: int) -> None:
-    """dbias [B, H, SQ, SK] += the chunk's ds [b, hk, g, c, sk], summed over the dimensions the bias
-    broadcasts over."""
-    B, H, SQ, SK = dbias.shape
-    b, hk, g, c, sk = ds.shape
-    part = ds.reshape(b, hk * g, c, sk)
-    if B == 1:
-        part = part.sum(0, keepdim=True)
-    if H == 1:
-        part = part.sum(1, keepdim=True)
-    if SQ == 1:
-        dbias += part.sum(2, keepdim=True)
-    else:
-        dbias[:, :, i0:i1] += part
-
-
 def _modded(mod: Callable, s: torch.Tensor, i0: int, i1: int, g: int) -> tuple:
     """A score_mod applied to the chunk's logits [b, hk, g, c, sk] on index grids, and its elementwise
     derivative (by autograd: a score_mod is elementwise)."""
@@ -329,90 +311,3 @@ def _modded(mod: Callable, s: torch.Tensor, i0: int, i1: int, g: int) -> tuple:
         post = mod(pre, bi, hi, ii, jj).expand_as(pre)
         slope, = torch.autograd.grad(post, pre, torch.ones_like(post))
     return post.detach(), slope
-
-class _ScaleAccumulator:
-    """The magnitude of the terms summed into each output element, max over the tensor.
-
-    out_i = sum_j P_ij v_j                       -> sum_j P_ij max|v_j|
-    dv_j  = sum_i P_ij dO_i                      -> sum_i P_ij max|dO_i|
-    dS_ij = P_ij (dP_ij - D_i)                   -> P_ij (|dP_ij| + sum_d |dO_id O_id|)
-            (the two terms that cancel; D = sum_d dO_id O_id is formed from O rounded to the input dtype,
-            so its error follows the sum of |terms|, not |D|, which may itself cancel)
-    dq_i  = scale sum_j dS_ij k_j                -> scale sum_j |dS|_ij max|k_j|
-    dk_j  = scale sum_i dS_ij q_i                -> scale sum_i |dS|_ij max|q_i|
-    s_ij  = scale sum_d q_id k_jd                -> scale max||q_i|| max||k_j||  (>= scale sum_d |q_id k_jd|)
-    lse_i = m_i + log sum_j exp(s_ij - m_i)      -> the logit scale above + max |lse_i|
-    max|x_j| over the head dim bounds every element's terms and keeps each one a matrix-vector product,
-    cheap next to the reference itself. (The rms did not bound them: sdpa-cudnn's dq at a column where k
-    was 1.3x its rms failed at 1.07x a floor it was within by this measure: constant logits, where the
-    naive baseline's dq is exactly 0.)
-    A rounding of each term costs about u times this, whatever cancellation makes of the sum.
-    """
-
-    def __init__(self, Q, K, V, dO, scale, slopes=None, sink=None, sq=0):
-        self.scale = scale
-        self.v_max, self.k_max, self.q_max = _absmax(V), _absmax(K), _absmax(Q)  # [b, hk, 1|g, s]
-        self.dO_max = _absmax(dO) if dO is not None else None
-        zero = torch.zeros((), dtype=Q.dtype, device=Q.device)
-        self.out = self.dq = zero
-        # Cauchy-Schwarz bounds the sum of |q_d k_d| that a logit adds up (and cancels) in fp32
-        self.logit = scale * Q.norm(dim=-1).amax() * K.norm(dim=-1).amax() if K.shape[3] else zero
-        if slopes is not None and K.shape[3]:  # the bias a logit adds: slope times the largest distance
-            self.logit = self.logit + slopes.abs().amax() * (max(sq, K.shape[3]) - 1)
-        self.has_sink = sink is not None
-        self.sink_max = sink.abs().amax() if sink is not None else zero
-        self.dsinks = zero
-        b, hk, g = Q.shape[:3]
-        self.dv_cols = torch.zeros(b, hk, g, K.shape[3], dtype=Q.dtype, device=Q.device)
-        self.dk_cols = torch.zeros_like(self.dv_cols)
-        self.dbias_terms = None
-
-    def add_logits(self, s):
-        """A bias or score_mod moves the logits beyond the q.k bound: the largest seen bounds them then (an
-        entry of MASK_LIKE size or more acts as a mask: exp of it is 0 beside any other logit)."""
-        size = s.abs()
-        size = torch.where(size < MASK_LIKE, size, torch.zeros_like(size))
-        self.logit = torch.maximum(self.logit, size.amax())
-
-    def add_dbias(self, shape, i0, i1, mag):
-        """dbias sums dS over the bias's broadcast dimensions: the terms' magnitude summed likewise."""
-        if self.dbias_terms is None:
-            self.dbias_terms = torch.zeros(shape, dtype=mag.dtype, device=mag.device)
-        _add_rows(self.dbias_terms, mag, i0, i1)
-
-    def add_forward(self, s, p):
-        self.out = torch.maximum(self.out, (p * self.v_max.unsqueeze(-2)).sum(-1).amax())
-
-    def add_backward(self, i0, i1, p, dp, D_terms, cap_slope=None, p_sink=None):
-        self.dv_cols += (p * self.dO_max[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
-        ds_mag = p * (dp.abs() + D_terms)
-        if cap_slope is not None:  # softcap's derivative, <= 1, scales each dS term
-            ds_mag = ds_mag * cap_slope
-        if p_sink is not None:  # dsinks_h = -sum_i p_sink_i D_i: the sum of |terms| over a head's rows
-            self.dsinks = torch.maximum(self.dsinks, (p_sink * D_terms).sum(dim=(0, 3, 4)).amax())
-        self.dq = torch.maximum(self.dq, self.scale * (ds_mag * self.k_max.unsqueeze(-2)).sum(-1).amax())
-        self.dk_cols += self.scale * (ds_mag * self.q_max[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
-
-    def result(self, lse, backward):
-        # the largest finite |lse| by a masked max, not by indexing with the mask: a boolean index waits for
-        # the device to count the entries it keeps (a host sync a case)
-        zero = torch.zeros_like(self.logit)
-        lse_max = torch.where(torch.isfinite(lse), lse.abs(), zero).amax() if lse.numel() else zero
-        scales = {"out": self.out, "lse": lse_max + self.logit + self.sink_max, "logit": self.logit}
-        if backward:
-            if self.has_sink:
-                scales["dsinks"] = self.dsinks
-            if self.dbias_terms is not None:
-                scales["dbias"] = _amax0(self.dbias_terms)
-            scales["dq"] = self.dq
-            scales["dk"] = _amax0(self.dk_cols.sum(2))
-            scales["dv"] = _amax0(self.dv_cols.sum(2))
-        return scales
-
-
-def _absmax(t):
-    return t.abs().amax(-1)
-
-
-def _amax0(t):
-    return t.amax() if t.numel() else torch.zeros((), dtype=t.dtype, device=t.device)

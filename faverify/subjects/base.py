@@ -26,7 +26,8 @@ KEYWORDS = {"window": ("window_size",), "softcap": ("softcap",), "alibi": ("alib
             "varlen": ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
             "paged": ("block_table", "cache_seqlens"), "splits": ("num_splits",), "mask": ("attn_mask",),
             "bias": ("attn_mask",), "score_mod": ("score_mod",), "mask_mod": ("mask_mod",),
-            "block_mask": ("block_mask", "block_size"), "fp8": ("q_descale", "k_descale", "v_descale")}
+            "block_mask": ("block_mask", "block_size"), "fp8": ("q_descale", "k_descale", "v_descale"),
+            "sparse": ("indices",)}
 from faverify.errors import Unsupported
 
 
@@ -98,6 +99,9 @@ class Capabilities:
     # returns the largest logit each row sees when a case asks (return_max_logit=True), last in what it
     # returns; one per row or one per head (conventions.max_logit)
     max_logit: bool = False
+    # sparse key indices: takes `indices`, int32 [b, seqlen_q, nheads_k, topk] (cases/sparse.py); how it
+    # weighs a key listed twice is its conventions.sparse_duplicates
+    sparse: bool = False
     # FP8 inputs (cases/fp8.py): the descale granularities it takes, "tensor" and "head" (flash-attn 3's
     # [batch, nheads_k] q_descale, k_descale, v_descale, passed by those keywords); empty: none
     fp8: tuple = ()
@@ -337,6 +341,8 @@ def variant_keywords(case: Case, extras: dict, caps: Capabilities | None = None)
         kwargs["score_mod"] = extras["score_mod"]
     if "fp8" in used:
         kwargs.update({name: extras[name] for name in KEYWORDS["fp8"]})
+    if "sparse" in used:
+        kwargs["indices"] = extras["indices"]
     return kwargs
 
 

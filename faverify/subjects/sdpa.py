@@ -23,7 +23,7 @@ _BACKENDS = {
                           "through an fp32 float mask)",
                   Capabilities(max_head_dim=512, window=True, softcap=True, alibi=True, sinks=True,
                                head_dim_v=True, varlen=True, paged=True, mask=True, bias=True, bias_grad=True,
-                               fp8=("tensor", "head"))),
+                               fp8=("tensor", "head"), sparse=True)),
     "sdpa-flash": ("FLASH_ATTENTION", "torch SDPA FlashAttention-2 backend",
                    Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",))),
     "sdpa-efficient": ("EFFICIENT_ATTENTION", "torch SDPA memory-efficient (xformers) backend",
@@ -60,7 +60,7 @@ def make(name: str) -> Subject:
     backend_name, description, caps = _BACKENDS[name]
 
     def fn(q, k, v, *, causal: bool, softmax_scale: float, window_size=None, softcap=None, alibi_slopes=None,
-           sinks=None, attn_mask=None, q_descale=None, k_descale=None, v_descale=None):
+           sinks=None, attn_mask=None, q_descale=None, k_descale=None, v_descale=None, indices=None):
         from torch.nn.attention import SDPBackend, sdpa_kernel
         from torch.nn.attention.bias import causal_lower_right
 
@@ -70,6 +70,11 @@ def make(name: str) -> Subject:
             return fn(q, k, v, causal=causal, softmax_scale=softmax_scale).to(torch.bfloat16)
 
         sq, sk = q.shape[1], k.shape[1]
+        if indices is not None:  # the keys they list as an additive mask, each duplicate's weight in it
+            from faverify.cases.sparse import visibility
+            keep, weight = visibility(indices, sk, q.shape[2], caps.conventions.sparse_duplicates)
+            attn_mask = torch.zeros(keep.shape, device=q.device) if weight is None else weight
+            attn_mask = attn_mask.masked_fill(~keep, float("-inf")).to(q.dtype)
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
         variant = window_size is not None or softcap or alibi_slopes is not None or sinks is not None
         try:

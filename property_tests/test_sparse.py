@@ -1,0 +1,52 @@
+"""Sparse key indices (cases/sparse.py): the reference reads them as the libraries do, each planted bug
+of a sparse kernel is caught with a minimal case that has them, and each control passes."""
+import dataclasses
+
+import pytest
+
+from faverify.cases.case import Case
+from faverify.errors import UsageError
+from faverify.run.evaluate import evaluate
+from faverify.subjects import resolve
+from faverify.subjects.base import Capabilities, Subject
+from property_tests.cli_helpers import cli, planted_bug_caught
+
+PLANTED = "property_tests.planted_sparse"
+
+
+@pytest.mark.parametrize("bug,signature", [("minus_one_as_zero", "out:"), ("nan_on_empty", "out:nan")])
+def test_a_planted_bug_of_a_sparse_kernel_is_caught_and_the_controls_pass(bug, signature, tmp_path):
+    record, mine, args = planted_bug_caught(f"{PLANTED}:{bug}", "sparse", 150, tmp_path,
+                                            lambda s: s.startswith(signature))
+    minimal = Case.from_dict(mine[0]["minimal"]["case"])
+    assert minimal.sparse != "off" and record["summary"]["by_feature"]["sparse"]["failed"] > 0, minimal
+    for control in ("gather_correct", "mask_correct"):
+        r = cli("fuzz", "--kernel", f"{PLANTED}:{control}", *args)
+        assert r.exit_code == 0, r.stdout[-2000:]
+
+
+def test_a_key_listed_twice_weighs_as_the_subject_declares():
+    """A gathering kernel weighs a duplicate twice, a masking one once: each passes under its own
+    convention and fails under the other's."""
+    case = Case(1, 6, 5, 2, 1, 16, dtype="fp32", sparse="duplicates", topk=8, seed=3)
+    for name, other in (("gather_correct", {"sparse_duplicates": "once"}), ("mask_correct", "flash-attn-3")):
+        declared = resolve(f"{PLANTED}:{name}")
+        swapped = Subject(name, declared.fn, Capabilities(**{**declared.caps.to_dict(), "conventions": other}))
+        assert evaluate(declared, case, "cpu", mode="fwd").status == "pass"
+        assert evaluate(swapped, case, "cpu", mode="fwd").status == "fail"
+
+
+def test_sdpa_math_runs_the_sparse_cases_forward_and_backward(tmp_path):
+    r = cli("fuzz", "--kernel", "sdpa-math", "--iters", "40", "--device", "cpu", "--no-db", "--no-isolate",
+            "--features", "sparse,sinks", "--json", tmp_path / "run.json")
+    assert r.exit_code == 0, r.stdout[-2000:]
+    summary = __import__("json").loads((tmp_path / "run.json").read_text())["kernels"][0]["summary"]
+    assert summary["by_feature"]["sparse"]["cases"] >= 10, summary["by_feature"]
+
+
+@pytest.mark.parametrize("change,rule", [(dict(causal=True), "no causal mask"), (dict(topk=0), "topk"),
+                                         (dict(topk=65), "topk"), (dict(sparse="all"), "must be one of")])
+def test_a_sparse_case_that_means_nothing_is_refused(change, rule):
+    case = Case(1, 4, 5, 1, 1, 16, sparse="distinct", topk=2)
+    with pytest.raises(UsageError, match=rule):
+        dataclasses.replace(case, **change)
