@@ -61,21 +61,22 @@ def check(case) -> None:
                                                  "head_dim ** -0.5 (past it fp32 logits overflow)")
     _check_variants(case)
     _check_fp8(case)
-    _check_lse_grad(case)
+    _check_outputs(case)
+    _check_sparse(case)
     _check_before(case)
 
 
-def _check_lse_grad(case) -> None:
+def _check_outputs(case) -> None:
+    """The outputs a case asks for beside out and lse: a loss on lse, the max logit."""
     if case.lse_grad not in LSE_GRADS:
         raise UsageError("lse_grad", case.lse_grad, f"must be one of {', '.join(LSE_GRADS)}")
+    if not isinstance(case.max_logit, bool):
+        raise UsageError("max_logit", case.max_logit, "must be true or false")
     for name, on in (("lse_grad", case.lse_grad != "off"), ("max_logit", case.max_logit)):
         if on and (case.kind != "dense" or case.splits > 1 or case.fp8 != "off"):
             raise UsageError(name, getattr(case, name), "takes dense cases with one split and no FP8 (a value of "
                                                         "each whole row of a dense batch); this case is "
                                                         + (case.kind if case.kind != "dense" else "split or FP8"))
-    if not isinstance(case.max_logit, bool):
-        raise UsageError("max_logit", case.max_logit, "must be true or false")
-    _check_sparse(case)
 
 
 def _check_sparse(case) -> None:

@@ -39,7 +39,7 @@ def repro(
     from faverify.reports.case_result import own_error
     from faverify.reports.report import METRIC_HEADERS, metrics_rows, table
     from faverify.run.evaluate import evaluate
-    from faverify.run.guard import blame_lost_context, context_lost
+    from faverify.run.guard import blame_lost_context
     from faverify.subjects import resolve
 
     tolerance = tolerance_from(factor, atol, tight)
@@ -68,9 +68,10 @@ def repro(
                               gradcheck=gradcheck, repeat=repeat)
         except Exception as e:
             result = own_error(kernel, the_case, e, str(target))
-            if not context_lost(result):  # faverify's own bug: raised as every other command's is
+            if not blame_lost_context(result):  # faverify's own bug: raised as every other command's is
                 raise
-        blame_lost_context(result)
+        else:
+            blame_lost_context(result)
     for i, call in enumerate(the_case.before):
         say(f"earlier call {i + 1} of {len(the_case.before)}: {call.short()}")
     say(f"{kernel} on {target}: {the_case.short()}")

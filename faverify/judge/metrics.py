@@ -129,6 +129,9 @@ def _raw_stats(name, got, ref, base, empty, empty_lse, scale):
     ])
 
 
+_EMPTY_ROWS_CHECKED = ("out", "lse", "dq", "max_logit")  # the tensors with a value given where a row sees no key
+
+
 def _masked_bad(name, g, empty, empty_lse):
     """Rows that see no key: out and dq must be 0, lse -inf (or the declared value; docs/design.md). The
     rows come from the case, on the host: no device sync."""
@@ -136,13 +139,13 @@ def _masked_bad(name, g, empty, empty_lse):
         empty_lse = -math.inf
         if g.dim() == 1:  # one per head: no rows of its own
             return torch.zeros((), dtype=torch.float64, device=g.device)
+    if name not in _EMPTY_ROWS_CHECKED:
+        return torch.zeros((), dtype=torch.float64, device=g.device)
     if isinstance(empty, torch.Tensor):
-        if name not in ("out", "lse", "dq", "max_logit"):
-            return torch.zeros((), dtype=torch.float64, device=g.device)
         if name in ROW_LOGITS:
             return ((g != empty_lse) & empty).sum().to(torch.float64)
         return ((g != 0) & empty.transpose(1, 2).unsqueeze(-1)).sum().to(torch.float64)
-    if empty[1] <= empty[0] or name not in ("out", "lse", "dq", "max_logit"):
+    if empty[1] <= empty[0]:
         return torch.zeros((), dtype=torch.float64, device=g.device)
     rows = slice(*empty)
     if name in ROW_LOGITS:  # [b, h, sq]

@@ -20,7 +20,7 @@ from faverify.reports.results import Run
 from faverify.run import examples
 from faverify.run.confirm import confirm, repro_flags, unconfirmed
 from faverify.run.evaluate import evaluate as evaluate_case
-from faverify.run.guard import blame_lost_context, context_lost
+from faverify.run.guard import blame_lost_context
 from faverify.run.isolation import HISTORY, case_workers
 from faverify.run.parallel import draw_cases, fuzz_parallel, warmup_cases
 from faverify.run.plan import FuzzPlan
@@ -132,9 +132,8 @@ def _in_process(name: str, device, mode: str, tolerance, repeat: int,
                                    repeat=repeat, measure=measure)
         except Exception as e:  # faverify's own bug: this case's error, and the run goes on
             result = own_error(name, case, e, str(device))
-        if context_lost(result):
+        if blame_lost_context(result):
             lost.append(case)
-        blame_lost_context(result)
         result.history = tuple(history)
         history[:] = (history + [case])[-HISTORY:]
         return result

@@ -52,17 +52,13 @@ POISONED = ("CUDA error", "illegal memory access", "device-side assert", "unspec
             "CUBLAS_STATUS_EXECUTION_FAILED", "misaligned address")
 
 
-def context_lost(result) -> bool:
-    """Whether a case's result (a failure, or faverify's own error) carries a fault of the CUDA context."""
-    return result.status in ("fail", "crash", "error") and any(m in result.reason for m in POISONED)
-
-
-def blame_lost_context(result):
-    """A result whose CUDA context was lost, made the subject's crash (in place; returned): the fault came
-    from the kernel the case ran, wherever it surfaced. The reason keeps where it surfaced."""
-    if context_lost(result):
-        where = " in faverify's code after the subject returned" if result.status == "error" else ""
-        result.status, result.signatures = "crash", ["crash"]
-        reason = result.reason.removeprefix("faverify raised ")
-        result.reason = f"CUDA context lost (the fault surfaced{where}): {reason}"
-    return result
+def blame_lost_context(result) -> bool:
+    """Whether a case's result (a failure, or faverify's own error) carries a fault of the CUDA context; if
+    so it is made the subject's crash, in place: the fault came from the kernel the case ran, wherever it
+    surfaced, and the reason keeps where that was."""
+    if result.status not in ("fail", "error") or not any(m in result.reason for m in POISONED):
+        return False
+    where = " in faverify's code after the subject returned" if result.status == "error" else ""
+    result.status, result.signatures = "crash", ["crash"]
+    result.reason = f"CUDA context lost (the fault surfaced{where}): {result.reason.removeprefix('faverify raised ')}"
+    return True

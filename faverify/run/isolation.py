@@ -23,7 +23,7 @@ from faverify.judge.verdict import Tolerance
 from faverify.reports.case_result import CaseResult, failure, own_error
 from faverify.run import processes
 from faverify.run.evaluate import evaluate, exercise
-from faverify.run.guard import blame_lost_context, context_lost
+from faverify.run.guard import blame_lost_context
 from faverify.run.scheduler import POLL_SECONDS, cores
 from faverify.subjects import resolve
 
@@ -102,8 +102,8 @@ def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: in
                                   tell=lambda phase: conn.send((phase, None)))
         except BaseException as e:  # faverify's own bug while judging: its error, not the subject's failure
             result = own_error(kernel, case, e, device)
-        poisoned = context_lost(result)  # the subject's crash, and this process cannot go on
-        conn.send(("result", blame_lost_context(result).to_dict()))
+        poisoned = blame_lost_context(result)  # the subject's crash, and this process cannot go on
+        conn.send(("result", result.to_dict()))
         if poisoned:
             return
 

@@ -339,10 +339,9 @@ def variant_keywords(case: Case, extras: dict, caps: Capabilities | None = None)
         kwargs["attn_mask"] = extras["bias"]
     if "score_mod" in used:
         kwargs["score_mod"] = extras["score_mod"]
-    if "fp8" in used:
-        kwargs.update({name: extras[name] for name in KEYWORDS["fp8"]})
-    if "sparse" in used:
-        kwargs["indices"] = extras["indices"]
+    for feature in ("fp8", "sparse"):  # tensors passed by their own keywords
+        if feature in used:
+            kwargs.update({name: extras[name] for name in KEYWORDS[feature]})
     return kwargs
 
 

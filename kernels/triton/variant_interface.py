@@ -292,6 +292,8 @@ class VariantFunction(torch.autograd.Function):
         out, lse, rows = result if result is not None else forward(q, k, v, var, **ragged, launch=launch)[:3]
         ctx.save_for_backward(q, k, v, out, lse, *rows)
         ctx.var, ctx.ragged, ctx.launch, ctx.dense_backward = var, ragged, launch, dense_backward
+        if ragged:  # a loss on a varlen or paged lse is not checked (lse_grad takes dense cases): it raises
+            ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
