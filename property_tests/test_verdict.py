@@ -282,3 +282,35 @@ def test_outs_baseline_term_is_capped_at_half_its_size_and_no_lower_than_a_subno
     tiny = _stats(7e-15, 7e-15, ref_max=7e-15)
     assert judge(tiny, "fp16", Tolerance()).passed
     assert judge(_stats(1.0, 1.0, "dq", ref_max=1.0), "bf16", Tolerance()).passed  # gradients are not capped
+
+
+def test_a_ds_rounded_to_fp16_subnormals_passes_and_a_dropped_slope_fails():
+    """Flash backwards round dS (after softcap's slope) to the input dtype as a matmul operand. Where dS lies
+    below fp16's smallest normal its rounding is half a subnormal step, not a relative u: with logits near
+    850 and softcap 94 the slope is 6e-8, so dS = dlse * slope is a few subnormal steps, and dk = scale dS^T q
+    sums those roundings (seen on the H100: dk at 1.01x a floor that counted relative roundings only). That
+    kernel passes; the same with softcap's slope dropped from dS fails."""
+    from faverify.run.evaluate import judge as judge_case
+    case = Case(1, 3, 1, 4, 1, 64, dtype="fp16", softmax_scale=2.0, softcap=94.0, lse_grad="with", seed=2)
+    x = make_inputs(case, "cpu")
+    g = torch.Generator().manual_seed(0)
+    x.q = (11.5 + 0.3 * torch.randn(x.q.shape, generator=g)).half()
+    x.k = (0.58 + 0.01 * torch.randn(x.k.shape, generator=g)).half()  # logits 2 q.k near 850
+    q, k, v = (t.double() for t in x.tensors())
+    raw = 2.0 * torch.einsum("bihd,bjhd->bhij", q, k.expand(-1, -1, 4, -1))  # [b, h, sq, 1]
+    capped = 94.0 * torch.tanh(raw / 94.0)
+    t = torch.exp(-2 * raw / 94.0)
+    slope = 4 * t / (1 + t) ** 2  # 1 - tanh^2 without its cancellation
+    dlse = x.dlse.double().unsqueeze(-1)
+
+    def grads(ds):  # one key: P = 1, dP - D cancels, dS = dlse * slope, rounded to fp16 as an operand
+        ds = ds.half().double()
+        return {"out": v.expand(-1, 3, 4, -1).half(), "lse": capped.squeeze(-1).float(),
+                "dq": (2.0 * ds.transpose(1, 2) * k).half(),
+                "dk": (2.0 * torch.einsum("bhij,bihd->bjhd", ds, q).sum(2, keepdim=True)).half(),
+                "dv": x.dout.double().sum((1, 2), keepdim=True).half()}
+    assert 0 < (dlse * slope).abs().max() < torch.finfo(torch.float16).tiny  # every dS a subnormal
+    tensors = ("out", "lse", "dq", "dk", "dv")
+    metric = judge_case(case, x, grads(dlse * slope), Tolerance(), tensors)["dk"]
+    assert metric.passed and metric.max_abs > 0, metric.reason
+    assert not judge_case(case, x, grads(dlse), Tolerance(), tensors)["dk"].passed

@@ -51,12 +51,14 @@ class TensorMetrics:
 @dataclass(frozen=True)
 class ErrorStats:
     """One tensor's raw statistics (the keys of _STATS), with what the tolerance needs besides: the
-    magnitude of its terms (scale_T), the largest logit bound S, and where its largest error sits."""
+    magnitude of its terms (scale_T), the largest logit bound S, where its largest error sits, and what
+    rounding its matmul operands below the dtype's smallest normal may cost (scales.ScaleAccumulator)."""
     tensor: str
     values: dict
     scale: float
     logit: float
     worst_index: list
+    operand: float = 0.0
 
 
 def error_stats(got: dict, ref: dict, base: dict, scales: dict, *, tensors: tuple[str, ...],
@@ -79,12 +81,16 @@ def error_stats(got: dict, ref: dict, base: dict, scales: dict, *, tensors: tupl
         return {}
     scale_values = torch.stack([scales[n].to(torch.float64) for n in names])
     logit = scales["logit"].to(torch.float64).expand(len(names))
-    host = torch.cat([torch.stack(rows).to(torch.float64), scale_values[:, None], logit[:, None]], dim=1).tolist()
+    zero = torch.zeros((), dtype=torch.float64, device=scale_values.device)
+    operand = torch.stack([scales.get(f"{n}_operand", zero).to(torch.float64) for n in names])
+    host = torch.cat([torch.stack(rows).to(torch.float64), scale_values[:, None], logit[:, None], operand[:, None]],
+                     dim=1).tolist()
     result = {}
     for name, values in zip(names, host):
-        s = dict(zip(_STATS, values[:-2]))
-        scale, max_logit = values[-2:]
-        result[name] = ErrorStats(name, s, scale, max_logit, _unravel(int(s["worst"]), tuple(got[name].shape)))
+        s = dict(zip(_STATS, values[:-3]))
+        scale, max_logit, rounding = values[-3:]
+        result[name] = ErrorStats(name, s, scale, max_logit, _unravel(int(s["worst"]), tuple(got[name].shape)),
+                                  rounding)
     return result
 
 

@@ -115,7 +115,9 @@ def _setup(q, k, v, dout, variant, compute, round_to, with_scales, scale) -> Sim
     learned = st.sink is not None and variant.sinks_learned
     st.dsinks = torch.zeros(hk, g, dtype=compute, device=dev) if grads and learned else None
     st.dbias = torch.zeros(variant.bias.shape, dtype=compute, device=dev) if grads and st.bias is not None else None
-    st.acc = ScaleAccumulator(st.Q, st.K, st.V, st.dO, scale, st.slopes, st.sink, sq) if with_scales else None
+    half_step = torch.finfo(q.dtype).smallest_normal * torch.finfo(q.dtype).eps / 2  # half a subnormal step
+    st.acc = ScaleAccumulator(st.Q, st.K, st.V, st.dO, scale, st.slopes, st.sink, sq,
+                              half_step) if with_scales else None
     st.cols = torch.arange(sk, device=dev)
     return st
 

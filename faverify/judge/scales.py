@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from faverify.judge.verdict import FLUSHED
+
 # A bias entry this large acts as a mask (exp of it is exactly 0 beside any other logit; a row of them only
 # is uniform in fp32 as in FP64), not as a logit whose rounding costs precision: the logit bound leaves it out
 MASK_LIKE = 1e30
@@ -21,6 +23,12 @@ class ScaleAccumulator:
     dk_j  = scale sum_i dS_ij q_i                -> scale sum_i |dS|_ij max|q_i|
     s_ij  = scale sum_d q_id k_jd                -> scale max||q_i|| max||k_j||  (>= scale sum_d |q_id k_jd|)
     lse_i = m_i + log sum_j exp(s_ij - m_i)      -> the logit scale above + max |lse_i|
+    Apart from them, what rounding dS to the input dtype as a matmul operand costs below its smallest
+    normal (operand_half_step = half a subnormal step): an absolute error per dS term whatever its size,
+    carried through the matmul (dq_operand, dk_operand):
+    dq_i  -> scale sum_j [P_ij > 0] half_step max|k_j|,   dk_j -> scale sum_i [P_ij > 0] half_step max|q_i|
+    (softcap 94 at logits near 850: a slope of 6e-8 puts every dS a few fp16 subnormal steps from 0, and a
+    correctly rounded dS gave dk 2.5x an allowance that counted relative roundings only.)
     max|x_j| over the head dim bounds every element's terms and keeps each one a matrix-vector product,
     cheap next to the reference itself. (The rms did not bound them: sdpa-cudnn's dq at a column where k
     was 1.3x its rms failed at 1.07x a floor it was within by this measure: constant logits, where the
@@ -28,8 +36,9 @@ class ScaleAccumulator:
     A rounding of each term costs about u times this, whatever cancellation makes of the sum.
     """
 
-    def __init__(self, Q, K, V, dO, scale, slopes=None, sink=None, sq=0):
+    def __init__(self, Q, K, V, dO, scale, slopes=None, sink=None, sq=0, operand_half_step=0.0):
         self.scale = scale
+        self.half_step = operand_half_step
         self.v_max, self.k_max, self.q_max = _absmax(V), _absmax(K), _absmax(Q)  # [b, hk, 1|g, s]
         self.dO_max = _absmax(dO) if dO is not None else None
         zero = torch.zeros((), dtype=Q.dtype, device=Q.device)
@@ -44,6 +53,8 @@ class ScaleAccumulator:
         b, hk, g = Q.shape[:3]
         self.dv_cols = torch.zeros(b, hk, g, K.shape[3], dtype=Q.dtype, device=Q.device)
         self.dk_cols = torch.zeros_like(self.dv_cols)
+        self.dk_operand_cols = torch.zeros_like(self.dv_cols)
+        self.dq_operand = zero
         self.dbias_terms = None
 
     def add_logits(self, s):
@@ -71,6 +82,10 @@ class ScaleAccumulator:
             self.dsinks = torch.maximum(self.dsinks, (p_sink * D_terms).sum(dim=(0, 3, 4)).amax())
         self.dq = torch.maximum(self.dq, self.scale * (ds_mag * self.k_max.unsqueeze(-2)).sum(-1).amax())
         self.dk_cols += self.scale * (ds_mag * self.q_max[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
+        if self.half_step > FLUSHED:  # fp16's 2^-25; bf16's and fp32's are far below what FLUSHED allows
+            seen = (p > 0).to(p.dtype) * (self.scale * self.half_step)
+            self.dq_operand = torch.maximum(self.dq_operand, (seen * self.k_max.unsqueeze(-2)).sum(-1).amax())
+            self.dk_operand_cols += (seen * self.q_max[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
 
     def result(self, lse, backward):
         # the largest finite |lse| by a masked max, not by indexing with the mask: a boolean index waits for
@@ -86,6 +101,9 @@ class ScaleAccumulator:
             scales["dq"] = self.dq
             scales["dk"] = _amax0(self.dk_cols.sum(2))
             scales["dv"] = _amax0(self.dv_cols.sum(2))
+            if self.half_step > FLUSHED:
+                scales["dq_operand"] = self.dq_operand
+                scales["dk_operand"] = _amax0(self.dk_operand_cols.sum(2))
         return scales
 
 

@@ -4,7 +4,7 @@ For each tensor T: fail if T has NaN/Inf where the FP64 reference is finite; fai
 key is not (out 0, lse -inf); fail if
 
     max_e (|T_e - ref_e| - u_T |ref_e|) > factor_T * B + max(tight_T, atol_T * (1 - B / (KNEE * F))) * F
-                                         + 2 * u32 * S * scale_T + 2^-120
+                                         + 2 * u32 * S * scale_T + 2^-120 + R_T
 
 where u_T |ref_e| is the rounding of element e's exact value into T's own dtype (u_T its unit roundoff: fp32
 for lse and dsinks), which no kernel can avoid and which the floor below does not pay for where the terms'
@@ -28,6 +28,11 @@ zero (dk with seqlen_k == 1) or when the baseline happens to be exact:
   and products do), where the FP64 reference and the baseline keep them. A tensor whose terms all lie
   down there (a sink that takes all the weight leaves p ~ 1e-40 for every key) comes back as zeros and
   products of them: errors of a few 2^-126 that no 16-bit result can show. 2^-120 is 64 flushed values.
+- R_T (dq and dk only): half a subnormal step of the input dtype for each dS term a row or key sums,
+  times scale and max|k| or max|q|. Flash backwards round dS to the input dtype as a matmul operand, and
+  below the smallest normal that rounding is absolute, not relative to dS: a softcap slope of 6e-8 leaves
+  fp16 dS a few subnormal steps from 0, where neither the relative floor nor the baseline (which rounds
+  dS before the slope and the scale, another sequence of roundings) bounds it. Negligible in bf16.
 When that logit error passes 1 (S > 2^23: every element 133120 gives logits near 1e9, one fp32 ulp of
 which is 64), the attention weights are not determined by the fp32 logits at all: a conforming kernel
 may legitimately give all the weight to one key among equals. The case is then ill-conditioned: the
@@ -106,7 +111,7 @@ class Tolerance:
 
     def describe(self) -> str:
         return (f"max(|T-ref| - u_T*|ref|) <= factor*B + max(tight, atol*(1 - B/({KNEE:g}*F)))*F "
-                "+ 2*u32*S*scale_T + 2^-120, "
+                "+ 2*u32*S*scale_T + 2^-120 + R_T, R_T (dq, dk) half a subnormal step per dS term, "
                 "u_T the unit roundoff of T's dtype, B = max|baseline-ref|, "
                 "F = u(dtype)*scale_T, S = scale*max||q||*max||k||, u = 2^-8 bf16, 2^-11 fp16, 2^-18 fp32; "
                 + ", ".join(f"{t}: factor {self.factor[t]:g}, atol {self.atol[t]:g}, tight {self.tight[t]:g}"
@@ -152,6 +157,7 @@ def judge(stats: ErrorStats, dtype: str, tolerance: Tolerance) -> TensorMetrics:
     # lse is float32, but its floor follows the inputs' dtype, as its baseline does
     base = s["baseline_max_abs"]
     from_baseline, floor = tolerance.terms(name, dtype, base, scale, logit)
+    floor += stats.operand  # R_T: each tiny dS term rounded to a subnormal step, which no baseline measures
     if name == "out":  # a baseline as wrong as zeros allows nothing: OUT_CAP
         smallest = torch.finfo(TORCH[dtype]).smallest_normal * torch.finfo(TORCH[dtype]).eps
         from_baseline = min(from_baseline, max(OUT_CAP * s["ref_max"], smallest))
