@@ -103,6 +103,7 @@ def test_the_variant_kernel_with_no_variant_gives_the_dense_kernels_bits():
         dense = interface.FlashAttnFunction.apply(x.q, x.k, x.v, case.causal, case.scale, "-inf", interface.DEFAULT)
         var = variant_interface.Variant.of(case.scale, case.causal, (-1, -1), 0.0, None, None)
         other = variant_interface.attention(x.q, x.k, x.v, var)
+        assert len(dense) == len(other) == 4  # out, lse and the rows' statistics
         for a, b in zip(dense, other):
             assert torch.equal(a, b)
         for a, b in zip(torch.autograd.grad(dense[0], (x.q, x.k, x.v), x.dout),
@@ -536,3 +537,18 @@ def test_the_warm_up_compiles_only_what_the_drawn_features_need():
     paged = WARMUPS["triton-paged"](dtypes, ("paged",))
     assert paged and all(set(c.features()) <= {"paged", "splits"} for c in paged)
     assert all(c.softcap == 0 for c in paged)
+
+
+@pytest.mark.parametrize("case", [
+    Case(1, 90, 40, 2, 1, 32, dtype="bf16", causal=True, max_logit=True, seed=21),  # rows that see no key
+    Case(1, 40, 64, 4, 2, 24, dtype="fp16", softcap=3.0, alibi="head", sinks="above", max_logit=True, seed=22),
+    # a finfo.min bias beside a sink: log2 l overflows to +inf on a row that saw its key
+    Case(1, 1, 1, 1, 1, 16, dtype="bf16", sinks="around", bias="min", max_logit=True, seed=0),
+    Case(1, 33, 47, 2, 2, 40, dtype="fp32", window=(5, 2), softmax_scale=0.3, max_logit=True, seed=23),
+], ids=["dense-causal-empty-rows", "softcap-alibi-sinks", "min-bias-sink", "window-fp32"])
+def test_the_max_logit_is_each_rows_largest_scaled_logit(case):
+    """return_max_logit: the largest logit a row sees after scale, softcap, ALiBi and bias, never the sink's,
+    -inf where a row sees no key; judged against the FP64 reference on the dense and the variant kernels."""
+    result = evaluate(resolve("triton"), case, DEVICE, mode="fwd")
+    assert result.status == "pass", result.reason
+    assert "max_logit" in result.metrics

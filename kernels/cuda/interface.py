@@ -134,7 +134,7 @@ def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None =
     if q.shape[0] * q.shape[2] > MAX_GRID_Y:
         raise ValueError(f"batch * nheads must be at most {MAX_GRID_Y} (the launch grid's y dimension), got "
                          f"{q.shape[0] * q.shape[2]}")
-    out, lse = _Function.apply(q, k, v, causal, scale, init, variant)
+    out, lse = _Function.apply(q, k, v, causal, scale, init, variant)[:2]
     return (out, lse) if return_lse else out
 
 

@@ -103,7 +103,7 @@ MUTANTS = (
            "a refactor of the epilogue drops it; with one key (l == 1) nothing changes"),
     Mutant("scale-inverse-d", "interface.py", "apply",
            "scale = 1.0 / q.shape[-1] if softmax_scale is None else scale\n"
-           "out, lse = FlashAttnFunction.apply(q, k, v, causal, scale, init, launch or DEFAULT)",
+           "out, lse, rowmax, log2l = FlashAttnFunction.apply(q, k, v, causal, scale, init, launch or DEFAULT)",
            "default softmax scale 1/d instead of 1/sqrt(d)",
            "both forms appear in papers; with an explicit scale the bug hides"),
     Mutant("lse-log2", "forward.py", "lse",
@@ -117,6 +117,10 @@ MUTANTS = (
            "the dense backward drops a loss's gradient on lse: dS = P * (dP - D), where dlse belongs beside D",
            "lse is returned for the forward's sake and its gradient is an afterthought; a loss on out alone "
            "never sees it", cases=dict(features=("lse_grad",), mixes=("one",))),
+    Mutant("max-logit-unscaled", "interface.py", "max-logit", "result += (max_logits(rowmax, log2l, 1.0),)",
+           "the max logit is returned in the kernel's raw q.k units, without the softmax scale",
+           "the kernels keep logits unscaled and fold the scale into exp2; the row max they store is raw, and "
+           "with softmax_scale 1 nothing changes", cases=dict(features=("max_logit",), mixes=("one",))),
     Mutant("dk-missing-scale", "backward.py", "dk-scale", "",
            "dk misses the softmax scale",
            "dq's scale is applied in one kernel and dk's in another; one gets forgotten"),

@@ -7,7 +7,7 @@ import functools
 import torch
 import triton
 
-from faverify.kernels.autograd import row_stats_function
+from faverify.kernels.autograd import max_logits, row_stats_function
 from faverify.kernels.constants import INIT_VALUE, MAX_SPLITS
 from faverify.kernels.triton import backward as _bwd
 from faverify.kernels.triton import backward_hopper as _bwd_hopper
@@ -255,7 +255,7 @@ DEVICE_HINT = "CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before i
 def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None = None,
                     window_size: tuple = (-1, -1), softcap: float = 0.0, alibi_slopes=None, sinks=None,
                     init: str = "-inf", return_lse: bool = False, launch: Launch | None = None, attn_mask=None,
-                    block_mask=None, block_size: int | None = None):
+                    block_mask=None, block_size: int | None = None, return_max_logit: bool = False):
     """FlashAttention forward (and backward through autograd) in Triton.
 
     q: [batch, seqlen_q, nheads, head_dim]; k, v: [batch, seqlen_k, nheads_k, head_dim], nheads_k dividing
@@ -274,7 +274,9 @@ def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None =
         decides per launch.
     Returns out [batch, seqlen_q, nheads, head_dim_v] in the input dtype, and with return_lse also
     lse [batch, nheads, seqlen_q] float32 (natural log, of the capped logits and the sink; -inf for a row
-    that sees no key, the sink's logit with sinks).
+    that sees no key, the sink's logit with sinks); with return_max_logit, last, the largest logit each row
+    sees, float32 [batch, nheads, seqlen_q] (after scale, softcap, ALiBi and bias; never the sink's; -inf
+    for a row that sees no key; no gradient).
     The dense case runs forward.py and backward.py; any variant the variant kernels (variant_forward.py), but
     for the backward of sinks alone: backward.py's, given the forward's rows (variant_interface.backward).
     """
@@ -291,12 +293,17 @@ def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None =
             or v.shape[-1] != q.shape[-1] or attn_mask is not None or block_mask is not None:
         var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, sinks, init, attn_mask,
                               block_mask, block_size or 0)
-        out, lse = _var.attention(q, k, v, var, launch=launch,
-                                  launcher=None if INTERPRET else _hopper_variant(launch),
-                                  dense_backward=functools.partial(backward, launch=launch))
+        out, lse, rowmax, log2l = _var.attention(q, k, v, var, launch=launch,
+                                                 launcher=None if INTERPRET else _hopper_variant(launch),
+                                                 dense_backward=functools.partial(backward, launch=launch))
+        raw = var.raw
     else:
-        out, lse = FlashAttnFunction.apply(q, k, v, causal, scale, init, launch)  # [mutant site: apply]
-    return (out, lse) if return_lse else out
+        out, lse, rowmax, log2l = FlashAttnFunction.apply(q, k, v, causal, scale, init, launch)  # [mutant site: apply]
+        raw = scale
+    result = (out, lse) if return_lse else (out,)
+    if return_max_logit:
+        result += (max_logits(rowmax, log2l, raw),)  # [mutant site: max-logit]
+    return result if len(result) > 1 else out
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
@@ -316,7 +323,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, sinks, init)
     ragged = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                   max_seqlen_k=max_seqlen_k)
-    out, lse = _var.attention(q, k, v, var, ragged, launch=launch or DEFAULT)
+    out, lse = _var.attention(q, k, v, var, ragged, launch=launch or DEFAULT)[:2]
     return (out, lse) if return_lse else out
 
 

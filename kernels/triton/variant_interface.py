@@ -292,12 +292,13 @@ class VariantFunction(torch.autograd.Function):
         out, lse, rows = result if result is not None else forward(q, k, v, var, **ragged, launch=launch)[:3]
         ctx.save_for_backward(q, k, v, out, lse, *rows)
         ctx.var, ctx.ragged, ctx.launch, ctx.dense_backward = var, ragged, launch, dense_backward
+        ctx.mark_non_differentiable(*rows)
         if ragged:  # a loss on a varlen or paged lse is not checked (lse_grad takes dense cases): it raises
             ctx.mark_non_differentiable(lse)
-        return out, lse
+        return out, lse, *rows
 
     @staticmethod
-    def backward(ctx, dout, dlse):
+    def backward(ctx, dout, dlse, _drowmax, _dlog2l):
         q, k, v, out, lse, rowmax, log2l = ctx.saved_tensors
         sinks_grad = ctx.var.sinks is not None and ctx.needs_input_grad[3]
         bias_grad = ctx.var.bias is not None and ctx.needs_input_grad[4]
@@ -309,7 +310,8 @@ class VariantFunction(torch.autograd.Function):
 
 def attention(q, k, v, var: Variant, ragged: dict | None = None, launch: Launch = DEFAULT, launcher=None,
               dense_backward=None):
-    """out, lse through autograd (the sinks a leaf of their own when they require grad). launcher: a forward
+    """out, lse through autograd (the sinks a leaf of their own when they require grad), and the rows' statistics
+    (row max, log2 l; no gradient). launcher: a forward
     (q, k, v, var) -> (out, lse, (row max, log2 l)) or None, tried first (interface._hopper_variant: the
     Hopper forward where it runs the case); the backward is this module's either way, on the same row
     statistics, but where dense_backward takes it (backward says when)."""
