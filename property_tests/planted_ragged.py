@@ -145,6 +145,17 @@ def combine_nan_on_empty(outs, lses):
     return _combine(outs, lses, guard=False)
 
 
+def merge_correct(outs, lses):
+    """A context-parallel merge of shards' partials: the combine, judged on shards as on split-KV ranges."""
+    return _combine(outs, lses, guard=True)
+
+
+def merge_fills_empty_lse(outs, lses):
+    """A merge that guards against -inf by reading an empty shard's lse as 0: the shard's out of 0 is then
+    averaged in with weight e^0 instead of dropped."""
+    return _combine(outs, torch.where(torch.isinf(lses), torch.zeros_like(lses), lses), guard=True)
+
+
 def splits_correct(q, k, v, *, causal, softmax_scale, num_splits=1):
     """Dense attention computed as num_splits partials over whole key ranges and combined: returns out,
     lse and the partials."""
@@ -195,5 +206,7 @@ for _fn in (paged_correct, paged_in_order, paged_int32_offsets, paged_mtp_top_le
     _fn.faverify_capabilities = dict(PAGED, backward=False)
 for _fn in (combine_correct, combine_nan_on_empty):
     _fn.faverify_capabilities = {"combine": True, "splits": True, "paged": True, "backward": False}
+for _fn in (merge_correct, merge_fills_empty_lse):
+    _fn.faverify_capabilities = {"combine": True, "splits": True, "shards": True, "backward": False}
 for _fn in (splits_correct, splits_drop_last_key):
     _fn.faverify_capabilities = {"splits": True, "backward": False, "lse": True}

@@ -208,6 +208,8 @@ def _fuzz(kernel, tmp_path, *extra, iters=60):
      lambda c: c.kind == "paged" and c.causal and 2 <= c.seqlen_q <= 4),
     ("combine_nan_on_empty", "combine_correct", "out:nan",
      lambda c: c.splits == 2 and c.empty_rows() != (0, 0)),
+    ("merge_fills_empty_lse", "merge_correct", "out:",  # an empty shard or split: its lse read as 0
+     lambda c: c.splits == 2 and c.seqlen_k == 1 and not c.causal),
     ("splits_drop_last_key", "splits_correct", "out_splits:",
      lambda c: c.splits >= 1 and c.seqlen_k <= 2),
 ])
@@ -297,3 +299,33 @@ def test_an_unwritten_output_names_the_rows_and_the_sequence():
     assert "96 elements of the out buffer never written: rows 0..2 of sequence 1" in r.reason, r.reason
     good = evaluate(resolve("property_tests.planted_ragged:varlen_into_buffer"), case, "cpu", mode="fwd")
     assert good.status == "pass", good.reason
+
+
+@pytest.mark.parametrize("shards,splits,sq,sk,causal", [
+    ("interleaved", 3, 7, 5, True),  # causal: the first rows see no key of the later shards
+    ("contiguous", 4, 6, 7, False),  # ceil(7 / 4) = 2 keys a shard, the last holding one
+    ("interleaved", 4, 2, 3, False),  # more shards than keys: shard 3 is empty for every row
+])
+def test_shards_partials_are_each_shards_attention_and_merge_into_the_whole(shards, splits, sq, sk, causal):
+    """Context-parallel shards: each partial is the attention over its shard's keys at their own positions,
+    (0, -inf) where a row sees none of them; merged by the combine formula they give the whole attention."""
+    from faverify.cases.splits import combine
+    from faverify.judge.sequences import split_yardsticks
+    case = Case(1, sq, sk, 2, 1, 16, dtype="fp32", causal=causal, splits=splits, shards=shards, seed=3)
+    keys = case.shard_keys(sk)
+    assert sorted(j for shard in keys for j in shard) == list(range(sk))
+    x = make_inputs(case, "cpu")
+    parts, _, _, empty = split_yardsticks(case, x, DEFAULT, 1)
+    whole, _ = reference(*x.tensors(), causal=causal, scale=case.scale)
+    for s, shard in enumerate(keys):
+        if not len(shard):
+            assert bool(empty[s].all()) and not parts["out"][s].any()
+    out, lse = combine(parts["out"].reshape(splits, 1, sq, 2, 16), parts["lse"].reshape(splits, 1, 2, sq))
+    assert torch.allclose(out, whole["out"], atol=1e-12) and torch.allclose(lse, whole["lse"], atol=1e-12)
+
+
+def test_a_shards_case_is_checked():
+    with pytest.raises(UsageError, match="shards"):
+        Case(1, 4, 4, 1, 1, 16, shards="ring")
+    with pytest.raises(UsageError, match="splits >= 2"):
+        Case(1, 4, 4, 1, 1, 16, shards="contiguous")

@@ -46,6 +46,7 @@ class Case:
     pages: str = "in-order"
     pool: int = 0
     splits: int = 1  # split-KV: each sequence's keys cut into this many ranges (Case.split_ranges)
+    shards: str = "off"  # or cut into `splits` context-parallel shards (vocabulary.SHARDS; Case.shard_keys)
     # masks and biases (masks.py draws them from the seed): the pattern and its shape; the block size of
     # "block"; the percent of blocks or elements masked ("block", "random"); the lengths of "padding"
     # ([q_len, k_len] per batch element), "document" ([q_len, k_len] per document, in order) and "prefix"
@@ -104,6 +105,7 @@ class Case:
         on = {"window": self.window != (-1, -1), "softcap": self.softcap > 0, "alibi": self.alibi != "off",
               "sinks": self.sinks != "off", "head_dim_v": self.head_dim_v is not None,
               "varlen": self.seqlens is not None, "paged": self.cache_seqlens is not None, "splits": self.splits > 1,
+              "shards": self.shards != "off",
               "mask": self.mask != "off", "mask_nan": self.mask_nan, "bias": self.bias != "off",
               "bias_grad": self.bias_grad, "score_mod": self.score_mod != "off", "fp8": self.fp8 != "off",
               "lse_grad": self.lse_grad != "off", "max_logit": self.max_logit, "sparse": self.sparse != "off"}
@@ -158,6 +160,13 @@ class Case:
         blocks = -(-seqlen_k // block)
         per = max(1, -(-blocks // self.splits)) * block
         return [(min(seqlen_k, s * per), min(seqlen_k, (s + 1) * per)) for s in range(self.splits)]
+
+    def shard_keys(self, seqlen_k: int) -> list:
+        """Each shard's keys of one sequence of seqlen_k keys, a range of their indices (vocabulary.SHARDS)."""
+        if self.shards == "interleaved":
+            return [range(s, seqlen_k, self.splits) for s in range(self.splits)]
+        per = max(1, -(-seqlen_k // self.splits))
+        return [range(min(seqlen_k, s * per), min(seqlen_k, (s + 1) * per)) for s in range(self.splits)]
 
     def visible_keys(self, i: int, offset: int | None = None) -> int:
         """How many keys query row i sees (causal and windows bottom-right aligned, or around i + offset)."""
@@ -265,7 +274,7 @@ class Case:
             flags.append(f"paged cache={cache} page={self.page_size} pages={self.pages}"
                          + (f" pool={self.pool}" if self.pool else ""))
         if self.splits > 1:
-            flags.append(f"splits={self.splits}")
+            flags.append(f"splits={self.splits}" if self.shards == "off" else f"{self.shards} shards={self.splits}")
         flags += self._mask_flags()
         if self.fp8 != "off":
             flags.append(f"fp8 e4m3 descale per {self.fp8}")

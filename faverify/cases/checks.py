@@ -27,6 +27,7 @@ from faverify.cases.vocabulary import (
     PAGE_ORDERS,
     REGIMES_ALL,
     SCORE_MODS,
+    SHARDS,
     SINKS,
     SPARSE,
     VARIANT_DEFAULTS,
@@ -224,6 +225,10 @@ def _check_ragged(case) -> None:
         raise UsageError("splits", case.splits, f"must be in 1..{MAX_SPLITS}")
     if case.splits > 1 and case.sinks != "off":
         raise UsageError("splits", case.splits, "split-KV partials do not take sinks (a sink belongs to no key range)")
+    if case.shards not in SHARDS:
+        raise UsageError("shards", case.shards, f"must be one of {', '.join(SHARDS)}")
+    if case.shards != "off" and (case.splits < 2 or case.kind != "dense"):
+        raise UsageError("shards", case.shards, "needs splits >= 2 (the shard count) and a dense batch")
     if case.seqlens is not None:
         pairs = case.seqlens
         if not isinstance(pairs, (list, tuple)) or not pairs or not all(

@@ -26,6 +26,7 @@ from faverify.cases.vocabulary import (
     MAX_TOPK,
     PAGE_ORDERS,
     REGIMES,
+    SHARDS,
     SPARSE,
     VARIANT_FEATURES,
 )
@@ -60,7 +61,7 @@ INT32_ELEMENTS = 1 << 31  # offsets into a pool this large overflow a signed 32-
 # kernel path of its own); "each", every feature on or off by itself (the combinations). In a draw of many
 # features "each" alone left plain attention to 2 cases in 200 (triton, CPU).
 FEATURE_MIXES = ("plain", "one", "one", "one", "one", "each", "each", "each")
-SUB_FEATURES = {"mask_nan": "mask", "bias_grad": "bias"}  # drawn only with the feature they qualify
+SUB_FEATURES = {"mask_nan": "mask", "bias_grad": "bias", "shards": "splits"}  # drawn only with the feature they qualify
 EXCLUSIVE = ("varlen", "paged", "mask", "bias", "score_mod", "sparse")  # a case has at most one of them (and splits)
 ON = (False, True, True)  # a variant feature of an "each" case is on two times in three (shrinks to off)
 
@@ -158,6 +159,9 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     if always_split or "splits" in features:
         choices = SPLITS if always_split or forced == "splits" else (1,) + SPLITS
         shape["splits"] = draw(st.sampled_from(choices))
+        ragged_batch = shape.get("seqlens") or shape.get("cache_seqlens")
+        if "shards" in features and shape["splits"] > 1 and not ragged_batch:  # after splits: their draw as it was
+            shape["shards"] = draw(st.sampled_from(SHARDS))
     dense_batch = not shape.get("seqlens") and not shape.get("cache_seqlens") and shape.get("splits", 1) == 1
     mask_features = set(features) & {"mask", "bias", "score_mod"}
     if mask_features and dense_batch:  # may drop softcap and ALiBi

@@ -26,9 +26,9 @@ ALIBI = ("off", "head", "batch-head", "zero")
 SINKS = ("off", "around", "above", "below", "zero")
 # "varlen", "paged" and "splits" change the batch's shape rather than the logits (docs/design.md, "Ragged
 # and paged"): sequences of their own lengths packed along the token axis, keys in a paged cache, and the
-# keys cut into split-KV partial results
+# keys cut into split-KV partial results; "shards" cuts them as context parallelism does instead (SHARDS)
 VARIANT_FEATURES = ("window", "softcap", "alibi", "sinks", "head_dim_v")  # what the logits of a row are
-BATCH_FEATURES = ("varlen", "paged", "splits")  # how the batch and its keys are laid out and cut
+BATCH_FEATURES = ("varlen", "paged", "splits", "shards")  # how the batch and its keys are laid out and cut
 # masks and biases given as tensors or functions (docs/design.md, "Masks and biases"): a boolean keep-mask
 # drawn as a pattern, masked keys holding NaN, an additive bias and its gradient, a FlexAttention score_mod
 MASK_FEATURES = ("mask", "mask_nan", "bias", "bias_grad", "score_mod")
@@ -76,12 +76,17 @@ SCORE_MODS = ("off", "relative", "alibi", "softcap")
 # permutation with unused pages between them; the first sequence's full pages shared by the others (a
 # cached prefix)
 PAGE_ORDERS = ("in-order", "reverse", "random", "shared")
+# How a context-parallel run cuts a sequence's keys into `splits` shards, each attended by a call of its own
+# and the partials merged (docs/design.md, "Context-parallel merges"): "off", flash-attn's split-KV ranges of
+# whole blocks (Case.split_ranges); "contiguous", ceil(seqlen_k / shards) keys each, the last shards empty
+# where they run out; "interleaved", key j in shard j mod shards (round-robin tokens), empty past seqlen_k
+SHARDS = ("off", "contiguous", "interleaved")
 # The variant fields and their "off" values: a case that leaves them off is dense attention, and its JSON
 # leaves them out, so a dense case prints as it always did.
 VARIANT_DEFAULTS = {"window": (-1, -1), "softcap": 0.0, "alibi": "off", "sinks": "off", "head_dim_v": None,
                     "seqlens": None, "tail": 0, "cache_seqlens": None, "page_size": 0, "pages": "in-order",
-                    "pool": 0, "splits": 1, "mask": "off", "mask_shape": "full", "mask_block": 0, "mask_rate": 0,
-                    "mask_lengths": None, "mask_nan": False, "bias": "off", "bias_shape": "full",
+                    "pool": 0, "splits": 1, "shards": "off", "mask": "off", "mask_shape": "full", "mask_block": 0,
+                    "mask_rate": 0, "mask_lengths": None, "mask_nan": False, "bias": "off", "bias_shape": "full",
                     "bias_dtype": "input", "bias_grad": False, "score_mod": "off", "fp8": "off",
                     "lse_grad": "off", "max_logit": False, "sparse": "off", "topk": 0, "before": ()}
 

@@ -3,12 +3,15 @@ partial results, in the form the metrics judge (docs/design.md, "Ragged and page
 
 - varlen: one packed batch, [1, total, ...] (lse [1, h, total_q]); the tail is not judged;
 - paged: [batch, seqlen_q, ...], sequence b against its own cache_seqlens[b] keys;
-- splits: [splits * batch, seqlen_q, ...], split s of sequence b the attention over its key range.
+- splits: [splits * batch, seqlen_q, ...], split s of sequence b the attention over its key range, or
+  over its context-parallel shard's keys (Case.shard_keys).
 
 Each sequence is its own dense problem: its masks align to its own lengths, under the subject's
 conventions. The rows a judged tensor's reference leaves without a key (lse -inf) are returned as a mask.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -74,6 +77,8 @@ def split_yardsticks(case: Case, x, conventions: Conventions, block: int) -> tup
     """(reference, scales, baseline, rows without a key) of the split-KV partials: split s of sequence b over
     keys Case.split_ranges(sk_b, block)[s]; out [S * B, sq, h, dv] and lse [S * B, h, sq], a varlen case's
     packed per split, out [S, total_q, h, dv] and lse [S, h, total_q]."""
+    if case.shards != "off":
+        return _shard_yardsticks(case, x, conventions)
     varlen = case.kind == "varlen"
     refs, scales, bases = [], [], []
     for s in range(case.splits):
@@ -92,6 +97,26 @@ def split_yardsticks(case: Case, x, conventions: Conventions, block: int) -> tup
         within = {"out": 1, "lse": 2} if varlen else {"out": 0, "lse": 0}
         refs.append(_joined(split_refs, within))
         bases.append(_joined(split_bases, within))
+    axis = {"out": 0, "lse": 0}
+    ref = _joined(refs, axis)
+    return ref, _combined(scales), _joined(bases, axis), ref["lse"] == float("-inf")
+
+
+def _shard_yardsticks(case: Case, x, conventions: Conventions) -> tuple:
+    """split_yardsticks of a dense case cut into context-parallel shards (Case.shard_keys): shard s is the
+    attention of every query over the keys of shard s alone, at their own positions (causal, windows and
+    ALiBi as in the whole), computed apart as a shard's call is; a row that sees none of them gives 0, -inf."""
+    q, k, v = (t.detach() for t in x.tensors())
+    whole = _variant(case, x, conventions, None, q.shape[1], k.shape[1])
+    refs, scales, bases = [], [], []
+    for keys in case.shard_keys(k.shape[1]):
+        keep = torch.zeros(1, 1, 1, k.shape[1], dtype=torch.bool, device=k.device)
+        keep[..., keys.start:keys.stop:keys.step] = True
+        variant = dataclasses.replace(whole, mask=keep)
+        ref, sc = reference(q, k, v, causal=case.causal, scale=case.scale, variant=variant)
+        refs.append(ref)
+        scales.append(sc)
+        bases.append(naive(q, k, v, causal=case.causal, scale=case.scale, variant=variant))
     axis = {"out": 0, "lse": 0}
     ref = _joined(refs, axis)
     return ref, _combined(scales), _joined(bases, axis), ref["lse"] == float("-inf")

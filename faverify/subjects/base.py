@@ -70,6 +70,8 @@ class Capabilities:
     split_block: int = 1
     # a split-KV combine alone: fn(out_splits, lse_splits) -> (out, lse), judged on split cases' partials
     combine: bool = False
+    # a combine judged on context-parallel shards' partials too (Case.shards), each from a call of its own
+    shards: bool = False
     # takes out=, a buffer to write into (varlen: [total_q + tail, h, dv]); it must not write past the
     # last sequence's tokens
     out_buffer: bool = False
