@@ -50,3 +50,23 @@ def test_a_sparse_case_that_means_nothing_is_refused(change, rule):
     case = Case(1, 4, 5, 1, 1, 16, sparse="distinct", topk=2)
     with pytest.raises(UsageError, match=rule):
         dataclasses.replace(case, **change)
+
+
+def test_the_max_logit_of_a_key_listed_twice_is_its_logit_not_its_weight():
+    """A key listed twice weighs twice in the softmax (log 2 on its logit, for "each"), but its logit is its
+    own: the reference's max logit is the largest scaled q.k among the listed keys."""
+    import torch
+
+    from faverify.cases.inputs import make_inputs, variant_of
+    from faverify.judge.reference import reference
+    case = Case(1, 3, 6, 2, 1, 16, dtype="fp32", sparse="duplicates", topk=8, max_logit=True, seed=41)
+    x = make_inputs(case, "cpu")
+    ref, _ = reference(*x.tensors(), causal=False, scale=case.scale, variant=variant_of(case, x), max_logit=True)
+    q, k = x.q.double(), x.k.double()
+    for i in range(case.seqlen_q):
+        keys = sorted({int(j) for j in x.indices[0, i, 0]})
+        for h in range(case.nheads):
+            want = max(float(q[0, i, h] @ k[0, j, 0]) * case.scale for j in keys)
+            assert ref["max_logit"][0, h, i].item() == pytest.approx(want, rel=1e-12)
+    counts = torch.stack([torch.bincount(r.long(), minlength=6) for r in x.indices[0, :, 0]])
+    assert bool((counts > 1).any())  # the case lists some key twice

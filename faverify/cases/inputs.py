@@ -101,12 +101,13 @@ def variant_of(case: Case, x: Inputs, conventions: Conventions = DEFAULT_CONVENT
     """What the reference adds to dense attention for this case and its inputs, under the conventions."""
     left, right = case.bounds
     mask, bias = x.attn_mask, None if x.bias is None else x.bias.detach()
-    if x.indices is not None:  # the keys the indices name, as a mask (and each duplicate's weight, a bias)
-        mask, bias = sparse.visibility(x.indices, case.seqlen_k, case.nheads, conventions.sparse_duplicates)
+    multiplicity = None
+    if x.indices is not None:  # the keys the indices name, as a mask, and each duplicate's weight
+        mask, multiplicity = sparse.visibility(x.indices, case.seqlen_k, case.nheads, conventions.sparse_duplicates)
     return Variant(left=left, right=right, softcap=case.softcap, alibi_slopes=x.alibi_slopes,
                    sinks=None if x.sinks is None else x.sinks.detach(), sinks_learned=not x.fixed_sinks,
                    offset=conventions.offset(case.seqlen_q, case.seqlen_k), alibi_form=conventions.alibi,
-                   mask=mask, bias=bias, score_mod=x.score_mod)
+                   mask=mask, bias=bias, score_mod=x.score_mod, multiplicity=multiplicity)
 
 
 def make_inputs(case: Case, device: torch.device | str, *, requires_grad: bool = False) -> Inputs:

@@ -28,6 +28,9 @@ class Variant:
     mask: torch.Tensor | None = None
     bias: torch.Tensor | None = None
     score_mod: Callable | None = None
+    # log of how many times each key is listed (sparse indices, "each": a key listed twice weighs twice),
+    # [B, H, SQ, SK]: added to the logits as a bias is, but a weight, not a logit (the max logit leaves it out)
+    multiplicity: torch.Tensor | None = None
 
     @classmethod
     def dense(cls, causal: bool) -> "Variant":

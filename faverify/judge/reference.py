@@ -97,7 +97,7 @@ def _setup(q, k, v, dout, variant, compute, round_to, with_scales, scale) -> Sim
     st.Q, st.K, st.V = heads(q, h), heads(k, hk), heads(v, hk)  # K, V: [b, hk, 1, sk, d|dv]
     if variant.mask is not None:  # mask_nan's keys, which no row sees
         st.K, st.V = st.K.nan_to_num(nan=0.0), st.V.nan_to_num(nan=0.0)
-    st.mask, st.bias = (_five(t, h, hk) for t in (variant.mask, variant.bias))
+    st.mask, st.bias, st.mult = (_five(t, h, hk) for t in (variant.mask, variant.bias, variant.multiplicity))
     if st.bias is not None:
         st.bias = st.bias.to(compute)
     st.dO = heads(dout, h) if st.backward else None
@@ -145,15 +145,18 @@ def _logits(st: SimpleNamespace, variant: Variant, i0: int, i1: int) -> tuple:
         s = rnd(s)
     if st.acc is not None and (st.bias is not None or st.mod is not None):
         st.acc.add_logits(s)
-    return s.masked_fill(_hidden(variant, st.mask, i0, i1, st.cols, diag), float("-inf")), cap_slope, mod_slope
+    hidden = _hidden(variant, st.mask, i0, i1, st.cols, diag)
+    if st.max_logit is not None:  # the logits a row sees, before any key's multiplicity
+        st.max_logit[:, :, :, i0:i1] = s.masked_fill(hidden, float("-inf")).amax(dim=-1)
+    if st.mult is not None:  # a key listed n times weighs n exp(s) = exp(s + log n)
+        s = s + _rows(st.mult.to(s.dtype), i0, i1)
+    return s.masked_fill(hidden, float("-inf")), cap_slope, mod_slope
 
 
 def _rows_of(st: SimpleNamespace, variant: Variant, i0: int, i1: int) -> None:
     """Rows i0..i1: their softmax, out and lse, and their part of every gradient."""
     s, cap_slope, mod_slope = _logits(st, variant, i0, i1)
     m = s.amax(dim=-1, keepdim=True)
-    if st.max_logit is not None:
-        st.max_logit[:, :, :, i0:i1] = m.squeeze(-1)
     if st.sink is not None:
         m = torch.maximum(m, st.sink.expand_as(m))
     m = torch.where(m == float("-inf"), torch.zeros_like(m), m)  # guard: never (-inf) - (-inf)
