@@ -361,6 +361,9 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
     mutants = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith("fwd-hopper-mutant ")]
     assert {row[0].split()[1] for row in mutants} == {m.name for m in HOPPER_MUTANTS}, mutants
     assert len(mutants) == len(HOPPER_MUTANTS) and all(row[-1].startswith("ok") for row in mutants), mutants
+    # the sparse-indices kernels (sparse.py), one token a program as on the GPU: each build compiles
+    sparse = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if re.match(r"s(fwd|bwd) ", line)]
+    assert len(sparse) == 8 * 2 and all(row[-1].startswith("ok") for row in sparse), sparse
     # the variant kernels' generic 16-bit builds spill nothing (configs.variant's tiles); fp32's as below
     varied = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()
               if re.match(r"v(fwd|dkdv|dq|combine|decode) ", line)]

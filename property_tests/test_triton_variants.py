@@ -552,3 +552,23 @@ def test_the_max_logit_is_each_rows_largest_scaled_logit(case):
     result = evaluate(resolve("triton"), case, DEVICE, mode="fwd")
     assert result.status == "pass", result.reason
     assert "max_logit" in result.metrics
+
+
+@pytest.mark.parametrize("case", [
+    Case(2, 5, 40, 4, 2, 32, dtype="bf16", sparse="duplicates", topk=20, seed=31),  # keys listed twice
+    Case(1, 9, 30, 2, 1, 24, dtype="fp16", sparse="invalid", topk=17, lse_grad="with", seed=32),  # -1 slots, rows
+    Case(1, 6, 12, 2, 2, 40, dtype="fp32", sparse="out-of-range", topk=12, head_dim_v=24, seed=33),
+    Case(1, 4, 7, 3, 1, 16, dtype="bf16", sparse="distinct", topk=9, max_logit=True, seed=34),  # topk > keys
+], ids=["duplicates", "invalid-lse-grad", "out-of-range-dv", "distinct-past-the-keys"])
+def test_the_sparse_kernel_gathers_the_listed_keys_forward_and_backward(case):
+    """kernels/triton/sparse.py against the FP64 reference of the listed keys: duplicates weigh twice, -1 and
+    indices past seqlen_k name no key, a row with none gives out 0 and lse -inf; dk and dv by atomics."""
+    result = evaluate(resolve("triton"), case, DEVICE, mode="both")
+    assert result.status == "pass", result.reason
+    assert {"dq", "dk", "dv"} <= set(result.metrics) and {"fwd sparse", "bwd sparse"} <= set(result.paths)
+
+
+def test_the_sparse_kernel_skips_a_variant_it_does_not_take_naming_it():
+    case = Case(1, 4, 8, 2, 1, 16, dtype="bf16", sparse="distinct", topk=4, softcap=5.0, seed=35)
+    result = evaluate(resolve("triton"), case, DEVICE, mode="fwd")
+    assert result.status == "skip" and "softcap" in result.reason and "indices" in result.reason, result.reason

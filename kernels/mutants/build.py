@@ -15,7 +15,7 @@ from faverify.kernels.mutants.catalog import BY_NAME, Mutant
 
 KERNELS = Path(__file__).resolve().parent.parent / "triton"
 _FILES = ("forward.py", "forward_hopper.py", "backward.py", "backward_hopper.py", "interface.py", "variant_forward.py",
-          "variant_decode.py", "variant_backward.py", "variant_interface.py")
+          "variant_decode.py", "variant_backward.py", "variant_interface.py", "sparse.py")
 
 
 def _cache_root() -> Path:
@@ -53,6 +53,9 @@ def source(mutant: Mutant) -> dict:
     """The mutated copies of the kernel modules, by file name. Raises if the mutant no longer applies (its
     site is gone or the result does not parse): a mutant that does not change the code would survive for
     nothing, and one that breaks the syntax would be "killed" by the worker that cannot import it."""
+    if mutant.file not in _FILES:  # its file would not be copied: the mutant would run the real code
+        raise RuntimeError(f"mutant {mutant.name}: kernels/triton/{mutant.file} is not among the copied modules "
+                           f"(kernels/mutants/build.py, _FILES)")
     package = _package(mutant)
     out = {}
     for name in _FILES:
@@ -60,7 +63,7 @@ def source(mutant: Mutant) -> dict:
         for module in ("backward as _bwd", "backward_hopper as _bwd_hopper", "forward as _fwd",
                        "forward_hopper as _fwd_hopper",
                        "variant_forward as _vfwd", "variant_decode as _vdec", "variant_backward as _vbwd",
-                       "variant_interface as _var"):
+                       "variant_interface as _var", "sparse as _sparse"):
             text = text.replace(f"from faverify.kernels.triton import {module}", f"from {package} import {module}")
         text = text.replace("from faverify.kernels.triton.variant_forward import",
                             f"from {package}.variant_forward import")

@@ -36,7 +36,7 @@ _PATH_OF = {"forward.py": "fwd triton", "forward_hopper.py": "fwd hopper", "back
             "backward_hopper.py": "bwd hopper",
             "interface.py": "", "variant_forward.py": "fwd variant", "variant_decode.py": "fwd variant decode",
             "variant_backward.py": "bwd variant",
-            "variant_interface.py": ("fwd variant", "bwd variant")}
+            "variant_interface.py": ("fwd variant", "bwd variant"), "sparse.py": ("fwd sparse", "bwd sparse")}
 
 
 def left_out(mutant: Mutant, device, dtypes: tuple) -> str | None:
@@ -121,6 +121,11 @@ MUTANTS = (
            "the max logit is returned in the kernel's raw q.k units, without the softmax scale",
            "the kernels keep logits unscaled and fold the scale into exp2; the row max they store is raw, and "
            "with softmax_scale 1 nothing changes", cases=dict(features=("max_logit",), mixes=("one",))),
+    Mutant("sparse-minus-one-as-key-0", "sparse.py", "sparse-valid", "ok = (n < topk) & (idx < seqlen_k)",
+           "a -1 index (an empty slot) is read as key 0 instead of naming no key",
+           "the indices are clamped to a safe address and the validity test checks the upper bound alone; "
+           "with every slot filled (topk <= seqlen_k, no -1) nothing changes",
+           cases=dict(features=("sparse",), mixes=("one",))),
     Mutant("dk-missing-scale", "backward.py", "dk-scale", "",
            "dk misses the softmax scale",
            "dq's scale is applied in one kernel and dk's in another; one gets forgotten"),

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from faverify.kernels.triton.aot_sources import (
     _hopper_bwd_source,
     _hopper_source,
+    _sparse_source,
     _triton_source,
     _variant_source,
 )
@@ -43,6 +44,7 @@ HOPPER_BWD_KERNEL = "bwd-hopper"  # the Hopper dK/dV (backward_hopper.py): sm_90
 
 
 VARIANT_KERNELS = ("vfwd", "vdkdv", "vdq", "vcombine", "vdecode")  # variant_forward.py, variant_backward.py
+SPARSE_KERNELS = ("sfwd", "sbwd")  # sparse.py: key indices, forward and backward
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class Variant:
             return f"{self.kernel}-mutant {self.mutant} {self.dtype} D{self.block_d} causal {self.switches}"
         if self.kernel == HOPPER_KERNEL and self.switches:
             return f"{self.kernel} {self.dtype} D{self.block_d} {self.switches}"
+        if self.kernel in SPARSE_KERNELS:
+            return f"{self.kernel} {self.dtype} D{self.block_d}"
         if self.kernel in VARIANT_KERNELS:
             dv = f" DV{self.block_dv}" if self.block_dv and self.block_dv != self.block_d else ""
             build = " fast" if self.even_d and self.kernel != "vcombine" else ""
@@ -133,6 +137,8 @@ def variants(capability: int = 80) -> list:
     # the dense backward's ALiBi build (backward.py's ALIBI: what ALiBi alone, or with sinks, takes)
     out += [Variant(kernel, "bf16", block_d, causal, True, switches="alibi") for kernel in ("dkdv", "dq")
             for block_d in (64, 128) for causal in (False, True)]
+    out += [Variant(kernel, dtype, block_d, False, True, block_d) for kernel in SPARSE_KERNELS
+            for dtype, block_d in (("bf16", 64), ("bf16", 128), ("fp16", 128), ("fp32", 64))]
     return out + [v for v in variant_kernel_variants() if _compiled(v.dtype, v.block_d, True, capability)]
 
 
@@ -191,7 +197,8 @@ def compile_variant(v: Variant, capability: int) -> dict:
 
     build = _hopper_source if v.kernel in (HOPPER_KERNEL, HOPPER_MUTANT_KERNEL) else \
         _hopper_bwd_source if v.kernel == HOPPER_BWD_KERNEL else \
-        _variant_source if v.kernel in VARIANT_KERNELS else _triton_source
+        _variant_source if v.kernel in VARIANT_KERNELS else _sparse_source if v.kernel in SPARSE_KERNELS else \
+        _triton_source
     source, options, tile = build(v, capability)
     start = time.perf_counter()
     result = {"variant": str(v), **asdict(v), "sm": capability, "tile": tile}

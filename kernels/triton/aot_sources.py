@@ -168,3 +168,20 @@ def _variant_source(v, capability: int):
     signature = _signature(fn, v.dtype, constants, pointers)
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if fast and name in STREAMED}
     return ASTSource(fn, signature, constants, attrs), options, str(tile) if tile else "M16"
+
+
+def _sparse_source(v, capability: int):
+    """(source, options, tile) of a sparse-indices kernel (sparse.py) as sparse.forward and backward launch it:
+    the group's rows padded to 16, BLOCK_N listed keys a tile."""
+    from triton.compiler import ASTSource
+
+    from faverify.kernels.triton import sparse
+
+    fn = {"sfwd": sparse._sparse_fwd, "sbwd": sparse._sparse_bwd}[v.kernel]
+    constants = dict(BLOCK_T=1, BLOCK_M=16, BLOCK_N=sparse.BLOCK_N, BLOCK_D=v.block_d,
+                     BLOCK_DV=v.block_dv or v.block_d, INTERPRETED=False, IEEE=v.dtype == "fp32")
+    pointers = {name: "*fp32" for name in ("Lse", "Rowmax", "Log2l", "Delta", "DK", "DV")} | {"Idx": "*i32"}
+    if v.kernel == "sfwd":
+        pointers.pop("DV")
+    source = ASTSource(fn, _signature(fn, v.dtype, constants, pointers), constants, {})
+    return source, {"num_warps": 4, "num_stages": 1}, f"M16 N{sparse.BLOCK_N}"

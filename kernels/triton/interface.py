@@ -14,6 +14,7 @@ from faverify.kernels.triton import backward_hopper as _bwd_hopper
 from faverify.kernels.triton import configs, hopper
 from faverify.kernels.triton import forward as _fwd
 from faverify.kernels.triton import forward_hopper as _fwd_hopper
+from faverify.kernels.triton import sparse as _sparse
 from faverify.kernels.triton import variant_interface as _var
 from faverify.kernels.triton.common import (
     INTERPRET,
@@ -32,7 +33,7 @@ from faverify.kernels.validate import check_inputs, check_kvcache, check_masks, 
 # The code paths a launch can take (common.LAUNCHED logs them, take_paths hands them over)
 PATHS = ("fwd hopper", "fwd hopper variant", "fwd triton-tma", "fwd triton", "fwd triton generic", "fwd none (empty)",
          "bwd triton", "bwd triton generic", "bwd triton alibi", "bwd triton generic alibi", "bwd hopper",
-         "bwd hopper fused-dq",
+         "bwd hopper fused-dq", "fwd sparse", "bwd sparse",
          "bwd none (empty)",
          "fwd variant none (empty)", "bwd variant none (empty)") + tuple(
     # the variant kernels' fast and generic builds (variant_interface.fast_build)
@@ -255,7 +256,7 @@ DEVICE_HINT = "CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before i
 def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None = None,
                     window_size: tuple = (-1, -1), softcap: float = 0.0, alibi_slopes=None, sinks=None,
                     init: str = "-inf", return_lse: bool = False, launch: Launch | None = None, attn_mask=None,
-                    block_mask=None, block_size: int | None = None, return_max_logit: bool = False):
+                    block_mask=None, block_size: int | None = None, return_max_logit: bool = False, indices=None):
     """FlashAttention forward (and backward through autograd) in Triton.
 
     q: [batch, seqlen_q, nheads, head_dim]; k, v: [batch, seqlen_k, nheads_k, head_dim], nheads_k dividing
@@ -277,6 +278,9 @@ def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None =
     that sees no key, the sink's logit with sinks); with return_max_logit, last, the largest logit each row
     sees, float32 [batch, nheads, seqlen_q] (after scale, softcap, ALiBi and bias; never the sink's; -inf
     for a row that sees no key; no gradient).
+    indices: int32 [batch, seqlen_q, nheads_k, topk], the keys each row of each kv head's group sees
+    (sparse.py; an index < 0 or >= seqlen_k names none, a key listed twice weighs twice); v's own head dim
+    goes with it, no other variant or mask.
     The dense case runs forward.py and backward.py; any variant the variant kernels (variant_forward.py), but
     for the backward of sinks alone: backward.py's, given the forward's rows (variant_interface.backward).
     """
@@ -289,7 +293,13 @@ def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None =
         attn_mask = torch.zeros(attn_mask.shape, dtype=torch.float32, device=q.device).masked_fill(~attn_mask,
                                                                                                    -torch.inf)
     launch = launch or DEFAULT
-    if tuple(window_size) != (-1, -1) or softcap or alibi_slopes is not None or sinks is not None \
+    if indices is not None:
+        others = {"causal": causal, "window_size": tuple(window_size) != (-1, -1), "softcap": softcap,
+                  "alibi_slopes": alibi_slopes is not None, "sinks": sinks is not None,
+                  "attn_mask": attn_mask is not None, "block_mask": block_mask is not None}
+        out, lse, rowmax, log2l = _sparse.attention(q, k, v, indices, scale, [n for n, on in others.items() if on])
+        raw = scale
+    elif tuple(window_size) != (-1, -1) or softcap or alibi_slopes is not None or sinks is not None \
             or v.shape[-1] != q.shape[-1] or attn_mask is not None or block_mask is not None:
         var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, sinks, init, attn_mask,
                               block_mask, block_size or 0)
