@@ -73,8 +73,9 @@
 #                    batch,decode,repeat (300 sequences), then sdpa-flash, sdpa-efficient, sdpa-cudnn and flex at
 #                    --sequence 8 --relations batch,decode,repeat (150 each), and triton-paged at --relations splits
 #   fp8        [120] sdpa-math's FP8 cases on the GPU (--features fp8, 500 cases): the control of the FP8 judge
-#   sparse     [300] the sparse-indices kernels (kernels/triton/sparse.py): their tests, a 2000-case fuzz of
-#                    triton drawing sparse indices with the features that go with them, and their mutant
+#   sparse     [450] the sparse-indices kernels (kernels/triton/sparse.py): their tests, a 2000-case fuzz of
+#                    triton drawing sparse indices with the features that go with them, and their mutant (on
+#                    the H200 the fuzz's warm-up took most of a 150 s box: 622 cases)
 #
 # On the lent machine (no network) faverify is installed from the checkout without dependencies first, and
 # a kernel library's wheel set carried under .whl/ (devtools/wheelset.py: its loads, over as many calls) is
@@ -253,7 +254,7 @@ for step in $steps; do
     sparse)
       run sparse-tests 90 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -rfs \
         property_tests/test_triton_variants.py -k "sparse or max_logit"
-      run sparse 150 "^PASS|^FAIL|cases per feature|code path|minimal case|interrupted" python3 -m faverify fuzz \
+      run sparse 300 "^PASS|^FAIL|cases per feature|code path|minimal case|interrupted" python3 -m faverify fuzz \
         --kernel triton --features sparse,head_dim_v,lse_grad,max_logit --iters 2000 --dtype bf16,fp16 --mode both \
         --no-db --json "$out/sparse.json"
       run sparse-mutant 60 "killed|SURVIVED|control" python3 -m faverify mutants --only sparse-minus-one-as-key-0 \
