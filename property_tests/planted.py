@@ -346,6 +346,30 @@ max_logit_per_head = _planted("per-head", {**_VARIANTS, "max_logit": True, "conv
 max_logit_unmasked = _planted("max-logit-unmasked", {**_VARIANTS, "max_logit": True})
 
 
+def _shared_kv(q, k, v, causal, softmax_scale, tail: bool):
+    """An MLA-style kernel that sees v in k's storage and reads it from k's rows: its leading columns (right)
+    or, the planted bug, its trailing ones (the rotary part's side of the latent). The values are read from
+    k; the gradients still go to v, as a kernel's own backward returns them."""
+    if v.data_ptr() == k.data_ptr() and v.shape[-1] <= k.shape[-1]:
+        read = k[..., k.shape[-1] - v.shape[-1]:] if tail else k[..., :v.shape[-1]]
+        v = v + (read.detach() - v.detach())
+    return _variant(q, k, v, causal=causal, softmax_scale=softmax_scale)[0]
+
+
+def shared_kv_correct(q, k, v, *, causal, softmax_scale):
+    """Reads v from k's storage where they share it, as k[..., :dv]: the control."""
+    return _shared_kv(q, k, v, causal, softmax_scale, tail=False)
+
+
+def shared_kv_reads_tail(q, k, v, *, causal, softmax_scale):
+    """Reads a shared v as k's last dv columns, where it is k's first: right wherever dv == d."""
+    return _shared_kv(q, k, v, causal, softmax_scale, tail=True)
+
+
+for _fn in (shared_kv_correct, shared_kv_reads_tail):
+    _fn.faverify_capabilities = {"kv_shared": True, "head_dim_v": True, "max_head_dim": 576}
+
+
 def declares_window_without_keyword(q, k, v, *, causal, softmax_scale):
     """Declares windows but has no window_size keyword: refused before any case."""
     return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)

@@ -23,7 +23,7 @@ def test_drawn_cases_respect_limits(case):
 
 @pytest.mark.parametrize("field,value,rule", [
     ("nheads_k", 3, "must divide nheads"),
-    ("head_dim", 300, "<= 256"),
+    ("head_dim", 600, "<= 576"),
     ("dtype", "fp8", "must be one of"),
     ("regime", "wild", "must be one of"),
     ("softmax_scale", -1.0, "in (0, "),

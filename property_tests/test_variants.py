@@ -310,3 +310,28 @@ def test_a_max_logit_over_masked_keys_is_caught_and_the_declared_shapes_pass(tmp
     assert evaluate(declared, case, "cpu", mode="fwd").status == "pass"
     r = evaluate(rows, case, "cpu", mode="fwd")
     assert r.status == "fail" and "max_logit has shape (2,), expected (2, 2, 5)" in r.reason, r.reason
+
+
+def test_a_shared_kv_read_from_the_wrong_columns_is_caught_and_its_control_passes(tmp_path):
+    """v as k's leading columns in k's storage (kv_shared; MLA's 576 beside 512 among the draws): a kernel
+    that reads the trailing columns instead fails with a minimal case that shares them, v narrower than k;
+    the control, reading the leading ones, passes the same draw."""
+    record, mine, args = planted_bug_caught("property_tests.planted:shared_kv_reads_tail", "kv_shared,head_dim_v",
+                                            150, tmp_path, lambda s: s.startswith(("out:", "dv:", "dk:")))
+    minimal = Case.from_dict(mine[0]["minimal"]["case"])
+    assert minimal.kv_shared and minimal.dv < minimal.head_dim, minimal
+    control = cli("fuzz", "--kernel", "property_tests.planted:shared_kv_correct", *args)
+    assert control.exit_code == 0, control.stdout[-2000:]
+
+
+def test_a_shared_kv_case_gives_v_in_ks_storage_with_gradients_apart():
+    """v is k[..., :dv] in k's own memory, in every layout; dk and dv are judged apart (v a leaf of its own)."""
+    for layout in ("contiguous", "strided", "broadcast", "packed"):
+        case = Case(1, 8, 8, 2, 1, 64, dtype="fp32", head_dim_v=48, kv_shared=True, layout=layout, seed=5)
+        x = make_inputs(case, "cpu", requires_grad=True)
+        assert x.v.data_ptr() == x.k.data_ptr() and x.v.stride() == x.k.stride(), layout
+        assert torch.equal(x.v, x.k[..., :48]) and x.v.is_leaf and x.v.requires_grad
+        result = evaluate(resolve("sdpa-math"), case, "cpu")
+        assert result.status == "pass" and {"dk", "dv"} <= set(result.metrics), result.reason
+    with pytest.raises(UsageError, match="head_dim_v <= head_dim"):
+        Case(1, 8, 8, 2, 1, 32, head_dim_v=48, kv_shared=True)

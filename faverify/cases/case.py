@@ -68,6 +68,7 @@ class Case:
     # sparse key indices (cases/sparse.py): what they hold (vocabulary.SPARSE) and how many a row lists
     sparse: str = "off"
     topk: int = 0
+    kv_shared: bool = False  # v is k[..., :head_dim_v], a view of k's own storage (MLA's absorbed form)
     # a call sequence (`fuzz --sequence`): the calls this process makes before this one, oldest first, each
     # a case of its own with no `before`; every call is judged, so a bug carried from one call into the next
     # (a compile cache keyed too loosely, a scratch buffer never cleared) fails the call it reaches
@@ -108,7 +109,8 @@ class Case:
               "shards": self.shards != "off",
               "mask": self.mask != "off", "mask_nan": self.mask_nan, "bias": self.bias != "off",
               "bias_grad": self.bias_grad, "score_mod": self.score_mod != "off", "fp8": self.fp8 != "off",
-              "lse_grad": self.lse_grad != "off", "max_logit": self.max_logit, "sparse": self.sparse != "off"}
+              "lse_grad": self.lse_grad != "off", "max_logit": self.max_logit, "sparse": self.sparse != "off",
+              "kv_shared": self.kv_shared}
         return tuple(f for f in FEATURES if on[f])
 
     @property
@@ -284,6 +286,8 @@ class Case:
             flags.append("max_logit")
         if self.sparse != "off":
             flags.append(f"sparse={self.sparse} topk={self.topk}")
+        if self.kv_shared:
+            flags.append("v=k[..., :dv] (kv_shared)")
         calls = f"after {len(self.before)} call{'s' if len(self.before) > 1 else ''}: " if self.before else ""
         return (f"{calls}b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} h{self.nheads}{gqa} d{self.head_dim} "
                 + " ".join(flags))

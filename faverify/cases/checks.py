@@ -16,7 +16,6 @@ from faverify.cases.vocabulary import (
     LSE_GRADS,
     MASK_SHAPES,
     MASKS,
-    MAX_HEAD_DIM,
     MAX_HEAD_DIM_V,
     MAX_INT,
     MAX_SCALE,
@@ -24,6 +23,7 @@ from faverify.cases.vocabulary import (
     MAX_SEQUENCES,
     MAX_SPLITS,
     MAX_TOPK,
+    MLA_HEAD_DIM,
     PAGE_ORDERS,
     REGIMES_ALL,
     SCORE_MODS,
@@ -45,8 +45,8 @@ def check(case) -> None:
     _require_int("seed", case.seed, minimum=0, maximum=MAX_SEED - 1)  # torch.Generator.manual_seed: 64 bits
     if case.seqlen_q == 0:
         raise UsageError("seqlen_q", 0, "must be >= 1 (a case with no query rows checks nothing)")
-    if case.head_dim > MAX_HEAD_DIM:
-        raise UsageError("head_dim", case.head_dim, f"must be <= {MAX_HEAD_DIM}")
+    if case.head_dim > MLA_HEAD_DIM:
+        raise UsageError("head_dim", case.head_dim, f"must be <= {MLA_HEAD_DIM}")
     if case.nheads % case.nheads_k:
         raise UsageError("nheads_k", case.nheads_k,
                          f"number of heads in key/value must divide nheads={case.nheads}")
@@ -64,7 +64,17 @@ def check(case) -> None:
     _check_fp8(case)
     _check_outputs(case)
     _check_sparse(case)
+    _check_kv_shared(case)
     _check_before(case)
+
+
+def _check_kv_shared(case) -> None:
+    """v as the leading head_dim_v columns of k's storage: v no wider than k, one dense batch."""
+    if not isinstance(case.kv_shared, bool):
+        raise UsageError("kv_shared", case.kv_shared, "must be true or false")
+    if case.kv_shared and (case.dv > case.head_dim or case.kind != "dense" or case.fp8 != "off"):
+        raise UsageError("kv_shared", True, f"needs head_dim_v <= head_dim (got {case.dv} > {case.head_dim})"
+                         if case.dv > case.head_dim else "takes a dense batch of 16-bit or fp32 inputs")
 
 
 def _check_outputs(case) -> None:

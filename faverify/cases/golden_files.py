@@ -105,6 +105,8 @@ CASES = {
     "lse-grad-alone-sinks": _c(1, 48, 64, 2, 1, 32, sinks="around", lse_grad="alone"),
     "head-dim-v-512-d-64": _c(1, 17, 33, 1, 1, 64, head_dim_v=512),
     "mla-192-128-causal": _c(1, 40, 40, 2, 2, 192, "bf16", True, head_dim_v=128),
+    # MLA's absorbed form: q/k 576 beside v 512, v the leading columns of k's storage
+    "mla-576-512-shared-kv": _c(1, 9, 23, 2, 1, 576, "fp16", True, head_dim_v=512, kv_shared=True),
     "fp32-every-feature": _c(1, 33, 47, 2, 1, 32, "fp32", window=(9, 3), softcap=5.0, alibi="head",
                              sinks="around", head_dim_v=48),
 }

@@ -142,6 +142,8 @@ def lay_out(case: Case, values: Inputs, *, requires_grad: bool = False) -> Input
     if case.kind != "dense":
         return _lay_out_ragged(case, values, requires_grad)
     q, k, v = _lay_out(case, values.q, values.k, values.v, requires_grad)
+    if case.kv_shared:  # v: k's leading columns in k's own storage, a leaf of its own so dk and dv stay apart
+        v = k.detach()[..., :case.dv].requires_grad_(requires_grad)
     dout = values.dout
     if case.layout == "transposed":  # dO from a transpose as well, as callers' gradients often are
         dout = dout.transpose(1, 2).contiguous().transpose(1, 2)

@@ -110,7 +110,7 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
           head_dims: tuple = HEAD_DIMS, exact_head_dims: bool = False, features: tuple = (),
           always_split: bool = False, ragged_only: bool = False, masks: tuple = MASKS[1:],
           speculative: bool = False, head_dim_multiple: int = 1, shapes: tuple = (),
-          mixes: tuple = FEATURE_MIXES, max_head_dim_v: int = MAX_HEAD_DIM_V) -> Case:
+          mixes: tuple = FEATURE_MIXES, max_head_dim_v: int = MAX_HEAD_DIM_V, mla: bool = False) -> Case:
     """A Case within `limits`. Arguments narrow the choices; each must be a non-empty subset. Head dims
     are drawn from head_dims or anywhere between its least and largest, or only from it (exact; v's head
     dim too, where head_dim_v is drawn).
@@ -125,7 +125,8 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     it (a subject's Capabilities.head_dim_multiple), the draw otherwise the same; shapes: a shape budget
     (shape_pool), each case taking the tensors' shape of one of them (SHAPE_FIELDS), its values, regime,
     layout and features its own, so a subject that compiles or plans per shape does so len(shapes) times;
-    max_head_dim_v: the largest value head dim drawn (a subject's max_head_dim)."""
+    max_head_dim_v: the largest value head dim drawn (a subject's max_head_dim); mla: "kv_shared" cases may
+    take MLA's head dims, 576 for q/k and 512 for v, or 512 for both (K = V)."""
     _check_choices(dtypes, regimes, layouts, inits, head_dims, features)
     dense, cap = _dense(draw, dtypes, limits, regimes, layouts, inits, causal, head_dims, exact_head_dims,
                         speculative, head_dim_multiple, shapes)
@@ -178,7 +179,25 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     if sparse:
         variant.update(draw(_sparse(dense["seqlen_k"])), window=(-1, -1))
         dense["causal"] = False  # where the case was forced to be sparse
+    shared = forced == "kv_shared" or (forced is None and "kv_shared" in features and draw(st.sampled_from(ON)))
+    if shared and dense_batch:
+        _share_kv(draw, dense, variant, limits, mla and not mask_features)
     return Case(**{**dense, **variant, **shape})
+
+
+def _share_kv(draw, dense: dict, variant: dict, limits: Limits, mla: bool) -> None:
+    """v as k's leading columns: v's head dim no wider than k's; with mla, MLA's dims now and then (576 beside
+    512, or K = V at 512), the sequences and the batch cut to the limits at that width."""
+    dims = draw(st.sampled_from(("drawn", "mla", "k=v-512") if mla else ("drawn",)))
+    if dims != "drawn":
+        dense["head_dim"], variant["head_dim_v"] = (576, 512) if dims == "mla" else (512, None)
+        cap = _seqlen_cap(limits, dense["nheads"], dense["head_dim"])
+        dense["seqlen_q"], dense["seqlen_k"] = min(dense["seqlen_q"], cap), min(dense["seqlen_k"], cap)
+        most = max(1, limits.max_elements // (max(dense["seqlen_q"], dense["seqlen_k"]) * dense["nheads"] * 576))
+        dense["batch"] = min(dense["batch"], most)
+    elif (variant.get("head_dim_v") or 0) >= dense["head_dim"]:
+        variant.pop("head_dim_v")  # no wider than k: the same width
+    variant["kv_shared"] = True
 
 
 @st.composite

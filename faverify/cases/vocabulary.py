@@ -9,8 +9,9 @@ REGIMES = ("normal", "large", "bf16-scale", "outliers", "constant", "peaked", "t
 # twice or more the contiguous one
 LAYOUTS = ("contiguous", "transposed", "strided", "packed", "broadcast", "spread")
 INITS = ("-inf", "-1e30")
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 256  # the largest q/k head dim the general draw takes
 MAX_HEAD_DIM_V = 512  # MLA's value head dim (576/512 for q/k and v)
+MLA_HEAD_DIM = 576  # the largest q/k head dim a case may have: MLA's (512 of latent, 64 of rotary position)
 MAX_SEED = 2**63
 # every length, count and bound a kernel indexes with fits a signed 32-bit integer
 MAX_INT = 2**31 - 1
@@ -33,7 +34,8 @@ BATCH_FEATURES = ("varlen", "paged", "splits", "shards")  # how the batch and it
 # drawn as a pattern, masked keys holding NaN, an additive bias and its gradient, a FlexAttention score_mod
 MASK_FEATURES = ("mask", "mask_nan", "bias", "bias_grad", "score_mod")
 # FP8 inputs (docs/design.md, "FP8"): q, k and v in float8_e4m3fn with their descale factors, the output bf16
-INPUT_FEATURES = ("fp8",)
+# and v given as the leading head_dim_v columns of k's own storage (MLA's absorbed form, DeepSeek-V4's K = V)
+INPUT_FEATURES = ("fp8", "kv_shared")
 # outputs beside out and lse: a loss on lse too (docs/design.md, "LSE gradient"); the rows' largest logit,
 # returned when asked (return_max_logit=True: Transformer Engine's, cuDNN's Max, FlashMLA's max_logits)
 OUTPUT_FEATURES = ("lse_grad", "max_logit")
@@ -88,7 +90,8 @@ VARIANT_DEFAULTS = {"window": (-1, -1), "softcap": 0.0, "alibi": "off", "sinks":
                     "pool": 0, "splits": 1, "shards": "off", "mask": "off", "mask_shape": "full", "mask_block": 0,
                     "mask_rate": 0, "mask_lengths": None, "mask_nan": False, "bias": "off", "bias_shape": "full",
                     "bias_dtype": "input", "bias_grad": False, "score_mod": "off", "fp8": "off",
-                    "lse_grad": "off", "max_logit": False, "sparse": "off", "topk": 0, "before": ()}
+                    "lse_grad": "off", "max_logit": False, "sparse": "off", "topk": 0, "kv_shared": False,
+                    "before": ()}
 
 
 # The most split-KV partials a case asks for and a bundled launcher makes (flash-attn's cap too): a single

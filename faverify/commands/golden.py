@@ -126,6 +126,8 @@ def record(directory: Path = DEFAULT_DIR, names=None) -> list:
         drawn = draw_values(case, torch.device("cpu"))
         values = Inputs(*(t.to(TORCH[case.dtype]) for t in drawn[:4]), *drawn[4:])
         x = lay_out(case, values)  # the call's view: a loss on lse brings its dlse, and "alone" a zero dO
+        if case.kv_shared:  # v is k's leading columns: those are the values the call sees
+            values.v = x.v.detach().contiguous()
         with torch.no_grad():
             ref, scales = reference(values.q, values.k, values.v, x.dout, causal=case.causal, scale=case.scale,
                                     variant=variant_of(case, x), dlse=x.dlse)

@@ -16,7 +16,7 @@ import torch
 
 from faverify.cases import conventions as _conventions
 from faverify.cases.case import Case
-from faverify.cases.vocabulary import DTYPES, FEATURES, FP8, INITS, MAX_HEAD_DIM_V
+from faverify.cases.vocabulary import DTYPES, FEATURES, FP8, INITS, MAX_HEAD_DIM_V, MLA_HEAD_DIM
 
 INPUTS = ("q", "k", "v", "dout")  # what a subject is given: dout through autograd
 # the relations between calls a subject may promise (run/relations.py)
@@ -104,6 +104,9 @@ class Capabilities:
     # sparse key indices: takes `indices`, int32 [b, seqlen_q, nheads_k, topk] (cases/sparse.py); how it
     # weighs a key listed twice is its conventions.sparse_duplicates
     sparse: bool = False
+    # takes v as the leading head_dim_v columns of k's storage (v = k[..., :dv]); with max_head_dim 576 its
+    # cases also draw MLA's head dims (576 for q/k beside 512 for v) and K = V at 512
+    kv_shared: bool = False
     # FP8 inputs (cases/fp8.py): the descale granularities it takes, "tensor" and "head" (flash-attn 3's
     # [batch, nheads_k] q_descale, k_descale, v_descale, passed by those keywords); empty: none
     fp8: tuple = ()
@@ -206,7 +209,8 @@ class Capabilities:
                 **({"head_dim_multiple": self.head_dim_multiple} if self.head_dim_multiple > 1 else {}),
                 **({"head_dims": self.head_dims, "exact_head_dims": True} if self.head_dims else {}),
                 **({"ragged_only": True} if not self.dense and (self.varlen or self.paged) else {}),
-                **({"masks": ("block",)} if self.block_mask and not (self.mask or self.mask_mod) else {})}
+                **({"masks": ("block",)} if self.block_mask and not (self.mask or self.mask_mod) else {}),
+                **({"mla": True} if self.kv_shared and self.max_head_dim >= MLA_HEAD_DIM else {})}
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -21,9 +21,9 @@ _BACKENDS = {
     # the math backend is differentiable in a float mask: windows, ALiBi, softcap and sinks go through one
     "sdpa-math": ("MATH", "torch SDPA math backend (reference-style, materializes the score matrix; variants "
                           "through an fp32 float mask)",
-                  Capabilities(max_head_dim=512, window=True, softcap=True, alibi=True, sinks=True,
+                  Capabilities(max_head_dim=576, window=True, softcap=True, alibi=True, sinks=True,
                                head_dim_v=True, varlen=True, paged=True, mask=True, bias=True, bias_grad=True,
-                               fp8=("tensor", "head"), sparse=True)),
+                               fp8=("tensor", "head"), sparse=True, kv_shared=True)),
     "sdpa-flash": ("FLASH_ATTENTION", "torch SDPA FlashAttention-2 backend",
                    Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",))),
     "sdpa-efficient": ("EFFICIENT_ATTENTION", "torch SDPA memory-efficient (xformers) backend",

@@ -25,8 +25,7 @@ VARIANTS = dict(window=True, softcap=True, alibi=True, head_dim_v=True)
 # The dense subject also takes masks (block patterns as their blocks, which it skips when empty; any other
 # as a bool attn_mask, run as a bias of 0 and -inf) and biases with their gradient.
 KINDS = {"triton": dict(sinks=True, init_modes=("-inf", "-1e30"), mask=True, block_mask=True, bias=True,
-                        bias_grad=True, lse_grad=True, max_logit=True,
-                        sparse=True),
+                        bias_grad=True, lse_grad=True, max_logit=True, sparse=True, kv_shared=True),
          "triton-varlen": dict(sinks=True, init_modes=("-inf", "-1e30"), varlen=True, dense=False),
          "triton-paged": dict(paged=True, dense=False, splits=True, backward=False)}
 # The warp-specialized Hopper backward (backward_hopper.py) is opt-in (Launch.hopper_backward) until it is
