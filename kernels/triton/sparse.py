@@ -55,34 +55,55 @@ def _rows(X, b, toks, heads, offs, stride_b, stride_s, stride_h, ok, width):
 
 
 @triton.jit
+def _program(Q, K, V, Idx, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ib,
+             stride_is, stride_ih, seqlen_q, group, head_dim, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_D: tl.constexpr):
+    """What a program works on: its tokens, batch entry and kv head; the group's query heads (its rows) and
+    which (token, head) rows are real; their q [T, M, BLOCK_D]; the bases of its k, v and indices."""
+    toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    b = tl.program_id(1).to(tl.int64)
+    hk = tl.program_id(2).to(tl.int64)
+    rows = tl.arange(0, BLOCK_M)
+    heads = hk * group + rows
+    in_tok = toks < seqlen_q
+    ok = in_tok[:, None] & (rows < group)[None, :]
+    q_ptrs, q_ok = _rows(Q, b, toks, heads, tl.arange(0, BLOCK_D), stride_qb, stride_qs, stride_qh, ok, head_dim)
+    q = tl.load(q_ptrs, mask=q_ok, other=0.0)
+    idx_rows = Idx + b * stride_ib + toks.to(tl.int64) * stride_is + hk * stride_ih
+    return toks, b, hk, heads, in_tok, ok, q, K + b * stride_kb + hk * stride_kh, V + b * stride_vb + hk * stride_vh, \
+        idx_rows
+
+
+@triton.jit
+def _tile(q, k_base, v_base, idx_rows, n0, topk, seqlen_k, in_tok, stride_ks, stride_vs, head_dim, head_dim_v,
+          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, INTERPRETED: tl.constexpr,
+          IEEE: tl.constexpr):
+    """One tile of listed keys: their indices and which name a key, the gathered k [T, N, BLOCK_D] and v, and
+    the logits S = q K^T [T, M, N] in raw units, -inf where a slot names no key."""
+    idx, listed = _slots(idx_rows, n0, topk, seqlen_k, in_tok, BLOCK_N)
+    k = _gather(k_base, idx, listed, stride_ks, tl.arange(0, BLOCK_D), head_dim)
+    v = _gather(v_base, idx, listed, stride_vs, tl.arange(0, BLOCK_DV), head_dim_v)
+    s = tl.where(listed[:, None, :], mm(q, tl.permute(k, (0, 2, 1)), INTERPRETED, IEEE), float("-inf"))
+    return idx, listed, k, v, s
+
+
+@triton.jit
 def _sparse_fwd(Q, K, V, Idx, Out, Lse, Rowmax, Log2l,  #
                 stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                 stride_ob, stride_os, stride_oh, stride_ib, stride_is, stride_ih,  #
                 nheads, seqlen_q, seqlen_k, group, topk, head_dim, head_dim_v, qk_scale,  #
                 BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
-    toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    b = tl.program_id(1).to(tl.int64)
-    hk = tl.program_id(2).to(tl.int64)
-    rows = tl.arange(0, BLOCK_M)  # the group's query heads
-    heads = hk * group + rows
-    in_tok = toks < seqlen_q
-    ok = in_tok[:, None] & (rows < group)[None, :]
-    offs_d = tl.arange(0, BLOCK_D)
+    toks, b, hk, heads, in_tok, ok, q, k_base, v_base, idx_rows = _program(
+        Q, K, V, Idx, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ib,
+        stride_is, stride_ih, seqlen_q, group, head_dim, BLOCK_T, BLOCK_M, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q_ptrs, q_ok = _rows(Q, b, toks, heads, offs_d, stride_qb, stride_qs, stride_qh, ok, head_dim)
-    q = tl.load(q_ptrs, mask=q_ok, other=0.0)
-    k_base = K + b * stride_kb + hk * stride_kh
-    v_base = V + b * stride_vb + hk * stride_vh
-    idx_rows = Idx + b * stride_ib + toks.to(tl.int64) * stride_is + hk * stride_ih
     m_i = tl.zeros([BLOCK_T, BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_T, BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_T, BLOCK_M, BLOCK_DV], dtype=tl.float32)
     for n0 in range(0, topk, BLOCK_N):
-        idx, listed = _slots(idx_rows, n0, topk, seqlen_k, in_tok, BLOCK_N)
-        k = _gather(k_base, idx, listed, stride_ks, offs_d, head_dim)
-        v = _gather(v_base, idx, listed, stride_vs, offs_dv, head_dim_v)
-        s = tl.where(listed[:, None, :], mm(q, tl.permute(k, (0, 2, 1)), INTERPRETED, IEEE), float("-inf"))
+        idx, listed, k, v, s = _tile(q, k_base, v_base, idx_rows, n0, topk, seqlen_k, in_tok, stride_ks, stride_vs,
+                                     head_dim, head_dim_v, BLOCK_N, BLOCK_D, BLOCK_DV, INTERPRETED, IEEE)
         m_new = tl.maximum(m_i, tl.max(s, 2))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # never (-inf) - (-inf)
         p = tl.math.exp2((s - m_use[:, :, None]) * qk_scale)
@@ -110,35 +131,24 @@ def _sparse_bwd(Q, K, V, Idx, DO, Rowmax, Log2l, Delta, DQ, DK, DV,  #
                 BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
     """dq of the group's rows; dk and dv (fp32 [b, seqlen_k, nheads_k, d], contiguous) added by atomics."""
-    toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    b = tl.program_id(1).to(tl.int64)
-    hk = tl.program_id(2).to(tl.int64)
-    nheads_k = tl.num_programs(2)
-    rows = tl.arange(0, BLOCK_M)
-    heads = hk * group + rows
-    in_tok = toks < seqlen_q
-    ok = in_tok[:, None] & (rows < group)[None, :]
+    toks, b, hk, heads, in_tok, ok, q, k_base, v_base, idx_rows = _program(
+        Q, K, V, Idx, stride_qb, stride_qs, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_ib,
+        stride_is, stride_ih, seqlen_q, group, head_dim, BLOCK_T, BLOCK_M, BLOCK_D)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q_ptrs, q_ok = _rows(Q, b, toks, heads, offs_d, stride_qb, stride_qs, stride_qh, ok, head_dim)
-    q = tl.load(q_ptrs, mask=q_ok, other=0.0)
+    nheads_k = tl.num_programs(2)
     do_ptrs, do_ok = _rows(DO, b, toks, heads, offs_dv, stride_db, stride_ds, stride_dh, ok, head_dim_v)
     do = tl.load(do_ptrs, mask=do_ok, other=0.0)
     stat = (b * nheads + heads[None, :]) * seqlen_q + toks[:, None]
     m = tl.load(Rowmax + stat, mask=ok, other=0.0)
     l2 = tl.load(Log2l + stat, mask=ok, other=float("inf"))
     delta = tl.load(Delta + stat, mask=ok, other=0.0)
-    k_base = K + b * stride_kb + hk * stride_kh
-    v_base = V + b * stride_vb + hk * stride_vh
-    idx_rows = Idx + b * stride_ib + toks.to(tl.int64) * stride_is + hk * stride_ih
     dk_base = DK + (b * seqlen_k * nheads_k + hk) * head_dim
     dv_base = DV + (b * seqlen_k * nheads_k + hk) * head_dim_v
     dq = tl.zeros([BLOCK_T, BLOCK_M, BLOCK_D], dtype=tl.float32)
     for n0 in range(0, topk, BLOCK_N):
-        idx, listed = _slots(idx_rows, n0, topk, seqlen_k, in_tok, BLOCK_N)
-        k = _gather(k_base, idx, listed, stride_ks, offs_d, head_dim)
-        v = _gather(v_base, idx, listed, stride_vs, offs_dv, head_dim_v)
-        s = tl.where(listed[:, None, :], mm(q, tl.permute(k, (0, 2, 1)), INTERPRETED, IEEE), float("-inf"))
+        idx, listed, k, v, s = _tile(q, k_base, v_base, idx_rows, n0, topk, seqlen_k, in_tok, stride_ks, stride_vs,
+                                     head_dim, head_dim_v, BLOCK_N, BLOCK_D, BLOCK_DV, INTERPRETED, IEEE)
         p = tl.math.exp2(tl.minimum((s - m[:, :, None]) * qk_scale, 0.0) - l2[:, :, None])
         dp = mm(do, tl.permute(v, (0, 2, 1)), INTERPRETED, IEEE)
         ds = p * (dp - delta[:, :, None])
