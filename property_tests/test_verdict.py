@@ -314,3 +314,20 @@ def test_a_ds_rounded_to_fp16_subnormals_passes_and_a_dropped_slope_fails():
     metric = judge_case(case, x, grads(dlse * slope), Tolerance(), tensors)["dk"]
     assert metric.passed and metric.max_abs > 0, metric.reason
     assert not judge_case(case, x, grads(dlse), Tolerance(), tensors)["dk"].passed
+
+
+def test_an_exact_value_past_the_dtypes_range_may_come_back_as_inf_of_its_sign():
+    """dq of 108582 in fp16 (largest finite 65504) rounds to Inf: that Inf, or the saturated 65504, passes;
+    Inf of the other sign and NaN fail (a shared K and V with lone keys of 1270 reached it on sdpa-math)."""
+    from faverify.judge.metrics import error_stats
+    ref = torch.tensor([1.0, 108582.0, -2.0], dtype=torch.float64).reshape(1, 3, 1, 1)
+    scales = {"dq": torch.tensor(1e5, dtype=torch.float64), "logit": torch.tensor(1.0, dtype=torch.float64)}
+
+    def verdict(values):
+        got = torch.tensor(values, dtype=torch.float16).reshape(1, 3, 1, 1)
+        stats = error_stats({"dq": got}, {"dq": ref}, {"dq": ref.clone()}, scales, tensors=("dq",))
+        return judge(stats["dq"], "fp16", Tolerance())
+    for values in ([1.0, math.inf, -2.0], [1.0, 65504.0, -2.0]):
+        assert verdict(values).passed, values
+    for values in ([1.0, -math.inf, -2.0], [1.0, math.nan, -2.0], [math.inf, math.inf, -2.0]):
+        assert not verdict(values).passed, values
