@@ -11,7 +11,8 @@ from hypothesis import given, seed, settings
 from faverify.cases.case import Case
 from faverify.cases.conventions import DEFAULT
 from faverify.cases.inputs import make_inputs
-from faverify.cases.strategies import CPU_LIMITS, GPU_LIMITS, INT32_ELEMENTS, cases
+from faverify.cases.ragged_draws import INT32_ELEMENTS
+from faverify.cases.strategies import CPU_LIMITS, GPU_LIMITS, cases
 from faverify.cases.variant import Variant
 from faverify.cases.vocabulary import PAGE_ORDERS
 from faverify.errors import UsageError

@@ -146,6 +146,16 @@ def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
     return out
 
 
+def sparse_warmup_cases(dtypes: tuple) -> list:
+    """The sparse-indices kernels' builds (sparse.py): a build per dtype and padded head dim, and per head
+    dim that is or is not a multiple of 16 (an integer argument the compiler specializes on); the group's
+    rows pad to 16 for every group drawn."""
+    from faverify.cases.case import Case
+    from faverify.kernels.triton.common import BLOCK_DS
+    return [Case(batch=1, seqlen_q=33, seqlen_k=97, nheads=2, nheads_k=1, head_dim=head_dim, dtype=dtype,
+                 sparse="distinct", topk=40) for bd in BLOCK_DS for head_dim in (bd, bd - 1) for dtype in dtypes]
+
+
 def hopper_variant_warmup_cases(dtypes: tuple) -> list:
     """The Hopper forward's variant builds (forward_hopper.py's WINDOW, SOFTCAP, ALIBI, SINKS, each set of
     them a build a fuzz draws; CAUSAL orders the blocks where no window is set) at its head dims, 16-bit,
@@ -186,7 +196,7 @@ def for_features(cases: list, features: tuple, runtime: tuple = tuple(RUNTIME_FE
 
 
 WARMUPS = {"triton": lambda dtypes, features: list(dict.fromkeys(  # one case of ALiBi alone is in both
-               for_features(warmup_cases(dtypes) + variant_warmup_cases(dtypes), features)
+               for_features(warmup_cases(dtypes) + variant_warmup_cases(dtypes) + sparse_warmup_cases(dtypes), features)
                + for_features(hopper_variant_warmup_cases(dtypes), features, runtime=()))),
            "triton-varlen": lambda dtypes, features: for_features(variant_warmup_cases(dtypes, "triton-varlen"),
                                                                   features),
