@@ -335,6 +335,21 @@ alibi_no_offset = _planted("alibi-no-offset")  # -slope * |i - j|, top-left inst
 sink_not_in_lse = _planted("sink-not-in-lse")  # out right, lse of the keys alone
 sink_no_grad = _planted("sink-no-grad")  # the sink detached: dsinks 0
 off_by_one_unshifted = _planted("off-by-one-unshifted")  # the fixed sink's weight 1, not exp(-max)
+
+
+def off_by_one_sink_given_a_gradient(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.0,
+                                     alibi_slopes=None, sinks=None):
+    """Right, but steps the sink's logit by its gradient in the caller's buffer even where the sink is the
+    fixed off-by-one 0 that asks none: the next call sees another sink."""
+    out = _variant(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+                   alibi_slopes=alibi_slopes, sinks=sinks)
+    if sinks is not None and not sinks.requires_grad:
+        with torch.no_grad():
+            sinks.sub_(0.5)
+    return out
+
+
+off_by_one_sink_given_a_gradient.faverify_capabilities = _VARIANTS
 # a loss on lse (lse_grad): the control and two bugs of a backward that takes dlse
 _LSE_GRAD = {**_VARIANTS, "lse_grad": True}
 lse_grad_correct = _planted(None, _LSE_GRAD)

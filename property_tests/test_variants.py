@@ -335,3 +335,15 @@ def test_a_shared_kv_case_gives_v_in_ks_storage_with_gradients_apart():
         assert result.status == "pass" and {"dk", "dv"} <= set(result.metrics), result.reason
     with pytest.raises(UsageError, match="head_dim_v <= head_dim"):
         Case(1, 8, 8, 2, 1, 32, head_dim_v=48, kv_shared=True)
+
+
+def test_a_fixed_sink_written_in_place_is_caught_and_named(tmp_path):
+    """The off-by-one sink given a gradient: a kernel that steps the fixed sink's logit in the caller's buffer
+    returns the right out, and leaves the next call another sink. The inputs beside q, k, v are checked for
+    changes too: it fails as sinks:modified on a case with the off-by-one sink."""
+    record, mine, args = planted_bug_caught("property_tests.planted:off_by_one_sink_given_a_gradient", "sinks",
+                                            150, tmp_path, lambda s: s == "sinks:modified")
+    minimal = Case.from_dict(mine[0]["minimal"]["case"])
+    assert minimal.sinks == "zero", minimal
+    control = cli("fuzz", "--kernel", "property_tests.planted:variant_correct", *args)
+    assert control.exit_code == 0, control.stdout[-2000:]

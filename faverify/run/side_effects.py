@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from faverify.cases.case import Case
-from faverify.cases.inputs import Inputs, lay_out
+from faverify.cases.inputs import EXTRAS, Inputs, lay_out
 from faverify.subjects.base import Subject
 
 
@@ -43,9 +43,12 @@ def copy_inputs(x: Inputs, backward: bool) -> Inputs:
 
 def changed_inputs(x: Inputs, pristine: Inputs, writes: tuple) -> list:
     """(signature, reason) for each input the subject changed and was not declared to write
-    (Capabilities.writes): ("q:modified", "modified q in place: 4096 elements"). NaN stays NaN. One host
-    transfer for all four."""
-    names = [n for n in ("q", "k", "v", "dout") if n not in writes and getattr(pristine, n) is not getattr(x, n)]
+    (Capabilities.writes): ("q:modified", "modified q in place: 4096 elements"). q, k, v, dout and every
+    tensor passed beside them (sinks, slopes, masks, biases, indices, page tables, descales): a kernel that
+    writes into the fixed sink or the block table leaves the next call other inputs than its caller gave.
+    NaN stays NaN. One host transfer for all of them."""
+    names = [n for n in ("q", "k", "v", "dout") + EXTRAS if n not in writes
+             and isinstance(getattr(x, n), torch.Tensor) and getattr(pristine, n) is not getattr(x, n)]
     if not names:
         return []
     counts = [changed_elements(getattr(x, n).detach(), getattr(pristine, n)) for n in names]

@@ -16,6 +16,7 @@ import torch
 
 from faverify.cases import conventions as _conventions
 from faverify.cases.case import Case
+from faverify.cases.inputs import EXTRAS
 from faverify.cases.vocabulary import DTYPES, FEATURES, FP8, INITS, MAX_HEAD_DIM_V, MLA_HEAD_DIM
 
 INPUTS = ("q", "k", "v", "dout")  # what a subject is given: dout through autograd
@@ -120,7 +121,7 @@ class Capabilities:
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, value := tuple(value))
-            allowed = {"dtypes": DTYPES, "devices": ("cpu", "cuda"), "writes": INPUTS, "init_modes": INITS,
+            allowed = {"dtypes": DTYPES, "devices": ("cpu", "cuda"), "writes": INPUTS + EXTRAS, "init_modes": INITS,
                        "relations": RELATIONS, "fp8": FP8[1:]}[name]
             if not isinstance(value, tuple) or not all(isinstance(x, str) and x in allowed for x in value):
                 raise ValueError(f"{name} must be a list of {', '.join(allowed)}, got {value!r}")
