@@ -92,6 +92,16 @@ EDGES: dict[str, tuple] = {
                                                           for lo, hi in c.split_ranges(k))),
         ("splits of keys", lambda c: c.splits > 1 and any(k > 1 for _, k in c.sequences)),
     ),
+    "shards": (
+        ("an empty shard", lambda c: c.shards != "off" and any(not len(keys) for _, k in c.sequences
+                                                              for keys in c.shard_keys(k))),
+        ("interleaved shards", lambda c: c.shards == "interleaved"),
+        ("contiguous shards", lambda c: c.shards == "contiguous"),
+    ),
+    "kv_shared": (
+        ("v narrower than the k it shares", lambda c: c.kv_shared and c.dv < c.head_dim),
+        ("K = V", lambda c: c.kv_shared and c.dv == c.head_dim),
+    ),
     "mask": (
         ("a mask per batch element and head, several of each", lambda c: c.mask != "off" and c.mask_shape == "full"
          and c.batch >= 2 and c.nheads >= 2),
