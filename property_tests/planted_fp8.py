@@ -65,3 +65,15 @@ def fp8_per_tensor_only(q, k, v, *, causal, softmax_scale, q_descale=None, k_des
 for _fn in (fp8_right, fp8_p_unscaled, fp8_v_descale_ignored, fp8_q_descale_twice):
     _fn.faverify_capabilities = {"fp8": ["tensor", "head"], "backward": False, "dtypes": ["bf16"]}
 fp8_per_tensor_only.faverify_capabilities = {"fp8": ["tensor"], "backward": False, "dtypes": ["bf16"]}
+
+
+def fp8_e5m2_read_as_e4m3(q, k, v, *, causal, softmax_scale, q_descale=None, k_descale=None, v_descale=None):
+    """Reads e5m2 inputs as e4m3 bits (a kernel built for one format, handed the other): right for e4m3."""
+    if q.dtype == torch.float8_e5m2:
+        q, k, v = (t.view(torch.float8_e4m3fn) for t in (q, k, v))
+    return _attention(q, k, v, q_descale, k_descale, v_descale, causal, softmax_scale)
+
+
+for _fn in (fp8_right, fp8_e5m2_read_as_e4m3):
+    _fn.faverify_capabilities = {"fp8": ["tensor", "head"], "fp8_formats": ["e4m3", "e5m2"], "backward": False,
+                                 "dtypes": ["bf16"]}

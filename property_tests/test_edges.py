@@ -48,8 +48,10 @@ def test_the_run_file_counts_each_edge_of_the_cases_that_ran(tmp_path):
             "--workers", "2", "--json", tmp_path / "run.json")
     summary = read_json(tmp_path / "run.json")["kernels"][0]["summary"]
     assert r.exit_code == 0 and summary["skipped"] == 0, r.stderr
-    features = resolve("sdpa-math").caps.features()
-    plan = FuzzPlan(iters=24, seed=0, dtypes=("bf16", "fp16"), limits=CPU_LIMITS, database=None, features=features)
+    caps = resolve("sdpa-math").caps
+    features = caps.features()
+    plan = FuzzPlan(iters=24, seed=0, dtypes=("bf16", "fp16"), limits=CPU_LIMITS, database=None, features=features,
+                    narrow=caps.draw() or None)
     counts = collections.Counter(e for case in draw_cases(plan) for e in edges_of(case))
     assert summary["edges"] == {e: counts[e] for e in listed(features)}
     assert "edges drawn fewer than" in r.stderr

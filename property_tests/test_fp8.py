@@ -88,3 +88,34 @@ def test_sdpa_math_on_dequantized_inputs_passes_an_fp8_fuzz_and_the_bug_fails_it
     r = cli("fuzz", "--kernel", f"{PLANTED}:fp8_p_unscaled", "--iters", "100", "--dtype", "bf16", "--device", "cpu",
             "--no-db")
     assert r.exit_code == 1 and "tail-mass" in r.stderr, r.stderr
+
+
+def test_e5m2_inputs_reach_their_range_and_a_kernel_reading_them_as_e4m3_fails():
+    """e5m2 (3 more bits of range, 2 less of precision): each scaled block's largest magnitude is 57344 and
+    dequantizes exactly; the control passes e5m2 and e4m3 cases, a kernel that reads e5m2 bits as e4m3 fails
+    the e5m2 ones only, and a subject that takes e4m3 alone skips them, naming the format."""
+    case = dataclasses.replace(PLAIN, fp8_format="e5m2")
+    x = make_inputs(case, "cpu")
+    assert x.q.dtype == x.k.dtype == x.v.dtype == torch.float8_e5m2
+    for t, d in ((x.q, x.q_descale), (x.k, x.k_descale), (x.v, x.v_descale)):
+        b, n, h, e = t.shape
+        assert torch.all(t.double().abs().reshape(b, n, case.nheads_k, -1).amax(dim=(1, 3)) == 57344.0)
+        assert torch.equal(dequantized(t, d) / d.double().repeat_interleave(h // d.shape[1], 1)[:, None, :, None],
+                           t.double())
+    tail = dataclasses.replace(TAIL, fp8_format="e5m2")
+    assert [evaluate(resolve(f"{PLANTED}:fp8_right"), c, "cpu").status for c in (case, tail, PLAIN)] == ["pass"] * 3
+    wrong = resolve(f"{PLANTED}:fp8_e5m2_read_as_e4m3")
+    assert [evaluate(wrong, c, "cpu").status for c in (case, PLAIN)] == ["fail", "pass"]
+    r = evaluate(resolve(f"{PLANTED}:fp8_per_tensor_only"), dataclasses.replace(case, fp8="tensor"), "cpu")
+    assert r.status == "skip" and "format e5m2 not taken" in r.reason, r.reason
+    with pytest.raises(UsageError, match="fp8_format"):
+        Case(1, 4, 4, 1, 1, 8, fp8_format="e5m2")
+
+
+def test_sdpa_math_draws_both_fp8_formats():
+    from faverify.run.parallel import draw_cases
+    from faverify.run.plan import FuzzPlan
+    caps = resolve("sdpa-math").caps
+    plan = FuzzPlan(iters=100, seed=0, dtypes=("bf16",), limits=CPU_LIMITS, database=None, narrow=caps.draw(),
+                    features=("fp8",))
+    assert {c.fp8_format for c in draw_cases(plan) if c.fp8 != "off"} == {"e4m3", "e5m2"}

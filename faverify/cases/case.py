@@ -63,6 +63,7 @@ class Case:
     bias_grad: bool = False  # the bias requires grad: dbias is judged with the other gradients
     score_mod: str = "off"
     fp8: str = "off"  # q, k, v in float8_e4m3fn with descale factors of this granularity (vocabulary.FP8)
+    fp8_format: str = "e4m3"  # or float8_e5m2 (vocabulary.FP8_FORMATS)
     lse_grad: str = "off"  # a loss on lse as well as on out, or on lse alone (vocabulary.LSE_GRADS)
     max_logit: bool = False  # the call asks for the largest logit each row sees (return_max_logit=True)
     # sparse key indices (cases/sparse.py): what they hold (vocabulary.SPARSE) and how many a row lists
@@ -279,7 +280,7 @@ class Case:
             flags.append(f"splits={self.splits}" if self.shards == "off" else f"{self.shards} shards={self.splits}")
         flags += self._mask_flags()
         if self.fp8 != "off":
-            flags.append(f"fp8 e4m3 descale per {self.fp8}")
+            flags.append(f"fp8 {self.fp8_format} descale per {self.fp8}")
         if self.lse_grad != "off":
             flags.append("loss on lse" + (" alone" if self.lse_grad == "alone" else " and out"))
         if self.max_logit:

@@ -10,6 +10,7 @@ from faverify.cases.vocabulary import (
     BIASES,
     DTYPES,
     FP8,
+    FP8_FORMATS,
     INITS,
     KEY_MASKS,
     LAYOUTS,
@@ -109,6 +110,8 @@ def _check_sparse(case) -> None:
 def _check_fp8(case) -> None:
     if case.fp8 not in FP8:
         raise UsageError("fp8", case.fp8, f"must be one of {', '.join(FP8)}")
+    if case.fp8_format not in FP8_FORMATS or (case.fp8 == "off" and case.fp8_format != "e4m3"):
+        raise UsageError("fp8_format", case.fp8_format, f"must be one of {', '.join(FP8_FORMATS)}, with fp8 on")
     if case.fp8 == "off":
         if case.regime == "tail-mass":
             raise UsageError("regime", "tail-mass", "is an FP8 case's regime (fp8 is off)")

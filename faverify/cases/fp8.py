@@ -13,28 +13,30 @@ import math
 import torch
 
 from faverify.cases.case import Case
-from faverify.cases.vocabulary import FP8_MAX
+from faverify.cases.vocabulary import FP8_FORMATS
 
 E4M3 = torch.float8_e4m3fn
+TORCH_FP8 = {"e4m3": E4M3, "e5m2": torch.float8_e5m2}
 TAIL_GAP = 10 * math.log(2.0)  # the tail keys' logits below the row's max: a weight of 2^-10 each
 
 
 def quantize(case: Case, t: torch.Tensor, heads_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(t in e4m3, its descale [batch, heads_k] in fp32) for a [b, s, h, d] tensor whose heads fall into
-    heads_k groups (q's query heads by their kv head)."""
+    """(t in the case's FP8 format, its descale [batch, heads_k] in fp32) for a [b, s, h, d] tensor whose heads
+    fall into heads_k groups (q's query heads by their kv head): its largest magnitude on the format's."""
     b, s, h, d = t.shape
     grouped = t.reshape(b, s, heads_k, h // heads_k, d)
     if case.fp8 == "head":
         amax = grouped.abs().amax(dim=(1, 3, 4))
     else:
         amax = t.abs().amax().expand(b, heads_k)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax)).float()
-    q8 = (grouped / scale[:, None, :, None, None]).clamp(-FP8_MAX, FP8_MAX).to(E4M3)
+    top = FP8_FORMATS[case.fp8_format]
+    scale = torch.where(amax > 0, amax / top, torch.ones_like(amax)).float()
+    q8 = (grouped / scale[:, None, :, None, None]).clamp(-top, top).to(TORCH_FP8[case.fp8_format])
     return q8.reshape(b, s, h, d), scale.contiguous()
 
 
 def dequantized(t: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
-    """The values an e4m3 tensor [b, s, h, d] stands for, in FP64: exact (4 significant bits times 24)."""
+    """The values an FP8 tensor [b, s, h, d] stands for, in FP64: exact (4 or 3 significant bits times 24)."""
     b, s, h, d = t.shape
     heads_k = descale.shape[1]
     wide = t.to(torch.float64).reshape(b, s, heads_k, h // heads_k, d)

@@ -100,7 +100,8 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
           head_dims: tuple = HEAD_DIMS, exact_head_dims: bool = False, features: tuple = (),
           always_split: bool = False, ragged_only: bool = False, masks: tuple = MASKS[1:],
           speculative: bool = False, head_dim_multiple: int = 1, shapes: tuple = (),
-          mixes: tuple = FEATURE_MIXES, max_head_dim_v: int = MAX_HEAD_DIM_V, mla: bool = False) -> Case:
+          mixes: tuple = FEATURE_MIXES, max_head_dim_v: int = MAX_HEAD_DIM_V, mla: bool = False,
+          fp8_formats: tuple = ("e4m3",)) -> Case:
     """A Case within `limits`. Arguments narrow the choices; each must be a non-empty subset. Head dims
     are drawn from head_dims or anywhere between its least and largest, or only from it (exact; v's head
     dim too, where head_dim_v is drawn).
@@ -116,7 +117,8 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     (shape_pool), each case taking the tensors' shape of one of them (SHAPE_FIELDS), its values, regime,
     layout and features its own, so a subject that compiles or plans per shape does so len(shapes) times;
     max_head_dim_v: the largest value head dim drawn (a subject's max_head_dim); mla: "kv_shared" cases may
-    take MLA's head dims, 576 for q/k and 512 for v, or 512 for both (K = V)."""
+    take MLA's head dims, 576 for q/k and 512 for v, or 512 for both (K = V); fp8_formats: the FP8 formats
+    drawn (e4m3 two times in three where e5m2 is among them)."""
     _check_choices(dtypes, regimes, layouts, inits, head_dims, features)
     dense, cap = _dense(draw, dtypes, limits, regimes, layouts, inits, causal, head_dims, exact_head_dims,
                         speculative, head_dim_multiple, shapes)
@@ -127,8 +129,11 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     # leaves plain, so the other features keep the shares their edges were tuned for (edges.py)
     if declared_fp8 and not features and "bf16" in dtypes and draw(st.sampled_from(ON)):
         fp8_regimes = tuple(r for r in FP8_REGIMES if r in regimes or r == "tail-mass")  # tail-mass: FP8's own
-        return Case(**{**dense, "dtype": "bf16", "fp8": draw(st.sampled_from(FP8[1:])),
-                       "regime": draw(st.sampled_from(fp8_regimes))})
+        case = {**dense, "dtype": "bf16", "fp8": draw(st.sampled_from(FP8[1:])),
+                "regime": draw(st.sampled_from(fp8_regimes))}
+        if len(fp8_formats) > 1:  # drawn last: a draw of e4m3 alone is as it was
+            case["fp8_format"] = draw(st.sampled_from(fp8_formats + ("e4m3",)))
+        return Case(**case)
     variant = draw(variants(tuple(f for f in VARIANT_FEATURES if f in features), seqlen_k=dense["seqlen_k"],
                             forced=forced, max_head_dim_v=max_head_dim_v))
     if "head_dim_v" in variant:

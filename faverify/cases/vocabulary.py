@@ -54,6 +54,9 @@ LSE_GRADS = ("off", "with", "alone")
 # value for the whole tensor, or one per batch entry and kv head
 FP8 = ("off", "tensor", "head")
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
+# The FP8 formats: e4m3 (flash-attn 3 and 4, cuDNN's forward) and e5m2 (two bits less of precision, three
+# more of range: cuDNN's and Transformer Engine's gradients, some KV caches), each with its largest finite value
+FP8_FORMATS = {"e4m3": FP8_MAX, "e5m2": 57344.0}
 # Regimes drawn for FP8 cases alone; "tail-mass": one key holds the row's max logit and a value of 0, every
 # other key a logit ln(2^10) below it and a value of 1. Each of their weights, 2^-10, flushes to zero in
 # e4m3 (its least subnormal is 2^-9) unless P is scaled before it is quantized; together they carry the
@@ -90,8 +93,8 @@ VARIANT_DEFAULTS = {"window": (-1, -1), "softcap": 0.0, "alibi": "off", "sinks":
                     "pool": 0, "splits": 1, "shards": "off", "mask": "off", "mask_shape": "full", "mask_block": 0,
                     "mask_rate": 0, "mask_lengths": None, "mask_nan": False, "bias": "off", "bias_shape": "full",
                     "bias_dtype": "input", "bias_grad": False, "score_mod": "off", "fp8": "off",
-                    "lse_grad": "off", "max_logit": False, "sparse": "off", "topk": 0, "kv_shared": False,
-                    "before": ()}
+                    "fp8_format": "e4m3", "lse_grad": "off", "max_logit": False, "sparse": "off", "topk": 0,
+                    "kv_shared": False, "before": ()}
 
 
 # The most split-KV partials a case asks for and a bundled launcher makes (flash-attn's cap too): a single

@@ -3,7 +3,8 @@ may err by (the same-dtype baseline of every other case).
 
 As flash-attn 3 computes it: S = (q8 k8^T) in fp32 times q_descale * k_descale * softmax_scale; P = exp(S -
 rowmax) in fp32, its row sum l from those fp32 values; P quantized to e4m3 after scaling its row onto e4m3's
-range (the row max gives P = 1, scaled to 448), so small weights keep their precision instead of flushing;
+range (the row max gives P = 1, scaled to 448; for e5m2 inputs P is e5m2, scaled to 57344), so small weights
+keep their precision instead of flushing;
 O = (P8 v8) / 448 * v_descale / l in fp32, rounded to the output's bf16. A row that sees no key gives
 out 0 and lse -inf.
 """
@@ -12,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from faverify.cases.case import Case
-from faverify.cases.fp8 import E4M3
-from faverify.cases.vocabulary import FP8_MAX
+from faverify.cases.fp8 import TORCH_FP8
+from faverify.cases.vocabulary import FP8_FORMATS
 
 
 def naive(case: Case, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, descales: tuple) -> dict:
@@ -32,8 +33,9 @@ def naive(case: Case, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, desc
     m = torch.where(seen, m, torch.zeros_like(m))
     p = torch.exp(s - m)
     total = p.sum(dim=-1, keepdim=True)
-    p8 = (p * FP8_MAX).to(E4M3).float()
-    out = (p8 @ v) / FP8_MAX * vd / torch.where(seen, total, torch.ones_like(total))
+    top = FP8_FORMATS[case.fp8_format]  # P in the inputs' format: e5m2's P is coarser, and so is its baseline
+    p8 = (p * top).to(TORCH_FP8[case.fp8_format]).float()
+    out = (p8 @ v) / top * vd / torch.where(seen, total, torch.ones_like(total))
     out = torch.where(seen, out, torch.zeros_like(out))
     lse = torch.where(seen, m + torch.log(total), torch.full_like(m, float("-inf"))).squeeze(-1)
     return {"out": out.transpose(1, 2).to(torch.bfloat16), "lse": lse}

@@ -17,7 +17,7 @@ import torch
 from faverify.cases import conventions as _conventions
 from faverify.cases.case import Case
 from faverify.cases.inputs import EXTRAS
-from faverify.cases.vocabulary import DTYPES, FEATURES, FP8, INITS, MAX_HEAD_DIM_V, MLA_HEAD_DIM
+from faverify.cases.vocabulary import DTYPES, FEATURES, FP8, FP8_FORMATS, INITS, MAX_HEAD_DIM_V, MLA_HEAD_DIM
 
 INPUTS = ("q", "k", "v", "dout")  # what a subject is given: dout through autograd
 # the relations between calls a subject may promise (run/relations.py)
@@ -111,18 +111,20 @@ class Capabilities:
     # FP8 inputs (cases/fp8.py): the descale granularities it takes, "tensor" and "head" (flash-attn 3's
     # [batch, nheads_k] q_descale, k_descale, v_descale, passed by those keywords); empty: none
     fp8: tuple = ()
+    # the FP8 formats it takes: e4m3, and e5m2 where it declares it (drawn then, beside e4m3)
+    fp8_formats: tuple = ("e4m3",)
 
     def __post_init__(self) -> None:
         """Each field of the type it must have: a declaration that is not valid is refused when the subject
         loads, not as a failure of every case."""
         object.__setattr__(self, "conventions", _conventions.parse(self.conventions))
-        for name in ("dtypes", "devices", "writes", "relations", "fp8") + (("init_modes",) if self.init_modes
-                                                                              is not None else ()):
+        lists = ("dtypes", "devices", "writes", "relations", "fp8", "fp8_formats")
+        for name in lists + (("init_modes",) if self.init_modes is not None else ()):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, value := tuple(value))
             allowed = {"dtypes": DTYPES, "devices": ("cpu", "cuda"), "writes": INPUTS + EXTRAS, "init_modes": INITS,
-                       "relations": RELATIONS, "fp8": FP8[1:]}[name]
+                       "relations": RELATIONS, "fp8": FP8[1:], "fp8_formats": tuple(FP8_FORMATS)}[name]
             if not isinstance(value, tuple) or not all(isinstance(x, str) and x in allowed for x in value):
                 raise ValueError(f"{name} must be a list of {', '.join(allowed)}, got {value!r}")
         if self.lse_grad and not self.lse:
@@ -183,6 +185,8 @@ class Capabilities:
             return "a split-KV combine is judged on split cases only (splits >= 2)"
         if self.fp8 and case.fp8 != "off" and case.fp8 not in self.fp8:
             return f"FP8 descales per {case.fp8} not taken (takes: per {', '.join(self.fp8)})"
+        if case.fp8 != "off" and case.fp8_format not in self.fp8_formats:
+            return f"FP8 format {case.fp8_format} not taken (takes: {', '.join(self.fp8_formats)})"
         return None
 
     def mask_form(self, case: Case) -> str | None:
@@ -211,7 +215,8 @@ class Capabilities:
                 **({"head_dims": self.head_dims, "exact_head_dims": True} if self.head_dims else {}),
                 **({"ragged_only": True} if not self.dense and (self.varlen or self.paged) else {}),
                 **({"masks": ("block",)} if self.block_mask and not (self.mask or self.mask_mod) else {}),
-                **({"mla": True} if self.kv_shared and self.max_head_dim >= MLA_HEAD_DIM else {})}
+                **({"mla": True} if self.kv_shared and self.max_head_dim >= MLA_HEAD_DIM else {}),
+                **({"fp8_formats": self.fp8_formats} if self.fp8 and len(self.fp8_formats) > 1 else {})}
 
     def to_dict(self) -> dict:
         d = asdict(self)
