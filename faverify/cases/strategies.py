@@ -128,12 +128,7 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     # FP8 takes dense attention alone (checks._check_fp8), its output bf16: two in three of the cases the mix
     # leaves plain, so the other features keep the shares their edges were tuned for (edges.py)
     if declared_fp8 and not features and "bf16" in dtypes and draw(st.sampled_from(ON)):
-        fp8_regimes = tuple(r for r in FP8_REGIMES if r in regimes or r == "tail-mass")  # tail-mass: FP8's own
-        case = {**dense, "dtype": "bf16", "fp8": draw(st.sampled_from(FP8[1:])),
-                "regime": draw(st.sampled_from(fp8_regimes))}
-        if len(fp8_formats) > 1:  # drawn last: a draw of e4m3 alone is as it was
-            case["fp8_format"] = draw(st.sampled_from(fp8_formats + ("e4m3",)))
-        return Case(**case)
+        return _fp8_case(draw, dense, regimes, fp8_formats)
     variant = draw(variants(tuple(f for f in VARIANT_FEATURES if f in features), seqlen_k=dense["seqlen_k"],
                             forced=forced, max_head_dim_v=max_head_dim_v))
     if "head_dim_v" in variant:
@@ -178,6 +173,16 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     if shared and dense_batch:
         _share_kv(draw, dense, variant, limits, mla and not mask_features)
     return Case(**{**dense, **variant, **shape})
+
+
+def _fp8_case(draw, dense: dict, regimes: tuple, fp8_formats: tuple) -> Case:
+    """The dense draw as an FP8 case: bf16 out, a descale granularity, an FP8 regime, and a format."""
+    fp8_regimes = tuple(r for r in FP8_REGIMES if r in regimes or r == "tail-mass")  # tail-mass: FP8's own
+    case = {**dense, "dtype": "bf16", "fp8": draw(st.sampled_from(FP8[1:])),
+            "regime": draw(st.sampled_from(fp8_regimes))}
+    if len(fp8_formats) > 1:  # drawn last: a draw of e4m3 alone is as it was
+        case["fp8_format"] = draw(st.sampled_from(fp8_formats + ("e4m3",)))
+    return Case(**case)
 
 
 def _share_kv(draw, dense: dict, variant: dict, limits: Limits, mla: bool) -> None:
