@@ -117,12 +117,13 @@ def _raw_stats(name, got, ref, base, empty, empty_lse, scale):
         def saturated(t):  # in the reference's FP64: a baseline of another dtype may not hold top
             return t.to(ref.dtype).clamp(-top, top)
         past = ref.abs() > top
-        diff = torch.where(past, (saturated(got) - saturated(ref)).abs(), diff)
+        ref_top = saturated(ref)
+        diff = torch.where(past, (saturated(got) - ref_top).abs(), diff)
         nan = torch.isnan(got).sum(dtype=torch.float64)
         inf = (torch.isinf(got) & ~past).sum(dtype=torch.float64)
         n = max(1, ref.numel())  # a Python number: no copy to the device
         ref_abs = ref.abs()
-        base_diff = torch.where(past, (saturated(base) - saturated(ref)).abs(), (base - ref).abs())
+        base_diff = torch.where(past, (saturated(base) - ref_top).abs(), (base - ref).abs())
     err = diff.nan_to_num(nan=0.0, posinf=0.0)  # 0 wherever got is not finite
     ranking = diff.nan_to_num(nan=math.inf)  # a non-finite output is the worst element there is
     if err.numel() == 0:

@@ -145,12 +145,12 @@ def _logits(st: SimpleNamespace, variant: Variant, i0: int, i1: int) -> tuple:
         s = rnd(s)
     if st.acc is not None and (st.bias is not None or st.mod is not None):
         st.acc.add_logits(s)
-    hidden = _hidden(variant, st.mask, i0, i1, st.cols, diag)
+    s = s.masked_fill(_hidden(variant, st.mask, i0, i1, st.cols, diag), float("-inf"))
     if st.max_logit is not None:  # the logits a row sees, before any key's multiplicity
-        st.max_logit[:, :, :, i0:i1] = s.masked_fill(hidden, float("-inf")).amax(dim=-1)
-    if st.mult is not None:  # a key listed n times weighs n exp(s) = exp(s + log n)
+        st.max_logit[:, :, :, i0:i1] = s.amax(dim=-1)
+    if st.mult is not None:  # a key listed n times weighs n exp(s) = exp(s + log n); a hidden key stays -inf
         s = s + _rows(st.mult.to(s.dtype), i0, i1)
-    return s.masked_fill(hidden, float("-inf")), cap_slope, mod_slope
+    return s, cap_slope, mod_slope
 
 
 def _rows_of(st: SimpleNamespace, variant: Variant, i0: int, i1: int) -> None:
