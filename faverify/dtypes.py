@@ -23,3 +23,14 @@ def parse_dtypes(text: str, *, argument: str = "--dtype") -> tuple[str, ...]:
         if n not in TORCH:
             raise UsageError(argument, n, "each dtype must be one of bf16, fp16, fp32")
     return tuple(dict.fromkeys(names))
+
+
+def parse_fuzz_dtypes(text: str) -> tuple[tuple[str, ...], bool]:
+    """fuzz's --dtype: (the dtypes, whether every case is an FP8 case). fp8, given alone, stands for FP8
+    cases, whose output is bf16; FP8 cases are drawn beside bf16 ones wherever a subject declares fp8."""
+    if "fp8" not in (t.strip() for t in text.split(",")):
+        return parse_dtypes(text), False
+    if [t.strip() for t in text.split(",") if t.strip()] != ["fp8"]:
+        raise UsageError("--dtype", text, "fp8 is given alone (FP8 cases are drawn beside bf16 ones where a "
+                                          "subject declares fp8)")
+    return ("bf16",), True

@@ -11,6 +11,7 @@ from faverify.cases.vocabulary import (
     DTYPES,
     FP8,
     FP8_FORMATS,
+    FP8_OWN_REGIMES,
     INITS,
     KEY_MASKS,
     LAYOUTS,
@@ -113,8 +114,8 @@ def _check_fp8(case) -> None:
     if case.fp8_format not in FP8_FORMATS or (case.fp8 == "off" and case.fp8_format != "e4m3"):
         raise UsageError("fp8_format", case.fp8_format, f"must be one of {', '.join(FP8_FORMATS)}, with fp8 on")
     if case.fp8 == "off":
-        if case.regime == "tail-mass":
-            raise UsageError("regime", "tail-mass", "is an FP8 case's regime (fp8 is off)")
+        if case.regime in FP8_OWN_REGIMES:
+            raise UsageError("regime", case.regime, "is an FP8 case's regime (fp8 is off)")
         return
     if case.dtype != "bf16":
         raise UsageError("dtype", case.dtype, "an FP8 case's output is bf16, as flash-attn 3 and 4 return it")

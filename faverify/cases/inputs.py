@@ -117,7 +117,7 @@ def make_inputs(case: Case, device: torch.device | str, *, requires_grad: bool =
     values = Inputs(*(t.to(dtype) for t in drawn[:4]), *drawn[4:])
     if case.fp8 != "off":  # q, k, v in e4m3 with their descales; dO in the output's dtype
         (values.q, values.q_descale), (values.k, values.k_descale), (values.v, values.v_descale) = (
-            fp8.quantize(case, t, case.nheads_k) for t in drawn[:3])
+            fp8.quantize(case, t, case.nheads_k, keys=i > 0) for i, t in enumerate(drawn[:3]))
     if case.mask != "off" or case.bias != "off" or case.score_mod != "off":
         values = _with_masks(case, values, device)
     return lay_out(case, values, requires_grad=requires_grad)

@@ -17,7 +17,8 @@ from faverify.cases.ragged_draws import ragged
 from faverify.cases.vocabulary import (
     DTYPES,
     FEATURES,
-    FP8,
+    FP8_DRAWN,
+    FP8_OWN_REGIMES,
     FP8_REGIMES,
     INITS,
     LAYOUTS,
@@ -101,7 +102,7 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
           always_split: bool = False, ragged_only: bool = False, masks: tuple = MASKS[1:],
           speculative: bool = False, head_dim_multiple: int = 1, shapes: tuple = (),
           mixes: tuple = FEATURE_MIXES, max_head_dim_v: int = MAX_HEAD_DIM_V, mla: bool = False,
-          fp8_formats: tuple = ("e4m3",)) -> Case:
+          fp8_formats: tuple = ("e4m3",), fp8_scales: tuple = FP8_DRAWN, fp8_only: bool = False) -> Case:
     """A Case within `limits`. Arguments narrow the choices; each must be a non-empty subset. Head dims
     are drawn from head_dims or anywhere between its least and largest, or only from it (exact; v's head
     dim too, where head_dim_v is drawn).
@@ -118,17 +119,18 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     layout and features its own, so a subject that compiles or plans per shape does so len(shapes) times;
     max_head_dim_v: the largest value head dim drawn (a subject's max_head_dim); mla: "kv_shared" cases may
     take MLA's head dims, 576 for q/k and 512 for v, or 512 for both (K = V); fp8_formats: the FP8 formats
-    drawn (e4m3 two times in three where e5m2 is among them)."""
+    drawn (e4m3 two times in three where e5m2 is among them); fp8_scales: the descale granularities drawn;
+    fp8_only: every case an FP8 case (`--dtype fp8`)."""
     _check_choices(dtypes, regimes, layouts, inits, head_dims, features)
     dense, cap = _dense(draw, dtypes, limits, regimes, layouts, inits, causal, head_dims, exact_head_dims,
                         speculative, head_dim_multiple, shapes)
     pooled = dense.pop("pooled")
     declared_fp8, features = "fp8" in features, tuple(f for f in features if f != "fp8")
-    features, forced = draw(_mixture(features, mixes, ragged_only))
+    features, forced = draw(_mixture(() if fp8_only else features, mixes, ragged_only))
     # FP8 takes dense attention alone (checks._check_fp8), its output bf16: two in three of the cases the mix
     # leaves plain, so the other features keep the shares their edges were tuned for (edges.py)
-    if declared_fp8 and not features and "bf16" in dtypes and draw(st.sampled_from(ON)):
-        return _fp8_case(draw, dense, regimes, fp8_formats)
+    if fp8_only or (declared_fp8 and not features and "bf16" in dtypes and draw(st.sampled_from(ON))):
+        return _fp8_case(draw, dense, regimes, fp8_formats, fp8_scales)
     variant = draw(variants(tuple(f for f in VARIANT_FEATURES if f in features), seqlen_k=dense["seqlen_k"],
                             forced=forced, max_head_dim_v=max_head_dim_v))
     if "head_dim_v" in variant:
@@ -175,10 +177,10 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     return Case(**{**dense, **variant, **shape})
 
 
-def _fp8_case(draw, dense: dict, regimes: tuple, fp8_formats: tuple) -> Case:
+def _fp8_case(draw, dense: dict, regimes: tuple, fp8_formats: tuple, fp8_scales: tuple) -> Case:
     """The dense draw as an FP8 case: bf16 out, a descale granularity, an FP8 regime, and a format."""
-    fp8_regimes = tuple(r for r in FP8_REGIMES if r in regimes or r == "tail-mass")  # tail-mass: FP8's own
-    case = {**dense, "dtype": "bf16", "fp8": draw(st.sampled_from(FP8[1:])),
+    fp8_regimes = tuple(r for r in FP8_REGIMES if r in regimes or r in FP8_OWN_REGIMES)
+    case = {**dense, "dtype": "bf16", "fp8": draw(st.sampled_from(fp8_scales)),
             "regime": draw(st.sampled_from(fp8_regimes))}
     if len(fp8_formats) > 1:  # drawn last: a draw of e4m3 alone is as it was
         case["fp8_format"] = draw(st.sampled_from(fp8_formats + ("e4m3",)))

@@ -69,6 +69,10 @@ def draw_values(case: Case, device: torch.device) -> tuple[torch.Tensor, ...]:
         q, k = _lone_keys(case, q, k)
     elif regime == "tail-mass":
         q, k, v = fp8.tail_mass(case, q, k, v)
+    elif regime == "limits":
+        q, k, v = fp8.limits(g, q, k, v)
+    elif regime == "block-spread":
+        k, v = fp8.block_spread(k, v)
     if case.layout == "broadcast":  # again: "outliers" draws per element
         k, v = _broadcast(k), _broadcast(v)
     return q, k, v, dout, _alibi_slopes(case, g, device), _sinks(case, q, k, g, device)

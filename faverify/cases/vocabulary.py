@@ -51,18 +51,25 @@ MAX_TOPK = 64
 # N(0, 1) per row, beside dO ("with") or with dO zero ("alone", where dv must be exactly 0)
 LSE_GRADS = ("off", "with", "alone")
 # An FP8 case's descale factors, flash-attn 3's [batch, nheads_k] q_descale, k_descale and v_descale: one
-# value for the whole tensor, or one per batch entry and kv head
-FP8 = ("off", "tensor", "head")
+# value for the whole tensor, or one per batch entry and kv head; "block": q's per head, k's and v's
+# [batch, nheads_k, blocks] per block of FP8_BLOCK keys, as a paged FP8 KV cache keeps one per page
+FP8 = ("off", "tensor", "head", "block")
+FP8_DRAWN = ("tensor", "head")  # drawn for a subject that declares no block scales
+FP8_BLOCK = 16
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 # The FP8 formats: e4m3 (flash-attn 3 and 4, cuDNN's forward) and e5m2 (two bits less of precision, three
 # more of range: cuDNN's and Transformer Engine's gradients, some KV caches), each with its largest finite value
 FP8_FORMATS = {"e4m3": FP8_MAX, "e5m2": 57344.0}
-# Regimes drawn for FP8 cases alone; "tail-mass": one key holds the row's max logit and a value of 0, every
-# other key a logit ln(2^10) below it and a value of 1. Each of their weights, 2^-10, flushes to zero in
-# e4m3 (its least subnormal is 2^-9) unless P is scaled before it is quantized; together they carry the
-# output (about sk / (sk + 1024) of it)
-FP8_REGIMES = ("normal", "tail-mass", "large", "outliers", "peaked")
-REGIMES_ALL = REGIMES + ("tail-mass",)
+# Regimes of FP8 cases alone (cases/fp8.py). "tail-mass": one key holds the row's max logit and a value of 0,
+# every other key a logit ln(2^10) below it and a value of 1. Each of their weights, 2^-10, flushes to zero
+# in e4m3 (its least subnormal is 2^-9) unless P is scaled before it is quantized; together they carry the
+# output (about sk / (sk + 1024) of it). "limits": each element at the format's largest value or among its
+# subnormals, so products of two reach 448^2 (past fp16) and the conversions meet both ends of the format.
+# "block-spread": k and v smaller by 2^-10 in every other block of FP8_BLOCK keys, the first block among
+# them: per-block scales 2^10 apart, and each row's max in a later block than the first
+FP8_OWN_REGIMES = ("tail-mass", "limits", "block-spread")
+FP8_REGIMES = ("normal", "large", "outliers", "peaked") + FP8_OWN_REGIMES
+REGIMES_ALL = REGIMES + FP8_OWN_REGIMES
 # A mask's pattern: per-batch key and query lengths; documents packed in one sequence (block-diagonal);
 # a prefix seen by every row, causal after it; random blocks of mask_block keys and rows; random elements
 MASKS = ("off", "padding", "document", "prefix", "block", "random")

@@ -38,7 +38,8 @@ def fuzz(
                                              "package.module:function, or mutant:NAME")] = "triton",
     iters: Annotated[int, typer.Option(help="Cases per kernel", callback=within(1, 10**9))] = 100,
     seed: Annotated[int, typer.Option(help="Same seed, same cases", callback=within(0, 2**63 - 1))] = 0,
-    dtype: Annotated[str, typer.Option(help="Comma separated: bf16, fp16, fp32")] = "bf16,fp16",
+    dtype: Annotated[str, typer.Option(help="Comma separated: bf16, fp16, fp32; or fp8 alone, every case "
+                                                    "FP8 (q, k, v in e4m3 with descales, out bf16)")] = "bf16,fp16",
     mode: Annotated[Mode,
                     typer.Option(help="Check the forward (out, lse), the backward (dq, dk, dv) or both")] = Mode.both,
     device: DeviceOpt = "auto",
@@ -115,28 +116,35 @@ def _plan(given: dict) -> tuple:
     work or folder), the outputs checked writable: (subjects, FuzzPlan, the run's other settings)."""
     from faverify import devices
     from faverify.cases.strategies import limits_for
-    from faverify.dtypes import parse_dtypes
+    from faverify.dtypes import parse_fuzz_dtypes
     from faverify.reports.merge import parse_shard
     from faverify.run.plan import FuzzPlan
     from faverify.subjects import resolve_many
     from faverify.subjects.base import RELATIONS
     g = dict(given)
-    dtypes = parse_dtypes(g["dtype"])
+    dtypes, fp8_only = parse_fuzz_dtypes(g["dtype"])
     tolerance = tolerance_from(g["factor"], g["atol"], g["tight"])
-    wanted = parse_features(g["features"])
+    wanted = ("fp8",) if fp8_only else parse_features(g["features"])
+    if fp8_only and g["features"] is not None:
+        raise UsageError("--features", g["features"], "--dtype fp8 draws FP8 cases alone, which take no other "
+                                                      "feature: leave --features out")
     shard_of = parse_shard(g["shard"]) if g["shard"] is not None else None
     if shard_of is not None and not g["isolate"]:
         raise UsageError("--no-isolate", True, "a shard runs its part of the seed's up-front draw in worker "
                                                "processes: leave --no-isolate out")
     narrow = {name: parse_choice(text, allowed, f"--{name}") for name, text, allowed
               in (("regimes", g["regimes"], REGIMES), ("layouts", g["layouts"], LAYOUTS)) if text is not None}
+    narrow.update({"fp8_only": True} if fp8_only else {})
     subjects = resolve_many(g["kernel"])
     check_distinct(json=g["json_path"], markdown=g["markdown"])
     check_writable("--json", g["json_path"])
     check_writable("--markdown", g["markdown"])
     if not g["no_db"]:
         check_writable("--db", g["db"], directory=True)
-    for s in subjects if wanted else ():
+    for s in subjects if fp8_only else ():
+        if not s.caps.fp8:
+            raise UsageError("--dtype", "fp8", f"{s.name} does not declare fp8, so it takes no FP8 case")
+    for s in subjects if wanted and not fp8_only else ():
         undeclared = [f for f in wanted if f not in s.caps.features()]
         if undeclared:
             raise UsageError("--features", g["features"], f"{s.name} does not declare {', '.join(undeclared)}, so "
@@ -154,7 +162,7 @@ def _plan(given: dict) -> tuple:
     measure = parse_choice(g["relations"], RELATIONS, "--relations") if g["relations"] is not None else ()
     settings = dict(targets=targets, workers=workers, tolerance=tolerance, wanted=wanted, mode=g["mode"].value,
                     isolate=g["isolate"], timeout=g["timeout"], repeat=g["repeat"], measure=measure,
-                    command=_command(g, dtypes, shard_of))
+                    command=_command(g, ("fp8",) if fp8_only else dtypes, shard_of))
     return subjects, plan, settings
 
 

@@ -31,6 +31,7 @@ import torch
 
 from faverify.cases.case import Case
 from faverify.cases.inputs import make_inputs, variant_of
+from faverify.cases.vocabulary import FP8_OWN_REGIMES
 from faverify.dtypes import TORCH
 from faverify.errors import Unsupported
 from faverify.judge.reference import naive, reference
@@ -75,7 +76,7 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
                                    pages="in-order", pool=0, splits=1)
     if case.fp8 != "off":  # FP8 inputs are forward-only: the backward is checked on the same case unquantized
         case = dataclasses.replace(case, fp8="off", fp8_format="e4m3",
-                                   regime="normal" if case.regime == "tail-mass" else case.regime)
+                                   regime="normal" if case.regime in FP8_OWN_REGIMES else case.regime)
     h, clamp, allowed = _SETTINGS[dtype]
     # a finfo.min bias leaves a difference quotient nothing to see (s + h rounds to s next to 3.4e38, while the
     # softmax still depends on s), and NaN keys would make every quotient NaN: the check takes normal ones.

@@ -109,6 +109,7 @@ class KernelStats:
     regimes: dict = field(default_factory=dict)
     layouts: dict = field(default_factory=dict)
     masks: dict = field(default_factory=dict)  # the same per mask pattern, bias and score_mod (Case.mask_kinds)
+    fp8: dict = field(default_factory=dict)  # the same per FP8 case's "format granularity regime"
     conventions: str = ""  # what the subject declares and the reference followed (conventions.Conventions)
     partial: Counter = field(default_factory=Counter)  # reason -> cases that passed on their forward alone
     # feature (or "dense") -> cases run, failed, and the largest error over allowed of any tensor
@@ -162,6 +163,8 @@ class KernelStats:
             self.edges.update(edges_of(r.case))
             keys = [(self.regimes, r.case.regime), (self.layouts, r.case.layout)]
             keys += [(self.masks, kind) for kind in r.case.mask_kinds()]
+            if r.case.fp8 != "off":
+                keys.append((self.fp8, f"{r.case.fp8_format} {r.case.fp8} {r.case.regime}"))
             for counts, key in keys:
                 row = counts.setdefault(key, {"cases": 0, "failed": 0})
                 row["cases"] += 1
@@ -269,7 +272,7 @@ class KernelStats:
                 "paths": dict(self.paths),  # in the order first taken: fwd before bwd
                 "relations": self.relations,
                 "features": {f: self.features[f] for f in ("dense",) + FEATURES if self.features[f]},
-                "regimes": self.regimes, "layouts": self.layouts, "masks": self.masks,
+                "regimes": self.regimes, "layouts": self.layouts, "masks": self.masks, "fp8": self.fp8,
                 "edges": {e: self.edges[e] for e in self.edges_listed},
                 "conventions": self.conventions,
                 "by_feature": {f: self.by_feature[f] for f in ("dense",) + FEATURES if f in self.by_feature},

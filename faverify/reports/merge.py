@@ -106,7 +106,8 @@ def _merged_kernel(name: str, shards: list) -> KernelStats:
         stats.edges.update(s.get("edges", {}))
         stats.edges_listed = tuple(dict.fromkeys(stats.edges_listed + tuple(s.get("edges", {}))))
         stats.features.update(s.get("features", {}))
-        for counts, field in ((stats.regimes, "regimes"), (stats.layouts, "layouts"), (stats.masks, "masks")):
+        for counts, field in ((stats.regimes, "regimes"), (stats.layouts, "layouts"), (stats.masks, "masks"),
+                              (stats.fp8, "fp8")):
             for key, v in s.get(field, {}).items():
                 row = counts.setdefault(key, {"cases": 0, "failed": 0})
                 row["cases"] += v["cases"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from faverify.cases.case import Case
 from faverify.cases.edges import EDGE_FLOOR
+from faverify.cases.vocabulary import REGIMES_ALL
 from faverify.dtypes import UNIT_ROUNDOFF
 from faverify.env import header_lines
 from faverify.reports.charts import margin_chart
@@ -205,6 +206,7 @@ def tail_blocks(run: Run, st: Style) -> list:
     if any(r[1] != "dense" for r in rows):
         out.append(st.heading("By variant feature (a case counts under each feature it uses)"))
         out.append(table(rows, ["kernel", "feature", "cases run", "failed", "err/allowed max"], st.name))
+    out.extend(fp8_blocks(run, st))
     out.append(st.heading("Gradient checks (finite differences of the subject's own forward)"))
     rows = [[r["kernel"], r["dtype"], str(r["checks"]), str(r["failed"]), fmt(r["rel_err_p50"]),
              fmt(r["rel_err_max"]), fmt(r["allowed"])] for k in run.kernels for r in k["gradcheck"]]
@@ -218,6 +220,23 @@ def tail_blocks(run: Run, st: Style) -> list:
     out.append(st.heading(f"Failures ({len(failures)})"))
     out.extend(failure_block(f, st.name) for f in failures) if failures else out.append("none")
     return out
+
+
+def fp8_blocks(run: Run, st: Style) -> list:
+    """The FP8 cases run, a row per kernel, format and descale granularity, a column per regime: "cases" or
+    "cases (failed)"."""
+    cells: dict = {}
+    for k in run.kernels:
+        for key, v in k["summary"].get("fp8", {}).items():
+            fmt_, per, regime = key.split(" ")
+            row = cells.setdefault((k["summary"]["kernel"], fmt_, per), {})
+            row[regime] = f"{v['cases']}" + (f" ({v['failed']} failed)" if v["failed"] else "")
+    if not cells:
+        return []
+    regimes = [r for r in REGIMES_ALL if any(r in row for row in cells.values())]
+    rows = [[*key, *(row.get(r, "-") for r in regimes)] for key, row in sorted(cells.items())]
+    return [st.heading("FP8 cases run by format, descale granularity and regime"),
+            table(rows, ["kernel", "format", "descales per", *regimes], st.name)]
 
 
 STAT_HEADERS = ["kernel", "dtype", "tensor", "cases", "failed", "waived", "max err", "mean err", "max rel",

@@ -10,7 +10,7 @@ from faverify.errors import UsageError
 from faverify.reports.collector import Failure, KernelStats
 
 SCHEMA = "faverify.run"
-VERSION = 9
+VERSION = 10
 # older versions lack what later ones added (docs/run-schema.md); their readers fill the gaps with "-", and
 # compare does not compare a statistic whose definition changed between the two runs' versions
 READS = tuple(range(1, VERSION + 1))

@@ -17,7 +17,7 @@ import torch
 from faverify.cases import conventions as _conventions
 from faverify.cases.case import Case
 from faverify.cases.inputs import EXTRAS
-from faverify.cases.vocabulary import DTYPES, FEATURES, FP8, FP8_FORMATS, INITS, MAX_HEAD_DIM_V, MLA_HEAD_DIM
+from faverify.cases.vocabulary import DTYPES, FEATURES, FP8, FP8_DRAWN, FP8_FORMATS, INITS, MAX_HEAD_DIM_V, MLA_HEAD_DIM
 
 INPUTS = ("q", "k", "v", "dout")  # what a subject is given: dout through autograd
 # the relations between calls a subject may promise (run/relations.py)
@@ -109,7 +109,8 @@ class Capabilities:
     # cases also draw MLA's head dims (576 for q/k beside 512 for v) and K = V at 512
     kv_shared: bool = False
     # FP8 inputs (cases/fp8.py): the descale granularities it takes, "tensor" and "head" (flash-attn 3's
-    # [batch, nheads_k] q_descale, k_descale, v_descale, passed by those keywords); empty: none
+    # [batch, nheads_k] q_descale, k_descale, v_descale, passed by those keywords) and "block" (k's and v's
+    # [batch, nheads_k, blocks], one per FP8_BLOCK keys); empty: none
     fp8: tuple = ()
     # the FP8 formats it takes: e4m3, and e5m2 where it declares it (drawn then, beside e4m3)
     fp8_formats: tuple = ("e4m3",)
@@ -216,7 +217,8 @@ class Capabilities:
                 **({"ragged_only": True} if not self.dense and (self.varlen or self.paged) else {}),
                 **({"masks": ("block",)} if self.block_mask and not (self.mask or self.mask_mod) else {}),
                 **({"mla": True} if self.kv_shared and self.max_head_dim >= MLA_HEAD_DIM else {}),
-                **({"fp8_formats": self.fp8_formats} if self.fp8 and len(self.fp8_formats) > 1 else {})}
+                **({"fp8_formats": self.fp8_formats} if self.fp8 and len(self.fp8_formats) > 1 else {}),
+                **({"fp8_scales": self.fp8} if self.fp8 and tuple(self.fp8) != FP8_DRAWN else {})}
 
     def to_dict(self) -> dict:
         d = asdict(self)

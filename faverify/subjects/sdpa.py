@@ -23,7 +23,7 @@ _BACKENDS = {
                           "through an fp32 float mask)",
                   Capabilities(max_head_dim=576, window=True, softcap=True, alibi=True, sinks=True,
                                head_dim_v=True, varlen=True, paged=True, mask=True, bias=True, bias_grad=True,
-                               fp8=("tensor", "head"), fp8_formats=("e4m3", "e5m2"), sparse=True,
+                               fp8=("tensor", "head", "block"), fp8_formats=("e4m3", "e5m2"), sparse=True,
                                kv_shared=True)),
     "sdpa-flash": ("FLASH_ATTENTION", "torch SDPA FlashAttention-2 backend",
                    Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",))),
