@@ -127,7 +127,7 @@ def _show(report: dict, elsewhere: dict) -> None:
         typer.echo("\nnot run here: " + "; ".join(f"{n} ({why})" for n, why in elsewhere.items()))
     c = report["control"]
     typer.echo(f"\nkilled {report['killed']} of {len(report['mutants'])}, median cases to kill "
-               f"{report['median_cases_to_kill']}; control (unmutated triton): {c['cases']} cases, "
+               f"{report['median_cases_to_kill']}; control (unmutated {c['kernel']}): {c['cases']} cases, "
                f"{c['failed']} failed" + (f" ({'; '.join(c['failures'])})" if c["failures"] else ""))
     if report["interrupted"]:
         typer.echo("interrupted: the mutants above ran; the others and the control did not")

@@ -176,13 +176,13 @@ def _error_row(name: str, error: str) -> dict:
 
 def run_mutants(names: list, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, timeout: float,
                 progress_factory, jobs: int = 1, control_workers: int = 1, control_iters: int | None = None) -> dict:
+    from faverify.kernels.mutants.catalog import BY_NAME
 
     if jobs > 1:
         rows, interrupted = _kill_parallel(names, plan, devices[0], tolerance=tolerance, isolate=isolate,
                                            timeout=timeout, jobs=jobs)
     else:
         rows, interrupted = [], False
-        from faverify.kernels.mutants.catalog import BY_NAME
         # the unmutated subject behind each mutant, a worker per mode it is checked in (control_mode)
         control_workers_by_subject: dict = {}
 
@@ -213,15 +213,19 @@ def run_mutants(names: list, plan: FuzzPlan, devices: list, *, tolerance, isolat
                            "control_workers": control_workers},
               "mutants": rows, "killed": len(kills), "survived": len(rows) - len(kills),
               "median_cases_to_kill": statistics.median(kills) if kills else None}
+    # the unmutated subjects behind the mutants: triton, and triton-fp8 where its mutants ran
+    kernels = sorted({"triton-fp8" if BY_NAME[n].subject == "triton-fp8" else "triton" for n in names}) or ["triton"]
     if interrupted:  # the user stopped it: what ran is reported, the control is not started
-        return dict(report, control={"kernel": "triton", "cases": 0, "failed": 0,
+        return dict(report, control={"kernel": ",".join(kernels), "cases": 0, "failed": 0,
                                      "failures": ["not run: the run was interrupted"]},
                     environment=environment.collect())
     control_plan = dataclasses.replace(plan, iters=control_iters) if control_iters else plan
-    control = run(["triton"], control_plan, devices, mode="both", tolerance=tolerance, command="mutants (control)",
+    control = run(kernels, control_plan, devices, mode="both", tolerance=tolerance, command="mutants (control)",
                   workers=control_workers, isolate=isolate or control_workers > 1, timeout=timeout,
-                  progress_factory=progress_factory)
-    return dict(report, control={"kernel": "triton", **control.kernels[0]["summary"],
+                  progress_factory=progress_factory, narrow_for={k: resolve(k).caps.draw() for k in kernels})
+    summaries = [k["summary"] for k in control.kernels]
+    return dict(report, control={**summaries[0], "kernel": ",".join(kernels),
+                                 **{n: sum(s[n] for s in summaries) for n in ("cases", "failed", "passed", "skipped")},
                                  "failures": [f["minimal"]["reason"][:300] + "; " + f["reproducer"]
-                                              for f in control.kernels[0]["failures"]]},
+                                              for k in control.kernels for f in k["failures"]]},
                 environment=control.environment)

@@ -114,6 +114,8 @@ class Capabilities:
     fp8: tuple = ()
     # the FP8 formats it takes: e4m3, and e5m2 where it declares it (drawn then, beside e4m3)
     fp8_formats: tuple = ("e4m3",)
+    # takes FP8 inputs alone (an FP8 kernel): every case drawn for it is an FP8 case
+    fp8_only: bool = False
 
     def __post_init__(self) -> None:
         """Each field of the type it must have: a declaration that is not valid is refused when the subject
@@ -128,6 +130,8 @@ class Capabilities:
                        "relations": RELATIONS, "fp8": FP8[1:], "fp8_formats": tuple(FP8_FORMATS)}[name]
             if not isinstance(value, tuple) or not all(isinstance(x, str) and x in allowed for x in value):
                 raise ValueError(f"{name} must be a list of {', '.join(allowed)}, got {value!r}")
+        if self.fp8_only and not self.fp8:
+            raise ValueError("fp8_only needs fp8: the descale granularities its FP8 cases take")
         if self.lse_grad and not self.lse:
             raise ValueError("lse_grad needs lse: true (a loss on lse needs the subject to return lse)")
         if self.varlen_tail_grads not in ("zero", "finite"):
@@ -152,7 +156,8 @@ class Capabilities:
             raise ValueError(f"head_dims must be a list of integers in min_head_dim..max_head_dim "
                              f"({self.min_head_dim}..{self.max_head_dim}), got {self.head_dims!r}")
         flags = tuple(f for f in FEATURES if f != "fp8")  # fp8 lists its granularities (checked above)
-        for name in ("gqa", "backward", "lse", "combine", "out_buffer", "dense", "mask_mod", "block_mask") + flags:
+        for name in ("gqa", "backward", "lse", "combine", "out_buffer", "dense", "mask_mod", "block_mask",
+                     "fp8_only") + flags:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
@@ -188,6 +193,8 @@ class Capabilities:
             return f"FP8 descales per {case.fp8} not taken (takes: per {', '.join(self.fp8)})"
         if case.fp8 != "off" and case.fp8_format not in self.fp8_formats:
             return f"FP8 format {case.fp8_format} not taken (takes: {', '.join(self.fp8_formats)})"
+        if self.fp8_only and case.fp8 == "off":
+            return "takes FP8 inputs alone (fp8_only)"
         return None
 
     def mask_form(self, case: Case) -> str | None:
@@ -218,7 +225,8 @@ class Capabilities:
                 **({"masks": ("block",)} if self.block_mask and not (self.mask or self.mask_mod) else {}),
                 **({"mla": True} if self.kv_shared and self.max_head_dim >= MLA_HEAD_DIM else {}),
                 **({"fp8_formats": self.fp8_formats} if self.fp8 and len(self.fp8_formats) > 1 else {}),
-                **({"fp8_scales": self.fp8} if self.fp8 and tuple(self.fp8) != FP8_DRAWN else {})}
+                **({"fp8_scales": self.fp8} if self.fp8 and tuple(self.fp8) != FP8_DRAWN else {}),
+                **({"fp8_only": True} if self.fp8_only else {})}
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -15,7 +15,7 @@ from faverify.kernels.mutants.catalog import BY_NAME, Mutant
 
 KERNELS = Path(__file__).resolve().parent.parent / "triton"
 _FILES = ("forward.py", "forward_hopper.py", "backward.py", "backward_hopper.py", "interface.py", "variant_forward.py",
-          "variant_decode.py", "variant_backward.py", "variant_interface.py", "sparse.py")
+          "variant_decode.py", "variant_backward.py", "variant_interface.py", "sparse.py", "fp8.py")
 
 
 def _cache_root() -> Path:
@@ -82,14 +82,15 @@ def _package(mutant: Mutant) -> str:
     return "faverify_mutant_" + mutant.name.replace("-", "_")
 
 
-def load(name: str):
-    """The mutant's interface module (its flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache)."""
+def load(name: str, module: str = "interface"):
+    """The mutant's copy of a kernel module: interface (its flash_attn_func, flash_attn_varlen_func,
+    flash_attn_with_kvcache) unless named."""
     if name not in BY_NAME:
         raise KeyError(name)
     mutant = BY_NAME[name]
     package = _package(mutant)
     if package in sys.modules:
-        return sys.modules[package + ".interface"]
+        return importlib.import_module(f"{package}.{module}")
     files = source(mutant)
     digest = hashlib.sha256("".join(files[f] for f in _FILES).encode()).hexdigest()[:16]
     root = _cache_root() / digest
@@ -107,4 +108,4 @@ def load(name: str):
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     importlib.invalidate_caches()
-    return importlib.import_module(package + ".interface")
+    return importlib.import_module(f"{package}.{module}")

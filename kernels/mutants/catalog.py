@@ -36,7 +36,8 @@ _PATH_OF = {"forward.py": "fwd triton", "forward_hopper.py": "fwd hopper", "back
             "backward_hopper.py": "bwd hopper",
             "interface.py": "", "variant_forward.py": "fwd variant", "variant_decode.py": "fwd variant decode",
             "variant_backward.py": "bwd variant",
-            "variant_interface.py": ("fwd variant", "bwd variant"), "sparse.py": ("fwd sparse", "bwd sparse")}
+            "variant_interface.py": ("fwd variant", "bwd variant"), "sparse.py": ("fwd sparse", "bwd sparse"),
+            "fp8.py": "fwd fp8"}
 
 
 def left_out(mutant: Mutant, device, dtypes: tuple) -> str | None:
@@ -126,6 +127,19 @@ MUTANTS = (
            "the indices are clamped to a safe address and the validity test checks the upper bound alone; "
            "with every slot filled (topk <= seqlen_k, no -1) nothing changes",
            cases=dict(features=("sparse",), mixes=("one",))),
+    Mutant("fp8-v-descale-ignored", "fp8.py", "fp8-v-descale", "v_descale = 1.0",
+           "the FP8 forward leaves out v's descale: the output stays in v's e4m3 units",
+           "q's and k's descales fold into the softmax's exponent and v's is applied apart, at the end; with "
+           "a descale of 1 nothing changes", subject="triton-fp8", cases=dict(fp8_only=True)),
+    Mutant("fp8-p-unscaled", "fp8.py", "fp8-p-scale", "p_scale = 1.0",
+           "the FP8 forward rounds P to e4m3 as it is, in [0, 1]: weights under 2^-10 flush to zero",
+           "the output is as right as before wherever the largest weights carry the row; only a tail of many "
+           "small weights shows it", subject="triton-fp8", cases=dict(fp8_only=True)),
+    Mutant("fp8-q-descale-twice", "fp8.py", "fp8-qk-descale",
+           "qk_scale = q_descale * q_descale * tl.load(KD + off_b * nheads_k + off_hk) * scale_log2",
+           "the FP8 forward applies q's descale to the logits twice",
+           "the descales are folded into one factor in several places (the exponent, the lse); one gets it "
+           "twice", subject="triton-fp8", cases=dict(fp8_only=True)),
     Mutant("dk-missing-scale", "backward.py", "dk-scale", "",
            "dk misses the softmax scale",
            "dq's scale is applied in one kernel and dk's in another; one gets forgotten"),

@@ -27,6 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 from faverify.kernels.triton.aot_sources import (
+    _fp8_source,
     _hopper_bwd_source,
     _hopper_source,
     _sparse_source,
@@ -45,6 +46,7 @@ HOPPER_BWD_KERNEL = "bwd-hopper"  # the Hopper dK/dV (backward_hopper.py): sm_90
 
 VARIANT_KERNELS = ("vfwd", "vdkdv", "vdq", "vcombine", "vdecode")  # variant_forward.py, variant_backward.py
 SPARSE_KERNELS = ("sfwd", "sbwd")  # sparse.py: key indices, forward and backward
+FP8_KERNEL = "ffwd"  # fp8.py: the FP8 forward, e4m3 tensor cores from sm_89: compiled for sm_90 alone
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class Variant:
             return f"{self.kernel} {self.dtype} D{self.block_d} {self.switches}"
         if self.kernel in SPARSE_KERNELS:
             return f"{self.kernel} {self.dtype} D{self.block_d}"
+        if self.kernel == FP8_KERNEL:
+            return f"{self.kernel} e4m3 D{self.block_d} {'causal' if self.causal else 'full'}"
         if self.kernel in VARIANT_KERNELS:
             dv = f" DV{self.block_dv}" if self.block_dv and self.block_dv != self.block_d else ""
             build = " fast" if self.even_d and self.kernel != "vcombine" else ""
@@ -126,6 +130,8 @@ def variants(capability: int = 80) -> list:
                 for fused in ("", "fused-dq") for dtype in ("bf16", "fp16") for block_d in (64, 128)
                 for causal in (False, True)]
         out += hopper_bwd_mutant_variants()
+        out += [Variant(FP8_KERNEL, "fp8e4nv", block_d, causal, True) for block_d in (64, 128, 256)
+                for causal in (False, True)]
     for kernel in KERNELS:
         for dtype in ("bf16", "fp16", "fp32"):
             # fp16's code is bf16's but for its conversions: its builds at the head dims the speed rows use
@@ -198,7 +204,7 @@ def compile_variant(v: Variant, capability: int) -> dict:
     build = _hopper_source if v.kernel in (HOPPER_KERNEL, HOPPER_MUTANT_KERNEL) else \
         _hopper_bwd_source if v.kernel == HOPPER_BWD_KERNEL else \
         _variant_source if v.kernel in VARIANT_KERNELS else _sparse_source if v.kernel in SPARSE_KERNELS else \
-        _triton_source
+        _fp8_source if v.kernel == FP8_KERNEL else _triton_source
     source, options, tile = build(v, capability)
     start = time.perf_counter()
     result = {"variant": str(v), **asdict(v), "sm": capability, "tile": tile}

@@ -185,3 +185,19 @@ def _sparse_source(v, capability: int):
         pointers.pop("DV")
     source = ASTSource(fn, _signature(fn, v.dtype, constants, pointers), constants, {})
     return source, {"num_warps": 4, "num_stages": 1}, f"M16 N{sparse.BLOCK_N}"
+
+
+def _fp8_source(v, capability: int):
+    """(source, options, tile) of the FP8 forward (fp8.py) as fp8_attn_func launches it: e4m3 q, k, v, fp32
+    descales, bf16 out."""
+    from triton.compiler import ASTSource
+
+    from faverify.kernels.triton import fp8
+
+    constants = dict(CAUSAL=v.causal, BLOCK_M=fp8.BLOCK_M, BLOCK_N=fp8.BLOCK_N, BLOCK_D=v.block_d, INTERPRETED=False)
+    pointers = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv", "Out": "*bf16", "Lse": "*fp32", "QD": "*fp32",
+                "KD": "*fp32", "VD": "*fp32"}
+    signature = _signature(fp8._fp8_fwd, v.dtype, constants, pointers)
+    signature["scale_log2"] = "fp32"
+    return ASTSource(fp8._fp8_fwd, signature, constants, {}), {"num_warps": 4, "num_stages": 2}, \
+        f"M{fp8.BLOCK_M} N{fp8.BLOCK_N}"

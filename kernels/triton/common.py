@@ -13,10 +13,12 @@ LN2 = tl.constexpr(_LN2)  # a global a kernel may read (Triton takes only conste
 
 # The Triton interpreter (TRITON_INTERPRET=1, <= 3.6) computes bfloat16 wrongly in two places, silently:
 # - a tl.dot on bf16 operands multiplies the raw bits (garbage);
-# - a conversion fp32 -> bf16 truncates instead of rounding to nearest even (one ulp off, half the time).
+# - a conversion fp32 -> bf16 truncates instead of rounding to nearest even (one ulp off, half the time);
+# - a conversion fp32 -> float8e4nv rounds up without carrying into the exponent (31.8 becomes 16).
 # Kernels take INTERPRETED=True there and emulate the GPU: dot operands are upcast to fp32 (a product of
 # two bf16 or fp16 values is exact in fp32, and the GPU accumulates in fp32 too), and bf16 casts round to
-# nearest even by integer arithmetic on the fp32 bits before the (then exact) truncating conversion.
+# nearest even by integer arithmetic on the fp32 bits before the (then exact) truncating conversion, and
+# e4m3 casts round in fp32 arithmetic onto e4m3's grid first.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -203,6 +205,13 @@ def cast(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
             bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
             bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
             x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+        elif dtype == tl.float8e4nv:  # finite values, saturated at 448 as the GPU's satfinite conversion
+            a = tl.abs(x.to(tl.float32))
+            bits = a.to(tl.uint32, bitcast=True)
+            normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
+            subnormal = ((a * 512.0 + 8388608.0) - 8388608.0) / 512.0  # onto multiples of 2^-9, ties to even
+            a = tl.minimum(tl.where(a < 0.015625, subnormal, normal), 448.0)
+            x = tl.where(x < 0, -a, a)
     return x.to(dtype)
 
 

@@ -227,5 +227,28 @@ DESCRIPTIONS = {"triton": "bundled FlashAttention-2 in Triton, dense and every v
 
 def make(kind: str = "triton") -> Subject:
     _choose_interpreter()
+    if kind == "triton-fp8":
+        return fp8_subject()
     from faverify.kernels.triton import interface
     return _wrap(kind, interface, DESCRIPTIONS[kind], kind)
+
+
+def fp8_subject(name: str = "triton-fp8", attn=None, description: str = "bundled FP8 forward in Triton") -> Subject:
+    """The `triton-fp8` subject: the FP8 forward (fp8.py; attn: a mutant's copy of fp8_attn_func), FP8 cases
+    alone, forward only."""
+    _choose_interpreter()
+    from faverify.kernels.triton import compile_clock, fp8
+    from faverify.kernels.triton.common import INTERPRET, take_paths
+    attn = attn or fp8.fp8_attn_func
+
+    def fn(q, k, v, *, causal, softmax_scale, q_descale, k_descale, v_descale):
+        return attn(q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, causal=causal,
+                    softmax_scale=softmax_scale)
+
+    caps = Capabilities(dtypes=("bf16",), devices=("cpu",) if INTERPRET else ("cuda",), lse=True, backward=False,
+                        fp8=("tensor", "head"), fp8_only=True, window=False, softcap=False, alibi=False,
+                        head_dim_v=False)
+    mode = "under the Triton interpreter (CPU)" if INTERPRET else "compiled for the GPU (sm_89 and later)"
+    compile_clock.install()
+    return Subject(name=name, fn=fn, caps=caps, description=f"{description}, {mode}", paths=take_paths,
+                   compile_seconds=compile_clock.take)
