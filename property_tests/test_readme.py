@@ -45,7 +45,7 @@ def sentences(text: str) -> list:
 
 
 def test_no_prose_sentence_of_the_readme_or_the_docs_runs_over_50_words():
-    long = [(path.name, len(s.split()), s[:80]) for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    long = [(path.name, len(s.split()), s[:80]) for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
             for s in sentences(path.read_text()) if len(s.split()) > 50]
     assert long == []
 

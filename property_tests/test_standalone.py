@@ -77,3 +77,22 @@ def test_the_flash_attn_4_script_calls_the_library_as_its_users_do():
                     standalone=STANDALONE)
     assert "ALLOWED = {'out': 0.01}" in script(other, case, CaseResult("x", case, "fail", metrics=metrics),
                                                torch.device("cuda"), "r.pt")
+
+
+def test_the_upstream_reports_name_scripts_that_run_without_faverify():
+    """docs/upstream: each report names a function of its library's script, and the script imports torch and
+    the library alone."""
+    import ast
+    import pathlib
+    import re
+    folder = pathlib.Path(__file__).resolve().parent.parent / "docs" / "upstream"
+    script = folder / "flash_attn_4_repro.py"
+    tree = ast.parse(script.read_text())
+    imported = {(n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+                for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    assert imported == {"subprocess", "sys", "torch", "flash_attn", "importlib"}, imported
+    functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    named = {re.search(r"python flash_attn_4_repro\.py (\w+)", p.read_text()).group(1)
+             for p in folder.glob("flash-attn-4-*.md")}
+    defects = re.search(r"DEFECTS = \{f\.__name__: f for f in \(([^)]*)\)", script.read_text()).group(1)
+    assert len(named) == 7 and named <= functions and named == {n.strip() for n in defects.split(",")}, named
