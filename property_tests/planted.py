@@ -549,3 +549,15 @@ def reads_dout_contiguous(q, k, v, *, causal, softmax_scale):
     def as_contiguous(dout):
         return torch.as_strided(dout, dout.shape, _contiguous_strides(dout.shape), dout.storage_offset()).clone()
     return _on_incoming_grad(correct(q, k, v, causal=causal, softmax_scale=softmax_scale), as_contiguous)
+
+
+def tile_edge_row(q, k, v, *, causal, softmax_scale):
+    """Right but for the first query row past each 64-row tile, whose output is scaled by 1.1: a bug on a tile
+    edge, which `repro --plot` shows as a line. Declares its tile."""
+    out = _attention(q, k, v, causal=causal, scale=softmax_scale)
+    edge = torch.zeros(out.shape[1], dtype=torch.bool, device=out.device)
+    edge[64::64] = True
+    return torch.where(edge[None, :, None, None], out * 1.1, out)
+
+
+tile_edge_row.faverify_capabilities = {"tile": [64, 64]}

@@ -32,6 +32,9 @@ def repro(
     standalone: Annotated[Optional[Path], typer.Option(
         help="Also write FILE.py (and its inputs, FILE.pt) that runs this case with torch and the subject alone, "
              "without faverify: exit 1 while the error is past faverify's tolerance, 0 once fixed")] = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        help="Also draw FILE.svg: the error of the tensor that failed, over (row, head-dim column), a panel "
+             "per head, the subject's tile edges marked (needs matplotlib: pip install 'faverify[plot]')")] = None,
 ) -> int:
     """Run one case (as printed by fuzz) and print its error table. A case with `before` is a call sequence:
     those calls run first, in the same process, each judged."""
@@ -46,13 +49,7 @@ def repro(
     the_case = Case.from_json(_text("--case", case))
     subject = resolve(kernel)
     target = devices.resolve(device)[0]
-    if standalone is not None:
-        from faverify.cli.common import check_writable
-        from faverify.commands.standalone import refusal
-        why = refusal(subject, the_case)
-        if why:
-            raise UsageError("--standalone", str(standalone), why)
-        check_writable("--standalone", standalone)
+    _check_files(standalone, plot, subject, the_case)
     if isolate:
         from faverify.run.isolation import Worker
         from faverify.run.signals import sigterm_interrupts
@@ -87,6 +84,9 @@ def repro(
         from faverify.commands.standalone import write
         inputs = write(standalone, subject, the_case, result, target)
         say(f"wrote {standalone} and its inputs {inputs}: python {standalone} runs it without faverify")
+    if plot is not None and result.metrics and result.status not in ("crash", "timeout"):
+        # in this process: the worker showed it does not crash
+        say(f"wrote {plot}: {_draw(plot, subject, the_case, target, mode.value, tolerance)}")
     if result.status == "skip":
         raise EnvironmentProblem(f"the case was skipped: {result.reason}")
     return 1 if result.failed else 0
@@ -103,3 +103,37 @@ def _text(option: str, value: str) -> str:
     except UnicodeDecodeError:
         raise UsageError(option, value, "the file is not text (it must hold JSON)") from None
 
+
+def _draw(path: Path, subject, case, device, mode: str, tolerance) -> str:
+    """Run the case in this process, keep its tensors and the reference's, and draw the tensor that failed
+    by the most (or, in a passing case, came nearest its allowance): what was drawn, in words."""
+    from faverify.reports.plot import error_map, write
+    from faverify.run.evaluate import evaluate
+    kept: dict = {}
+    result = evaluate(subject, case, device, mode=mode, tolerance=tolerance, keep=kept)
+    judged = {t: m for t, m in result.metrics.items() if t in kept.get("reference", {}) and m.allowed > 0
+              and kept.get("got", {}).get(t) is not None}
+    if not judged:
+        raise EnvironmentProblem(f"--plot: no judged tensor to draw ({result.status}: {result.reason})")
+    tensor, m = max(judged.items(), key=lambda tm: (not tm[1].passed, tm[1].max_abs / tm[1].allowed))
+    ratio = error_map(kept["got"][tensor], kept["reference"][tensor], tensor, m.allowed)
+    verdict = "fails" if not m.passed else "passes"
+    write(path, ratio, tensor, f"{subject.name}: {case.short()}: {tensor} {verdict}", subject.caps.tile)
+    return f"{tensor} ({verdict}, error {m.max_abs:.3g}, allowed {m.allowed:.3g})"
+
+
+def _check_files(standalone, plot, subject, case) -> None:
+    """The files asked for, refused before anything runs where they cannot be written for this case."""
+    from faverify.cli.common import check_writable
+    if standalone is not None:
+        from faverify.commands.standalone import refusal
+        why = refusal(subject, case)
+        if why:
+            raise UsageError("--standalone", str(standalone), why)
+        check_writable("--standalone", standalone)
+    if plot is not None:
+        from faverify.reports.plot import refusal as plot_refusal
+        why = plot_refusal(case)
+        if why:
+            raise UsageError("--plot", str(plot), why)
+        check_writable("--plot", plot)

@@ -41,14 +41,16 @@ def judge_splits(case: Case, x: Inputs, splits, tolerance: Tolerance, caps, lap=
 
 
 def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple, given=None,
-          conventions: Conventions = DEFAULT_CONVENTIONS, baseline: dict | None = None, lap=no_lap) -> dict:
+          conventions: Conventions = DEFAULT_CONVENTIONS, baseline: dict | None = None, lap=no_lap,
+          keep: dict | None = None) -> dict:
     """Judge a subject's tensors (any of out, lse, dq, dk, dv, dsinks) for `case` against the FP64
     reference (computed here, or `given` as (reference tensors, scales), from a golden file), under the
     subject's conventions: the reference's masks align as it declares and its lse is in the declared base,
     with the declared value where a row sees no key. baseline: tensors that stand for the naive
     baseline's (a combine's). lap(phase): called as the FP64 reference ("reference") and the naive
     baseline ("baseline") are done, for a case's time per phase (a ragged case's baseline is computed with
-    its reference, sequence by sequence: one phase); what follows is the metrics'."""
+    its reference, sequence by sequence: one phase); what follows is the metrics'. keep: a dict that gets
+    the reference's tensors, of a dense case, as "reference"."""
     q, k, v = (t.detach() for t in x.tensors())
     if case.fp8 != "off":  # the values the e4m3 tensors stand for, exactly: the attention is judged on them
         q, k, v = (dequantized(t, d) for t, d in zip((q, k, v), (x.q_descale, x.k_descale, x.v_descale)))
@@ -90,6 +92,8 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
             ref, base = ({**t, "max_logit": t["max_logit"].amax(dim=(0, 2))} for t in (ref, base))
         stats = error_stats(got, ref, base, scales, tensors=tensors, empty_rows=empty, empty_mask=empty_mask,
                             sinks=x.sinks is not None, empty_lse=conventions.empty_lse_value)
+    if keep is not None:  # the reference the tensors were judged against (`repro --plot` draws the errors)
+        keep["reference"] = ref
     metrics = judge_all(stats, case.dtype, tolerance)
     lse = metrics.get("lse")
     if lse is not None and not lse.passed and not lse.nan:

@@ -9,6 +9,7 @@ from faverify.dtypes import UNIT_ROUNDOFF
 from faverify.env import header_lines
 from faverify.reports.charts import margin_chart
 from faverify.reports.collector import REPLAY_PASSED, Failure
+from faverify.reports.plot import refusal as plot_refusal
 from faverify.reports.results import Run
 from faverify.reports.tables import Style, fmt, num, ratio, share, table
 
@@ -68,7 +69,9 @@ def reproducer_line(f: Failure, style: str) -> str:
     if f.reproduced and f.earlier_calls:
         return f"reproduce (after {f.earlier_calls} earlier call(s) in one process): {st.code(f.reproducer)}"
     if f.reproduced:
-        return f"reproduce: {st.code(f.reproducer)}"
+        picture = "" if plot_refusal(f.minimal.case) or not f.minimal.metrics else \
+            f"; to see where its error sits, add {st.code('--plot err.svg')}"
+        return f"reproduce: {st.code(f.reproducer)}{picture}"
     if f.replayed == REPLAY_PASSED:
         return "no reproducer (not reproduced alone): " + st.text(f.replay_reason)
     why = f.replay_reason or "not replayed before it was written (a run file before schema 6)"

@@ -45,7 +45,8 @@ MODES = {"fwd": ("out", "lse", "max_logit"), "bwd": ("dq", "dk", "dv", "dsinks",
 
 def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: str = "both",
              tolerance: Tolerance | None = None, gradcheck: bool = False, stored=None,
-             in_worker: bool = False, repeat: int = 1, tell=None, measure: tuple = ()) -> CaseResult:
+             in_worker: bool = False, repeat: int = 1, tell=None, measure: tuple = (),
+             keep: dict | None = None) -> CaseResult:
     """tell(phase): called with "judging" once the subject's own calls of the case are done and faverify's
     judging begins, and with "subject" before the gradient check calls it again (a worker tells its parent,
     whose timeout is the subject's alone: isolation.py).
@@ -54,7 +55,8 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
     Ctrl-C is ignored, so a KeyboardInterrupt is the subject's own and fails its case; in the user's
     process it stops the run. repeat: run the subject that many times on the same inputs; a case whose
     outputs differ in any bit fails as "nondeterministic". measure: relations (run/relations.py) checked and
-    recorded beside those the subject promises, failing nothing."""
+    recorded beside those the subject promises, failing nothing. keep: a dict that gets the subject's tensors
+    as "got" and, for a dense case, the reference's as "reference" (`repro --plot`)."""
     device = torch.device(device)
     tolerance = tolerance or Tolerance()
     if case.before:
@@ -66,7 +68,8 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
     subject.take_compile_seconds()
     subject.take_compiles()
     relations: dict = {}  # the records _evaluate leaves, relation by relation
-    result = _evaluate(subject, case, device, mode, tolerance, clock, stored, in_worker, repeat, relations, measure)
+    result = _evaluate(subject, case, device, mode, tolerance, clock, stored, in_worker, repeat, relations, measure,
+                       keep)
     result.relations = relations
     if gives_back(case, device):
         torch.cuda.empty_cache()
@@ -149,7 +152,7 @@ class _Clock:
 
 def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tolerance: Tolerance,
               clock: _Clock, stored, in_worker: bool, repeat: int = 1, relations: dict | None = None,
-              measure: tuple = ()) -> CaseResult:
+              measure: tuple = (), keep: dict | None = None) -> CaseResult:
     """in_worker: a KeyboardInterrupt in the subject is its own (evaluate says why). Whatever the subject
     raises fails its case (subject_code); what faverify's own code raises propagates."""
     name = subject.name
@@ -214,7 +217,9 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     clock.tell("judging")
     try:
         metrics = judge(case, pristine, got, tolerance, MODES[mode], reference_given, subject.caps.conventions,
-                        lap=clock.lap)
+                        lap=clock.lap, keep=keep)
+        if keep is not None:
+            keep["got"] = got
         if splits is not None:
             metrics.update(judge_splits(case, pristine, splits, tolerance, subject.caps, lap=clock.lap))
     except (MemoryError, torch.OutOfMemoryError) as e:  # faverify's side ran out, not the subject's

@@ -116,6 +116,8 @@ class Capabilities:
     fp8_formats: tuple = ("e4m3",)
     # takes FP8 inputs alone (an FP8 kernel): every case drawn for it is an FP8 case
     fp8_only: bool = False
+    # its tile, (query rows, keys), where it has one: `repro --plot` marks the tile edges; empty: none declared
+    tile: tuple = ()
 
     def __post_init__(self) -> None:
         """Each field of the type it must have: a declaration that is not valid is refused when the subject
@@ -130,6 +132,7 @@ class Capabilities:
                        "relations": RELATIONS, "fp8": FP8[1:], "fp8_formats": tuple(FP8_FORMATS)}[name]
             if not isinstance(value, tuple) or not all(isinstance(x, str) and x in allowed for x in value):
                 raise ValueError(f"{name} must be a list of {', '.join(allowed)}, got {value!r}")
+        self._integers("tile", lambda n: n >= 1, "[query rows, keys], two integers >= 1", count=(0, 2))
         if self.fp8_only and not self.fp8:
             raise ValueError("fp8_only needs fp8: the descale granularities its FP8 cases take")
         if self.lse_grad and not self.lse:
@@ -137,29 +140,29 @@ class Capabilities:
         if self.varlen_tail_grads not in ("zero", "finite"):
             raise ValueError(f"varlen_tail_grads must be zero or finite, got {self.varlen_tail_grads!r}")
         if self.page_sizes is not None:
-            if isinstance(self.page_sizes, list):
-                object.__setattr__(self, "page_sizes", tuple(self.page_sizes))
-            if not isinstance(self.page_sizes, tuple) or not all(
-                    isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in self.page_sizes):
-                raise ValueError(f"page_sizes must be a list of integers >= 1, got {self.page_sizes!r}")
+            self._integers("page_sizes", lambda n: n >= 1, "a list of integers >= 1")
         for name in ("min_head_dim", "max_head_dim", "split_block", "head_dim_multiple"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.min_head_dim > self.max_head_dim:
             raise ValueError(f"min_head_dim {self.min_head_dim} is above max_head_dim {self.max_head_dim}")
-        if isinstance(self.head_dims, list):
-            object.__setattr__(self, "head_dims", tuple(self.head_dims))
-        if not isinstance(self.head_dims, tuple) or not all(
-                isinstance(d, int) and not isinstance(d, bool) and self.min_head_dim <= d <= self.max_head_dim
-                for d in self.head_dims):
-            raise ValueError(f"head_dims must be a list of integers in min_head_dim..max_head_dim "
-                             f"({self.min_head_dim}..{self.max_head_dim}), got {self.head_dims!r}")
+        self._integers("head_dims", lambda d: self.min_head_dim <= d <= self.max_head_dim,
+                       f"a list of integers in min_head_dim..max_head_dim ({self.min_head_dim}..{self.max_head_dim})")
         flags = tuple(f for f in FEATURES if f != "fp8")  # fp8 lists its granularities (checked above)
         for name in ("gqa", "backward", "lse", "combine", "out_buffer", "dense", "mask_mod", "block_mask",
                      "fp8_only") + flags:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    def _integers(self, name: str, ok: Callable, rule: str, count: tuple | None = None) -> None:
+        """The field as a tuple of integers that are `ok` (a list is taken as one), of a length in `count`."""
+        value = getattr(self, name)
+        if isinstance(value, list):
+            object.__setattr__(self, name, value := tuple(value))
+        if not isinstance(value, tuple) or (count is not None and len(value) not in count) or not all(
+                isinstance(n, int) and not isinstance(n, bool) and ok(n) for n in value):
+            raise ValueError(f"{name} must be {rule}, got {value!r}")
 
     def reason_unsupported(self, case: Case, device: torch.device) -> str | None:
         if case.dtype not in self.dtypes:
