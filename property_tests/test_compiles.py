@@ -19,8 +19,9 @@ def test_the_compile_key_names_what_flex_compiles_on_the_cpu():
                   Case(2, 9, 13, 4, 2, 16, dtype="bf16", softmax_scale=2.0)):
         assert compile_key(case, "cpu") != compile_key(other, "cpu")
     assert compile_key(case, "cuda") == compile_key(Case(2, 10, 13, 4, 2, 16, dtype="bf16"), "cuda")
-    ragged = Case(2, 9, 13, 4, 2, 16, seqlens=((9, 13), (3, 5)))
-    assert len(compile_key(ragged, "cpu")) == 2
+    # a ragged case's sequences padded to powers of two (flex_sequence): 9x13 and 3x5 share 16x16, 3x40 is 16x64
+    assert len(compile_key(Case(2, 9, 13, 4, 2, 16, seqlens=((9, 13), (3, 5))), "cpu")) == 1
+    assert len(compile_key(Case(2, 9, 40, 4, 2, 16, seqlens=((9, 13), (3, 40))), "cpu")) == 2
     assert resolve("flex").compile_key is compile_key and resolve("sdpa-math").compile_key is None
 
 
@@ -114,3 +115,20 @@ def test_a_sequence_counts_the_compiles_and_configurations_of_every_call():
     one, two = Case(1, 4, 4, 1, 1, 8, dtype="fp32"), Case(1, 6, 4, 1, 1, 8, dtype="fp32")
     r = evaluate(s, Case(1, 4, 4, 1, 1, 8, dtype="fp32", before=(one, two)), torch.device("cpu"), mode="fwd")
     assert r.status == "pass" and r.compiles == 3 and r.compile_keys == ["(4,)", "(6,)"], (r.compiles, r.compile_keys)
+
+
+def test_a_subject_that_compiles_draws_under_a_shape_budget_unless_the_run_names_one():
+    """COMPILE_SHAPES for flex where --shapes is not given, none for sdpa-math; --shapes 0 lifts it. Under
+    the budget a dense case's sizes, dtype, causal, layout and softmax scale are those of a pooled shape."""
+    from faverify.cases.strategies import CPU_LIMITS, SHAPE_FIELDS
+    from faverify.run.fuzz import _plan_for
+    from faverify.run.parallel import draw_cases
+    from faverify.run.plan import COMPILE_SHAPES, FuzzPlan
+    plan = FuzzPlan(iters=60, seed=0, dtypes=("bf16", "fp16"), limits=CPU_LIMITS, database=None, shapes=None)
+    flex = _plan_for("flex", plan, None, None, compiles=True)
+    assert flex.shapes == COMPILE_SHAPES and _plan_for("sdpa-math", plan, None, None).shapes == 0
+    assert _plan_for("flex", FuzzPlan(**{**plan.__dict__, "shapes": 0}), None, None, compiles=True).shapes == 0
+    pool = flex.narrow["shapes"]
+    dense = [c for c in draw_cases(flex) if c.kind == "dense"]
+    assert len(pool) == COMPILE_SHAPES and dense
+    assert all({f: getattr(c, f) for f in SHAPE_FIELDS} in pool for c in dense)

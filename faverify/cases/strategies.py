@@ -273,6 +273,8 @@ def _dense(draw, dtypes, limits, regimes, layouts, inits, causal, head_dims, exa
         init=draw(st.sampled_from(inits)),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
+    if pooled:  # the strides and the scale are compiled for too: drawn above as ever, then the shape's
+        fields.update(softmax_scale=pooled["softmax_scale"], layout=pooled["layout"])
     fields["pooled"] = pooled
     return fields, cap
 
@@ -299,9 +301,11 @@ def _mixture(draw, features: tuple, mixes: tuple, ragged_only: bool) -> tuple:
     return required + (one,) + tuple(f for f, of in SUB_FEATURES.items() if of == one and f in features), one
 
 
-# What a shape budget keeps to its pool: the tensors' shapes, dtype and causal (what a JIT compiles, or a
-# cuDNN plan is built, for). A ragged case's sequences are drawn as ever, within the pooled batch.
-SHAPE_FIELDS = ("batch", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "head_dim_v", "dtype", "causal")
+# What a shape budget keeps to its pool: the tensors' shapes, dtype and causal, their layout (strides) and
+# the softmax scale (what a JIT compiles, or a cuDNN plan is built, for). A ragged case's sequences are drawn
+# as ever, within the pooled batch.
+SHAPE_FIELDS = ("batch", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "head_dim_v", "dtype", "causal",
+                "softmax_scale", "layout")
 
 
 def shape_pool(drawn: list, budget: int) -> tuple:

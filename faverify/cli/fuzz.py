@@ -85,9 +85,11 @@ def fuzz(
                                                "failure of its own; by default one failure per root, the other "
                                                "signatures of its cases reported with it")] = False,
     shapes: Annotated[Optional[int], typer.Option(help="A shape budget: every case takes one of N shapes "
-                                                  "(sizes, head dims, dtype, causal) drawn from the seed, its "
-                                                  "values, layout and variants its own; for subjects that compile "
-                                                  "or plan per shape (flex, sdpa-cudnn)", callback=within(1))] = None,
+                                                  "(sizes, head dims, dtype, causal, layout, softmax scale) drawn "
+                                                  "from the seed, its values and variants its own; for subjects "
+                                                  "that compile or plan per shape. Default: 4 for a subject that "
+                                                  "declares its compile key (flex), none for the others; 0 lifts "
+                                                  "it", callback=within(0))] = None,
     workers: Annotated[Optional[int], typer.Option(help="Worker processes per device (default: 1 on the CPU, "
                                                         "6 per GPU: a GPU case is bound by launches)",
                                                    callback=within(1, MAX_WORKERS))] = None,
@@ -157,7 +159,7 @@ def _plan(given: dict) -> tuple:
     plan = FuzzPlan(iters=g["iters"], seed=g["seed"], dtypes=dtypes, limits=limits_for(targets[0].type,
                                                                                        g["max_seqlen"]),
                     database=None if g["no_db"] else g["db"], gradcheck_every=g["gradcheck_every"],
-                    shrink_budget=g["shrink_budget"], narrow=narrow or None, shard=shard_of, shapes=g["shapes"] or 0,
+                    shrink_budget=g["shrink_budget"], narrow=narrow or None, shard=shard_of, shapes=g["shapes"],
                     all_failures=g["all_failures"], sequence=g["sequence"])
     measure = parse_choice(g["relations"], RELATIONS, "--relations") if g["relations"] is not None else ()
     settings = dict(targets=targets, workers=workers, tolerance=tolerance, wanted=wanted, mode=g["mode"].value,
@@ -178,7 +180,7 @@ def _command(g: dict, dtypes: tuple, shard_of) -> str:
             + (f" --repeat {g['repeat']}" if g["repeat"] > 1 else "")
             + (f" --sequence {g['sequence']}" if g["sequence"] else "")
             + (f" --relations {g['relations']}" if g["relations"] else "")
-            + (f" --shapes {g['shapes']}" if g["shapes"] else "")
+            + (f" --shapes {g['shapes']}" if g["shapes"] is not None else "")
             + (" --all-failures" if g["all_failures"] else ""))
 
 

@@ -23,7 +23,7 @@ from faverify.run.evaluate import evaluate as evaluate_case
 from faverify.run.guard import blame_lost_context
 from faverify.run.isolation import HISTORY, case_workers
 from faverify.run.parallel import draw_cases, fuzz_parallel, warmup_cases
-from faverify.run.plan import FuzzPlan
+from faverify.run.plan import COMPILE_SHAPES, FuzzPlan
 from faverify.run.scheduler import Pool, cores
 from faverify.run.sequential import fuzz_subject
 from faverify.run.signals import held, requested, stop_if_requested
@@ -58,7 +58,7 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
     all_stats, interrupted = [], False
     base_plan = plan
     for name in kernels:
-        plan = _plan_for(name, base_plan, features, narrow_for)
+        plan = _plan_for(name, base_plan, features, narrow_for, name in (compile_keys or {}))
         stats = KernelStats(kernel=name, conventions=(conventions or {}).get(name, DEFAULT_CONVENTIONS.describe()),
                             keep_series=plan.shard is not None,  # merge.py recomputes statistics from them
                             edges_listed=tuple(listed(plan.case_args()["features"])), shapes=plan.shapes)
@@ -105,9 +105,12 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
                          all_stats, interrupted, late)
 
 
-def _plan_for(name: str, base_plan: FuzzPlan, features: dict | None, narrow_for: dict | None) -> FuzzPlan:
-    """One kernel's plan: its features, what every case of it needs, its shape budget."""
-    plan = dataclasses.replace(base_plan, features=(features or {}).get(name, base_plan.features))
+def _plan_for(name: str, base_plan: FuzzPlan, features: dict | None, narrow_for: dict | None,
+              compiles: bool = False) -> FuzzPlan:
+    """One kernel's plan: its features, what every case of it needs, its shape budget (COMPILE_SHAPES for a
+    subject that compiles per configuration, where the run named none)."""
+    shapes = base_plan.shapes if base_plan.shapes is not None else COMPILE_SHAPES if compiles else 0
+    plan = dataclasses.replace(base_plan, features=(features or {}).get(name, base_plan.features), shapes=shapes)
     if (narrow_for or {}).get(name):
         plan = dataclasses.replace(plan, narrow={**(plan.narrow or {}), **narrow_for[name]})
     if plan.shapes:

@@ -22,6 +22,11 @@ from faverify.reports.case_result import CaseResult
 Evaluate = Callable[[Case, bool], CaseResult]  # (case, with gradient check) -> result
 
 
+# The shape budget of a subject that declares its compile key (Subject.compile_key) where the run names none:
+# each configuration it compiles costs seconds (flex's 4 s a case on the CPU), a case's values milliseconds
+COMPILE_SHAPES = 4
+
+
 @dataclass(frozen=True)
 class FuzzPlan:
     iters: int
@@ -41,8 +46,9 @@ class FuzzPlan:
     # the shards of one seed and iters run every case once between them, whatever their workers
     shard: tuple | None = None
     # a shape budget (`--shapes N`): every case takes one of N shapes of the seed's own draw
-    # (strategies.shape_pool), for subjects that compile or plan per shape; 0: none
-    shapes: int = 0
+    # (strategies.shape_pool), for subjects that compile or plan per shape; 0: none; None: COMPILE_SHAPES for
+    # a subject that declares its compile key, none for the others
+    shapes: int | None = 0
     # every distinct signature shrunk as a failure of its own (`--all-failures`); by default one failure per
     # root, its companions (the other signatures found on the same cases) reported with it (Roots)
     all_failures: bool = False

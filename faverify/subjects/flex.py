@@ -32,7 +32,26 @@ def _score_mod(score, b, h, i, j):
 
 def _mask_mod(b, h, i, j):
     diag = i + _PARAMS["offset"]
-    return (j <= diag + _PARAMS["right"]) & (j >= diag - _PARAMS["left"])
+    return (j <= diag + _PARAMS["right"]) & (j >= diag - _PARAMS["left"]) & (j < _PARAMS["keys"])
+
+
+def _bucket(n: int) -> int:
+    """The length a ragged batch's sequence is padded to on the CPU: a power of two, 16 at least."""
+    return max(16, 1 << max(0, n - 1).bit_length())
+
+
+def flex_sequence(q, k, v, **kwargs):
+    """One sequence of a ragged batch: on the CPU, where each shape compiles, q padded to _bucket(seqlen_q)
+    rows and k, v to _bucket(seqlen_k) keys, the padded keys masked and the padded rows dropped, so the
+    sequences of a run compile a few shapes, not one each (the dense cases keep their own lengths)."""
+    if q.device.type != "cpu":
+        return flex(q, k, v, **kwargs)
+    sq, sk = q.shape[1], k.shape[1]
+
+    def pad(t, to):
+        return torch.nn.functional.pad(t, (0, 0, 0, 0, 0, to - t.shape[1]))
+    out = flex(pad(q, _bucket(sq)), pad(k, _bucket(sk)), pad(v, _bucket(sk)), lengths=(sq, sk), **kwargs)
+    return out[:, :sq]
 
 
 def _flex(dynamic: bool):
@@ -48,20 +67,22 @@ def _flex(dynamic: bool):
 
 
 def flex(q, k, v, *, causal: bool, softmax_scale, window_size=None, softcap=None, alibi_slopes=None, score_mod=None,
-         mask_mod=None):
+         mask_mod=None, lengths=None):
     """score_mod, mask_mod: the case's own (masks.py, mods.py), compiled as given; a mask_mod joins the
-    causal and window mask, and then its block mask is built per batch element and head."""
+    causal and window mask, and then its block mask is built per batch element and head. lengths: the
+    (seqlen_q, seqlen_k) of a padded sequence (flex_sequence), whose keys past seqlen_k are masked."""
     from torch.nn.attention.flex_attention import and_masks, create_block_mask
 
     b, sq, h, d = q.shape
     sk = k.shape[1]
     dev = q.device
+    true_q, true_k = lengths or (sq, sk)
     left, right = window_size if window_size is not None else (-1, -1)
     if causal:
         right = 0 if right < 0 else min(right, 0)
     slopes = torch.zeros(b, h, device=dev) if alibi_slopes is None else alibi_slopes.float().expand(b, h)
     _PARAMS.update(softcap=torch.tensor(float(softcap or 0.0), device=dev), slopes=slopes.contiguous(),
-                   offset=torch.tensor(sk - sq, device=dev),
+                   offset=torch.tensor(true_k - true_q, device=dev), keys=torch.tensor(true_k, device=dev),
                    left=torch.tensor(_UNBOUNDED if left < 0 else left, device=dev),
                    right=torch.tensor(_UNBOUNDED if right < 0 else right, device=dev))
     if mask_mod is None:
@@ -103,13 +124,13 @@ def compile_key(case, device_type: str) -> tuple:
     """The configurations a case's calls compile: dtype, head dims, heads, the softmax scale (a Python float
     dynamo specializes on), the layout (dynamo guards on strides) and the case's own mask and score_mod
     everywhere; on the CPU (static sizes) each call's batch and lengths too, a ragged case's one per
-    sequence (per_sequence.py calls them one at a time)."""
+    sequence (per_sequence.py calls them one at a time), padded to its bucket (flex_sequence)."""
     mods = (case.mask, case.score_mod, case.alibi != "off" or case.softcap > 0 or case.window != (-1, -1))
     base = (case.dtype, case.head_dim, case.dv, case.nheads, case.nheads_k, case.softmax_scale, case.layout) + mods
     if device_type != "cpu":
         return (base,)
     calls = [(case.batch, case.seqlen_q, case.seqlen_k)] if case.kind == "dense" else \
-        [(1, sq, sk) for sq, sk in case.sequences if sq and sk]
+        [(1, _bucket(sq), _bucket(sk)) for sq, sk in case.sequences if sq and sk]
     return tuple(dict.fromkeys(base + c for c in calls))
 
 
@@ -118,7 +139,7 @@ def make() -> Subject:
     # lse is returned on a GPU and judged there; not declared, since the CPU's compiled FlexAttention has none
     caps = Capabilities(window=True, softcap=True, alibi=True, head_dim_v=True, varlen=True, paged=True,
                         mask_mod=True, score_mod=True)
-    return Subject(name="flex", fn=ragged(flex), caps=caps,
+    return Subject(name="flex", fn=ragged(flex, flex_sequence), caps=caps,
                    description="torch FlexAttention, compiled (forward only on "
                    "the CPU)", compile_seconds=lambda: _take("seconds"), compiles=lambda: _take("count"),
                    compile_key=compile_key)

@@ -10,10 +10,12 @@ import torch
 from faverify.cases.ragged import gather_pages
 
 
-def ragged(dense):
+def ragged(dense, sequence=None):
     """dense(q, k, v, **kwargs) -> out or (out, lse), made to take flash-attn's varlen keywords
     (cu_seqlens_q/k, max_seqlen_q/k: q, k, v packed [total, heads, d]) and its kvcache ones (block_table,
-    cache_seqlens: k and v the page pools)."""
+    cache_seqlens: k and v the page pools). sequence: what runs each sequence of a ragged batch (dense's
+    own call unless given)."""
+    sequence = sequence or dense
     def fn(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
            block_table=None, cache_seqlens=None, alibi_slopes=None, **kwargs):
         if cu_seqlens_q is None and block_table is None:
@@ -39,7 +41,7 @@ def ragged(dense):
                     no_keys[len(outs)] = kwargs["sinks"].detach().float()[None, :, None].expand(
                         1, qb.shape[2], qb.shape[1])
             else:
-                result = dense(qb, kb, vb, **kwargs, **extra)
+                result = sequence(qb, kb, vb, **kwargs, **extra)
                 out, lse = result if isinstance(result, tuple) else (result, None)
             outs.append(out)
             lses.append(lse)
