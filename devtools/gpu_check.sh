@@ -73,6 +73,8 @@
 #                    batch,decode,repeat (300 sequences), then sdpa-flash, sdpa-efficient, sdpa-cudnn and flex at
 #                    --sequence 8 --relations batch,decode,repeat (150 each), and triton-paged at --relations splits
 #   fp8        [120] sdpa-math's FP8 cases on the GPU (--features fp8, 500 cases): the control of the FP8 judge
+#   fp8-kernel [480] the bundled FP8 forward (kernels/triton/fp8.py): its tests, a 10000-case fuzz of triton-fp8
+#                    (--dtype fp8) and its three mutants
 #   sparse     [450] the sparse-indices kernels (kernels/triton/sparse.py): their tests, a 2000-case fuzz of
 #                    triton drawing sparse indices with the features that go with them, and their mutant (on
 #                    the H200 the fuzz's warm-up took most of a 150 s box: 622 cases)
@@ -251,6 +253,13 @@ for step in $steps; do
         --json "$out/between-splits.json" ;;
     fp8) run fp8 120 "^PASS|^FAIL|cases per feature|minimal case|interrupted" python3 -m faverify fuzz \
       --kernel sdpa-math --features fp8 --iters 500 --dtype bf16 --no-db --json "$out/fp8.json" ;;
+    fp8-kernel)
+      run fp8-kernel-tests 90 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -rfs \
+        property_tests/test_triton_fp8.py
+      run fp8-kernel 300 "^PASS|^FAIL|FP8 cases|minimal case|interrupted" python3 -m faverify fuzz \
+        --kernel triton-fp8 --dtype fp8 --iters 10000 --no-db --json "$out/fp8-kernel.json"
+      run fp8-kernel-mutants 60 "killed|SURVIVED|control" python3 -m faverify mutants \
+        --only fp8-v-descale-ignored,fp8-p-unscaled,fp8-q-descale-twice --iters 200 ;;
     sparse)
       run sparse-tests 90 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -rfs \
         property_tests/test_triton_variants.py -k "sparse or max_logit"
