@@ -85,6 +85,10 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
         clock.tell("subject")
         result.gradcheck = directional(subject, case, device).to_dict()
         clock.lap("gradcheck")
+        # what the check's own calls compiled (its fp32 and fp64 configurations) is the check's time, not the
+        # case's compiles: those count the configurations of the case's own calls (Subject.compile_key)
+        subject.take_compiles()
+        subject.take_compile_seconds()
         if not result.gradcheck["passed"] and not result.gradcheck["skipped"]:
             result.status = "fail"
             result.reason = "gradient check: " + result.gradcheck["reason"]
