@@ -9,6 +9,10 @@ import os
 # core is busy (a second worker, a compile) spin against each other, 31 ms each (128x256 @ 256x128 fp32,
 # the 2-core CPU machine). Worker processes inherit the variable.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+if len(__import__("sys").argv) > 1 and __import__("sys").argv[1] == "fuzz":
+    # a stop during the imports below is kept for the fuzz, which then writes its run (run/signals.py)
+    from faverify.run.signals import record_early
+    record_early()
 from faverify.cli import bench, doctor, fuzz, golden, kernels, merge, mutants, report, repro  # noqa: F401  (registration)
 from faverify.cli.app import app
 

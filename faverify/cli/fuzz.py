@@ -29,7 +29,7 @@ from faverify.cli.common import (
     write_outputs,
 )
 from faverify.errors import EnvironmentProblem, OwnError, UsageError
-from faverify.run.signals import held, sigterm_interrupts
+from faverify.run.signals import held, sigterm_interrupts, stop_if_early
 
 
 @app.command()
@@ -100,8 +100,12 @@ def fuzz(
                                                "_exit) ends the run with no report")] = True,
 ) -> int:
     """Fuzz kernels against the FP64 reference; shrink each failure to a minimal case."""
+    # torch loads while a stop is only recorded (signals.record_early): a stop raised inside its import would
+    # leave it half loaded, and the run's environment could not be read to write the run
+    import faverify.env  # noqa: F401
     with sigterm_interrupts():  # from the first moment: a stop before the first case still writes the run
         try:
+            stop_if_early()  # a stop while the command was still importing
             subjects, plan, settings = _plan(locals())
         except KeyboardInterrupt:
             return _stopped_before_any_case(kernel, json_path, markdown)

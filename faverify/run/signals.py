@@ -17,6 +17,15 @@ import threading
 
 STOPS = (signal.SIGTERM, signal.SIGHUP)  # a CI job's timeout; a closed terminal or SSH session
 _requested = threading.Event()  # a stop signal arrived in sigterm_interrupts' block
+_early: list = []  # the stops that arrived before it, while the command was still importing (record_early)
+
+
+def record_early() -> None:
+    """From now until sigterm_interrupts, SIGTERM and SIGHUP are recorded, not fatal: a stop while a fuzz
+    is still importing torch then ends it as a stop in its first moment does, with its run written."""
+    if threading.current_thread() is threading.main_thread():
+        for s in STOPS:
+            signal.signal(s, lambda signum, frame: _early.append(signum))
 
 
 @contextlib.contextmanager
@@ -37,6 +46,14 @@ def sigterm_interrupts():
             yield
     finally:
         sys.unraisablehook = previous
+
+
+def stop_if_early() -> None:
+    """Raise the KeyboardInterrupt of a stop that came while the command was importing (record_early)."""
+    if _early:
+        _early.clear()
+        _requested.set()
+        raise KeyboardInterrupt
 
 
 def requested() -> bool:
