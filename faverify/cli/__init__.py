@@ -10,9 +10,11 @@ import os
 # the 2-core CPU machine). Worker processes inherit the variable.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 if len(__import__("sys").argv) > 1 and __import__("sys").argv[1] == "fuzz":
-    # a stop during the imports below is kept for the fuzz, which then writes its run (run/signals.py)
+    # a stop during the imports below is kept for the fuzz, which then writes its run (run/signals.py); torch
+    # loads meanwhile: a stop raised inside its import would leave it half loaded, and no run could be written
     from faverify.run.signals import record_early
     record_early()
+    import faverify.env  # noqa: F401
 from faverify.cli import bench, doctor, fuzz, golden, kernels, merge, mutants, report, repro  # noqa: F401  (registration)
 from faverify.cli.app import app
 

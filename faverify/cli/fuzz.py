@@ -100,12 +100,8 @@ def fuzz(
                                                "_exit) ends the run with no report")] = True,
 ) -> int:
     """Fuzz kernels against the FP64 reference; shrink each failure to a minimal case."""
-    # torch loads while a stop is only recorded (signals.record_early): a stop raised inside its import would
-    # leave it half loaded, and the run's environment could not be read to write the run
-    import faverify.env  # noqa: F401
     with sigterm_interrupts():  # from the first moment: a stop before the first case still writes the run
         try:
-            stop_if_early()  # a stop while the command was still importing
             subjects, plan, settings = _plan(locals())
         except KeyboardInterrupt:
             return _stopped_before_any_case(kernel, json_path, markdown)
@@ -127,6 +123,7 @@ def _plan(given: dict) -> tuple:
     from faverify.run.plan import FuzzPlan
     from faverify.subjects import resolve_many
     from faverify.subjects.base import RELATIONS
+    stop_if_early()  # a stop while the command was still importing
     g = dict(given)
     dtypes, fp8_only = parse_fuzz_dtypes(g["dtype"])
     tolerance = tolerance_from(g["factor"], g["atol"], g["tight"])
