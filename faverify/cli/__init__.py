@@ -3,13 +3,14 @@ each registering on the app of cli/app.py. Domain errors become exit codes there
 what it runs inside its own function: `faverify --help` and `faverify report` load neither torch's kernels
 nor the evaluation (property_tests/test_imports.py checks the report)."""
 import os
+import sys
 
 # Before numpy loads (torch imports it): one OpenBLAS thread. The Triton interpreter computes each tl.dot
 # as a numpy matmul of one tile; one thread does it in 0.3 ms, while two threads on a machine whose other
 # core is busy (a second worker, a compile) spin against each other, 31 ms each (128x256 @ 256x128 fp32,
 # the 2-core CPU machine). Worker processes inherit the variable.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-if len(__import__("sys").argv) > 1 and __import__("sys").argv[1] == "fuzz":
+if sys.argv[1:2] == ["fuzz"]:
     # a stop during the imports below is kept for the fuzz, which then writes its run (run/signals.py); torch
     # loads meanwhile: a stop raised inside its import would leave it half loaded, and no run could be written
     from faverify.run.signals import record_early
