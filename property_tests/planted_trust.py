@@ -275,6 +275,15 @@ def relations_kept(q, k, v, *, causal, softmax_scale):
     return reference(q, k, v, causal=causal, scale=scale)[0]["out"].to(q.dtype)
 
 
+def zero_signs_alone(q, k, v, *, causal, softmax_scale):
+    """relations_kept, but a call of one batch entry or one query row gives its zeros as -0.0: the same values,
+    other bits. Keeps every relation it promises."""
+    out = relations_kept(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    if q.shape[0] == 1 or q.shape[1] == 1:
+        out = torch.where(out == 0, torch.full_like(out, -0.0), out)
+    return out
+
+
 def run_dependent(q, k, v, *, causal, softmax_scale):
     """Moves out by one ulp on every other call (an atomic reduction in another order): breaks the repeat
     relation it promises, inside the tolerance."""
@@ -310,6 +319,7 @@ batch_dependent.faverify_capabilities = {"backward": False, "relations": ["batch
 decode_dependent.faverify_capabilities = {"backward": False, "relations": ["decode"]}
 run_dependent.faverify_capabilities = {"backward": False, "relations": ["repeat"]}
 relations_kept.faverify_capabilities = {"backward": False, "relations": ["batch", "decode", "repeat"]}
+zero_signs_alone.faverify_capabilities = relations_kept.faverify_capabilities
 for _fn in (splits_dependent, splits_kept):
     _fn.faverify_capabilities = {"backward": False, "splits": True, "lse": True, "relations": ["splits"]}
 

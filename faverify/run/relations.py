@@ -1,4 +1,6 @@
-"""Relations between calls that a subject promises (Capabilities.relations), checked bit for bit.
+"""Relations between calls that a subject promises (Capabilities.relations), checked value for value: every
+element equal, -0.0 beside +0.0 and NaN beside NaN counted the same (a row computed alone may round a zero
+to the other sign; a NaN is the judge's to fail, not the relation's).
 
 batch: each batch entry of a dense case, computed alone, gives its row of the batched call: out and lse,
 and dq (dk and dv too where k and v are not shared across the batch). A row that depends on its batch
@@ -114,7 +116,7 @@ def _rows(t, rows: slice, dim: int):
 
 def _differ(mine: dict, rows: dict) -> tuple:
     """(largest difference relative to the tensor's largest magnitude, the tensor it is in) over the tensors
-    both have that are not the same bits; (0.0, "") where every one is."""
+    both have whose values differ; (0.0, "") where every one is the same."""
     worst, where = 0.0, ""
     for name, t in mine.items():
         row = rows.get(name)
@@ -123,7 +125,7 @@ def _differ(mine: dict, rows: dict) -> tuple:
         t, row = t.detach(), row.detach()
         if t.shape != row.shape:
             return float("inf"), name
-        differing = ~_same_bits(t, row)
+        differing = ~_same_values(t, row)
         if differing.any():
             # relative to the row's largest magnitude: a last-bit difference of values near 1e5 is not large
             scale = float(row.double().abs().nan_to_num(0.0).max()) or 1.0
@@ -134,13 +136,12 @@ def _differ(mine: dict, rows: dict) -> tuple:
     return worst, where
 
 
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Where two tensors hold the same bits, a NaN beside a NaN counted the same whatever its payload: a
-    kernel that gives NaN on both calls keeps its promise (the NaN itself is the judge's to fail)."""
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Where two tensors hold the same values: == counts -0.0 equal to +0.0, and a NaN beside a NaN is counted
+    the same whatever its payload (a kernel that gives NaN on both calls keeps its promise)."""
     if not a.is_floating_point():
         return a == b
-    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return (a.view(ints) == b.view(ints)) | (a.isnan() & b.isnan())
+    return (a == b) | (a.isnan() & b.isnan())
 
 
 def _worse(found: tuple, new: tuple, place: str) -> tuple:
