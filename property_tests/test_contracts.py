@@ -178,3 +178,22 @@ def test_the_timeout_is_the_subjects_alone_not_faverifys_reference():
     finally:
         worker.stop()
     assert r.status == "fail" and "out:" in " ".join(r.signatures), (r.status, r.reason)
+
+
+@pytest.mark.parametrize("subject", ["detached", "zero_gradients"])
+def test_gradients_asked_for_are_judged(subject):
+    """Under --mode both an out without an autograd graph fails as a contract breach (the gradients were never
+    computed), and zero gradients fail as wrong values: neither passes on its forward alone."""
+    r = evaluate(resolve(f"property_tests.planted_gradients:{subject}"), Case(1, 9, 7, 2, 1, 16, seed=1), "cpu")
+    assert r.status == "fail", r.reason
+    if subject == "detached":
+        assert r.signatures == ["contract"] and "no autograd graph" in r.reason, (r.signatures, r.reason)
+    else:
+        assert {"dq:tolerance", "dk:tolerance", "dv:tolerance"} <= set(r.signatures), r.signatures
+
+
+def test_a_kernel_that_detaches_on_causal_cases_alone_fails_a_fuzz(tmp_path):
+    r = cli("fuzz", "--kernel", "property_tests.planted_gradients:detached_when_causal", "--iters", "30",
+            "--seed", "3", "--device", "cpu", "--no-db", "--features", "none", "--json", tmp_path / "run.json")
+    assert r.exit_code == 1, r.stderr
+    assert "contract" in read_json(tmp_path / "run.json")["kernels"][0]["failures"][0]["signature"], r.stderr

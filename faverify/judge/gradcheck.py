@@ -67,8 +67,8 @@ def dtype_for(subject: Subject) -> str | None:
 
 def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck:
     dtype = dtype_for(subject)
-    if dtype is None or not subject.caps.backward:
-        return _skip(dtype or "-", "subject has no backward or no supported dtype")
+    if dtype is None or not subject.caps.backward_on(torch.device(device).type):
+        return _skip(dtype or "-", "subject has no backward here or no supported dtype")
     if case.kind != "dense" or case.splits > 1:  # checked on the dense case of its longest sequences
         if not subject.caps.dense:
             return _skip(dtype, "the finite-difference check runs on dense cases; the subject takes none")

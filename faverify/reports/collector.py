@@ -176,7 +176,7 @@ class KernelStats:
             self.skipped[r.reason] += 1
         elif r.status == "error" and len(self.own_errors) < 3:
             self.own_errors.append(r.reason)
-        elif r.status == "pass" and r.reason:  # passed on less than was asked (evaluate.FORWARD_ONLY)
+        elif r.status == "pass" and r.reason:  # passed on less than was asked (evaluate._what_runs)
             self.partial[r.reason] += 1
         outcome = "failing" if r.failed else "passing"  # apart: the good cases' margin is not hidden by the bad
         for t, m in r.metrics.items():

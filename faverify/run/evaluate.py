@@ -130,7 +130,7 @@ def exercise(subject: Subject, case: Case, device: torch.device | str, mode: str
         return
     x = make_inputs(case, device, requires_grad=mode != "fwd")
     out, _ = subject(x.q, x.k, x.v, case, x.extras())
-    if mode != "fwd" and subject.caps.backward and out.requires_grad:
+    if mode != "fwd" and subject.caps.backward_on(torch.device(device).type) and out.requires_grad:
         torch.autograd.grad(out, tuple(x.differentiable().values()), x.dout, allow_unused=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -193,12 +193,10 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     if problem:
         return failure(name, case, "fail", problem, "contract")
 
+    if backward and not out.requires_grad:  # gradients asked for and never given: a pass would judge nothing
+        return failure(name, case, "fail", NO_GRAPH, "contract")
     out, lse = as_the_caller_sees(out), as_the_caller_sees(lse)
     got = {"out": out, "lse": lse, "max_logit": as_the_caller_sees(max_logit)}
-    forward_only = judged_on_less
-    if backward and not out.requires_grad:  # judged on its forward alone, and the case says so
-        forward_only, backward = FORWARD_ONLY, False
-        mode = "fwd"
     if backward:
         stopped = _gradients(subject, case, x, pristine, out, got, in_worker)
         if stopped is not None:
@@ -232,7 +230,7 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     failing += [(f"{t}:{kind(m)}", f"{t}: {m.reason}") for t, m in metrics.items() if not m.passed]
     if failing:
         return CaseResult(name, case, "fail", "; ".join(r for _, r in failing), metrics, [sig for sig, _ in failing])
-    return CaseResult(name, case, "pass", forward_only, metrics)
+    return CaseResult(name, case, "pass", judged_on_less, metrics)
 
 
 def _buffer_checks(subject: Subject, case: Case, pristine: Inputs, buffer, out, in_worker: bool) -> list:
@@ -289,10 +287,11 @@ def _what_runs(subject: Subject, case: Case, device: torch.device, mode: str) ->
             if mode == "bwd":
                 reason = why
             mode, backward, judged_on_less = "fwd", False, "forward only: " + why
-    if reason is None and backward and not subject.caps.backward:
+    if reason is None and backward and not subject.caps.backward_on(device.type):
         if mode == "bwd":
-            reason = NO_BACKWARD
-        mode, backward, judged_on_less = "fwd", False, NO_BACKWARD_ONLY
+            reason = NO_BACKWARD if not subject.caps.backward else f"the subject has no backward on {device.type}"
+        mode, backward, judged_on_less = "fwd", False, (
+            NO_BACKWARD_ONLY if not subject.caps.backward else f"forward only: no backward on {device.type}")
     if reason is None:
         reason = too_big(case, device, backward)
     return reason, mode, backward, judged_on_less
@@ -329,7 +328,8 @@ def _gradients(subject: Subject, case: Case, x: Inputs, pristine: Inputs, out, g
 
 
 # the reason a passing case carries when only its forward could be judged
-FORWARD_ONLY = "forward only: the subject's output has no autograd graph, so its backward was not run"
+NO_GRAPH = ("out has no autograd graph, so the gradients asked for were never computed: return out with its "
+            "graph, or declare backward: false (or the devices it runs on, backward_devices)")
 PAGED_FORWARD = "paged cases are judged on the forward (decode kernels are forward-only)"
 FP8_FORWARD = "FP8 cases are judged on the forward (the FP8 kernels people ship are forward-only)"
 NO_BACKWARD = "the subject declares no backward (backward: false): judge it with --mode fwd"

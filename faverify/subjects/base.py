@@ -47,6 +47,9 @@ class Capabilities:
     gqa: bool = True
     init_modes: tuple | None = None  # None: the subject takes no init; cases run whatever their init
     backward: bool = True
+    # the devices its backward runs on, where it has one (FlexAttention compiled on the CPU has none): a case
+    # there is judged on its forward, and says so; elsewhere an out without an autograd graph fails it
+    backward_devices: tuple = ("cpu", "cuda")
     lse: bool = False  # returns (out, lse)
     # inputs the subject may write (a kernel that appends to a KV cache it is given); any other input it
     # changes is a failing case ("modified q in place"), judged against references from the untouched copy
@@ -92,10 +95,10 @@ class Capabilities:
     # where causal aligns, lse's base, the lse of a row that sees no key, ALiBi's form: a preset's name
     # (conventions.PRESETS: "flash-attn-2", "flashinfer", ...) or a dict of conventions.Conventions' fields
     conventions: object = _conventions.DEFAULT
-    # relations between calls the subject promises (run/relations.py), bit for bit: "batch", each batch entry
-    # computed alone gives its row of the batched call; "decode", the last query row computed alone gives
-    # that row; "repeat", the same call twice gives the same bits; "splits", a split-KV call gives the bits
-    # of the call with one split. A broken promise fails the case (relation:batch, ...)
+    # relations between calls the subject promises (run/relations.py), value for value: "batch", each batch
+    # entry computed alone gives its row of the batched call; "decode", the last query row computed alone
+    # gives that row; "repeat", the same call twice gives the same values; "splits", a split-KV call gives the
+    # values of the call with one split. A broken promise fails the case (relation:batch, ...)
     relations: tuple = ()
     # a loss on lse: the lse it returns carries an autograd graph, whose gradient is judged with the others'
     lse_grad: bool = False
@@ -123,12 +126,13 @@ class Capabilities:
         """Each field of the type it must have: a declaration that is not valid is refused when the subject
         loads, not as a failure of every case."""
         object.__setattr__(self, "conventions", _conventions.parse(self.conventions))
-        lists = ("dtypes", "devices", "writes", "relations", "fp8", "fp8_formats")
+        lists = ("dtypes", "devices", "backward_devices", "writes", "relations", "fp8", "fp8_formats")
         for name in lists + (("init_modes",) if self.init_modes is not None else ()):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, value := tuple(value))
-            allowed = {"dtypes": DTYPES, "devices": ("cpu", "cuda"), "writes": INPUTS + EXTRAS, "init_modes": INITS,
+            allowed = {"dtypes": DTYPES, "devices": ("cpu", "cuda"), "backward_devices": ("cpu", "cuda"),
+                       "writes": INPUTS + EXTRAS, "init_modes": INITS,
                        "relations": RELATIONS, "fp8": FP8[1:], "fp8_formats": tuple(FP8_FORMATS)}[name]
             if not isinstance(value, tuple) or not all(isinstance(x, str) and x in allowed for x in value):
                 raise ValueError(f"{name} must be a list of {', '.join(allowed)}, got {value!r}")
@@ -199,6 +203,10 @@ class Capabilities:
         if self.fp8_only and case.fp8 == "off":
             return "takes FP8 inputs alone (fp8_only)"
         return None
+
+    def backward_on(self, device_type: str) -> bool:
+        """Whether its backward runs on this device type."""
+        return self.backward and device_type in self.backward_devices
 
     def mask_form(self, case: Case) -> str | None:
         """How this subject takes the case's mask: "attn_mask" (a bool tensor), "mask_mod" (a function),
