@@ -17,9 +17,25 @@ def _columns(d, group, sk, first_block_only=False):
     return d.repeat_interleave(BLOCK, dim=2)[:, :, None, :sk]
 
 
+def _truncated(x, bits):
+    """x with `bits` significant bits, the rest cut toward zero."""
+    m, e = torch.frexp(x.double())
+    return torch.ldexp(torch.trunc(m * 2.0**bits) / 2.0**bits, e).float()
+
+
+def _hopper_logits(q, k, bits=14, step=32):
+    """q k^T as Hopper's FP8 tensor cores sum it: each step of 32 products and the running sum keep about 14
+    bits (DeepSeek-V3's report), cut toward zero."""
+    acc = torch.zeros(*q.shape[:-1], k.shape[-2], dtype=torch.float32, device=q.device)
+    for d0 in range(0, q.shape[-1], step):
+        part = q[..., d0:d0 + step].double() @ k[..., d0:d0 + step].double().transpose(-1, -2)
+        acc = _truncated(acc.double() + _truncated(part, bits), bits)
+    return acc
+
+
 def _attention(q8, k8, v8, qd, kd, vd, causal, softmax_scale, *, p_scale=E4M3_MAX, v_descale=True,
                k_descale=True, q_descale_twice=False, p_floor=0.0, first_block_only=False, fp16_logits=False,
-               first_block_max=False):
+               first_block_max=False, hopper=False):
     """FP8 attention as flash-attn 3 computes it: S in fp32 from the FP8 values times the descales, P
     scaled onto e4m3's range (p_scale) and quantized, O = P8 v8 / p_scale * v_descale / l (a block's v
     descale on its columns of P). Inputs that are not FP8 (no descales): attention in fp32, out in their
@@ -36,7 +52,8 @@ def _attention(q8, k8, v8, qd, kd, vd, causal, softmax_scale, *, p_scale=E4M3_MA
     kd, vd = (_columns(t, group, sk, first_block_only) for t in (kd, vd))
     q, k, v = (t.float().transpose(1, 2) for t in (q8, k8, v8))
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    raw = (q.half() @ k.half().transpose(-1, -2)).float() if fp16_logits else q @ k.transpose(-1, -2)
+    raw = (q.half() @ k.half().transpose(-1, -2)).float() if fp16_logits else _hopper_logits(q, k) if hopper else \
+        q @ k.transpose(-1, -2)
     s = raw * (qd * (kd if k_descale else 1.0) * scale) * (qd if q_descale_twice else 1.0)
     if causal:
         sq = s.shape[-2]
@@ -55,6 +72,12 @@ def _attention(q8, k8, v8, qd, kd, vd, causal, softmax_scale, *, p_scale=E4M3_MA
 def fp8_right(q, k, v, *, causal, softmax_scale, q_descale=None, k_descale=None, v_descale=None):
     """The control: P scaled onto e4m3's range before it is quantized, every descale applied once."""
     return _attention(q, k, v, q_descale, k_descale, v_descale, causal, softmax_scale)
+
+
+def fp8_hopper_accumulator(q, k, v, *, causal, softmax_scale, q_descale=None, k_descale=None, v_descale=None):
+    """The control with S summed as Hopper's FP8 tensor cores sum it (about 14 bits): right, however far its
+    logits then move from the fp32 sum's at large logits."""
+    return _attention(q, k, v, q_descale, k_descale, v_descale, causal, softmax_scale, hopper=True)
 
 
 def fp8_p_unscaled(q, k, v, *, causal, softmax_scale, q_descale=None, k_descale=None, v_descale=None):
@@ -109,8 +132,9 @@ def fp8_per_tensor_only(q, k, v, *, causal, softmax_scale, q_descale=None, k_des
                      k_descale=k_descale, v_descale=v_descale)
 
 
-for _fn in (fp8_right, fp8_p_unscaled, fp8_v_descale_ignored, fp8_q_descale_twice, fp8_k_descale_ignored,
-            fp8_tail_dropped, fp8_block_scales_read_per_head, fp8_fp16_logits, fp8_p_scale_of_first_block):
+for _fn in (fp8_right, fp8_hopper_accumulator, fp8_p_unscaled, fp8_v_descale_ignored, fp8_q_descale_twice,
+            fp8_k_descale_ignored, fp8_tail_dropped, fp8_block_scales_read_per_head, fp8_fp16_logits,
+            fp8_p_scale_of_first_block):
     _fn.faverify_capabilities = {"fp8": ["tensor", "head", "block"], "backward": False, "dtypes": ["bf16"]}
 fp8_per_tensor_only.faverify_capabilities = {"fp8": ["tensor"], "backward": False, "dtypes": ["bf16"]}
 

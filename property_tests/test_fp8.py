@@ -115,6 +115,20 @@ def test_each_fp8_bug_fails_a_150_case_fuzz_with_a_minimal_case_naming_its_scale
     assert re.search(r"minimal case: .* fp8 e4m3 descale per (tensor|head|block)", r.stderr), r.stderr
 
 
+@pytest.mark.parametrize("seed", [1, 2, 6])
+def test_the_fp8_tensor_cores_accumulator_is_in_the_model(seed, monkeypatch):
+    """Hopper's FP8 tensor cores keep about 14 bits of q k^T's sum. A kernel that sums so passes at large
+    logits (the weights there are what its logits give, out held to its values' hull); judged as if it summed
+    in fp32 (flash_bound.FP32_DOT), the same outputs fail."""
+    import faverify.judge.judging as judging
+    from faverify.judge.flash_bound import FP32_DOT
+    s = resolve(f"{PLANTED}:fp8_hopper_accumulator")
+    case = Case(1, 64, 256, 2, 1, 64, dtype="bf16", regime="large", fp8="head", seed=seed, causal=seed % 2 == 0)
+    assert evaluate(s, case, "cpu", mode="fwd").status == "pass"
+    monkeypatch.setattr(judging, "FP8_DOT", FP32_DOT)
+    assert evaluate(s, case, "cpu", mode="fwd").signatures == ["out:tolerance"]
+
+
 def test_a_subject_without_the_granularity_skips_the_case_with_the_reason():
     r = evaluate(resolve(f"{PLANTED}:fp8_per_tensor_only"), PLAIN, "cpu")
     assert r.status == "skip" and "per head not taken" in r.reason

@@ -6,7 +6,7 @@ import torch
 from faverify.cases.case import Case
 from faverify.cases.inputs import make_inputs
 from faverify.errors import UsageError
-from faverify.judge.metrics import error_stats
+from faverify.judge.metrics import ErrorStats, error_stats
 from faverify.judge.reference import naive, reference
 from faverify.judge.verdict import DEFAULT_FACTOR, Tolerance, judge, parse_overrides
 
@@ -109,7 +109,6 @@ def test_an_elements_own_rounding_into_the_dtype_is_not_counted_against_the_kern
 def test_an_inf_gradient_passes_only_where_the_weights_are_undetermined():
     """Logits near 1e10 (ill-conditioned): dq and dk of a kernel's legitimate weights may pass the dtype's
     range; NaN still fails, and so does Inf in out or where the case is well-conditioned."""
-    from faverify.judge.metrics import ErrorStats
     from faverify.judge.verdict import judge
     values = dict(max_abs=0.0, mean_abs=0.0, rmse=0.0, ref_max=1e-30, max_ulp=0.0, nan=0.0, inf=160.0,
                   masked_bad=0.0, baseline_max_abs=0.0, worst=0.0, beyond_rounding=0.0)
@@ -133,25 +132,42 @@ def test_ill_conditioned_cases_waive_tolerance_but_not_nan():
     assert not m.passed and m.nan == 1
 
 
-def test_inf_fails_unless_the_allowed_error_passes_the_dtype_range():
-    """An Inf where the reference is finite fails; it passes only where the allowed error itself reaches
-    the dtype's largest finite value (the tolerance then accepts results past the range, and Inf is one
-    of them rounded). NaN fails there too."""
+def test_inf_fails_unless_an_allowed_value_rounds_to_it():
+    """An Inf where the reference is finite fails; it passes only where a value within the allowed error of
+    that element's reference lies past the dtype's range, with the Inf's sign (Inf is that value rounded).
+    NaN fails there too."""
     c = Case(1, 8, 8, 1, 1, 16, dtype="fp16", seed=1)
     x = make_inputs(c, "cpu")
     out = naive(*x.tensors(), causal=False, scale=c.scale)["out"].clone()
     out[0, 2, 0, 1] = math.inf
     m, _, _ = _judge(out, c, x)
     assert not m.passed and m.inf == 1 and "Inf where the reference is finite" in m.reason
+    # every value is 32768, so out is 32768 whatever the weights: 65520 is past any allowance, Inf fails
     c = Case(1, 1, 17, 1, 1, 40, dtype="fp16", regime="bf16-scale", softmax_scale=0.001)
     x = make_inputs(c, "cpu")
-    out = x.v[:, :1].expand(1, 1, 1, 40).clone() * 0
+    out = x.v[:, :1].expand(1, 1, 1, 40).clone()
     out[0, 0, 0, 0] = math.inf
     m, _, _ = _judge(out, c, x)
-    assert m.allowed >= torch.finfo(torch.float16).max and m.passed and m.inf == 1
-    out[0, 0, 0, 1] = math.nan
-    m, _, _ = _judge(out, c, x)
-    assert not m.passed and "NaN" in m.reason and "Inf" not in m.reason
+    assert not m.passed and m.inf == 1 and "Inf" in m.reason
+
+
+def _dq_stats(ref: float, got: float, allowed_scale: float) -> ErrorStats:
+    """dq's statistics of one fp16 element through metrics.error_stats: got against ref, scale_T given."""
+    t = {"dq": torch.tensor([got], dtype=torch.float16)}
+    r = {"dq": torch.tensor([ref], dtype=torch.float64)}
+    return error_stats(t, r, r, {"dq": torch.tensor(allowed_scale, dtype=torch.float64),
+                                 "logit": torch.tensor(1.0, dtype=torch.float64)}, tensors=("dq",))["dq"]
+
+
+def test_an_inf_from_rounding_an_allowed_value_past_fp16_passes():
+    """A dq of 65400 computed within the allowance as 65530 rounds to Inf in fp16: that Inf passes where the
+    allowance (atol F = 2^-11 scale_T) reaches 65520 - 65400, fails where it does not, and -Inf never does."""
+    wide, narrow = 200 * 2048, 50 * 2048  # F = 200, F = 50
+    assert judge(_dq_stats(65400.0, math.inf, wide), "fp16", Tolerance()).passed
+    assert not judge(_dq_stats(65400.0, math.inf, narrow), "fp16", Tolerance()).passed
+    assert not judge(_dq_stats(65400.0, -math.inf, wide), "fp16", Tolerance()).passed
+    nan = judge(_dq_stats(65400.0, math.nan, wide), "fp16", Tolerance())
+    assert not nan.passed and "NaN" in nan.reason and "Inf" not in nan.reason
 
 
 def test_overrides():

@@ -14,7 +14,7 @@ import torch
 from faverify.cases.vocabulary import ROW_LOGITS
 
 _STATS = ("max_abs", "mean_abs", "rmse", "ref_max", "max_ulp", "nan", "inf", "masked_bad",
-          "baseline_max_abs", "worst", "beyond_rounding")
+          "baseline_max_abs", "worst", "beyond_rounding", "inf_gap")
 
 
 @dataclass
@@ -51,14 +51,15 @@ class TensorMetrics:
 @dataclass(frozen=True)
 class ErrorStats:
     """One tensor's raw statistics (the keys of _STATS), with what the tolerance needs besides: the
-    magnitude of its terms (scale_T), the largest logit bound S, where its largest error sits, and what
-    rounding its matmul operands below the dtype's smallest normal may cost (scales.ScaleAccumulator)."""
+    magnitude of its terms (scale_T), the largest logit bound S, where its largest error sits, and what the
+    flash algorithm's own roundings may cost it (E_T, flash_bound.FlashBound)."""
     tensor: str
     values: dict
     scale: float
     logit: float
     worst_index: list
-    operand: float = 0.0
+    flash: float = 0.0
+    logit_unit: float = 2.0**-24  # the unit of the logits' sum (flash_bound.Dot): fp32's, or an FP8 core's
 
 
 def error_stats(got: dict, ref: dict, base: dict, scales: dict, *, tensors: tuple[str, ...],
@@ -82,15 +83,16 @@ def error_stats(got: dict, ref: dict, base: dict, scales: dict, *, tensors: tupl
     scale_values = torch.stack([scales[n].to(torch.float64) for n in names])
     logit = scales["logit"].to(torch.float64).expand(len(names))
     zero = torch.zeros((), dtype=torch.float64, device=scale_values.device)
-    operand = torch.stack([scales.get(f"{n}_operand", zero).to(torch.float64) for n in names])
-    host = torch.cat([torch.stack(rows).to(torch.float64), scale_values[:, None], logit[:, None], operand[:, None]],
-                     dim=1).tolist()
+    flash = torch.stack([scales.get(f"{n}_flash", zero).to(torch.float64) for n in names])
+    unit = scales.get("logit_unit", zero + 2.0**-24).to(torch.float64).expand(len(names))
+    host = torch.cat([torch.stack(rows).to(torch.float64), scale_values[:, None], logit[:, None], flash[:, None],
+                      unit[:, None]], dim=1).tolist()
     result = {}
     for name, values in zip(names, host):
-        s = dict(zip(_STATS, values[:-3]))
-        scale, max_logit, rounding = values[-3:]
+        s = dict(zip(_STATS, values[:-4]))
+        scale, max_logit, flash, logit_unit = values[-4:]
         result[name] = ErrorStats(name, s, scale, max_logit, _unravel(int(s["worst"]), tuple(got[name].shape)),
-                                  rounding)
+                                  flash, logit_unit)
     return result
 
 
@@ -100,6 +102,7 @@ def _raw_stats(name, got, ref, base, empty, empty_lse, scale):
     (a difference with the FP64 reference is computed in FP64, exactly as after a cast, without one)."""
     got = got.detach()
     diff = (got - ref).abs()  # NaN where got is NaN; NaN or Inf where got is Inf
+    gap = None
     if name in ROW_LOGITS:  # the tensors whose reference has non-finite entries (-inf rows)
         fin = torch.isfinite(ref)
         diff = torch.where(fin, diff, 0.0)
@@ -120,7 +123,13 @@ def _raw_stats(name, got, ref, base, empty, empty_lse, scale):
         ref_top = saturated(ref)
         diff = torch.where(past, (saturated(got) - ref_top).abs(), diff)
         nan = torch.isnan(got).sum(dtype=torch.float64)
-        inf = (torch.isinf(got) & ~past).sum(dtype=torch.float64)
+        infs = torch.isinf(got) & ~past
+        inf = infs.sum(dtype=torch.float64)
+        # the allowance an Inf needs to be a value within it rounded to the dtype: from the reference to the
+        # first value that rounds to an Inf of its sign (the largest finite value and half its ulp)
+        overflow = top + torch.finfo(got.dtype).eps * 2.0 ** math.floor(math.log2(top)) / 2
+        gap = torch.where(infs, overflow - torch.sign(got.to(ref.dtype)) * ref, -math.inf).amax() if infs.numel() \
+            else ref.new_zeros(())
         n = max(1, ref.numel())  # a Python number: no copy to the device
         ref_abs = ref.abs()
         base_diff = torch.where(past, (saturated(base) - ref_top).abs(), (base - ref).abs())
@@ -141,6 +150,7 @@ def _raw_stats(name, got, ref, base, empty, empty_lse, scale):
         ranking.reshape(-1).argmax().to(torch.float64),
         # the error beyond each element's own rounding into the tensor's dtype (verdict.py says why)
         (err - ref_abs * 2.0 ** -(_SIGNIFICAND_BITS[got.dtype] + 1)).amax().clamp(min=0.0),
+        gap if gap is not None else ref.new_full((), math.inf),
     ])
 
 

@@ -18,6 +18,7 @@ import torch
 
 from faverify.cases.mods import sech2
 from faverify.cases.variant import Variant
+from faverify.judge.flash_bound import FP32_DOT, Dot
 from faverify.judge.scales import ScaleAccumulator, add_rows
 
 Tensors = dict  # name -> tensor: out [b,sq,h,dv], lse [b,h,sq], dq [b,sq,h,d], dk [b,sk,hk,d], dv [b,sk,hk,dv],
@@ -41,7 +42,7 @@ def bytes_needed(b: int, sq: int, sk: int, h: int, hk: int, d: int, elem: int, d
 
 
 def reference(q, k, v, dout=None, *, causal: bool, scale: float, variant: Variant | None = None,
-              dlse=None, max_logit: bool = False) -> tuple[Tensors, dict]:
+              dlse=None, max_logit: bool = False, dot: Dot = FP32_DOT) -> tuple[Tensors, dict]:
     """FP64 outputs (and gradients when dout is given), plus the magnitude scale of each tensor.
 
     A scale is the size of the terms summed to produce a tensor (see scales.ScaleAccumulator), not the size of
@@ -49,10 +50,11 @@ def reference(q, k, v, dout=None, *, causal: bool, scale: float, variant: Varian
     not, and rounding them costs a kernel about u times their size.
     dlse: [b, h, sq], a loss's gradient on lse (natural log) beside dout's on out: each row's logits take
     p * dlse more (d lse / d s = p), and its sink p_sink * dlse. max_logit: the largest logit each row sees
-    (after softcap, ALiBi and bias; the sink is no key), [b, h, sq], -inf where it sees none.
+    (after softcap, ALiBi and bias; the sink is no key), [b, h, sq], -inf where it sees none. dot: how the
+    kernel sums its logits (flash_bound.Dot: FP8 tensor cores keep fewer bits), for the scales' flash terms.
     """
     return _attention(q, k, v, dout, scale=scale, variant=variant or Variant.dense(causal), compute=torch.float64,
-                      round_to=None, with_scales=True, dlse=dlse, max_logit=max_logit)
+                      round_to=None, with_scales=True, dlse=dlse, max_logit=max_logit, dot=dot)
 
 
 def naive(q, k, v, dout=None, *, causal: bool, scale: float, variant: Variant | None = None,
@@ -64,8 +66,9 @@ def naive(q, k, v, dout=None, *, causal: bool, scale: float, variant: Variant | 
     return tensors
 
 
-def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales, dlse=None, max_logit=False):
-    st = _setup(q, k, v, dout, variant, compute, round_to, with_scales, scale)
+def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales, dlse=None, max_logit=False,
+               dot=FP32_DOT):
+    st = _setup(q, k, v, dout, variant, compute, round_to, with_scales, scale, dot)
     st.max_logit = torch.full_like(st.lse, float("-inf")) if max_logit else None
     # [b, hk, g, sq, 1], as the rows' statistics are (fp32 draws: exact in either compute dtype)
     st.dlse = None if dlse is None or not st.backward else dlse.to(compute).reshape(st.b, st.hk, st.g, st.sq, 1)
@@ -79,7 +82,7 @@ def _attention(q, k, v, dout, *, scale, variant, compute, round_to, with_scales,
     return _finish(st, variant, compute, round_to)
 
 
-def _setup(q, k, v, dout, variant, compute, round_to, with_scales, scale) -> SimpleNamespace:
+def _setup(q, k, v, dout, variant, compute, round_to, with_scales, scale, dot) -> SimpleNamespace:
     """The inputs per kv head and group, the variant's tensors in that shape, and the zeroed outputs: the
     state every chunk of rows reads and adds to."""
     b, sq, h, d = q.shape
@@ -117,7 +120,7 @@ def _setup(q, k, v, dout, variant, compute, round_to, with_scales, scale) -> Sim
     st.dbias = torch.zeros(variant.bias.shape, dtype=compute, device=dev) if grads and st.bias is not None else None
     half_step = torch.finfo(q.dtype).smallest_normal * torch.finfo(q.dtype).eps / 2  # half a subnormal step
     st.acc = ScaleAccumulator(st.Q, st.K, st.V, st.dO, scale, st.slopes, st.sink, sq,
-                              half_step) if with_scales else None
+                              half_step, dot) if with_scales else None
     st.cols = torch.arange(sk, device=dev)
     return st
 
@@ -173,7 +176,7 @@ def _rows_of(st: SimpleNamespace, variant: Variant, i0: int, i1: int) -> None:
     o = st.rnd(p @ st.V)
     st.out[:, :, :, i0:i1] = o
     if st.acc is not None:
-        st.acc.add_forward(s, p)
+        st.acc.add_forward(i0, i1, s, p, m, st.lse[:, :, :, i0:i1], _slope(cap_slope, mod_slope))
     if st.backward:
         sink_weight = p_sink / torch.where(seen, l, ones) if p_sink is not None else None
         _backward_rows(st, variant, i0, i1, p, o, sink_weight, cap_slope, mod_slope)
@@ -194,10 +197,11 @@ def _backward_rows(st: SimpleNamespace, variant: Variant, i0: int, i1: int, p, o
         st.dsinks += (rnd(sink_weight) * (dlse - D)).sum(dim=(0, 3, 4))
     if mod_slope is not None:
         ds = rnd(ds * mod_slope)
+    D_terms = _d_terms(st, dOc, o, i0, i1) if st.acc is not None else None
     if st.dbias is not None:  # the gradient of the logit where the bias was added
         add_rows(st.dbias, ds, i0, i1)
         if st.acc is not None:
-            st.acc.add_dbias(variant.bias.shape, i0, i1, p * (dp.abs() + (dOc * o).abs().sum(-1, keepdim=True))
+            st.acc.add_dbias(variant.bias.shape, i0, i1, p * (dp.abs() + D_terms)
                              * (mod_slope.abs() if mod_slope is not None else 1.0))
     if cap_slope is not None:
         ds = rnd(ds * cap_slope)
@@ -206,14 +210,19 @@ def _backward_rows(st: SimpleNamespace, variant: Variant, i0: int, i1: int, p, o
     st.dk_heads += ds.transpose(-1, -2) @ Qc
     st.dv_heads += p.transpose(-1, -2) @ dOc
     if st.acc is not None:
-        # a kernel's D reads out rounded to its dtype, whose elements below the smallest normal carry an
-        # error of half a subnormal step (u * tiny) whatever their size: there out's magnitude is tiny's (an
-        # fp16 out near 1e-7 put dsinks at 1.7x the error allowed on the H200)
-        D_terms = (dOc.abs() * o.abs().clamp(min=st.out_tiny)).sum(dim=-1, keepdim=True)
-        if st.dlse is not None:  # dlse sits beside D in each dS term
-            D_terms = D_terms + st.dlse[:, :, :, i0:i1].abs()
-        slope = cap_slope if cap_slope is not None else mod_slope.abs() if mod_slope is not None else None
-        st.acc.add_backward(i0, i1, p, dp, D_terms, slope, sink_weight)
+        st.acc.add_backward(i0, i1, p, dp, D_terms, _slope(cap_slope, mod_slope), sink_weight,
+                            capped=cap_slope is not None)
+
+
+def _d_terms(st: SimpleNamespace, dOc, o, i0: int, i1: int):
+    """The magnitude of what each dS term subtracts from dP: D's terms |dO| |O|, and dlse beside D (a loss on
+    lse), [b, hk, g, c, 1]. A kernel's D reads out rounded to its dtype, whose elements below the smallest
+    normal carry an error of half a subnormal step (u * tiny) whatever their size: there out's magnitude is
+    tiny's (an fp16 out near 1e-7 put dsinks at 1.7x the error allowed on the H200)."""
+    D_terms = (dOc.abs() * o.abs().clamp(min=st.out_tiny)).sum(dim=-1, keepdim=True)
+    if st.dlse is not None:
+        D_terms = D_terms + st.dlse[:, :, :, i0:i1].abs()
+    return D_terms
 
 
 def _finish(st: SimpleNamespace, variant: Variant, compute, round_to) -> tuple:
@@ -241,6 +250,11 @@ def _finish(st: SimpleNamespace, variant: Variant, compute, round_to) -> tuple:
                 "max_logit": torch.float32}
         tensors = {name: t.to(keep.get(name) or round_to) for name, t in tensors.items()}
     return tensors, scales
+
+
+def _slope(cap_slope, mod_slope):
+    """What moves a logit per unit of its q.k (softcap's sech^2) or of its input (a score_mod's derivative)."""
+    return cap_slope if cap_slope is not None else mod_slope.abs() if mod_slope is not None else None
 
 
 def _hidden(variant: Variant, mask, i0: int, i1: int, cols, diag) -> torch.Tensor:

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from faverify.judge.verdict import FLUSHED
-
-# A bias entry this large acts as a mask (exp of it is exactly 0 beside any other logit; a row of them only
-# is uniform in fp32 as in FP64), not as a logit whose rounding costs precision: the logit bound leaves it out
-MASK_LIKE = 1e30
+from faverify.judge.flash_bound import FP32_DOT, MASK_LIKE, Dot, FlashBound
 
 
 class ScaleAccumulator:
@@ -23,12 +19,7 @@ class ScaleAccumulator:
     dk_j  = scale sum_i dS_ij q_i                -> scale sum_i |dS|_ij max|q_i|
     s_ij  = scale sum_d q_id k_jd                -> scale max||q_i|| max||k_j||  (>= scale sum_d |q_id k_jd|)
     lse_i = m_i + log sum_j exp(s_ij - m_i)      -> the logit scale above + max |lse_i|
-    Apart from them, what rounding dS to the input dtype as a matmul operand costs below its smallest
-    normal (operand_half_step = half a subnormal step): an absolute error per dS term whatever its size,
-    carried through the matmul (dq_operand, dk_operand):
-    dq_i  -> scale sum_j [P_ij > 0] half_step max|k_j|,   dk_j -> scale sum_i [P_ij > 0] half_step max|q_i|
-    (softcap 94 at logits near 850: a slope of 6e-8 puts every dS a few fp16 subnormal steps from 0, and a
-    correctly rounded dS gave dk 2.5x an allowance that counted relative roundings only.)
+    Beside them, what the flash algorithm's own roundings cost absolutely (flash_bound.FlashBound): {tensor}_flash.
     max|x_j| over the head dim bounds every element's terms and keeps each one a matrix-vector product,
     cheap next to the reference itself. (The rms did not bound them: sdpa-cudnn's dq at a column where k
     was 1.3x its rms failed at 1.07x a floor it was within by this measure: constant logits, where the
@@ -36,9 +27,9 @@ class ScaleAccumulator:
     A rounding of each term costs about u times this, whatever cancellation makes of the sum.
     """
 
-    def __init__(self, Q, K, V, dO, scale, slopes=None, sink=None, sq=0, operand_half_step=0.0):
+    def __init__(self, Q, K, V, dO, scale, slopes=None, sink=None, sq=0, operand_half_step=0.0,
+                 dot: Dot = FP32_DOT):
         self.scale = scale
-        self.half_step = operand_half_step
         self.v_max, self.k_max, self.q_max = _absmax(V), _absmax(K), _absmax(Q)  # [b, hk, 1|g, s]
         self.dO_max = _absmax(dO) if dO is not None else None
         zero = torch.zeros((), dtype=Q.dtype, device=Q.device)
@@ -53,9 +44,8 @@ class ScaleAccumulator:
         b, hk, g = Q.shape[:3]
         self.dv_cols = torch.zeros(b, hk, g, K.shape[3], dtype=Q.dtype, device=Q.device)
         self.dk_cols = torch.zeros_like(self.dv_cols)
-        self.dk_operand_cols = torch.zeros_like(self.dv_cols)
-        self.dq_operand = zero
-        self.dbias_terms = None
+        self.dbias_terms = self.dbias_flash = None
+        self.flash = FlashBound(Q, K, scale, self, operand_half_step, dot)
 
     def add_logits(self, s):
         """A bias or score_mod moves the logits beyond the q.k bound: the largest seen bounds them then (an
@@ -65,27 +55,30 @@ class ScaleAccumulator:
         self.logit = torch.maximum(self.logit, size.amax())
 
     def add_dbias(self, shape, i0, i1, mag):
-        """dbias sums dS over the bias's broadcast dimensions: the terms' magnitude summed likewise."""
+        """dbias sums dS over the bias's broadcast dimensions: the terms' magnitude summed likewise, and what
+        the flash algorithm's weights move them by."""
         if self.dbias_terms is None:
             self.dbias_terms = torch.zeros(shape, dtype=mag.dtype, device=mag.device)
+            self.dbias_flash = torch.zeros_like(self.dbias_terms)
         add_rows(self.dbias_terms, mag, i0, i1)
+        add_rows(self.dbias_flash, mag * self.flash.delta, i0, i1)
 
-    def add_forward(self, s, p):
+    def add_forward(self, i0, i1, s, p, m, lse, slope=None):
+        """Rows i0..i1: their logits s (hidden keys -inf), weights p, row max m, lse and the slope of the cap
+        or score_mod on each logit (flash_bound's)."""
         self.out = torch.maximum(self.out, (p * self.v_max.unsqueeze(-2)).sum(-1).amax())
+        self.flash.add_forward(i0, i1, s, p, m, lse, slope)
 
-    def add_backward(self, i0, i1, p, dp, D_terms, cap_slope=None, p_sink=None):
+    def add_backward(self, i0, i1, p, dp, D_terms, slope=None, p_sink=None, capped=False):
         self.dv_cols += (p * self.dO_max[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
         ds_mag = p * (dp.abs() + D_terms)
-        if cap_slope is not None:  # softcap's derivative, <= 1, scales each dS term
-            ds_mag = ds_mag * cap_slope
+        if slope is not None:  # softcap's derivative (<= 1) or a score_mod's scales each dS term
+            ds_mag = ds_mag * slope
         if p_sink is not None:  # dsinks_h = -sum_i p_sink_i D_i: the sum of |terms| over a head's rows
             self.dsinks = torch.maximum(self.dsinks, (p_sink * D_terms).sum(dim=(0, 3, 4)).amax())
         self.dq = torch.maximum(self.dq, self.scale * (ds_mag * self.k_max.unsqueeze(-2)).sum(-1).amax())
         self.dk_cols += self.scale * (ds_mag * self.q_max[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
-        if self.half_step > FLUSHED:  # fp16's 2^-25; bf16's and fp32's are far below what FLUSHED allows
-            seen = (p > 0).to(p.dtype) * (self.scale * self.half_step)
-            self.dq_operand = torch.maximum(self.dq_operand, (seen * self.k_max.unsqueeze(-2)).sum(-1).amax())
-            self.dk_operand_cols += (seen * self.q_max[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
+        self.flash.add_backward(i0, i1, p, dp, D_terms, slope, capped, p_sink)
 
     def result(self, lse, backward):
         # the largest finite |lse| by a masked max, not by indexing with the mask: a boolean index waits for
@@ -98,12 +91,11 @@ class ScaleAccumulator:
                 scales["dsinks"] = self.dsinks
             if self.dbias_terms is not None:
                 scales["dbias"] = _amax0(self.dbias_terms)
+                scales["dbias_flash"] = _amax0(self.dbias_flash)
             scales["dq"] = self.dq
             scales["dk"] = _amax0(self.dk_cols.sum(2))
             scales["dv"] = _amax0(self.dv_cols.sum(2))
-            if self.half_step > FLUSHED:
-                scales["dq_operand"] = self.dq_operand
-                scales["dk_operand"] = _amax0(self.dk_operand_cols.sum(2))
+        scales.update(self.flash.result(backward, self.has_sink))
         return scales
 
 

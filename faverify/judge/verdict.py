@@ -4,7 +4,7 @@ For each tensor T: fail if T has NaN/Inf where the FP64 reference is finite; fai
 key is not (out 0, lse -inf); fail if
 
     max_e (|T_e - ref_e| - u_T |ref_e|) > factor_T * B + max(tight_T, atol_T * (1 - B / (KNEE * F))) * F
-                                         + 2 * u32 * S * scale_T + 2^-120 + R_T
+                                         + 2^-120 + E_T
 
 where u_T |ref_e| is the rounding of element e's exact value into T's own dtype (u_T its unit roundoff: fp32
 for lse and dsinks), which no kernel can avoid and which the floor below does not pay for where the terms'
@@ -12,44 +12,43 @@ roundings and the result's add up (an FA2-style fp16 dv, P rounded to fp16 befor
 rounded: 1 ulp at 3.4, 0.00195 against a floor of 0.00167, for b1 sq1 sk128 h4/2 d132 fp16 peaked spread
 scale=2 seed 1089); B = max|baseline_T - ref| is the error of the naive same-dtype attention, F = u(dtype) *
 scale_T the floor unit (dtypes.FLOOR_UNIT: the unit roundoff 2^-8 for bf16, 2^-11 for fp16, and 64 roundings
-2^-18 for fp32), u32 = 2^-24, scale_T the magnitude of the terms summed into T (reference._ScaleAccumulator)
-and S the largest logit bound. Beside factor_T * B, the floor does not vanish when the reference is exactly
-zero (dk with seqlen_k == 1) or when the baseline happens to be exact:
+2^-18 for fp32), scale_T the magnitude of the terms summed into T (scales.ScaleAccumulator). Beside
+factor_T * B, the floor does not vanish when the reference is exactly zero (dk with seqlen_k == 1) or when
+the baseline happens to be exact:
 - atol_T * F, one rounding of each term in the case's dtype, where the baseline is exact; it shrinks to
   tight_T * F as B grows to KNEE * F: a baseline that rounded that much measures what rounding costs, and
   the full floor on top of it would let a kernel with several times its error pass wherever F is as large
   as the errors themselves (the CPU sizes). KNEE and tight are calibrated on correct kernels
   (docs/measurements.md, "Tolerance floor");
-- 2 * u32 * S * scale_T: the fp32 rounding of the logits that every conforming kernel makes (accumulation
-  is fp32; the error of a dot product follows the sum of |terms|, not the result, which may cancel),
-  carried through softmax: a logit off by e moves P_ij by about 2e P_ij. It only matters when logits are
-  huge. For lse the term is 2 * u32 * S (lse moves with the logits 1:1);
 - 2^-120 (FLUSHED): GPU fp32 arithmetic flushes subnormal results (below 2^-126) to zero (Triton's exp2
   and products do), where the FP64 reference and the baseline keep them. A tensor whose terms all lie
   down there (a sink that takes all the weight leaves p ~ 1e-40 for every key) comes back as zeros and
   products of them: errors of a few 2^-126 that no 16-bit result can show. 2^-120 is 64 flushed values.
-- R_T (dq and dk only): half a subnormal step of the input dtype for each dS term a row or key sums,
-  times scale and max|k| or max|q|. Flash backwards round dS to the input dtype as a matmul operand, and
-  below the smallest normal that rounding is absolute, not relative to dS: a softcap slope of 6e-8 leaves
-  fp16 dS a few subnormal steps from 0, where neither the relative floor nor the baseline (which rounds
-  dS before the slope and the scale, another sequence of roundings) bounds it. Negligible in bf16.
-When that logit error passes 1 (S > 2^23: every element 133120 gives logits near 1e9, one fp32 ulp of
-which is 64), the attention weights are not determined by the fp32 logits at all: a conforming kernel
-may legitimately give all the weight to one key among equals. The case is then ill-conditioned: the
+- E_T: what the flash algorithm's own roundings cost, which the naive baseline never makes
+  (flash_bound.py): the weights the forward and the backward form from fp32 logits and an fp32 lse, the
+  backward's S recomputed in another order, softcap's derivative as 1 - tanh^2, dS rounded to the input dtype
+  below its smallest normal. Computed element by element beside the FP64 reference.
+When the rounding of the logits passes 1 (2 u S > 1, with S the logit bound and u their sum's unit, fp32's
+or an FP8 tensor core's 2^-13: every element 133120 gives logits near 1e9, one fp32 ulp of which is 64; FP8
+logits near 6000), the attention weights are not determined by the kernel's logits at all: a conforming
+kernel may legitimately give all the weight to one key among equals. The case is then ill-conditioned: the
 tolerance is waived for out and the gradients (counted and reported as waived), while NaN/Inf, the
-rows-that-see-no-key rule and lse are still checked.
+rows-that-see-no-key rule and lse are still checked, judging.py holds out to its values' hull, and dv is
+judged where the case's symmetry fixes the weights (judge's `determined`).
 
-The baseline term of out is capped at OUT_CAP * max|ref_out|: a naive attention that rounds large logits
-to the dtype is as wrong as zeros, and an allowance of its size would let zeros pass.
+The baseline and flash terms of out are capped together at OUT_CAP * max|ref_out|: a naive attention that
+rounds large logits to the dtype is as wrong as zeros, and so is a flash kernel whose weights its logits'
+rounding leaves undetermined (FP8 logits near 6000); an allowance of that size would let zeros pass.
 
 Two exceptions to the Inf rule. An Inf in dq or dk passes in an ill-conditioned case: the weights there are
 any a conforming kernel's fp32 logits give, and dq, dk scale with q and k (a sink above a key by less than one
 fp32 ulp of logits near 1e10 ties with it in fp32: weight 1/2 where the FP64 weight is 0, and dq = dS K
-reaches 1.7e8 with fp16 inputs of 32768, past fp16's range). And an Inf in out or a gradient passes where the
-allowed error itself reaches the dtype's largest finite value. There the tolerance accepts results beyond the
-dtype's range, and Inf is what rounding such a result to the dtype gives (the fp16 dk of a key seen by every
-row, whose terms cancel to exactly 0, is rounding noise of size u32 * scale_T: at bf16-scale logits, 1e19
-against fp16's 65504). NaN always fails.
+reaches 1.7e8 with fp16 inputs of 32768, past fp16's range). And an Inf in out or a gradient passes where a
+value within the allowed error of that element's reference lies past the dtype's range (|ref_e| + allowed
+reaches the largest finite value and half its ulp, with the Inf's sign): Inf is then what rounding an
+allowed result to the dtype gives (an fp16 dq of 65000 computed in fp32 as 65530 is Inf in fp16; the fp16 dk
+of a key seen by every row, whose terms cancel to exactly 0, is rounding noise of size u32 * scale_T: at
+bf16-scale logits, 1e19 against fp16's 65504).
 """
 from __future__ import annotations
 
@@ -89,31 +88,31 @@ class Tolerance:
     tight: dict = field(default_factory=lambda: dict(DEFAULT_TIGHT))
 
     @staticmethod
-    def ill_conditioned(logit: float) -> bool:
-        return 2 * UNIT_ROUNDOFF["fp32"] * logit > 1.0
+    def ill_conditioned(logit: float, unit: float = UNIT_ROUNDOFF["fp32"]) -> bool:
+        """Whether the logits' rounding (unit: of their sum, fp32's or an FP8 tensor core's) passes 1."""
+        return 2 * unit * logit > 1.0
 
-    def allowed(self, tensor: str, dtype: str, baseline_err: float, scale: float, logit: float) -> float:
-        return sum(self.terms(tensor, dtype, baseline_err, scale, logit))
+    def allowed(self, tensor: str, dtype: str, baseline_err: float, scale: float, flash: float = 0.0) -> float:
+        return sum(self.terms(tensor, dtype, baseline_err, scale, flash))
 
-    def terms(self, tensor: str, dtype: str, baseline_err: float, scale: float, logit: float) -> tuple:
+    def terms(self, tensor: str, dtype: str, baseline_err: float, scale: float, flash: float = 0.0) -> tuple:
         """(from the baseline, the floor): the two parts of the allowed error. The full floor atol * F stands
         where the baseline is exact; it shrinks linearly to the tight floor as the baseline's own error grows
         to KNEE * F: from there the baseline has rounded as a kernel does, and a kernel several times its
-        error fails even where F is as large as the errors themselves (a running statistic kept in 16 bits)."""
+        error fails even where F is as large as the errors themselves (a running statistic kept in 16 bits).
+        flash: E_T, the flash algorithm's own roundings (flash_bound.py), part of the floor."""
         base = baseline_err if math.isfinite(baseline_err) else 0.0
         unit = FLOOR_UNIT[dtype] * scale
         knee = KNEE * unit  # 0 where scale is a subnormal double: then no baseline is informative
         informative = min(1.0, base / knee) if knee > 0 else 1.0
         coef = max(self.tight[tensor], self.atol[tensor] * (1.0 - informative))
-        logit_error = 2 * UNIT_ROUNDOFF["fp32"] * logit
-        carried = logit_error if tensor in ROW_LOGITS else logit_error * scale
-        return self.factor[tensor] * base, coef * unit + carried + FLUSHED
+        return self.factor[tensor] * base, coef * unit + FLUSHED + flash
 
     def describe(self) -> str:
         return (f"max(|T-ref| - u_T*|ref|) <= factor*B + max(tight, atol*(1 - B/({KNEE:g}*F)))*F "
-                "+ 2*u32*S*scale_T + 2^-120 + R_T, R_T (dq, dk) half a subnormal step per dS term, "
-                "u_T the unit roundoff of T's dtype, B = max|baseline-ref|, "
-                "F = u(dtype)*scale_T, S = scale*max||q||*max||k||, u = 2^-8 bf16, 2^-11 fp16, 2^-18 fp32; "
+                "+ 2^-120 + E_T, E_T the flash algorithm's own roundings (fp32 logits and lse, S recomputed, "
+                "1 - tanh^2, dS rounded), u_T the unit roundoff of T's dtype, B = max|baseline-ref|, "
+                "F = u(dtype)*scale_T, u = 2^-8 bf16, 2^-11 fp16, 2^-18 fp32; "
                 + ", ".join(f"{t}: factor {self.factor[t]:g}, atol {self.atol[t]:g}, tight {self.tight[t]:g}"
                             for t in TENSORS))
 
@@ -151,25 +150,34 @@ def parse_overrides(text: str | None, defaults: dict, argument: str) -> dict:
     return values
 
 
-def judge(stats: ErrorStats, dtype: str, tolerance: Tolerance) -> TensorMetrics:
-    """The verdict on one tensor: its statistics, the error allowed, and why it fails (if it does)."""
+def judge(stats: ErrorStats, dtype: str, tolerance: Tolerance, determined: bool = False) -> TensorMetrics:
+    """The verdict on one tensor: its statistics, the error allowed, and why it fails (if it does).
+    determined: its weights are fixed by the case's symmetry though its logits are not (judging._determined):
+    judged under the tolerance, without the flash term, even where the case is ill-conditioned, its baseline
+    term capped as out's (the naive attention's logits may have overflowed the dtype there)."""
     name, s, scale, logit = stats.tensor, stats.values, stats.scale, stats.logit
     # lse is float32, but its floor follows the inputs' dtype, as its baseline does
     base = s["baseline_max_abs"]
-    from_baseline, floor = tolerance.terms(name, dtype, base, scale, logit)
-    floor += stats.operand  # R_T: each tiny dS term rounded to a subnormal step, which no baseline measures
-    if name == "out":  # a baseline as wrong as zeros allows nothing: OUT_CAP
+    ill = name not in ROW_LOGITS and tolerance.ill_conditioned(logit, stats.logit_unit)
+    determined = determined and ill  # elsewhere the weights are judged as every case's are
+    waived = ill and not determined
+    from_baseline, floor = tolerance.terms(name, dtype, base, scale)
+    flash = 0.0 if determined else stats.flash
+    if name == "out" or determined:  # a yardstick as wrong as zeros allows nothing: OUT_CAP
         smallest = torch.finfo(TORCH[dtype]).smallest_normal * torch.finfo(TORCH[dtype]).eps
-        from_baseline = min(from_baseline, max(OUT_CAP * s["ref_max"], smallest))
+        from_baseline, flash = min(from_baseline + flash, max(OUT_CAP * s["ref_max"], smallest)), 0.0
+    floor += flash
     allowed = from_baseline + floor
     reasons = []
     if s["nan"]:
         reasons.append(f"{int(s['nan'])} NaN where the reference is finite")
-    waived = name not in ROW_LOGITS and tolerance.ill_conditioned(logit)
     # dq and dk scale with the logits' inputs: where the weights are undetermined (waived), a conforming
     # kernel's weights give gradients past the dtype's range, and Inf is such a result rounded
     unbounded = waived and name in ("dq", "dk")
-    if s["inf"] and not (name not in ROW_LOGITS and allowed >= torch.finfo(TORCH[dtype]).max) and not unbounded:
+    # an Inf is a value within the allowance rounded to the dtype where the allowance reaches past its range
+    # (inf_gap: absent from statistics written before it was kept, where the largest finite value stands in)
+    reachable = name not in ROW_LOGITS and s.get("inf_gap", torch.finfo(TORCH[dtype]).max) <= allowed
+    if s["inf"] and not reachable and not unbounded:
         reasons.append(f"{int(s['inf'])} Inf where the reference is finite")
     if s["masked_bad"]:
         want = "-inf" if name in ROW_LOGITS else "0"
@@ -195,9 +203,9 @@ def judge(stats: ErrorStats, dtype: str, tolerance: Tolerance) -> TensorMetrics:
     )
 
 
-def judge_all(stats: dict, dtype: str, tolerance: Tolerance) -> dict:
-    """judge() for every tensor of error_stats' result, by name."""
-    return {name: judge(s, dtype, tolerance) for name, s in stats.items()}
+def judge_all(stats: dict, dtype: str, tolerance: Tolerance, determined: tuple = ()) -> dict:
+    """judge() for every tensor of error_stats' result, by name; determined: judge()'s, by tensor name."""
+    return {name: judge(s, dtype, tolerance, name in determined) for name, s in stats.items()}
 
 
 def kind(m: TensorMetrics) -> str:
