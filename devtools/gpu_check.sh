@@ -78,6 +78,9 @@
 #   sparse     [450] the sparse-indices kernels (kernels/triton/sparse.py): their tests, a 2000-case fuzz of
 #                    triton drawing sparse indices with the features that go with them, and their mutant (on
 #                    the H200 the fuzz's warm-up took most of a 150 s box: 622 cases)
+#   large      [560] faverify fuzz --scale large (offsets past 2^31 elements: docs/design.md) on triton,
+#                    triton-paged, sdpa-flash, sdpa-cudnn, flex, and flash-attn-4 where flash_attn.cute imports:
+#                    24 cases each, bf16 and fp16, one worker, a box of its own each (80 to 120 s)
 #
 # On the lent machine (no network) faverify is installed from the checkout without dependencies first, and
 # a kernel library's wheel set carried under .whl/ (devtools/wheelset.py: its loads, over as many calls) is
@@ -268,6 +271,17 @@ for step in $steps; do
         --no-db --json "$out/sparse.json"
       run sparse-mutant 60 "killed|SURVIVED|control" python3 -m faverify mutants --only sparse-minus-one-as-key-0 \
         --iters 200 ;;
+    large)
+      for pair in triton:100 triton-paged:80 sdpa-flash:80 sdpa-cudnn:80 flex:120 flash-attn-4:100; do
+        kernel=${pair%%:*}
+        if [ "$kernel" = flash-attn-4 ] && ! python3 -c "import flash_attn.cute" 2>/dev/null; then
+          echo "== large-$kernel: not run (flash_attn.cute does not import)"
+          continue
+        fi
+        run "large-$kernel" "${pair##*:}" "^PASS|^FAIL|passed|failed|too large|minimal case|signature|interrupted" \
+          python3 -m faverify fuzz --kernel "$kernel" --scale large --iters 24 --dtype bf16,fp16 --shapes 0 \
+          --shrink-budget 4 --timeout 120 --no-db --json "$out/large-$kernel.json"
+      done ;;
     *) echo "unknown step: $step (steps: $(grep -oE '^    [a-z0-9-]+\)' "$0" | tr -d ' )' | tr '\n' ' '))"
        exit 2 ;;
   esac

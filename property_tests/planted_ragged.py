@@ -108,14 +108,20 @@ def paged_in_order(q, k_cache, v_cache, *, causal, softmax_scale, block_table, c
 def paged_int32_offsets(q, k_cache, v_cache, *, causal, softmax_scale, block_table, cache_seqlens):
     """Computes each token's element offset in the pool as page * page_elements in int32, which wraps past
     2^31 elements (the pool read flat at the wrapped offset)."""
+    return paged_flat(q, k_cache, v_cache, block_table, cache_seqlens, causal, softmax_scale,
+                      lambda offset: ((offset + (1 << 31)) % (1 << 32) - (1 << 31)).clamp(min=0))
+
+
+def paged_flat(q, k_cache, v_cache, block_table, cache_seqlens, causal, softmax_scale, wrapped):
+    """Each token's keys read from the pool flat, from wrapped(its element offset) on (the offsets int64)."""
     ps, rest = k_cache.shape[1], k_cache.shape[2:]
     page_elements = k_cache[0].numel()
     outs = []
     for b in range(q.shape[0]):
         n = int(cache_seqlens[b])
-        t = torch.arange(n, device=q.device, dtype=torch.int32)
-        start = block_table[b, (t // ps).long()].to(torch.int32) * page_elements + (t % ps) * rest.numel()
-        index = start.long().clamp(min=0)[:, None] + torch.arange(rest.numel(), device=q.device)
+        t = torch.arange(n, device=q.device)
+        start = wrapped(block_table[b, t // ps].long() * page_elements + (t % ps) * rest.numel())
+        index = start[:, None] + torch.arange(rest.numel(), device=q.device)
         kb, vb = (c.reshape(-1)[index].reshape(1, n, *rest) if c.numel() else c for c in (k_cache, v_cache))
         outs.append(_one(q[b:b + 1], kb, vb, causal, softmax_scale))
     return torch.cat(outs)

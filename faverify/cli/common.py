@@ -27,6 +27,11 @@ class Mode(str, Enum):
     both = "both"
 
 
+class Scale(str, Enum):  # what a fuzz draws: the ordinary cases, or large ones (faverify/cases/large.py)
+    normal = "normal"
+    large = "large"
+
+
 def check_writable(option: str, path, *, directory: bool = False) -> None:
     """Before any case runs: a file the run was asked to write must be writable when the run ends, so a
     long run is not lost to a typo (a path under a file, a directory where a file should go, a FIFO or a
@@ -163,6 +168,11 @@ TightOpt = Annotated[Optional[str], typer.Option(help="The floor beside an infor
                                                       "NUMBER or TENSOR=NUMBER,... (default 0.25; set it to the "
                                                       "--atol value for a floor that never shrinks)")]
 DeviceOpt = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:INDEX | all")]
+ScaleOpt = Annotated[Scale, typer.Option(help="normal: the ordinary cases; large: cases whose flattened offsets "
+                                              "cross 2^31 - 1 (inputs past 2^31 elements, a padded dq accumulator "
+                                              "past it, a paged pool whose page ids pass it), judged on the batch "
+                                              "entries around the boundary, one worker a device by default "
+                                              "(docs/design.md, \"Offsets past 2^31\")")]
 
 
 class _Speed(ProgressColumn):

@@ -16,6 +16,8 @@ from faverify.cli.common import (
     FactorOpt,
     MaxSeqlenOpt,
     Mode,
+    Scale,
+    ScaleOpt,
     TightOpt,
     TimeoutOpt,
     check_distinct,
@@ -94,6 +96,7 @@ def fuzz(
                                                         "6 per GPU: a GPU case is bound by launches)",
                                                    callback=within(1, MAX_WORKERS))] = None,
     timeout: TimeoutOpt = 300.0,
+    scale: ScaleOpt = Scale.normal,
     isolate: Annotated[bool, typer.Option(help="Run subjects in worker processes, so a crash or a hang is a "
                                                "failing case, not the end of the run; --no-isolate runs them in "
                                                "this process, where a subject that ends it (a segfault, libc "
@@ -138,7 +141,10 @@ def _plan(given: dict) -> tuple:
     narrow = {name: parse_choice(text, allowed, f"--{name}") for name, text, allowed
               in (("regimes", g["regimes"], REGIMES), ("layouts", g["layouts"], LAYOUTS)) if text is not None}
     narrow.update({"fp8_only": True} if fp8_only else {})
+    large = g["scale"] == Scale.large
     subjects = resolve_many(g["kernel"])
+    if large:
+        _check_large(g, fp8_only, narrow, subjects, wanted)
     check_distinct(json=g["json_path"], markdown=g["markdown"])
     check_writable("--json", g["json_path"])
     check_writable("--markdown", g["markdown"])
@@ -154,14 +160,14 @@ def _plan(given: dict) -> tuple:
                                                           f"no case of it would draw that (it declares: "
                                                           f"{', '.join(s.caps.features()) or 'no feature'})")
     targets = devices.resolve(g["device"])
-    workers = g["workers"] or devices.default_workers(targets[0])
+    workers = g["workers"] or (1 if large else devices.default_workers(targets[0]))
     if not g["isolate"] and (workers > 1 or len(targets) > 1):
         raise UsageError("--no-isolate", True, "runs in this process: one device and one worker only")
     plan = FuzzPlan(iters=g["iters"], seed=g["seed"], dtypes=dtypes, limits=limits_for(targets[0].type,
                                                                                        g["max_seqlen"]),
                     database=None if g["no_db"] else g["db"], gradcheck_every=g["gradcheck_every"],
                     shrink_budget=g["shrink_budget"], narrow=narrow or None, shard=shard_of, shapes=g["shapes"],
-                    all_failures=g["all_failures"], sequence=g["sequence"])
+                    all_failures=g["all_failures"], sequence=g["sequence"], scale=g["scale"].value)
     measure = parse_choice(g["relations"], RELATIONS, "--relations") if g["relations"] is not None else ()
     settings = dict(targets=targets, workers=workers, tolerance=tolerance, wanted=wanted, mode=g["mode"].value,
                     isolate=g["isolate"], timeout=g["timeout"], repeat=g["repeat"], measure=measure,
@@ -182,7 +188,24 @@ def _command(g: dict, dtypes: tuple, shard_of) -> str:
             + (f" --sequence {g['sequence']}" if g["sequence"] else "")
             + (f" --relations {g['relations']}" if g["relations"] else "")
             + (f" --shapes {g['shapes']}" if g["shapes"] is not None else "")
-            + (" --all-failures" if g["all_failures"] else ""))
+            + (" --all-failures" if g["all_failures"] else "")
+            + (f" --scale {g['scale'].value}" if g["scale"] != Scale.normal else ""))
+
+
+def _check_large(g: dict, fp8_only: bool, narrow: dict, subjects: list, wanted: tuple | None) -> None:
+    """What a large case does not take: several calls in one example, a second call of the same case (the
+    relations and --repeat: more copies of tensors past 2^31 elements), FP8 inputs, the regimes and layouts
+    it does not draw, a subject with neither dense batches nor paged caches."""
+    from faverify.cases import large
+    for option, given, why in (("--sequence", g["sequence"], "draws one call an example: leave --sequence out"),
+                               ("--relations", g["relations"], "calls each case once: leave --relations out"),
+                               ("--repeat", g["repeat"] if g["repeat"] > 1 else None,
+                                "calls each case once: leave --repeat out"),
+                               ("--dtype", "fp8" if fp8_only else None, "draws bf16, fp16 and fp32 inputs")):
+        if given:
+            raise UsageError(option, given, f"--scale large {why}")
+    for s in subjects:  # the draw's own checks, before any work
+        large.cases(**{**narrow, **s.caps.draw(), "features": s.caps.features() if wanted is None else wanted})
 
 
 def _run(subjects: list, plan, settings: dict):

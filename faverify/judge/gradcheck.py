@@ -31,6 +31,7 @@ import torch
 
 from faverify.cases.case import Case
 from faverify.cases.inputs import make_inputs, variant_of
+from faverify.cases.large import judged_entries
 from faverify.cases.vocabulary import FP8_OWN_REGIMES
 from faverify.dtypes import TORCH
 from faverify.errors import Unsupported
@@ -69,7 +70,8 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
     dtype = dtype_for(subject)
     if dtype is None or not subject.caps.backward_on(torch.device(device).type):
         return _skip(dtype or "-", "subject has no backward here or no supported dtype")
-    if case.kind != "dense" or case.splits > 1:  # checked on the dense case of its longest sequences
+    # checked on the dense case of its longest sequences, a large case on its first batch entry
+    if case.kind != "dense" or case.splits > 1 or judged_entries(case) is not None:
         if not subject.caps.dense:
             return _skip(dtype, "the finite-difference check runs on dense cases; the subject takes none")
         case = dataclasses.replace(case, batch=1, seqlens=None, tail=0, cache_seqlens=None, page_size=0,

@@ -12,10 +12,12 @@ from faverify.cases.conventions import DEFAULT as DEFAULT_CONVENTIONS
 from faverify.cases.conventions import Conventions
 from faverify.cases.fp8 import dequantized
 from faverify.cases.inputs import Inputs, variant_of
+from faverify.cases.large import BOUNDARY, judged_entries
 from faverify.dtypes import FLOOR_UNIT
 from faverify.judge import fp8
 from faverify.judge.flash_bound import FP8_DOT, FP32_DOT
 from faverify.judge.metrics import error_stats
+from faverify.judge.partial import narrowed, renumbered
 from faverify.judge.reference import naive, reference, value_hull
 from faverify.judge.sequences import split_yardsticks, yardsticks
 from faverify.judge.verdict import FLUSHED, Tolerance, judge_all
@@ -43,7 +45,7 @@ def judge_splits(case: Case, x: Inputs, splits, tolerance: Tolerance, caps, lap=
 
 def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple, given=None,
           conventions: Conventions = DEFAULT_CONVENTIONS, baseline: dict | None = None, lap=no_lap,
-          keep: dict | None = None) -> dict:
+          keep: dict | None = None, boundary: int = BOUNDARY) -> dict:
     """Judge a subject's tensors (any of out, lse, dq, dk, dv, dsinks) for `case` against the FP64
     reference (computed here, or `given` as (reference tensors, scales), from a golden file), under the
     subject's conventions: the reference's masks align as it declares and its lse is in the declared base,
@@ -51,7 +53,8 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
     baseline's (a combine's). lap(phase): called as the FP64 reference ("reference") and the naive
     baseline ("baseline") are done, for a case's time per phase (a ragged case's baseline is computed with
     its reference, sequence by sequence: one phase); what follows is the metrics'. keep: a dict that gets
-    the reference's tensors, of a dense case, as "reference"."""
+    the reference's tensors, of a dense case, as "reference". A dense case whose offsets cross `boundary`
+    (cases/large.py) is judged on the batch entries around it alone (partial.py)."""
     q, k, v = (t.detach() for t in x.tensors())
     if case.fp8 != "off":  # the values the e4m3 tensors stand for, exactly: the attention is judged on them
         q, k, v = (dequantized(t, d) for t, d in zip((q, k, v), (x.q_descale, x.k_descale, x.v_descale)))
@@ -59,6 +62,11 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
     dout = x.dout if backward else None
     if case.kind != "dense":
         return _judge_ragged(case, x, got, tolerance, tensors, backward, conventions, baseline, lap)
+    entries = judged_entries(case, boundary) if given is None and baseline is None else None
+    if entries is not None:
+        part = narrowed(case, x, got, entries)
+        return renumbered(judge(*part, tolerance, tensors, conventions=conventions, lap=lap), entries, case.batch,
+                          boundary)
     variant = variant_of(case, x, conventions)
     # a loss on lse in the declared base: d loss / d lse_e = dlse * (lse_declared / lse_e)
     dlse = x.dlse * conventions.lse_scale if backward and x.dlse is not None else None

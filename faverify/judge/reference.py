@@ -29,15 +29,17 @@ _CHUNK_BUDGET = {"cpu": 64 << 20, "cuda": 1 << 30}  # bytes for one chunk's [row
 _TEMPORARIES = 6  # s, p, dp, ds and two products alive at once
 
 
-def bytes_needed(b: int, sq: int, sk: int, h: int, hk: int, d: int, elem: int, device: str, backward: bool) -> int:
+def bytes_needed(b: int, sq: int, sk: int, h: int, hk: int, d: int, elem: int, device: str, backward: bool,
+                 judged: int | None = None) -> int:
     """About how much memory one case takes on its device: the inputs and the subject's outputs in their
     dtype (a few copies), the reference's FP64 tensors (q, dO, out, dq over sq; k, v over sk; dk and dv per
     query head), and one chunk of the [rows x seqlen_k] temporaries (at least one row). The naive baseline
-    works in fp32 over the same shapes, within this."""
-    rows_q, rows_k = b * sq * h * d, b * sk * hk * d
-    dtype_side = elem * 4 * (2 * rows_q + 2 * rows_k)  # inputs, pristine copies, outputs, gradients
-    fp64 = 8 * ((4 if backward else 2) * rows_q + 2 * rows_k + (2 * b * sk * h * d if backward else 0))
-    chunk = max(_CHUNK_BUDGET["cuda" if device == "cuda" else "cpu"], _TEMPORARIES * b * h * sk * 8)
+    works in fp32 over the same shapes, within this. judged: the batch entries the reference is computed
+    on, where fewer than b (a large case's: cases/large.judged_entries)."""
+    dtype_side = elem * 4 * (2 * b * sq * h * d + 2 * b * sk * hk * d)  # inputs, pristine copies, outputs, gradients
+    r = b if judged is None else judged  # the reference's entries
+    fp64 = 8 * r * ((4 if backward else 2) * sq * h * d + 2 * sk * hk * d + (2 * sk * h * d if backward else 0))
+    chunk = max(_CHUNK_BUDGET["cuda" if device == "cuda" else "cpu"], _TEMPORARIES * r * h * sk * 8)
     return dtype_side + fp64 + chunk
 
 

@@ -61,7 +61,8 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
         plan = _plan_for(name, base_plan, features, narrow_for, name in (compile_keys or {}))
         stats = KernelStats(kernel=name, conventions=(conventions or {}).get(name, DEFAULT_CONVENTIONS.describe()),
                             keep_series=plan.shard is not None,  # merge.py recomputes statistics from them
-                            edges_listed=tuple(listed(plan.case_args()["features"])), shapes=plan.shapes)
+                            edges_listed=() if plan.scale == "large" else tuple(listed(plan.case_args()["features"])),
+                            shapes=plan.shapes)
         all_stats.append(stats)
         pool, stored = None, []
         try:

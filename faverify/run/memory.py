@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from faverify.cases.case import Case
+from faverify.cases.large import ACCUMULATOR_ROWS, judged_entries
 from faverify.dtypes import TORCH
 from faverify.judge.reference import bytes_needed
 
@@ -28,10 +29,14 @@ def gives_back(case: Case, device) -> bool:
 
 
 def bytes_needed_by(case: Case, device: torch.device, backward: bool) -> int:
-    """About the device memory a case takes: its tensors, the reference's and, paged, the pools."""
+    """About the device memory a case takes: its tensors, the reference's and, paged, the pools. A large
+    case's reference covers the batch entries judged alone, and the subject's workspace counts."""
     itemsize = TORCH[case.dtype].itemsize
+    judged = judged_entries(case)
     need = bytes_needed(case.batch, case.seqlen_q, case.seqlen_k, case.nheads, case.nheads_k, case.head_dim,
-                        itemsize, device.type, backward)
+                        itemsize, device.type, backward, judged=None if judged is None else len(judged))
+    if judged is not None:
+        need += workspace(case, itemsize, backward)
     if case.kind == "paged":  # the pools, k and v, twice (the inputs and their untouched copy)
         pages = case.pool or case.pages_used + 1
         need += 2 * pages * case.page_size * case.nheads_k * (case.head_dim + case.dv) * itemsize
@@ -47,8 +52,24 @@ MAX_WORK = {"cpu": 1 << 45, "cuda": 1 << 55}
 
 
 def work(case: Case) -> int:
-    """The FP64 reference's multiply-adds: every row against every key, forward and backward."""
-    return sum(sq * sk for sq, sk in case.sequences) * case.nheads * (case.head_dim + case.dv) * 4
+    """The FP64 reference's multiply-adds: every row it is computed on against every key, forward and
+    backward."""
+    judged = judged_entries(case)
+    pairs = sum(sq * sk for sq, sk in case.sequences) if judged is None else len(judged) * case.seqlen_q * case.seqlen_k
+    return pairs * case.nheads * (case.head_dim + case.dv) * 4
+
+
+def workspace(case: Case, itemsize: int, backward: bool) -> int:
+    """The most a known subject's backward takes beside its inputs and outputs, for a dense case: an fp32 dq
+    accumulator and two fp32 row statistics, each sequence padded to ACCUMULATOR_ROWS query rows
+    (flash-attention's dq_accum, softmax_lse_log2 and softmax_d), and under GQA dk and dv per query head in
+    the dtype, summed over the group after (flash-attention 2's dk_expanded and dv_expanded). Negligible
+    beside the FP64 reference of an ordinary case; what decides whether a large one fits."""
+    if not backward:
+        return 0
+    rows = case.batch * -(-case.seqlen_q // ACCUMULATOR_ROWS) * ACCUMULATOR_ROWS * case.nheads
+    expanded = case.batch * case.seqlen_k * case.nheads * (case.head_dim + case.dv) if case.group > 1 else 0
+    return 4 * rows * (case.head_dim + 2) + itemsize * expanded
 
 
 def too_big(case: Case, device: torch.device, backward: bool) -> str | None:

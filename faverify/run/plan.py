@@ -14,6 +14,7 @@ from typing import Callable
 
 from hypothesis import HealthCheck, Verbosity, settings
 
+from faverify.cases import large
 from faverify.cases.calls import sequences
 from faverify.cases.case import Case
 from faverify.cases.strategies import Limits, cases
@@ -54,9 +55,13 @@ class FuzzPlan:
     all_failures: bool = False
     # call sequences (`--sequence N`): each example up to N calls in one process (cases/calls.py); 0: one call
     sequence: int = 0
+    # "large" (`--scale large`): cases whose flattened offsets cross 2^31 - 1 (cases/large.py) instead
+    scale: str = "normal"
 
     def strategy(self):
-        """What each example draws: a case, or a call sequence ending in one."""
+        """What each example draws: a case, a call sequence ending in one, or a large case."""
+        if self.scale == "large":
+            return large.cases(**self.case_args())
         if self.sequence:
             return sequences(calls=self.sequence, **self.case_args())
         return cases(**self.case_args())
