@@ -91,7 +91,7 @@ class Inputs:
         return named
 
 
-# the keywords of Inputs.extras, flash-attn's names, then the masks' (subjects.base.variant_keywords picks
+# the keywords of Inputs.extras, flash-attn's names, then the masks' (subjects.keywords.variant_keywords picks
 # the form of a mask each subject takes)
 EXTRAS = ("alibi_slopes", "sinks", "cu_seqlens_q", "cu_seqlens_k", "block_table", "cache_seqlens", "mask_mod",
           "attn_mask", "block_mask", "bias", "score_mod", "q_descale", "k_descale", "v_descale", "indices")
