@@ -193,11 +193,12 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     if problem:
         return failure(name, case, "fail", problem, "contract")
 
-    if backward and not out.requires_grad:  # gradients asked for and never given: a pass would judge nothing
-        return failure(name, case, "fail", NO_GRAPH, "contract")
+    graphless = backward and not out.requires_grad
     out, lse = as_the_caller_sees(out), as_the_caller_sees(lse)
     got = {"out": out, "lse": lse, "max_logit": as_the_caller_sees(max_logit)}
-    if backward:
+    if graphless:  # the gradients asked for are zero through an out without a graph: judged as such
+        got.update({g: torch.zeros_like(t) for g, t in x.differentiable().items()})
+    elif backward:
         stopped = _gradients(subject, case, x, pristine, out, got, in_worker)
         if stopped is not None:
             return stopped
@@ -228,6 +229,8 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
         return CaseResult(name, case, "skip", f"out of memory computing the FP64 reference ({type(e).__name__})")
     clock.lap("metrics")
     failing += [(f"{t}:{kind(m)}", f"{t}: {m.reason}") for t, m in metrics.items() if not m.passed]
+    if failing and graphless:
+        failing.insert(0, ("contract", NO_GRAPH))
     if failing:
         return CaseResult(name, case, "fail", "; ".join(r for _, r in failing), metrics, [sig for sig, _ in failing])
     return CaseResult(name, case, "pass", judged_on_less, metrics)
@@ -327,9 +330,9 @@ def _gradients(subject: Subject, case: Case, x: Inputs, pristine: Inputs, out, g
     return None
 
 
-# the reason a passing case carries when only its forward could be judged
-NO_GRAPH = ("out has no autograd graph, so the gradients asked for were never computed: return out with its "
-            "graph, or declare backward: false (or the devices it runs on, backward_devices)")
+# why a case whose out has no autograd graph fails where its gradients are not zero
+NO_GRAPH = ("out has no autograd graph, so its gradients were taken as zero: return out with its graph, or "
+            "declare backward: false (or the devices it runs on, backward_devices)")
 PAGED_FORWARD = "paged cases are judged on the forward (decode kernels are forward-only)"
 FP8_FORWARD = "FP8 cases are judged on the forward (the FP8 kernels people ship are forward-only)"
 NO_BACKWARD = "the subject declares no backward (backward: false): judge it with --mode fwd"
