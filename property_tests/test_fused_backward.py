@@ -1,0 +1,114 @@
+"""The fused Hopper backward (kernels/triton/backward_fused_hopper.py): its machine code read on the CPU
+(compiled for sm_90a, disassembled)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+VARIANTS = [(dtype, block_d, causal) for dtype in ("bf16", "fp16") for block_d in (64, 128) for causal in (False, True)]
+
+# Compiled in a process of its own (kernels defined under the interpreter cannot be compiled), two at a time
+_COMPILE = """
+import json, sys, triton
+from concurrent.futures import ProcessPoolExecutor
+from triton.backends.compiler import GPUTarget
+from faverify.kernels.triton import sass
+from faverify.kernels.triton.aot import FUSED_BWD_KERNEL, Variant
+from faverify.kernels.triton.aot_sources import _hopper_bwd_source
+
+def build(args):
+    source, options, _ = _hopper_bwd_source(Variant(FUSED_BWD_KERNEL, *args, True), 90)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    cubin = compiled.asm["cubin"]
+    return dict(sass.resources(cubin), warps=compiled.metadata.num_warps, code=sass.disassemble(cubin))
+
+with ProcessPoolExecutor(2) as pool:
+    print(json.dumps(list(pool.map(build, json.loads(sys.argv[1])))))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """{(dtype, padded head dim, causal): cuobjdump's resources, the warps launched and nvdisasm's listing}."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(VARIANTS)], capture_output=True, text=True,
+                       env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return dict(zip(VARIANTS, json.loads(r.stdout.strip().splitlines()[-1])))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-d{v[1]}-{'causal' if v[2] else 'full'}")
+def test_five_wgmmas_a_tile_pair_dq_by_the_bulk_reduce_no_spills(compiled, variant):
+    """Each consumer's loop over the query tiles holds five wgmma groups and no other: S = q k^T and dP = dO v^T
+    (K = head dim), dV += P^T dO and dK += dS^T q (N = head dim, K = 64 queries), dQ's half = dS k (N = half
+    the head dim, K = the tile's 128 keys); no wgmma outside them. dQ leaves through the copy engine's
+    bulk tensor reduce-add (UTMAREDG ... ADD, cp.reduce.async.bulk.tensor) in the reducer's loop, which
+    holds no wgmma, and nothing adds element by element (no RED or ATOM). No local memory: no stack frame,
+    no LDL or STL. Registers: 168 a thread at launch, 12 warps x 32 x 168 <= the SM's 65536, one block per
+    SM; setmaxnreg then gives each of the 2 consumer warpgroups 240 and the producer's warpgroup 24 (2 x 240
+    + 24 <= 65536 / 128), and no instruction names a register past R239."""
+    from faverify.kernels.triton import backward_fused_hopper as fused
+    from faverify.kernels.triton.sass import Listing
+    _, block_d, _ = variant
+    got = compiled[variant]
+    listing = Listing.of(got["code"])
+    opcodes = listing.opcodes()
+    assert got["stack"] == 0 and got["local"] == 0, got
+    assert not [op for op in opcodes if op.startswith(("LDL", "STL"))]
+    assert got["registers"] == fused.MAXNREG and got["warps"] * 32 * got["registers"] <= 65536, got
+    consumer, producer = fused.CONSUMER_REGS.value, fused.PRODUCER_REGS.value
+    assert listing.setmaxnreg().count(consumer) == fused.CONSUMERS.value and producer in listing.setmaxnreg()
+    assert fused.CONSUMERS.value * consumer + producer <= 65536 // 128 and listing.highest_register() < consumer
+    per_loop = [listing.groups(first, last) for first, last in listing.loops()]
+    mma = [groups for groups in per_loop if groups]
+    head = ("64x64x16", block_d // 16)  # S and dP
+    update = (f"64x{block_d}x16", 64 // 16)  # dV and dK
+    dq = (f"64x{block_d // 2}x16", 128 // 16)
+    assert mma == [[head, head, update, update, dq]] * fused.CONSUMERS.value, mma
+    assert len(listing.groups()) == 5 * fused.CONSUMERS.value
+    reduce = [address for address, text in listing.instructions if "UTMAREDG" in text and ".ADD" in text]
+    loops = listing.loops()
+    assert reduce and all(any(first <= a <= last and not listing.groups(first, last) for first, last in loops)
+                          for a in reduce), reduce
+    assert not [op for op in opcodes if op.split(".")[0] in ("RED", "REDG", "ATOM", "ATOMG")]
+
+
+def test_the_listing_reader_finds_loops_groups_and_spills():
+    """Listing on a hand-written listing: a loop is a conditional branch back (an unconditional one is a way
+    home), a group ends at its gsb0, and the opcodes keep their modifiers without the predicate."""
+    from faverify.kernels.triton.sass import Listing
+    code = "\n".join([
+        "        /*0000*/                   MOV R1, c[0x0][0x28] ;",
+        ".L_x_0:",
+        "        /*0010*/                   WARPGROUP.ARRIVE ;",
+        "        /*0020*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT ;",
+        "        /*0030*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24, gsb0 ;",
+        "        /*0040*/                   STL [R1], R200 ;",
+        "        /*0050*/               @P0 BRA `(.L_x_0) ;",
+        ".L_x_1:",
+        "        /*0060*/                   HGMMA.64x128x16.F32.BF16 R88, gdesc[UR4], R88, gsb0 ;",
+        "        /*0070*/                   BRA `(.L_x_1) ;",
+        "        /*0080*/                   USETMAXREG.TRY_ALLOC.CTAPOOL UP1, 0xf0 ;"])
+    listing = Listing.of(code)
+    assert listing.loops() == [(0x10, 0x50)]
+    assert listing.groups(0x10, 0x50) == [("64x64x16", 2)] and listing.groups() == [("64x64x16", 2), ("64x128x16", 1)]
+    assert listing.opcodes()[4:6] == ["STL", "BRA"] and listing.setmaxnreg() == [240]
+    assert listing.highest_register() == 200
+
+
+def test_the_dq_buffer_is_seen_as_head_rows_by_padded_columns():
+    """The reducer adds a box of 64 rows by half the padded head dim at [batch x head, row, column] of the dQ
+    buffer: the descriptor's view must be dq_buffer's [b, h, s, padded d] memory, rows of one head after
+    another, which finish_dq reads."""
+    from faverify.kernels.triton import backward_fused_hopper as fused
+    q = torch.zeros(2, 5, 3, 40, dtype=torch.bfloat16)
+    total = fused.dq_buffer(q, 64)
+    dq_desc = fused.descriptors(q, q, q, q, q, q, total, 64)[-1]
+    assert list(dq_desc.shape) == [6, 5, 64] and list(dq_desc.strides) == [5 * 64, 64, 1]
+    assert list(dq_desc.block_shape) == [1, 64, 32] and dq_desc.base.data_ptr() == total.data_ptr()
+    dq_desc.base[1 * 3 + 2, 4, 39] = 7.0  # batch 1, head 2, row 4, column 39
+    assert total[1, 2, 4, 39] == 7.0
