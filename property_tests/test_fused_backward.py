@@ -1,5 +1,5 @@
 """The fused Hopper backward (kernels/triton/backward_fused_hopper.py): its machine code read on the CPU
-(compiled for sm_90a, disassembled)."""
+(compiled for sm_90a, disassembled), and where it is chosen."""
 import json
 import os
 import subprocess
@@ -8,6 +8,10 @@ import sys
 import pytest
 import torch
 
+from faverify.cases.inputs import make_inputs
+
+HAS_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_GPU else "cpu"
 VARIANTS = [(dtype, block_d, causal) for dtype in ("bf16", "fp16") for block_d in (64, 128) for causal in (False, True)]
 
 # Compiled in a process of its own (kernels defined under the interpreter cannot be compiled), two at a time
@@ -98,6 +102,31 @@ def test_the_listing_reader_finds_loops_groups_and_spills():
     assert listing.groups(0x10, 0x50) == [("64x64x16", 2)] and listing.groups() == [("64x64x16", 2), ("64x128x16", 1)]
     assert listing.opcodes()[4:6] == ["STL", "BRA"] and listing.setmaxnreg() == [240]
     assert listing.highest_register() == 200
+
+
+def test_opt_in_and_only_where_the_hopper_dkdv_runs():
+    """Launch(fused_backward=True) asks for it; it runs where the Hopper dK/dV can (16-bit on sm_90, padded head
+    dim 64 or 128, TMA-aligned, no ALiBi), never under the interpreter; elsewhere the Triton backward runs and
+    the path says so."""
+    from faverify.kernels.triton import interface
+    q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16, device=DEVICE)
+    asked = interface.Launch(fused_backward=True)
+    hopper = HAS_GPU and torch.cuda.get_device_capability()[0] == 9
+    assert not interface._use_hopper_backward(q, q, q, q, None)
+    assert interface._use_hopper_backward(q, q, q, q, None, asked) == hopper
+    assert not interface._use_hopper_backward(q, q, q, q, (torch.ones(2, device=DEVICE), 0), asked)
+    assert not interface._use_hopper_backward(q.float(), q.float(), q.float(), q.float(), None, asked)
+    if not hopper:
+        x = make_inputs(cases_example(), DEVICE, requires_grad=True)
+        interface.take_paths()
+        out = interface.flash_attn_func(x.q, x.k, x.v, causal=True, launch=asked)
+        out.backward(x.dout)
+        assert [p for p in interface.take_paths() if p.startswith("bwd")] == ["bwd triton"]
+
+
+def cases_example():
+    from faverify.cases.case import Case
+    return Case(batch=1, seqlen_q=70, seqlen_k=70, nheads=2, nheads_k=1, head_dim=64, dtype="bf16", causal=True)
 
 
 def test_the_dq_buffer_is_seen_as_head_rows_by_padded_columns():
