@@ -357,10 +357,13 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
     mutants = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith("bwd-hopper-mutant ")]
     assert {row[0].split()[1] for row in mutants} == {m.name for m in HOPPER_BWD_MUTANTS}, mutants
     assert all(row[-1].startswith("ok") for row in mutants), mutants
-    # the fused Hopper backward (backward_fused_hopper.py), opt-in: its 8 builds compile for sm_90 with no
-    # stack (property_tests/test_fused_backward.py reads their machine code)
+    # the fused Hopper backward (backward_fused_hopper.py), opt-in: its 8 builds and its mutants compile for
+    # sm_90 with no stack (property_tests/test_fused_backward.py reads their machine code)
     fused = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith("bwd-fused-hopper")]
-    assert len(fused) == 8 and all(row[1] == "sm_90" and row[-1] == "ok" for row in fused), fused
+    from faverify.kernels.mutants.catalog import FUSED_BWD_MUTANTS
+    assert len(fused) == 8 + len(FUSED_BWD_MUTANTS), fused
+    assert all(row[1] == "sm_90" and row[-1] == "ok" for row in fused), fused
+    assert {row[0].split()[1] for row in fused if "-mutant " in row[0]} == {m.name for m in FUSED_BWD_MUTANTS}
     # every Hopper mutant compiles (its causal build) with its features' switches: they run on sm_90 only, so
     # a replacement that breaks the build would otherwise first show on a GPU (as a kill by crash)
     from faverify.kernels.mutants.catalog import HOPPER_MUTANTS

@@ -64,8 +64,8 @@ class Variant:
         if self.kernel == HOPPER_MUTANT_KERNEL:
             return (f"{self.kernel} {self.mutant} {self.dtype} D{self.block_d} {'causal' if self.causal else 'full'}"
                     f" {self.switches or 'dense'}")
-        if self.kernel == HOPPER_BWD_KERNEL and self.mutant:
-            return f"{self.kernel}-mutant {self.mutant} {self.dtype} D{self.block_d} causal {self.switches}"
+        if self.kernel in (HOPPER_BWD_KERNEL, FUSED_BWD_KERNEL) and self.mutant:
+            return f"{self.kernel}-mutant {self.mutant} {self.dtype} D{self.block_d} causal {self.switches}".rstrip()
         if self.kernel == HOPPER_KERNEL and self.switches:
             return f"{self.kernel} {self.dtype} D{self.block_d} {self.switches}"
         if self.kernel in SPARSE_KERNELS:
@@ -159,11 +159,12 @@ def _compiled(dtype: str, block_d: int, even_d: bool, capability: int) -> bool:
 
 
 def hopper_bwd_mutant_variants() -> list:
-    """Each Hopper backward mutant's causal build with dQ fused (its subject's mode; every marked statement
-    is compiled there)."""
-    from faverify.kernels.mutants.catalog import HOPPER_BWD_MUTANTS
+    """Each Hopper backward mutant's causal build: the Hopper dK/dV's with dQ fused (its subject's mode; every
+    marked statement is compiled there), the fused backward's (kernel FUSED_BWD_KERNEL)."""
+    from faverify.kernels.mutants.catalog import FUSED_BWD_MUTANTS, HOPPER_BWD_MUTANTS
     return [Variant(HOPPER_BWD_KERNEL, "bf16", 128, True, True, switches="fused-dq", mutant=m.name)
-            for m in HOPPER_BWD_MUTANTS]
+            for m in HOPPER_BWD_MUTANTS] + [Variant(FUSED_BWD_KERNEL, "bf16", 128, True, True, mutant=m.name)
+                                            for m in FUSED_BWD_MUTANTS]
 
 
 def hopper_mutant_variants() -> list:

@@ -115,7 +115,7 @@ def run(q, k, v, dout, dq, dk, dv, rows: tuple, delta, scale: float, causal: boo
 @gluon.jit
 def _reducer(red, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr):
     dq_desc, dk_desc, dv_desc, o_smem, ds_smem, bars, seqlen_q, diag, nheads_k, group = red
-    _, _, _, _, dq_ready, dq_empty = bars
+    _, _, _, ds_ready, dq_ready, dq_empty = bars  # ds_ready: what the mutant fused-bwd-reduce-before-dq waits on
     cols: gl.constexpr = dq_desc.block_type.shape[2]
     off_b = gl.program_id(1) // nheads_k
     off_hk = gl.program_id(1) % nheads_k
@@ -125,7 +125,7 @@ def _reducer(red, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr):
     for g in range(0, group):
         bh = (off_b * nheads_k + off_hk) * group + g
         for m in range(lo, hi):
-            mbarrier.wait(dq_ready, it & 1)  # both consumers' columns are in
+            mbarrier.wait(dq_ready, it & 1)  # both consumers' columns are in  [mutant site: fused-dq-ready]
             for c in gl.static_range(CONSUMERS):
                 tile = o_smem.index(c)._reinterpret(gl.float32, [1, BLOCK_M, cols], dq_desc.layout)
                 reduce_add(dq_desc, [bh, m * BLOCK_M, c * cols], tile)
@@ -212,7 +212,7 @@ def _consumer(run, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, WHICH: gl.conste
         p = _scores(s, stats, offs_k, offs_q, m * BLOCK_M + diag - first, qk_scale, CAUSAL)
         p_tile.store(p.to(dtype))
         fence_async_shared()  # the tensor cores read P^T through the async proxy
-        dv = warpgroup_mma(p_tile.permute((1, 0)), do, dv, is_async=True)
+        dv = warpgroup_mma(p_tile.permute((1, 0)), do, dv, is_async=True)  # [mutant site: fused-dv-acc]
         dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp, ))
         ds = p * (dp - delta[:, None])
         if dtype == gl.float16:  # common.saturate: an fp16 operand past 65504 would be inf
