@@ -148,6 +148,21 @@ def test_the_dq_buffer_is_seen_as_head_rows_by_padded_columns():
     assert total[1, 2, 4, 39] == 7.0
 
 
+@pytest.mark.parametrize("block_d", (64, 128))
+def test_k_is_one_tile_of_the_key_tile_swizzled_in_spans_of_a_consumers_dq_columns(block_d):
+    """dQ's wgmma reads one consumer's columns of all 128 keys' k: k comes in one box of the key tile's rows
+    (two boxes of 64 rows wider than their swizzle would lie a column span at a time, not as one tile), and
+    its swizzle span is those columns' bytes, so that the second consumer's half starts a span."""
+    from triton.experimental.gluon import language as gl
+
+    from faverify.kernels.triton import backward_fused_hopper as fused
+    q = torch.zeros(1, 200, 2, block_d, dtype=torch.float16)
+    k_desc = fused.descriptors(q, q, q, q, q, q, fused.dq_buffer(q, block_d), block_d)[1]
+    assert list(k_desc.block_shape) == [1, fused.CONSUMERS.value * fused.HALF.value, 1, block_d]
+    assert k_desc.layout == fused.k_layout(block_d, gl.float16, 4)
+    assert k_desc.layout.swizzle_byte_width == fused.dq_cols(block_d) * 2 == block_d
+
+
 def _is_hopper() -> bool:
     return HAS_GPU and torch.cuda.get_device_capability()[0] == 9
 

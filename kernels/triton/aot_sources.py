@@ -88,7 +88,9 @@ def _hopper_bwd_source(v, capability: int):
     names = ("q_desc", "k_desc", "v_desc", "do_desc") + (("dk_desc", "dv_desc") if fused else ())
     for name, rows in zip(names, backward_hopper.box_rows() * 2):  # 64 rows each
         signature[name] = f"tensordesc<{v.dtype}[1,{rows},1,{v.block_d}],{hopper.box_layout(rows, v.block_d, dtype)!r}>"
-    if fused:  # the fp32 dQ buffer, boxes of 64 rows by one consumer's columns (backward_fused_hopper.descriptors)
+    if fused:  # k in one box of the key tile, the fp32 dQ buffer (backward_fused_hopper.descriptors)
+        keys = backward_hopper.CONSUMERS.value * hopper.HALF.value
+        signature["k_desc"] = f"tensordesc<{v.dtype}[1,{keys},1,{v.block_d}],{module.k_layout(v.block_d, dtype, 4)!r}>"
         signature["dq_desc"] = (f"tensordesc<fp32[1,{backward_hopper.BLOCK_M.value},{module.dq_cols(v.block_d)}],"
                                 f"{module.dq_box_layout()!r}>")
     source = GluonASTSource(fn, signature, constants, _aligned_attrs(fn, constants))

@@ -3,8 +3,8 @@
 backward_hopper.py computes dK and dV, and dQ in a second pass that recomputes S and dP (seven matmuls a
 pair of tiles), or adds dQ by per-element atomics. Here a program owns a key tile of CONSUMERS x HALF keys,
 as there, and each pair of it with a query tile of BLOCK_M rows takes five wgmmas a consumer:
-    producer   (1 warp):   backward_hopper._producer: the key tile's k and v once, then q and dO of each
-                           query tile that sees it (every query head of its GQA group), a ring of STAGES
+    producer   (1 warp):   the key tile's k and v once, then q and dO of each query tile that sees it
+                           (every query head of its GQA group) into a ring of STAGES (backward_hopper's)
     consumer c (4 warps):  keys [64 c, 64 c + 64): S = q k^T and dP = dO v^T issued back to back; P into
                            shared memory, dV += P^T dO; dS = P (dP - D) into shared memory, dK += dS^T q;
                            then dQ's columns [c DQ_COLS, (c + 1) DQ_COLS) = dS k over the tile's keys
@@ -15,7 +15,9 @@ as there, and each pair of it with a query tile of BLOCK_M rows takes five wgmma
                            engine
 S has the queries along its rows, so each thread holds two rows' statistics (S^T would spread 16 a thread,
 and the d128 consumers spilled); P^T and dS^T reach the tensor cores from shared memory. dK and dV stay in
-registers across the query tiles.
+registers across the query tiles. k is one tile of the key tile's rows (k_layout): S reads a consumer's
+rows of it, dQ a consumer's columns of every row. (Two tiles of 64 rows would not do: a tile wider than
+its swizzle is stored a column span at a time, so the two tiles are not one [128, d] tile.)
 
 Barriers, beside the ring's: ds_ready (a slot's dS of both consumers is in), dq_ready (both consumers' dQ
 columns are in; one more phase at the end: their dK and dV), dq_empty (the reducer's reduce has read the dQ
@@ -51,17 +53,25 @@ from faverify.kernels.triton.backward_hopper import (
     BLOCK_M,
     CONSUMERS,
     STAGES,
-    _producer,
+    _load_queries,
     _query_tiles,
     _ring_barriers,
-    _tiles,
+    _ring_tiles,
     dq_buffer,
     finish_dq,
     grid,
 )
 from faverify.kernels.triton.backward_hopper import descriptors as _kv_descriptors
 from faverify.kernels.triton.common import LOG2E
-from faverify.kernels.triton.hopper import HALF, PRODUCER_REGS, _box, _mma_layout, _smem_layout, reduce_add, registers
+from faverify.kernels.triton.hopper import (
+    HALF,
+    PRODUCER_REGS,
+    _box,
+    _mma_layout,
+    _smem_layout,
+    reduce_add,
+    registers,
+)
 
 # globals a kernel reads must be constexpr; BLOCK_M (query rows a tile), CONSUMERS (key rows CONSUMERS x
 # HALF a program) and STAGES (q and dO) are backward_hopper's, whose producer loads the same tiles
@@ -81,16 +91,28 @@ def dq_cols(block_d: int) -> int:
 
 
 def descriptors(q, k, v, dout, dk, dv, total, block_d: int) -> tuple:
-    """Host-made TMA descriptors: q, k, v and dO as backward_hopper's, dK and dV with k's boxes, and the fp32
-    dQ buffer (dq_buffer, [b, h, s, block_d]) seen as [b h, s, block_d], boxes of BLOCK_M rows by one
-    consumer's columns."""
+    """Host-made TMA descriptors: q, v, dO, dK and dV with boxes of 64 rows (backward_hopper's), k with
+    boxes of the whole key tile (k_layout), and the fp32 dQ buffer (dq_buffer, [b, h, s, block_d]) seen as
+    [b h, s, block_d], boxes of BLOCK_M rows by one consumer's columns."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     b, h, s, _ = total.shape
     flat = total.view(b * h, s, block_d)
-    box = [1, BLOCK_M.value, dq_cols(block_d)]
-    dkdv = _kv_descriptors(dk, dv, dk, dv, block_d)[:2]  # boxes of 64 rows, as every one of them
-    return _kv_descriptors(q, k, v, dout, block_d) + dkdv + (
-        TensorDescriptor(flat, list(flat.shape), list(flat.stride()), box, dq_box_layout()),)
+    dtype = {"torch.bfloat16": gl.bfloat16, "torch.float16": gl.float16}[str(q.dtype)]
+    keys = [1, CONSUMERS.value * HALF.value, 1, block_d]
+    k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), keys, k_layout(block_d, dtype, 4))
+    q_desc, _, v_desc, do_desc = _kv_descriptors(q, k, v, dout, block_d)
+    dk_desc, dv_desc = _kv_descriptors(dk, dv, dk, dv, block_d)[:2]  # boxes of 64 rows, as q's and k's there
+    return q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, TensorDescriptor(
+        flat, list(flat.shape), list(flat.stride()), [1, BLOCK_M.value, dq_cols(block_d)], dq_box_layout())
+
+
+@gluon.constexpr_function
+def k_layout(block_d, dtype, rank):
+    """The shared layout of the key tile's k, [CONSUMERS x HALF, block_d] (rank 2; rank 4: its box): swizzled
+    in spans of one consumer's dQ columns, so that the column half dQ's wgmma reads starts a span (a
+    128-byte span at d128, 64 bytes at d64). Each consumer's S reads its rows."""
+    span = min(128, block_d // CONSUMERS.value * dtype.primitive_bitwidth // 8)
+    return gl.NVMMASharedLayout(swizzle_byte_width=span, element_bitwidth=dtype.primitive_bitwidth, rank=rank)
 
 
 @gluon.constexpr_function
@@ -110,6 +132,27 @@ def run(q, k, v, dout, dq, dk, dv, rows: tuple, delta, scale: float, causal: boo
     kernel[grid(sk, b, hk)](*descriptors(q, k, v, dout, dk, dv, total, block_d), *rows, delta, sq, sk, hk, h // hk,
                             scale, scale * LOG2E, CAUSAL=causal, BLOCK_D=block_d, **OPTIONS)
     return finish_dq(total, dq, scale), dk, dv
+
+
+@gluon.jit
+def _producer(load, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr):
+    """backward_hopper's producer but for k: the key tile's k in one box (k_layout), each consumer's v, then
+    the ring of q and dO (_load_queries)."""
+    q_desc, k_desc, v_desc, do_desc, smem, bars, seqlen_q, diag, nheads_k, group = load
+    q_smem, do_smem, k_smem, v_smem = smem
+    kv_ready, ready, empty = bars
+    off_b = gl.program_id(1) // nheads_k
+    off_hk = gl.program_id(1) % nheads_k
+    key0 = gl.program_id(0) * (CONSUMERS * HALF)
+    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + CONSUMERS * v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [off_b, key0, off_hk, 0], kv_ready,
+                                    k_smem._reinterpret(k_smem.dtype, [1, CONSUMERS * HALF, 1, BLOCK_D],
+                                                        k_desc.layout))
+    for c in gl.static_range(CONSUMERS):
+        tma.async_copy_global_to_shared(v_desc, [off_b, key0 + c * HALF, off_hk, 0], kv_ready,
+                                        _box(v_smem.index(c), HALF, BLOCK_D))
+    _load_queries(q_desc, do_desc, q_smem, do_smem, ready, empty, off_b, off_hk, key0, seqlen_q, diag, group,
+                  BLOCK_D, CAUSAL)
 
 
 @gluon.jit
@@ -178,12 +221,9 @@ def _consumer(run, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr, WHICH: gl.conste
     q_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, q_layout)
     dk = gl.zeros([HALF, BLOCK_D], gl.float32, o_layout)
     dv = gl.zeros([HALF, BLOCK_D], gl.float32, o_layout)
-    k = k_smem.index(WHICH)
+    k = k_smem.slice(WHICH * HALF, HALF, dim=0)  # this consumer's keys, for S
     v = v_smem.index(WHICH)
-    # dQ's B operand: the whole key tile's k ([CONSUMERS x HALF, BLOCK_D], the consumers' tiles one after
-    # the other in the same swizzle), this consumer's columns
-    k_all = k_smem._reinterpret(dtype, [CONSUMERS * HALF, BLOCK_D], _smem_layout(CONSUMERS * HALF, BLOCK_D, dtype))
-    k_cols = k_all.slice(WHICH * DQ_COLS, DQ_COLS, dim=1)
+    k_cols = k_smem.slice(WHICH * DQ_COLS, DQ_COLS, dim=1)  # every key, this consumer's columns: dQ's B
     # dK's and dV's tile on their way out; until then, this consumer's dQ columns in fp32 (the same bytes)
     o_tile = o_smem.index(WHICH)
     dq_tile = o_tile._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], gl.NVMMASharedLayout(0, 32, rank=2))
@@ -246,7 +286,9 @@ def _fused_source(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Ro
                   seqlen_q, seqlen_k, nheads_k, group, softmax_scale, qk_scale,  #
                   CAUSAL: gl.constexpr, BLOCK_D: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
-    q_smem, do_smem, k_smem, v_smem = _tiles(dtype, BLOCK_D)
+    q_smem, do_smem = _ring_tiles(dtype, BLOCK_D)
+    k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS * HALF, BLOCK_D], k_layout(BLOCK_D, dtype, 2))
+    v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, HALF, BLOCK_D], _smem_layout(HALF, BLOCK_D, dtype))
     # dS's slots, then P's (one layout: the stores of both take the same per-thread offsets)
     ds_smem = gl.allocate_shared_memory(dtype, [2 * DS_SLOTS, BLOCK_M, CONSUMERS * HALF],
                                         _smem_layout(BLOCK_M, CONSUMERS * HALF, dtype))
@@ -264,9 +306,8 @@ def _fused_source(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Ro
     bars = (kv_ready, ready, empty, ds_ready, dq_ready, dq_empty)
     diag = seqlen_k - seqlen_q
     run = (smem, bars, Rowmax, Log2l, Delta, seqlen_q, diag, nheads_k, group, softmax_scale, qk_scale)
-    # backward_hopper's producer reads the first five buffers and three barriers
-    load = (q_desc, k_desc, v_desc, do_desc, (q_smem, do_smem, k_smem, v_smem, ds_smem), (kv_ready, ready, empty),
-            seqlen_q, diag, nheads_k, group)
+    load = (q_desc, k_desc, v_desc, do_desc, (q_smem, do_smem, k_smem, v_smem), (kv_ready, ready, empty), seqlen_q,
+            diag, nheads_k, group)
     red = (dq_desc, dk_desc, dv_desc, o_smem, ds_smem, bars, seqlen_q, diag, nheads_k, group)
     # the default partition (num_warps = 4) is consumer 0; workers: consumer 1, the producer, the reducer
     gl.warp_specialize([(_consumer, (run, BLOCK_D, CAUSAL, 0)),
