@@ -1,5 +1,6 @@
-"""What the Hopper kernels (forward_hopper.py, backward_hopper.py) share, and the forward's launch: the
-shared and wgmma layouts, the boxes of their TMA descriptors, the registers and the grid."""
+"""What the Hopper kernels (forward_hopper.py, backward_hopper.py, backward_fused_hopper.py) share, and the
+forward's launch: the shared and wgmma layouts, the boxes of their TMA descriptors, the copy engine's
+reduce, the registers and the grid."""
 from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
