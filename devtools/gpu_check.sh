@@ -65,6 +65,12 @@
 #                    mode's bits over 3 runs of 40 cases, the fast mode's 4 mutants at 300 cases (and the
 #                    stage-reuse mutant's own fuzz: its cases' statuses and paths), and the backward's bench
 #                    rows of both beside triton's, sdpa-flash's and sdpa-cudnn's
+#   fused-bwd  [570] the fused Hopper backward (backward_fused_hopper.py, opt-in): a 10000-case fuzz of
+#                    triton-hopper-bwd-fused (first: its warm-up compiles, over every core, the builds the
+#                    steps after it load from Triton's cache), its GPU tests (FP64 on 40 drawn cases, dK and dV
+#                    the same bits twice; against the Hopper dK/dV and the Triton dQ at each build), its two
+#                    mutants at 300 cases, and its backward's bench rows beside triton's and the SDPA
+#                    backends' (sdpa-cudnn's among them): bf16, d64 and d128, seqlens 4096 and 16384
 #   backward-profile [150] devtools/backward_profile.py: each kernel's GPU time in one backward (triton, triton
 #                    with the Hopper dK/dV, with its fused dQ, sdpa-cudnn, sdpa-flash) at bench's d64/d128,
 #                    seqlens 4096 and 16384
@@ -238,6 +244,18 @@ for step in $steps; do
       run bench-hopper-bwd 170 "^triton|^sdpa|passed|failed" python3 -m faverify bench \
         --kernel triton,triton-hopper-bwd,triton-hopper-bwd-fast --headdims 64,128 --seqlens 4096,16384 \
         --dtype bf16,fp16 --mode bwd --no-tune --json "$out/bench-hopper-bwd.json" ;;
+    fused-bwd)
+      run fuzz-fused-bwd 220 "passed|failed|cases/s|warm-up|code path|by phase|minimal case|signature|interrupted" \
+        python3 -m faverify fuzz --kernel triton-hopper-bwd-fused --iters 10000 --dtype bf16,fp16 --mode both \
+        --timeout 60 --no-db --json "$out/fuzz-fused-bwd.json"
+      run fused-bwd-tests 100 "passed|failed|error" python3 -m pytest -q -p no:cacheprovider -m gpu -rfs \
+        property_tests/test_fused_backward.py
+      run mutants-fused-bwd 140 "killed|survived|control|Error" python3 -m faverify mutants --iters 300 \
+        --control-iters 100 --only fused-bwd-reduce-before-dq,fused-bwd-dv-reset-per-tile --dtype bf16,fp16 \
+        --timeout 60 --json "$out/mutants-fused-bwd.json"
+      run bench-fused-bwd 100 "^triton|^sdpa|passed|failed" python3 -m faverify bench \
+        --kernel triton,triton-hopper-bwd-fused --headdims 64,128 --seqlens 4096,16384 --dtype bf16 --mode bwd \
+        --no-tune --json "$out/bench-fused-bwd.json" ;;
     backward-profile) run backward-profile 150 "^bf16|^fp16|Error" python3 devtools/backward_profile.py ;;
     sanitize)
       for tool in memcheck racecheck; do

@@ -83,15 +83,19 @@ def test_control_iters_below_one_is_a_usage_error():
 def test_mutants_of_the_hopper_kernels_run_only_where_they_do():
     """The Hopper forward and backward run on sm_90 only: their mutants are left out elsewhere (they would
     survive for nothing), and asking for one there is a usage error that names the rule. The backward's
-    run under the subject that takes it (triton-hopper-bwd-fast: it is opt-in)."""
-    from faverify.kernels.mutants.catalog import HOPPER_BWD_MUTANTS
+    run under the subject that takes it (triton-hopper-bwd-fast, triton-hopper-bwd-fused: they are opt-in)."""
+    from faverify.kernels.mutants.catalog import FUSED_BWD_MUTANTS, HOPPER_BWD_MUTANTS
     cpu = torch.device("cpu")
-    hopper = HOPPER_MUTANTS + HOPPER_BWD_MUTANTS
-    assert HOPPER_BWD_MUTANTS and not any(applicable(m, cpu) for m in hopper)
+    hopper = HOPPER_MUTANTS + HOPPER_BWD_MUTANTS + FUSED_BWD_MUTANTS
+    assert HOPPER_BWD_MUTANTS and FUSED_BWD_MUTANTS and not any(applicable(m, cpu) for m in hopper)
     assert all(applicable(m, cpu) for m in MUTANTS if m not in hopper)
     assert {m.subject for m in HOPPER_BWD_MUTANTS} == {"triton-hopper-bwd-fast"}
+    assert {m.subject for m in FUSED_BWD_MUTANTS} == {"triton-hopper-bwd-fused"}
     assert all(m.reaches("bwd hopper fused-dq") and not m.reaches("bwd triton") for m in HOPPER_BWD_MUTANTS)
-    for name in ("hopper-consumer-rows", "hopper-bwd-dk-unscaled"):
+    assert all(m.reaches("bwd fused hopper") and not m.reaches("bwd hopper") and not m.reaches("bwd hopper fused-dq")
+               for m in FUSED_BWD_MUTANTS)
+    assert not any(m.reaches("bwd fused hopper") for m in HOPPER_BWD_MUTANTS)
+    for name in ("hopper-consumer-rows", "hopper-bwd-dk-unscaled", "fused-bwd-reduce-before-dq"):
         r = cli("mutants", "--only", name, "--device", "cpu")
         assert r.exit_code == 2 and f"--only='{name}': its code runs only on sm_90 GPUs" in r.stderr, r.stderr
 

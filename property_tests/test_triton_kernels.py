@@ -208,21 +208,23 @@ def test_hopper_backward_is_right_against_fp64(case):
 
 def test_the_hopper_backward_subjects_ask_for_it_in_their_mode(monkeypatch):
     """triton-hopper-bwd and triton-hopper-bwd-fast run flash_attn_func with the opt-in Hopper backward,
-    deterministic and fused; they draw the cases it takes (dense, 16-bit, 16-byte rows) on GPUs only."""
+    deterministic and fused, triton-hopper-bwd-fused with the fused Hopper backward; they draw the cases it
+    takes (dense, 16-bit, 16-byte rows) on GPUs only."""
     from faverify.kernels.triton import interface
     from faverify.subjects import resolve
     seen = []
     monkeypatch.setattr(interface, "flash_attn_func", lambda q, k, v, **kw: seen.append(kw) or (q, None))
     q = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16)
-    for name, deterministic in (("triton-hopper-bwd", True), ("triton-hopper-bwd-fast", False)):
+    for name, launch in (("triton-hopper-bwd", interface.Launch(hopper_backward=True, deterministic=True)),
+                         ("triton-hopper-bwd-fast", interface.Launch(hopper_backward=True, deterministic=False)),
+                         ("triton-hopper-bwd-fused", interface.Launch(fused_backward=True))):
         subject = resolve(name)
         caps = subject.caps
         assert caps.devices == ("cuda",) and caps.dtypes == ("bf16", "fp16") and caps.head_dims == (48, 64, 80, 96, 112,
                                                                                                     128)
         assert not any((caps.window, caps.softcap, caps.alibi, caps.sinks, caps.head_dim_v, caps.mask, caps.bias))
         subject.fn(q, q, q, causal=True)
-        assert seen[-1] == dict(return_lse=True, causal=True,
-                                launch=interface.Launch(hopper_backward=True, deterministic=deterministic))
+        assert seen[-1] == dict(return_lse=True, causal=True, launch=launch)
 
 
 def test_the_fused_dq_accumulator_holds_rows_by_head_and_pads_the_head_dim():
@@ -355,6 +357,13 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
     mutants = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith("bwd-hopper-mutant ")]
     assert {row[0].split()[1] for row in mutants} == {m.name for m in HOPPER_BWD_MUTANTS}, mutants
     assert all(row[-1].startswith("ok") for row in mutants), mutants
+    # the fused Hopper backward (backward_fused_hopper.py), opt-in: its 8 builds and its mutants compile for
+    # sm_90 with no stack (property_tests/test_fused_backward.py reads their machine code)
+    fused = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith("bwd-fused-hopper")]
+    from faverify.kernels.mutants.catalog import FUSED_BWD_MUTANTS
+    assert len(fused) == 8 + len(FUSED_BWD_MUTANTS), fused
+    assert all(row[1] == "sm_90" and row[-1] == "ok" for row in fused), fused
+    assert {row[0].split()[1] for row in fused if "-mutant " in row[0]} == {m.name for m in FUSED_BWD_MUTANTS}
     # every Hopper mutant compiles (its causal build) with its features' switches: they run on sm_90 only, so
     # a replacement that breaks the build would otherwise first show on a GPU (as a kill by crash)
     from faverify.kernels.mutants.catalog import HOPPER_MUTANTS

@@ -43,7 +43,8 @@ def _cuda(name: str) -> Subject:
 
 
 _BUILTIN: dict[str, Callable[[], Subject]] = {name: (lambda n=name: sdpa.make(n)) for name in sdpa.names()}
-for _name in ("triton", "triton-varlen", "triton-paged", "triton-hopper-bwd", "triton-hopper-bwd-fast", "triton-fp8"):
+for _name in ("triton", "triton-varlen", "triton-paged", "triton-hopper-bwd", "triton-hopper-bwd-fast",
+              "triton-hopper-bwd-fused", "triton-fp8"):
     _BUILTIN[_name] = lambda n=_name: _triton(n)
 _BUILTIN["flex"] = lambda: _flex()
 _BUILTIN["combine"] = lambda: _combine()

@@ -14,8 +14,9 @@ from pathlib import Path
 from faverify.kernels.mutants.catalog import BY_NAME, Mutant
 
 KERNELS = Path(__file__).resolve().parent.parent / "triton"
-_FILES = ("forward.py", "forward_hopper.py", "backward.py", "backward_hopper.py", "interface.py", "variant_forward.py",
-          "variant_decode.py", "variant_backward.py", "variant_interface.py", "sparse.py", "fp8.py")
+_FILES = ("forward.py", "forward_hopper.py", "backward.py", "backward_hopper.py", "backward_fused_hopper.py",
+          "interface.py", "variant_forward.py", "variant_decode.py", "variant_backward.py", "variant_interface.py",
+          "sparse.py", "fp8.py")
 
 
 def _cache_root() -> Path:
@@ -60,7 +61,8 @@ def source(mutant: Mutant) -> dict:
     out = {}
     for name in _FILES:
         text = (KERNELS / name).read_text()
-        for module in ("backward as _bwd", "backward_hopper as _bwd_hopper", "forward as _fwd",
+        for module in ("backward as _bwd", "backward_hopper as _bwd_hopper", "backward_fused_hopper as _bwd_fused",
+                       "forward as _fwd",
                        "forward_hopper as _fwd_hopper",
                        "variant_forward as _vfwd", "variant_decode as _vdec", "variant_backward as _vbwd",
                        "variant_interface as _var", "sparse as _sparse"):

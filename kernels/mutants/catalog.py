@@ -33,7 +33,7 @@ class Mutant:
 
 # the prefix of interface.PATHS each kernel file's code runs under ("" : the launcher, every path)
 _PATH_OF = {"forward.py": "fwd triton", "forward_hopper.py": "fwd hopper", "backward.py": "bwd triton",
-            "backward_hopper.py": "bwd hopper",
+            "backward_hopper.py": "bwd hopper", "backward_fused_hopper.py": "bwd fused hopper",
             "interface.py": "", "variant_forward.py": "fwd variant", "variant_decode.py": "fwd variant decode",
             "variant_backward.py": "bwd variant",
             "variant_interface.py": ("fwd variant", "bwd variant"), "sparse.py": ("fwd sparse", "bwd sparse"),
@@ -312,6 +312,24 @@ HOPPER_BWD_MUTANTS = tuple(Mutant(name, "backward_hopper.py", site, new, bug, wh
      "a reduction over tiles with its bound one short; only the last tile's share is missing, small where "
      "its keys carry little of the softmax"),
 ))
-MUTANTS = MUTANTS + HOPPER_MUTANTS + HOPPER_BWD_MUTANTS + VARIANT_MUTANTS
+# The fused Hopper backward (backward_fused_hopper.py, opt-in: Launch.fused_backward; subject
+# triton-hopper-bwd-fused): a reduce of dQ handed over too early, and an accumulator that loses the query
+# tiles before the last. Its cases are the Hopper forward's.
+FUSED_BWD_MUTANTS = tuple(Mutant(name, "backward_fused_hopper.py", site, new, bug, why,
+                                 subject="triton-hopper-bwd-fused", runs_on="sm_90", cases=HOPPER_CASES)
+                          for name, site, new, bug, why in (
+    ("fused-bwd-reduce-before-dq", "fused-dq-ready",
+     "mbarrier.wait(ds_ready.index(it % DS_SLOTS), (it // DS_SLOTS) & 1)",
+     "the fused backward's reducer issues a query tile's dQ reduce once both consumers' dS is in shared memory, "
+     "before their dQ is: it adds the tile before's dQ, or what the buffer held",
+     "the dS barrier also says both consumers reached the tile, and waiting on it looks like the hand-over; "
+     "the race is lost on every tile, but a tile whose dQ equals the one before hides it"),
+    ("fused-bwd-dv-reset-per-tile", "fused-dv-acc",
+     "dv = warpgroup_mma(p_tile.permute((1, 0)), do, dv, use_acc=False, is_async=True)",
+     "the fused backward's dV accumulator restarts on every query tile: dV is the last tile's P^T dO alone",
+     "use_acc=False is right for S and dP, the wgmmas beside it; one query tile of one head (seqlen_q up to "
+     "64, no GQA group) hides it"),
+))
+MUTANTS = MUTANTS + HOPPER_MUTANTS + HOPPER_BWD_MUTANTS + FUSED_BWD_MUTANTS + VARIANT_MUTANTS
 
 BY_NAME = {m.name: m for m in MUTANTS}

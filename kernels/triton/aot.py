@@ -4,9 +4,9 @@ A variant is a kernel with its compile-time constants: dtype, padded head dim (1
 is bf16's but for the conversions, at 64 and 128; fp32 from 64; on sm_80 bf16 alone: _compiled), causal,
 and whether the head dim fills the padding (EVEN_D; the odd-head-dim path is compiled for bf16 from 64, it
 differs from the others only in masks), each with the tile its launcher picks by default; on sm_90 also
-the Hopper forward and each of its mutants (kernels/mutants). Pointers and strides are declared 16-byte
-aligned, as they are for contiguous inputs; so the 16-bit forward for sm_90 is the one
-that loads through tensor descriptors (TMA), as it runs there. For each variant: shared memory from the
+the Hopper forward, the Hopper backwards and each of their mutants (kernels/mutants). Pointers and strides
+are declared 16-byte aligned, as they are for contiguous inputs; so the 16-bit forward for sm_90 is the
+one that loads through tensor descriptors (TMA), as it runs there. For each variant: shared memory from the
 compiler, registers and stack frame from cuobjdump on the cubin (ptxas puts spilled registers in the
 stack frame; a nonzero one is reported as a spill).
 
@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
+from faverify.kernels.triton import sass
 from faverify.kernels.triton.aot_sources import (
+    FUSED_BWD_KERNEL,
     _fp8_source,
     _hopper_bwd_source,
     _hopper_source,
@@ -65,8 +64,8 @@ class Variant:
         if self.kernel == HOPPER_MUTANT_KERNEL:
             return (f"{self.kernel} {self.mutant} {self.dtype} D{self.block_d} {'causal' if self.causal else 'full'}"
                     f" {self.switches or 'dense'}")
-        if self.kernel == HOPPER_BWD_KERNEL and self.mutant:
-            return f"{self.kernel}-mutant {self.mutant} {self.dtype} D{self.block_d} causal {self.switches}"
+        if self.kernel in (HOPPER_BWD_KERNEL, FUSED_BWD_KERNEL) and self.mutant:
+            return f"{self.kernel}-mutant {self.mutant} {self.dtype} D{self.block_d} causal {self.switches}".rstrip()
         if self.kernel == HOPPER_KERNEL and self.switches:
             return f"{self.kernel} {self.dtype} D{self.block_d} {self.switches}"
         if self.kernel in SPARSE_KERNELS:
@@ -129,6 +128,8 @@ def variants(capability: int = 80) -> list:
         out += [Variant(HOPPER_BWD_KERNEL, dtype, block_d, causal, True, switches=fused)
                 for fused in ("", "fused-dq") for dtype in ("bf16", "fp16") for block_d in (64, 128)
                 for causal in (False, True)]
+        out += [Variant(FUSED_BWD_KERNEL, dtype, block_d, causal, True) for dtype in ("bf16", "fp16")
+                for block_d in (64, 128) for causal in (False, True)]
         out += hopper_bwd_mutant_variants()
         out += [Variant(FP8_KERNEL, "fp8e4nv", block_d, causal, True) for block_d in (64, 128, 256)
                 for causal in (False, True)]
@@ -158,11 +159,12 @@ def _compiled(dtype: str, block_d: int, even_d: bool, capability: int) -> bool:
 
 
 def hopper_bwd_mutant_variants() -> list:
-    """Each Hopper backward mutant's causal build with dQ fused (its subject's mode; every marked statement
-    is compiled there)."""
-    from faverify.kernels.mutants.catalog import HOPPER_BWD_MUTANTS
+    """Each Hopper backward mutant's causal build: the Hopper dK/dV's with dQ fused (its subject's mode; every
+    marked statement is compiled there), the fused backward's (kernel FUSED_BWD_KERNEL)."""
+    from faverify.kernels.mutants.catalog import FUSED_BWD_MUTANTS, HOPPER_BWD_MUTANTS
     return [Variant(HOPPER_BWD_KERNEL, "bf16", 128, True, True, switches="fused-dq", mutant=m.name)
-            for m in HOPPER_BWD_MUTANTS]
+            for m in HOPPER_BWD_MUTANTS] + [Variant(FUSED_BWD_KERNEL, "bf16", 128, True, True, mutant=m.name)
+                                            for m in FUSED_BWD_MUTANTS]
 
 
 def hopper_mutant_variants() -> list:
@@ -171,19 +173,6 @@ def hopper_mutant_variants() -> list:
     from faverify.kernels.mutants.catalog import HOPPER_MUTANTS
     return [Variant(HOPPER_MUTANT_KERNEL, "bf16", 128, True, True, switches="+".join(m.cases.get("features", ())),
                     mutant=m.name) for m in HOPPER_MUTANTS]
-
-
-def _resources(cubin: bytes) -> dict:
-    from triton.backends.nvidia import compiler as nv
-
-    tool = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
-    found = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", text))
-    return {"registers": int(found.get("REG", -1)), "stack": int(found.get("STACK", -1)),
-            "local": int(found.get("LOCAL", -1))}
 
 
 def ptx_digest(ptx: str) -> str:
@@ -202,7 +191,7 @@ def compile_variant(v: Variant, capability: int) -> dict:
     from faverify.kernels.triton import configs
 
     build = _hopper_source if v.kernel in (HOPPER_KERNEL, HOPPER_MUTANT_KERNEL) else \
-        _hopper_bwd_source if v.kernel == HOPPER_BWD_KERNEL else \
+        _hopper_bwd_source if v.kernel in (HOPPER_BWD_KERNEL, FUSED_BWD_KERNEL) else \
         _variant_source if v.kernel in VARIANT_KERNELS else _sparse_source if v.kernel in SPARSE_KERNELS else \
         _fp8_source if v.kernel == FP8_KERNEL else _triton_source
     source, options, tile = build(v, capability)
@@ -214,7 +203,7 @@ def compile_variant(v: Variant, capability: int) -> dict:
         result.update(ok=False, error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}")
         return result
     result.update(ok=True, shared=compiled.metadata.shared, seconds=round(time.perf_counter() - start, 2),
-                  ptx=ptx_digest(compiled.asm["ptx"]), **_resources(compiled.asm["cubin"]))
+                  ptx=ptx_digest(compiled.asm["ptx"]), **sass.resources(compiled.asm["cubin"]))
     limit = configs.SMEM_LIMIT[capability // 10]
     if compiled.metadata.shared > limit:
         result.update(ok=False, error=f"needs {compiled.metadata.shared} B of shared memory, sm_{capability} "

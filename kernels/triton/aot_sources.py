@@ -4,6 +4,7 @@ kernels and Triton's compiler are imported inside each builder: run with TRITON_
 from __future__ import annotations
 
 ELEM = {"fp16": 2, "bf16": 2, "fp32": 4}
+FUSED_BWD_KERNEL = "bwd-fused-hopper"  # the fused Hopper backward (backward_fused_hopper.py): sm_90 only, as bwd-hopper
 
 
 _FP32_POINTERS = ("Lse", "Delta", "Rowmax", "Log2l", "Alibi", "Sinks", "DQsum")
@@ -41,13 +42,8 @@ def _hopper_source(v, capability: int):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from faverify.kernels.triton import configs, hopper
-    from faverify.kernels.triton import forward_hopper as module
 
-    if v.mutant:  # the mutated copy of forward_hopper.py (kernels/mutants/build.py)
-        import importlib
-
-        from faverify.kernels.mutants.build import load
-        module = importlib.import_module(load(v.mutant).__package__ + ".forward_hopper")
+    module = _module("forward_hopper", v.mutant)
     on = set(v.switches.split("+")) - {""}
     tile = configs.hopper_tile(v.block_d, "softcap" in on, bool(on & {"window", "alibi"}))
     constants, options = hopper.launch(tile)
@@ -63,26 +59,43 @@ def _hopper_source(v, capability: int):
     return source, options, str(tile)
 
 
+def _module(name: str, mutant: str = ""):
+    """Kernel module `name` of kernels/triton, or the mutated copy of it that mutant runs
+    (kernels/mutants/build.py)."""
+    import importlib
+    if not mutant:
+        return importlib.import_module("faverify.kernels.triton." + name)
+    from faverify.kernels.mutants.build import load
+    return importlib.import_module(load(mutant).__package__ + "." + name)
+
+
 def _hopper_bwd_source(v, capability: int):
-    """(source, options, tile) of the Hopper dK/dV as interface.backward launches it on sm_90."""
+    """(source, options, tile) of the Hopper dK/dV as interface.backward launches it on sm_90, or with the
+    kernel FUSED_BWD_KERNEL the fused Hopper backward."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from faverify.kernels.triton import backward_hopper as module
+    from faverify.kernels.triton import backward_hopper, hopper
 
-    if v.mutant:  # the mutated copy of backward_hopper.py (kernels/mutants/build.py)
-        import importlib
-
-        from faverify.kernels.mutants.build import load
-        module = importlib.import_module(load(v.mutant).__package__ + ".backward_hopper")
-    constants = dict(CAUSAL=v.causal, BLOCK_D=v.block_d, FUSED_DQ=v.switches == "fused-dq")
+    fused = v.kernel == FUSED_BWD_KERNEL
+    module = _module("backward_fused_hopper" if fused else "backward_hopper", v.mutant)
+    constants = dict(CAUSAL=v.causal, BLOCK_D=v.block_d)
+    if not fused:
+        constants["FUSED_DQ"] = v.switches == "fused-dq"
     fn = module.kernel
     signature = _signature(fn, v.dtype, constants)
     dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[v.dtype]
-    for name, rows in zip(("q_desc", "k_desc", "v_desc", "do_desc"), module.box_rows()):
-        signature[name] = f"tensordesc<{v.dtype}[1,{rows},1,{v.block_d}],{module.box_layout(rows, v.block_d, dtype)!r}>"
+    names = ("q_desc", "k_desc", "v_desc", "do_desc") + (("dk_desc", "dv_desc") if fused else ())
+    for name, rows in zip(names, backward_hopper.box_rows() * 2):  # 64 rows each
+        signature[name] = f"tensordesc<{v.dtype}[1,{rows},1,{v.block_d}],{hopper.box_layout(rows, v.block_d, dtype)!r}>"
+    if fused:  # k in one box of the key tile, the fp32 dQ buffer (backward_fused_hopper.descriptors)
+        keys = backward_hopper.CONSUMERS.value * hopper.HALF.value
+        signature["k_desc"] = f"tensordesc<{v.dtype}[1,{keys},1,{v.block_d}],{module.k_layout(v.block_d, dtype, 4)!r}>"
+        signature["dq_desc"] = (f"tensordesc<fp32[1,{backward_hopper.BLOCK_M.value},{module.dq_cols(v.block_d)}],"
+                                f"{module.dq_box_layout()!r}>")
     source = GluonASTSource(fn, signature, constants, _aligned_attrs(fn, constants))
-    return source, dict(module.OPTIONS), f"M{module.BLOCK_M.value} N{module.CONSUMERS.value * 64} hopper"
+    tile = f"M{backward_hopper.BLOCK_M.value} N{backward_hopper.CONSUMERS.value * 64} hopper"
+    return source, dict(module.OPTIONS), tile + (" fused" if fused else "")
 
 
 def _triton_source(v, capability: int):

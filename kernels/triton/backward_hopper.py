@@ -105,6 +105,15 @@ def _producer(load, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr):
                                         _box(k_smem.index(c), HALF, BLOCK_D))
         tma.async_copy_global_to_shared(v_desc, [off_b, key0 + c * HALF, off_hk, 0], kv_ready,
                                         _box(v_smem.index(c), HALF, BLOCK_D))
+    _load_queries(q_desc, do_desc, q_smem, do_smem, ready, empty, off_b, off_hk, key0, seqlen_q, diag, group,
+                  BLOCK_D, CAUSAL)
+
+
+@gluon.jit
+def _load_queries(q_desc, do_desc, q_smem, do_smem, ready, empty, off_b, off_hk, key0, seqlen_q, diag, group,
+                  BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr):
+    """The producer's ring: q and dO of each query tile that sees the key tile at key0, every query head of
+    the kv head's group in turn, into STAGES stages as the consumers free them."""
     lo, hi = _query_tiles(key0, seqlen_q, diag, CAUSAL)
     it = 0  # the ring's position
     for g in range(0, group):
@@ -207,21 +216,19 @@ def _add_dq(DQsum, dsT, ds, k, row, query0, seqlen_q, BLOCK_D: gl.constexpr):
         gl.atomic_add(tile + part * DQ_COLS + offs, dq, mask=in_q[:, None], sem="relaxed")
 
 
-def _dkdv_source(q_desc, k_desc, v_desc, do_desc, DK, DV, DQsum, Rowmax, Log2l, Delta,  #
-                 stride_kb, stride_ks, stride_kh,  # dK's and dV's (allocated alike)
-                 seqlen_q, seqlen_k, nheads_k, group, head_dim, softmax_scale, qk_scale,  #
-                 CAUSAL: gl.constexpr, BLOCK_D: gl.constexpr, FUSED_DQ: gl.constexpr):
-    dtype: gl.constexpr = q_desc.dtype
+@gluon.jit
+def _ring_tiles(dtype: gl.constexpr, BLOCK_D: gl.constexpr):
+    """The ring the producer fills (_load_queries): STAGES q and dO tiles."""
     q_layout: gl.constexpr = _smem_layout(BLOCK_M, BLOCK_D, dtype)
-    kv_layout: gl.constexpr = _smem_layout(HALF, BLOCK_D, dtype)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_D], q_layout)
-    k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, HALF, BLOCK_D], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, HALF, BLOCK_D], kv_layout)
-    if FUSED_DQ:  # each consumer's dS^T, [HALF keys, BLOCK_M queries]
-        ds_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, HALF, BLOCK_M], _smem_layout(HALF, BLOCK_M, dtype))
-    else:
-        ds_smem = k_smem  # not read
+    return q_smem, do_smem
+
+
+@gluon.jit
+def _ring_barriers():
+    """The producer's barriers, initialized: k and v loaded; a stage loaded (ready); a stage read by every
+    consumer (empty)."""
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -229,6 +236,23 @@ def _dkdv_source(q_desc, k_desc, v_desc, do_desc, DK, DV, DQsum, Rowmax, Log2l, 
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=CONSUMERS)  # one arrive per consumer
+    return kv_ready, ready, empty
+
+
+def _dkdv_source(q_desc, k_desc, v_desc, do_desc, DK, DV, DQsum, Rowmax, Log2l, Delta,  #
+                 stride_kb, stride_ks, stride_kh,  # dK's and dV's (allocated alike)
+                 seqlen_q, seqlen_k, nheads_k, group, head_dim, softmax_scale, qk_scale,  #
+                 CAUSAL: gl.constexpr, BLOCK_D: gl.constexpr, FUSED_DQ: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem, do_smem = _ring_tiles(dtype, BLOCK_D)
+    kv_layout: gl.constexpr = _smem_layout(HALF, BLOCK_D, dtype)
+    k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, HALF, BLOCK_D], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, HALF, BLOCK_D], kv_layout)
+    if FUSED_DQ:  # each consumer's dS^T, [HALF keys, BLOCK_M queries]
+        ds_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, HALF, BLOCK_M], _smem_layout(HALF, BLOCK_M, dtype))
+    else:
+        ds_smem = k_smem  # not read
+    kv_ready, ready, empty = _ring_barriers()
     smem = (q_smem, do_smem, k_smem, v_smem, ds_smem)
     bars = (kv_ready, ready, empty)
     diag = seqlen_k - seqlen_q

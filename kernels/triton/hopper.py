@@ -1,7 +1,10 @@
-"""What the Hopper kernels (forward_hopper.py, backward_hopper.py) share, and the forward's launch: the
-shared and wgmma layouts, the boxes of their TMA descriptors, the registers and the grid."""
+"""What the Hopper kernels (forward_hopper.py, backward_hopper.py, backward_fused_hopper.py) share, and the
+forward's launch: the shared and wgmma layouts, the boxes of their TMA descriptors, the copy engine's
+reduce, the registers and the grid."""
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 
 # globals a kernel reads must be constexpr
 HALF = gl.constexpr(64)  # query rows per consumer warpgroup: one wgmma M
@@ -108,3 +111,13 @@ def _schedule(t, n_m, n_bh, GROUP: gl.constexpr, CAUSAL: gl.constexpr):
     if CAUSAL:
         rank = n_m - 1 - rank
     return rank, first + within % size
+
+
+@builtin
+def reduce_add(tensor_desc, coord, src, _semantic=None):
+    """Add the shared tile src into the global box of tensor_desc at coord, elementwise, by the copy engine:
+    cp.reduce.async.bulk.tensor .add, committed to the bulk group that tma.store_wait waits on (its read
+    of src, as for a TMA store). Gluon 3.6 builds the op (ttng.async_tma_reduce) but wraps it in no
+    function of its language; this is that wrapper, the shape of tma.async_copy_shared_to_global's."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)

@@ -10,6 +10,7 @@ import triton
 from faverify.kernels.autograd import max_logits, row_stats_function
 from faverify.kernels.constants import INIT_VALUE, MAX_SPLITS
 from faverify.kernels.triton import backward as _bwd
+from faverify.kernels.triton import backward_fused_hopper as _bwd_fused
 from faverify.kernels.triton import backward_hopper as _bwd_hopper
 from faverify.kernels.triton import configs, hopper
 from faverify.kernels.triton import forward as _fwd
@@ -33,8 +34,7 @@ from faverify.kernels.validate import check_inputs, check_kvcache, check_masks, 
 # The code paths a launch can take (common.LAUNCHED logs them, take_paths hands them over)
 PATHS = ("fwd hopper", "fwd hopper variant", "fwd triton-tma", "fwd triton", "fwd triton generic", "fwd none (empty)",
          "bwd triton", "bwd triton generic", "bwd triton alibi", "bwd triton generic alibi", "bwd hopper",
-         "bwd hopper fused-dq", "fwd sparse", "bwd sparse",
-         "bwd none (empty)",
+         "bwd hopper fused-dq", "bwd fused hopper", "fwd sparse", "bwd sparse", "bwd none (empty)",
          "fwd variant none (empty)", "bwd variant none (empty)") + tuple(
     # the variant kernels' fast and generic builds (variant_interface.fast_build)
     path + build for path in ("fwd variant", "fwd variant varlen", "fwd variant paged", "fwd variant paged split",
@@ -75,9 +75,11 @@ def _use_tma(*tensors, launch: Launch = DEFAULT) -> bool:
 
 
 def _use_hopper_backward(q, k, v, dout, alibi, launch: Launch = DEFAULT) -> bool:
-    """The Hopper dK/dV (backward_hopper.py): asked for (Launch.hopper_backward), dense attention without
-    ALiBi, 16-bit on sm_90 with padded head dim 64 or 128, and q, k, v and dO TMA-aligned."""
-    if not launch.hopper_backward or INTERPRET or alibi is not None or not _aligned(q, k, v, dout):
+    """The Hopper dK/dV (backward_hopper.py) or the fused Hopper backward (backward_fused_hopper.py): asked
+    for (Launch.hopper_backward, Launch.fused_backward), dense attention without ALiBi, 16-bit on sm_90 with
+    padded head dim 64 or 128, and q, k, v and dO TMA-aligned."""
+    asked = launch.hopper_backward or launch.fused_backward
+    if not asked or INTERPRET or alibi is not None or not _aligned(q, k, v, dout):
         return False
     return configs.hopper_forward(q.element_size(), torch.cuda.get_device_capability(q.device)[0],
                                   block_d(q.shape[3]))
@@ -195,9 +197,7 @@ def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles:
     if dout.stride(-1) != 1:  # autograd may hand us an expanded gradient (stride 0): one copy of dO only
         dout = dout.contiguous()
     c = _common(q, launch)
-    elem = q.element_size()
-    tiles = tiles or {}
-    pick = {kind: tiles.get(kind) or configs.select(kind, c["BLOCK_D"], elem, causal, max(sq, sk))
+    pick = {kind: (tiles or {}).get(kind) or configs.select(kind, c["BLOCK_D"], q.element_size(), causal, max(sq, sk))
             for kind in ("dkdv", "dq")}
     delta = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
     pre_m = 64 if not INTERPRET else 32
@@ -209,6 +209,9 @@ def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles:
     slopes, stride_ab = alibi if alibi is not None else (rowmax, 0)  # not read without ALiBi
     bias = (slopes, stride_ab, 1.0 / scale)
     t = pick["dkdv"]
+    if _use_hopper_backward(q, k, v, dout, alibi, launch) and launch.fused_backward:
+        _LAUNCHED.append("bwd fused hopper")
+        return _bwd_fused.run(q, k, v, dout, dq, dk, dv, rows, delta, scale, causal, c["BLOCK_D"])
     if _use_hopper_backward(q, k, v, dout, alibi, launch):
         fused = launch.deterministic is False
         _LAUNCHED.append("bwd hopper" + (" fused-dq" if fused else ""))
@@ -229,11 +232,9 @@ def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles:
             **c, ALIBI=alibi is not None)
     t = pick["dq"]
     _build("_bwd_dq", q, k, v, dout, dq)[(triton.cdiv(sq, t.block_m), b * h)](
-        q, k, v, dout, rowmax, log2l, delta, dq,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dq),
-        h, h // hk, sq, sk, d, scale, scale * LOG2E, *bias,
-        CAUSAL=causal, BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **c,
-        ALIBI=alibi is not None)
+        q, k, v, dout, rowmax, log2l, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+        *_strides(dq), h, h // hk, sq, sk, d, scale, scale * LOG2E, *bias, CAUSAL=causal, BLOCK_M=t.block_m,
+        BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **c, ALIBI=alibi is not None)
     return dq, dk, dv
 
 

@@ -27,6 +27,9 @@ class Launch:
     deterministic: False lets the Hopper dK/dV (hopper_backward) compute dQ too, added into an fp32 buffer
         by atomics in an order that varies run to run (the fast mode); True or None: dQ from backward.py's
         _bwd_dq, the same bits every run.
+    fused_backward: dQ, dK and dV from the fused Hopper backward (backward_fused_hopper.py: one pass, dQ
+        reduced into fp32 by the copy engine) where the Hopper dK/dV can run; opt-in (True) until it has
+        passed on a GPU. dQ's last bits may vary run to run.
     head_group: heads per group of the Hopper forward's schedule (None: hopper.HEAD_GROUP).
     hopper_build: a function (seqlen_q, seqlen_k) -> the Hopper forward's build to launch, in place of
         forward_hopper.kernel's choice (devtools compare builds and versions of the kernel with it).
@@ -40,6 +43,7 @@ class Launch:
     emulate: bool | None = None
     hopper_backward: bool | None = None
     deterministic: bool | None = None
+    fused_backward: bool | None = None
     head_group: int | None = None
     hopper_build: Callable | None = None
     packed_decode: bool | None = None

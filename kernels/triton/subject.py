@@ -28,12 +28,15 @@ KINDS = {"triton": dict(sinks=True, init_modes=("-inf", "-1e30"), mask=True, blo
                         bias_grad=True, lse_grad=True, max_logit=True, sparse=True, kv_shared=True),
          "triton-varlen": dict(sinks=True, init_modes=("-inf", "-1e30"), varlen=True, dense=False),
          "triton-paged": dict(paged=True, dense=False, splits=True, backward=False)}
-# The warp-specialized Hopper backward (backward_hopper.py) is opt-in (Launch.hopper_backward) until it is
-# faster than the Triton one: these subjects ask for it, so a fuzz and the mutants reach it. Its cases are
-# dense 16-bit attention without ALiBi, head dims that fill 16-byte rows, on sm_90; elsewhere (or in the
-# "strided" layout) the Triton backward runs, and the path counts say so: the Hopper kernels' cases, which
-# their mutants draw too (constants.HOPPER_CASES). Name -> Launch.deterministic.
-HOPPER_BACKWARDS = {"triton-hopper-bwd": True, "triton-hopper-bwd-fast": False}
+# The warp-specialized Hopper backwards (backward_hopper.py, backward_fused_hopper.py) are opt-in
+# (Launch.hopper_backward, Launch.fused_backward) until they are faster than the Triton one: these subjects
+# ask for them, so a fuzz and the mutants reach them. Their cases are dense 16-bit attention without ALiBi,
+# head dims that fill 16-byte rows, on sm_90; elsewhere (or in the "strided" layout) the Triton backward
+# runs, and the path counts say so: the Hopper kernels' cases, which their mutants draw too
+# (constants.HOPPER_CASES). Name -> the Launch's fields.
+HOPPER_BACKWARDS = {"triton-hopper-bwd": dict(hopper_backward=True, deterministic=True),
+                    "triton-hopper-bwd-fast": dict(hopper_backward=True, deterministic=False),
+                    "triton-hopper-bwd-fused": dict(fused_backward=True)}
 for _name in HOPPER_BACKWARDS:
     KINDS[_name] = dict(devices=("cuda",), dtypes=HOPPER_CASES["dtypes"], head_dims=HOPPER_CASES["head_dims"],
                         init_modes=("-inf", "-1e30"), window=False, softcap=False, alibi=False, head_dim_v=False)
@@ -47,7 +50,7 @@ def _wrap(name: str, interface, description: str, kind: str = "triton") -> Subje
         def fn(q, k, v, **kwargs):
             return interface.flash_attn_func(q, k, v, return_lse=True, **kwargs)
     elif kind in HOPPER_BACKWARDS:
-        launch = interface.Launch(hopper_backward=True, deterministic=HOPPER_BACKWARDS[kind])
+        launch = interface.Launch(**HOPPER_BACKWARDS[kind])
 
         def fn(q, k, v, **kwargs):
             return interface.flash_attn_func(q, k, v, return_lse=True, launch=launch, **kwargs)
@@ -222,7 +225,10 @@ DESCRIPTIONS = {"triton": "bundled FlashAttention-2 in Triton, dense and every v
                 "triton-hopper-bwd": "bundled FlashAttention-2 in Triton with the warp-specialized Hopper dK/dV "
                                      "(opt-in, sm_90), dQ from the Triton kernel: deterministic",
                 "triton-hopper-bwd-fast": "bundled FlashAttention-2 in Triton with the warp-specialized Hopper "
-                                          "backward (opt-in, sm_90), dQ fused by fp32 atomics: not deterministic"}
+                                          "backward (opt-in, sm_90), dQ fused by fp32 atomics: not deterministic",
+                "triton-hopper-bwd-fused": "bundled FlashAttention-2 in Triton with the fused Hopper backward "
+                                           "(opt-in, sm_90): one pass, dQ reduced by the copy engine, not "
+                                           "deterministic"}
 
 
 def make(kind: str = "triton") -> Subject:
