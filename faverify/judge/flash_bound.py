@@ -6,7 +6,7 @@ stores lse in fp32; its backward recomputes S in its own summation order and for
 from that stored lse. The exponent is then a difference of two rounded numbers of the logits' size, not the
 exact s - m of the naive softmax, and the weights move by that difference, relatively:
 
-    delta_i = u32 (rounds_dot * L_i + rounds_row * M_i)
+    delta_i = u32 (rounds_dot * L_i + rounds_row * M_i + rescales * R_i)
 
 - L_i = scale ||q_i|| max_j ||k_j|| bounds the sum of |q_d k_d| a logit of row i adds up (Cauchy-Schwarz), times
   the softcap's slope where the logit is capped (a capped logit moves by its slope times S's error);
@@ -20,6 +20,9 @@ exact s - m of the naive softmax, and the weights move by that difference, relat
   lse to the natural log and back, and the exponent's difference rounds once at that size. rounds_row
   counts them: 2 for out (x, x - m), 3 for lse (+ m + log2 l), 6 for the backward (x in the forward and
   again in the backward, m + log2 l, lse's two conversions, x - lse).
+- R_i, the times the online softmax's running max rises (at most the records of the row's logits, in the
+  order its keys are visited: _rises): each rescales acc and l, a relative rounding of each that does not
+  cancel in acc / l. Twice for out and the backward (acc, l), once for lse (l).
 
 Then each tensor's term is its terms' magnitudes times their weights' delta (out_i: delta_i sum_j P_ij |v_j|;
 dv_j: sum_i P_ij delta_i |dO_i|; dq, dk through dS_ij = P_ij (dP_ij - D_i)), plus what the backward's other
@@ -81,6 +84,20 @@ class FlashBound:
     def add_forward(self, i0: int, i1: int, s, p, m, lse, cap_slope=None) -> None:
         """Rows i0..i1: s the logits (hidden keys -inf), p the weights, m the row max (0 where none), lse
         [b, hk, g, c]; cap_slope softcap's sech^2 where it caps."""
+        L, M = self._sizes(i0, i1, s, m, lse, cap_slope)
+        R = _rises(s)
+
+        def row(dots, rows, rescales):  # a row's delta: its dots', its own and its rescales' roundings
+            return U32 * (dots * L + rows * M + rescales * R)
+        has = torch.isfinite(lse).unsqueeze(-1)
+        weights = (p * self.maxima.v_max.unsqueeze(-2)).sum(-1, keepdim=True)
+        self.out = torch.maximum(self.out, (row(self.dot, ROUNDS_ROW["out"], 2) * weights).amax())
+        self.lse = torch.maximum(self.lse, torch.where(has, row(self.dot, ROUNDS_ROW["lse"], 1), 0.0).amax())
+        self.logit = torch.maximum(self.logit, torch.where(has, row(self.dot, ROUNDS_ROW["logit"], 0), 0.0).amax())
+        self.delta = row(2 * self.dot, ROUNDS_ROW["backward"], 2)
+
+    def _sizes(self, i0: int, i1: int, s, m, lse, cap_slope) -> tuple:
+        """(L, M) of rows i0..i1, [b, hk, g, c, 1]: the module docstring's."""
         seen = torch.isfinite(s)
         k_norm = self.k_norm.unsqueeze(-2).expand_as(s)
         if cap_slope is not None:
@@ -89,14 +106,7 @@ class FlashBound:
             torch.zeros_like(m)
         L = self.scale * self.q_norm[:, :, :, i0:i1].unsqueeze(-1) * k_top
         size = torch.maximum(m.abs(), torch.where(torch.isfinite(lse), lse.abs(), 0.0).unsqueeze(-1))
-        M = torch.where(size < MASK_LIKE, size, torch.zeros_like(size))
-        row = lambda rounds: U32 * (rounds[0] * L + rounds[1] * M)  # noqa: E731
-        has = torch.isfinite(lse).unsqueeze(-1)
-        self.out = torch.maximum(self.out, (row((self.dot, ROUNDS_ROW["out"]))
-                                            * (p * self.maxima.v_max.unsqueeze(-2)).sum(-1, keepdim=True)).amax())
-        self.lse = torch.maximum(self.lse, torch.where(has, row((self.dot, ROUNDS_ROW["lse"])), 0.0).amax())
-        self.logit = torch.maximum(self.logit, torch.where(has, row((self.dot, ROUNDS_ROW["logit"])), 0.0).amax())
-        self.delta = row((2 * self.dot, ROUNDS_ROW["backward"]))
+        return L, torch.where(size < MASK_LIKE, size, torch.zeros_like(size))
 
     def add_backward(self, i0: int, i1: int, p, dp, D_terms, slope=None, capped: bool = False, p_sink=None) -> None:
         """The chunk's share of dv, dq, dk and dsinks (the arguments as ScaleAccumulator.add_backward's)."""
@@ -122,6 +132,19 @@ class FlashBound:
                 terms["dsinks"] = self.dsinks
         unit = torch.full((), self.unit, dtype=self.out.dtype, device=self.out.device)
         return {"logit_unit": unit, **{f"{name}_flash": t for name, t in terms.items()}}
+
+
+def _rises(s) -> torch.Tensor:
+    """How many times a row's running max rises as an online softmax visits its keys, [b, hk, g, c, 1]: at
+    most the records of its logits in the order visited, left to right or right to left, whatever the
+    blocks (a block's records rise once)."""
+    if not s.shape[-1]:
+        return torch.zeros_like(s[..., :1])
+
+    def records(t):
+        before = torch.cat([torch.full_like(t[..., :1], -torch.inf), t.cummax(-1).values[..., :-1]], -1)
+        return (t > before).sum(-1, keepdim=True).to(t.dtype)
+    return torch.maximum(records(s), records(s.flip(-1)))
 
 
 def _amax0(t):
