@@ -129,6 +129,20 @@ def test_the_fp8_tensor_cores_accumulator_is_in_the_model(seed, monkeypatch):
     assert evaluate(s, case, "cpu", mode="fwd").signatures == ["out:tolerance"]
 
 
+def test_an_fp8_kernels_out_leaves_its_values_hull_by_its_quantized_weights(monkeypatch):
+    """Where the logits do not determine the weights, out is held to its values' hull. An FP8 kernel divides
+    P quantized to e4m3 by l from the unrounded weights, as flash-attn 3 does: its weights sum to 1 within
+    e4m3's 2^-4 only, and out may leave the hull by that share. Without it the control fails."""
+    import faverify.judge.fp8 as fp8
+    case = Case(2, 97, 105, 4, 2, 128, dtype="bf16", regime="large", fp8="head", seed=23, causal=True,
+                layout="spread")
+    s = resolve(f"{PLANTED}:fp8_right")
+    assert evaluate(s, case, "cpu", mode="fwd").status == "pass"
+    monkeypatch.setattr(fp8, "P_UNIT", {"e4m3": 0.0, "e5m2": 0.0})
+    r = evaluate(s, case, "cpu", mode="fwd")
+    assert r.status == "fail" and "outside the least and largest values" in r.reason, r.reason
+
+
 def test_a_subject_without_the_granularity_skips_the_case_with_the_reason():
     r = evaluate(resolve(f"{PLANTED}:fp8_per_tensor_only"), PLAIN, "cpu")
     assert r.status == "skip" and "per head not taken" in r.reason

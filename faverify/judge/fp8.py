@@ -16,6 +16,11 @@ from faverify.cases.case import Case
 from faverify.cases.fp8 import TORCH_FP8
 from faverify.cases.vocabulary import FP8_BLOCK, FP8_FORMATS
 
+# The unit roundoff of P quantized to each format (3 and 2 significand bits). Divided by l from the unrounded
+# weights, as flash-attn 3 does, an FP8 kernel's weights sum to 1 only within it: its out may leave its values'
+# hull by that share of their size.
+P_UNIT = {"e4m3": 2.0**-4, "e5m2": 2.0**-3}
+
 
 def naive(case: Case, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, descales: tuple) -> dict:
     """{"out": [b, sq, h, dv] bf16, "lse": [b, h, sq] fp32} of the FP8 inputs and their descales ([b, hk], or
