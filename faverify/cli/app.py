@@ -5,6 +5,7 @@ Exit codes (docs/design.md): 0 all checks passed; 1 a numerical failure, crash o
 """
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Annotated
 
@@ -17,14 +18,17 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     import click
 
 from faverify.errors import EnvironmentProblem, OwnError, UsageError
+from faverify.run.signals import stops_interrupt
 
 
 class _Group(TyperGroup):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         args = list(sys.argv[1:] if args is None else args)
+        stops: list = []
         try:
-            rv = super().main(args=args, prog_name="faverify", complete_var=complete_var,
-                              standalone_mode=False, **extra)
+            with stops_interrupt(stops):  # a stop ends the command's workers with it, whatever the command
+                rv = super().main(args=args, prog_name="faverify", complete_var=complete_var,
+                                  standalone_mode=False, **extra)
             code = rv if isinstance(rv, int) else 0
         except _NO_ARGS as e:
             typer.echo(e.ctx.get_help() if e.ctx else "faverify --help", err=True)
@@ -41,6 +45,9 @@ class _Group(TyperGroup):
             code = _error("input nested too deeply to read (a JSON of more than a few hundred levels)", 2)
         except Exception as e:  # faverify's own bug: one line naming where, never a traceback
             code = _error(f"faverify's own error (a bug in faverify, not in your kernel): {_where(e)}", 2)
+        if stops and code == 130:  # the stop's KeyboardInterrupt, which typer ends silently
+            code = _error(f"stopped by {signal.Signals(stops[-1]).name} before the command finished; nothing it "
+                          "started is left running", 128 + stops[-1])
         if standalone_mode:
             sys.exit(code)
         return code

@@ -50,7 +50,9 @@ def golden(
         return 0
     if not kernel:
         raise UsageError("--kernel", None, "golden verify needs the subject to check")
+    from faverify.run.isolation import check_imports
     from faverify.subjects import resolve
+    check_imports(kernel, 300.0)  # a module that ends its process at import ends a worker's, not this one
     resolve(kernel)  # unknown kernels fail here, with exit 2
     target = devices.resolve(device)[0]
     try:

@@ -43,10 +43,12 @@ def repro(
     from faverify.reports.report import METRIC_HEADERS, metrics_rows, table
     from faverify.run.evaluate import evaluate
     from faverify.run.guard import blame_lost_context
+    from faverify.run.isolation import check_imports
     from faverify.subjects import resolve
 
     tolerance = tolerance_from(factor, atol, tight)
     the_case = Case.from_json(_text("--case", case))
+    check_imports(kernel, timeout)  # a module that ends its process at import ends a worker's, not this one
     subject = resolve(kernel)
     target = devices.resolve(device)[0]
     _check_files(standalone, plot, subject, the_case)
