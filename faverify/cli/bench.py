@@ -144,16 +144,13 @@ def _decode(kernel: str, lengths: list, head_dims: list, dtype: str, page_sizes:
         rows = bench_decode.ratios(rows)
         text = table(bench_decode.table_rows(rows), bench_decode.HEADERS, "table")
         header = f"device copy bandwidth {peak * 1e-12:.2f} TB/s (read + write of 2 GiB), measured first"
-        if json_path:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps({"schema": "faverify.bench-decode", "version": 1,
-                                             "interrupted": interrupted,
-                                             "copy_tbps": peak * 1e-12, "rows": rows}, indent=1, default=str))
-        if markdown:
-            markdown.parent.mkdir(parents=True, exist_ok=True)
-            seqlens = ",".join(map(str, lengths))
-            markdown.write_text(f"# faverify bench --decode --kernel {kernel} --seqlens {seqlens}\n\n- {header}\n\n"
-                                + table(bench_decode.table_rows(rows), bench_decode.HEADERS, "md") + "\n")
+        seqlens = ",".join(map(str, lengths))
+        document = {"schema": "faverify.bench-decode", "version": 1, "interrupted": interrupted,
+                    "copy_tbps": peak * 1e-12, "rows": rows}
+        write_outputs([("--json", json_path, lambda: json.dumps(document, indent=1, default=str)),
+                       ("--markdown", markdown, lambda: f"# faverify bench --decode --kernel {kernel} --seqlens "
+                        f"{seqlens}\n\n- {header}\n\n" + table(bench_decode.table_rows(rows), bench_decode.HEADERS,
+                                                              "md") + "\n")])
     typer.echo(header + "\n" + text)
     failed = [r for r in rows if r["validated"] == "fail"]
     if interrupted and not failed:

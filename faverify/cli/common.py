@@ -72,32 +72,26 @@ def check_distinct(**paths) -> None:
 
 
 def write_outputs(outputs: list) -> None:
-    """(option, path, text or a function giving it) each written whole or not at all: into a temporary file
-    beside it, then renamed over it (a reader never sees half a file; a link is followed to its target).
-    A write that fails is told once every other output is written, as one exit-2 error naming each."""
+    """(option, path, text or a function giving it) each written whole or not at all (files.replace_whole,
+    through a link to its target). A write that fails is told once every other output is written, as one
+    exit-2 error naming each."""
     import os
-    import tempfile
     from pathlib import Path
 
     from faverify.errors import EnvironmentProblem
+    from faverify.files import describe, replace_whole
     failed = []
     for option, path, text in outputs:
         if path is None:
             continue
         target = Path(os.path.realpath(path))
-        temporary = None
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=f".{target.name}.", delete=False) as f:
-                temporary = f.name
-                f.write(text() if callable(text) else text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, target)
+            replace_whole(target, text() if callable(text) else text)
         except OSError as e:
-            if temporary is not None:
-                Path(temporary).unlink(missing_ok=True)
-            failed.append(f"{option} {path} ({e.strerror or e})")
+            failed.append(f"{option} {target.parent}: cannot be made ({describe(e)})")
+        except EnvironmentProblem as e:
+            failed.append(f"{option} {e}")
     if failed:
         raise EnvironmentProblem("could not write " + "; ".join(failed) + "; what the terminal shows above is "
                                  "what the file would have held")

@@ -44,7 +44,10 @@ def golden(
             raise UsageError("--only", n, f"unknown golden case; cases: {', '.join(golden_files.CASES)}")
     if action == Action.record:
         check_writable("--dir", directory, directory=True)
-        entries = golden.record(directory, names)
+        try:
+            entries = golden.record(directory, names)
+        except golden_files.GoldenFileProblem as e:  # an index it would lose entries of, a link on the way
+            raise EnvironmentProblem(f"golden record: {e}") from None
         typer.echo(f"recorded {len(entries)} cases in {directory} "
                    f"({sum(e['bytes'] for e in entries) / 1e6:.1f} MB)")
         return 0

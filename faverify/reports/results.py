@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from faverify.errors import UsageError
+from faverify.files import Unreadable, read_bounded, replace_whole
 from faverify.reports.collector import Failure, KernelStats
 
 SCHEMA = "faverify.run"
@@ -62,22 +63,18 @@ class Run:
 
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_text())
+        replace_whole(path, self.to_text())
 
     @classmethod
     def read(cls, path: Path, *, argument: str = "RUN") -> "Run":
         try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise UsageError(argument, str(path), "file does not exist") from None
-        except IsADirectoryError:
-            raise UsageError(argument, str(path), "is a directory; give a run file (faverify fuzz --json)") from None
+            data = json.loads(read_bounded(path))
+        except Unreadable as e:
+            raise UsageError(argument, str(path), str(e)) from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UsageError(argument, str(path), f"is not valid JSON ({e})") from None
         except (RecursionError, ValueError) as e:  # nested past the interpreter's limit, a number too long
             raise UsageError(argument, str(path), f"is not a run file ({type(e).__name__})") from None
-        except OSError as e:
-            raise UsageError(argument, str(path), f"cannot be read ({e.strerror or e})") from None
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise UsageError(argument, str(path), f"is not a faverify run file (schema must be {SCHEMA!r})")
         if data.get("version") not in READS:
