@@ -144,8 +144,9 @@ def test_repro_of_a_binary_case_file_is_a_usage_error(tmp_path):
 
 
 @pytest.mark.parametrize("command", [("fuzz", "--kernel", "sdpa-math"), ("mutants",)])
-@pytest.mark.parametrize("flag,value,message", [("--timeout", "nan", "must be a finite number of seconds > 0"),
-                                                ("--timeout", "-1", "must be a finite number of seconds > 0"),
+@pytest.mark.parametrize("flag,value,message", [("--timeout", "nan", "must be a finite number of seconds >= 1"),
+                                                ("--timeout", "-1", "must be a finite number of seconds >= 1"),
+                                                ("--timeout", "1e-9", "must be a finite number of seconds >= 1"),
                                                 ("--shrink-budget", "-1", "must be >= 0")])
 def test_timeouts_and_budgets_are_validated_alike(command, flag, value, message):
     r = cli(*command, flag, value, "--device", "cpu")

@@ -114,9 +114,15 @@ def within(low=None, high=None):
     return check
 
 
+# The shortest --timeout: the workers are polled once a second (scheduler.POLL_SECONDS), so a shorter one
+# is not kept, and a kernel's first call, which compiles, takes longer; below it a correct kernel times out.
+MIN_TIMEOUT = 1.0
+
+
 def check_timeout(timeout: float) -> None:
-    if not math.isfinite(timeout) or timeout <= 0:  # NaN compares false with everything: test it first
-        raise UsageError("--timeout", timeout, "must be a finite number of seconds > 0")
+    if not math.isfinite(timeout) or timeout < MIN_TIMEOUT:  # NaN compares false with everything: test it first
+        raise UsageError("--timeout", timeout, f"must be a finite number of seconds >= {MIN_TIMEOUT:g} (a case's "
+                                               "first call compiles, and workers are polled once a second)")
 
 
 def check_shrink_budget(budget: int) -> None:
