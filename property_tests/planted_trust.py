@@ -369,3 +369,12 @@ def keyed_cache(q, k, v, *, causal, softmax_scale):
 
 for _fn in (shape_keyed_cache, keyed_cache):
     _fn.faverify_capabilities = {"backward": False}
+
+
+HOSTILE_MESSAGE = "\x1b]0;owned\x07\r\x1b[2JPASS: every case\u202e"
+
+
+def raises_a_hostile_message(q, k, v, *, causal, softmax_scale):
+    """Raises with a terminal's escape sequences (a title-setting OSC, a screen clear), a carriage return, a
+    bidirectional override and 5 MB of text after them."""
+    raise RuntimeError(HOSTILE_MESSAGE + "x" * (5 << 20))

@@ -17,7 +17,7 @@ try:  # typer >= 0.2x vendors click; older typer (as on some GPU images) uses cl
 except ImportError:  # pragma: no cover - depends on the installed typer
     import click
 
-from faverify.errors import EnvironmentProblem, OwnError, UsageError
+from faverify.errors import EnvironmentProblem, OwnError, UsageError, printable
 from faverify.run.signals import stops_interrupt
 
 
@@ -80,16 +80,13 @@ def _where(e: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(e.__traceback__) if "faverify" in f.filename] or \
         traceback.extract_tb(e.__traceback__)
     place = f" (at {frames[-1].filename.rsplit('/', 2)[-2:][-1]}:{frames[-1].lineno})" if frames else ""
-    return f"{type(e).__name__}: {_bounded(str(e))}{place}"
-
-
-def _bounded(text: str, limit: int = 300) -> str:
-    """An error's text cut to `limit` characters: a message that echoes a 50 MB input is not 50 MB long."""
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"
+    return f"{type(e).__name__}: {printable(e, 300)}{place}"
 
 
 def _error(message: str, code: int) -> int:
-    typer.echo(f"faverify: error: {_bounded(message, 1000)}", err=True)
+    """The one line of an error: printable (a message that echoes a 50 MB input, or a terminal's escape
+    sequences, is neither), its newlines folded."""
+    typer.echo(f"faverify: error: {' '.join(printable(message, 1000).splitlines())}", err=True)
     return code
 
 
