@@ -217,7 +217,7 @@ def run_file(tmp_path_factory):
 @pytest.mark.parametrize("damage,message", [
     (lambda d: d["kernels"][0].update(summary=None), "kernels[0].summary must be an object"),
     (lambda d: d["kernels"][0].update(stats=None), "kernels[0].stats must be a list"),
-    (lambda d: d["kernels"][0]["failures"].__setitem__(0, {"signature": "x"}), "failures[0] is not a failure record"),
+    (lambda d: d["kernels"][0]["failures"].__setitem__(0, {"signature": "x"}), "failures[0] is missing a field"),
     (lambda d: d["kernels"][0]["failures"][0]["minimal"].update(case={"batch": "x"}),
      "failures[0] is not a failure record"),
     (lambda d: d.update(environment=None), "environment must be an object"),
