@@ -14,18 +14,21 @@ ENDINGS = {"libc_exit_0": ("import ctypes\nctypes.CDLL(None)._exit(0)", "exit co
 COMMANDS = {"fuzz": ("fuzz", "--iters", "2", "--no-db"), "fuzz-no-isolate": ("fuzz", "--iters", "2", "--no-db",
                                                                              "--no-isolate"),
             "repro": ("repro", "--case", Case(1, 1, 1, 1, 1, 8).to_json()),
-            "golden": ("golden", "verify", "--only", "one-key")}
+            "golden": ("golden", "verify", "--only", "one-key"),
+            "bench": ("bench", "--headdims", "64", "--seqlens", "128")}
 
 
 @pytest.mark.parametrize("command,ending", [("fuzz", "libc_exit_0"), ("fuzz", "abort"),
                                             ("fuzz-no-isolate", "libc_exit_0"), ("repro", "abort"),
-                                            ("golden", "libc_exit_0")])
+                                            ("golden", "libc_exit_0"),
+                                            pytest.param("bench", "abort", marks=pytest.mark.gpu)])
 def test_a_module_that_ends_its_process_at_import_is_named_and_exit_2(tmp_path, ending, command):
     body, how = ENDINGS[ending]
     (tmp_path / "ends_at_import.py").write_text(body + "\ndef attn(q, k, v, *, causal, softmax_scale):\n"
                                                 "    return q\n")
+    device = "cuda" if command == "bench" else "cpu"  # bench times GPU kernels alone
     r = subprocess.run([sys.executable, "-m", "faverify", *COMMANDS[command], "--kernel", "ends_at_import:attn",
-                        "--device", "cpu"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                        "--device", device], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "PYTHONPATH": ROOT})
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert r.stderr.strip().splitlines() == [

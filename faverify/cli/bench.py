@@ -51,6 +51,7 @@ def bench(
     from faverify.commands.bench import markdown as bench_markdown
     from faverify.dtypes import parse_dtypes
     from faverify.reports.tables import table
+    from faverify.run.isolation import check_imports
     from faverify.subjects import resolve_many
 
     check_writable("--json", json_path)
@@ -69,6 +70,7 @@ def bench(
     target = devices.resolve(device)[0]
     if target.type != "cuda":
         raise EnvironmentProblem("bench times GPU kernels: it needs --device cuda and a GPU")
+    check_imports(kernel, 300.0)  # a module that ends its process at import ends a worker's, not this one
     if decode:
         return _decode(kernel, lengths, head_dims, dtype, pages, target, json_path, markdown)
     names = list(dict.fromkeys([s.strip() for s in kernel.split(",") if s.strip()] + list(YARDSTICKS)))
