@@ -17,6 +17,32 @@ def cli(*args: str):
     return result
 
 
+def marked(mark: str) -> list:
+    """The processes whose environment holds `mark` (NAME=VALUE): a command run with it, and every process it
+    started that kept its environment (the forkserver, the resource tracker, the workers, what they start)."""
+    import os
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark.encode() in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def end_marked(mark: str) -> None:
+    """SIGKILL what is left of the processes holding `mark`: a test that failed leaks none of them."""
+    import os
+    import signal
+    for pid in marked(mark):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def read_json(path):
     with open(path) as f:
         return json.load(f)

@@ -248,6 +248,22 @@ def leaves_a_child(q, k, v, *, causal, softmax_scale):
     return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
 
 
+def leaves_a_daemon(q, k, v, *, causal, softmax_scale):
+    """Starts a daemon as a service does: a child that starts a session of its own and forks again, then
+    leaves; the grandchild, out of the worker's process group and session, sleeps holding what it inherited.
+    It leaves by itself after a minute, so a test that fails leaks it for no longer."""
+    import ctypes
+    import os
+    child = os.fork()
+    if child == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execvp("sleep", ["sleep", "61.3"])
+        ctypes.CDLL(None)._exit(0)  # libc's: os._exit is the worker's guard's while the subject runs
+    os.waitpid(child, 0)
+    return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+
 def batch_dependent(q, k, v, *, causal, softmax_scale):
     """Right to within rounding, but a batched call rounds its rows otherwise than a call of one entry (a
     reduction whose order follows the batch): breaks the batch relation it promises."""
@@ -363,3 +379,12 @@ def keyed_cache(q, k, v, *, causal, softmax_scale):
 
 for _fn in (shape_keyed_cache, keyed_cache):
     _fn.faverify_capabilities = {"backward": False}
+
+
+HOSTILE_MESSAGE = "\x1b]0;owned\x07\r\x1b[2JPASS: every case\u202e"
+
+
+def raises_a_hostile_message(q, k, v, *, causal, softmax_scale):
+    """Raises with a terminal's escape sequences (a title-setting OSC, a screen clear), a carriage return, a
+    bidirectional override and 5 MB of text after them."""
+    raise RuntimeError(HOSTILE_MESSAGE + "x" * (5 << 20))

@@ -7,7 +7,10 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from faverify.cases.case import Case
+from property_tests.cli_helpers import end_marked, marked
 
 
 def _start(*args, cwd):
@@ -50,35 +53,50 @@ def test_a_stop_in_the_first_moment_still_writes_the_run(tmp_path):
 
 def _marked(mark: str) -> list:
     """The processes whose environment carries the mark: the CLI, its forkserver and the workers it forked."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if mark.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
+    return marked(mark)
+
+
+def _stop_a_hanging_kernel(args: list, mark: str, stop: int, tmp_path) -> tuple:
+    """Run `faverify ARGS` with the mark, wait until its worker runs the hanging kernel, send it `stop`, and
+    return its exit code and stderr once every process it started has ended (the test fails if any is
+    left)."""
+    env = {**os.environ, mark.split("=")[0]: mark.split("=")[1],
+           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    p = subprocess.Popen([sys.executable, "-m", "faverify", *args], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        # the CLI, the resource tracker, the forkserver, the worker
+        while time.monotonic() < deadline and len(_marked(mark)) < 4:
+            time.sleep(0.2)
+        assert len(_marked(mark)) >= 4
+        time.sleep(2)  # inside the kernel's sleep
+        p.send_signal(stop)
+        p.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _marked(mark):
+            time.sleep(0.2)
+        left = [open(f"/proc/{pid}/cmdline").read().replace("\0", " ")[:80] for pid in _marked(mark)]
+        assert left == [], left
+        return p.returncode, p.stderr.read()
+    finally:
+        p.kill()
+        end_marked(mark)
 
 
 def test_sigterm_to_a_repro_of_a_hanging_kernel_ends_its_worker(tmp_path):
     mark = f"FAVERIFY_TEST_MARK=repro-{os.getpid()}-{time.monotonic_ns()}"
-    env = {**os.environ, mark.split("=")[0]: mark.split("=")[1],
-           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    p = subprocess.Popen([sys.executable, "-m", "faverify", "repro", "--kernel", "property_tests.planted:hangs",
-                          "--device", "cpu", "--case", Case(1, 128, 4, 1, 1, 8).to_json()],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(_marked(mark)) < 3:  # the CLI, its forkserver, the worker
-        time.sleep(0.2)
-    assert len(_marked(mark)) >= 3
-    time.sleep(2)  # inside the kernel's sleep
-    p.send_signal(signal.SIGTERM)
-    p.wait(timeout=30)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _marked(mark):
-        time.sleep(0.2)
-    assert _marked(mark) == [], p.stderr.read()
+    _stop_a_hanging_kernel(["repro", "--kernel", "property_tests.planted:hangs", "--device", "cpu", "--case",
+                            Case(1, 128, 4, 1, 1, 8).to_json()], mark, signal.SIGTERM, tmp_path)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_of_golden_verify_ends_its_worker_the_forkserver_and_the_resource_tracker(tmp_path, stop):
+    mark = f"FAVERIFY_TEST_MARK=golden-{os.getpid()}-{time.monotonic_ns()}"
+    code, stderr = _stop_a_hanging_kernel(["golden", "verify", "--kernel", "property_tests.planted:hangs",
+                                           "--device", "cpu", "--only", "masked-rows-203x113"], mark, stop, tmp_path)
+    assert code == 128 + stop and f"stopped by {signal.Signals(stop).name}" in stderr, stderr
+    assert "Traceback" not in stderr
 
 
 def test_a_stop_whose_keyboard_interrupt_was_lost_still_stops_the_run():

@@ -144,8 +144,9 @@ def test_repro_of_a_binary_case_file_is_a_usage_error(tmp_path):
 
 
 @pytest.mark.parametrize("command", [("fuzz", "--kernel", "sdpa-math"), ("mutants",)])
-@pytest.mark.parametrize("flag,value,message", [("--timeout", "nan", "must be a finite number of seconds > 0"),
-                                                ("--timeout", "-1", "must be a finite number of seconds > 0"),
+@pytest.mark.parametrize("flag,value,message", [("--timeout", "nan", "must be a finite number of seconds >= 1"),
+                                                ("--timeout", "-1", "must be a finite number of seconds >= 1"),
+                                                ("--timeout", "1e-9", "must be a finite number of seconds >= 1"),
                                                 ("--shrink-budget", "-1", "must be >= 0")])
 def test_timeouts_and_budgets_are_validated_alike(command, flag, value, message):
     r = cli(*command, flag, value, "--device", "cpu")
@@ -216,7 +217,7 @@ def run_file(tmp_path_factory):
 @pytest.mark.parametrize("damage,message", [
     (lambda d: d["kernels"][0].update(summary=None), "kernels[0].summary must be an object"),
     (lambda d: d["kernels"][0].update(stats=None), "kernels[0].stats must be a list"),
-    (lambda d: d["kernels"][0]["failures"].__setitem__(0, {"signature": "x"}), "failures[0] is not a failure record"),
+    (lambda d: d["kernels"][0]["failures"].__setitem__(0, {"signature": "x"}), "failures[0] is missing a field"),
     (lambda d: d["kernels"][0]["failures"][0]["minimal"].update(case={"batch": "x"}),
      "failures[0] is not a failure record"),
     (lambda d: d.update(environment=None), "environment must be an object"),

@@ -23,7 +23,7 @@ from faverify.cases.inputs import Inputs
 from faverify.cases.vocabulary import TENSORS
 from faverify.dtypes import TORCH
 from faverify.errors import UsageError
-from faverify.files import replace_whole
+from faverify.files import Unreadable, read_bounded, replace_whole
 
 INDEX_VERSION = 1
 # golden/ sits at the top of a clone; a wheel carries it as faverify/golden (pyproject.toml's package-dir)
@@ -158,18 +158,20 @@ def write_case(directory: Path, name: str, case: Case, values: Inputs, ref: dict
             "bytes": len(data)}
 
 
-def write_index(directory: Path, entries: list, names=None) -> None:
-    """The index of `entries`; with names, the other entries the index holds are kept (a readable index),
-    in CASES' order."""
-    kept = []
-    if names:
-        try:
-            kept = [e for e in json.loads((directory / "index.json").read_text())["cases"]
-                    if e["name"] not in names]
-        except (OSError, ValueError, KeyError, TypeError):
-            kept = []  # no index, or none readable: the new one holds what was recorded
+def kept_entries(directory: Path, names) -> list:
+    """The entries of the index in `directory` that a record of `names` keeps (all but those). An index that
+    is there but cannot be read is refused (GoldenFileProblem), never replaced by one that holds only
+    `names`; a link planted at its name is not read, and the record replaces it."""
+    path = Path(directory) / "index.json"
+    if not names or not path.exists() or path.is_symlink():
+        return []
+    return [e for e in _index_data(path)["cases"] if e["name"] not in names]
+
+
+def write_index(directory: Path, entries: list, kept: list = ()) -> None:
+    """The index of `entries` and `kept` (kept_entries), in CASES' order."""
     order = {name: i for i, name in enumerate(CASES)}
-    index_entries = sorted(kept + entries, key=lambda e: order.get(e["name"], len(order)))
+    index_entries = sorted(list(kept) + entries, key=lambda e: order.get(e["name"], len(order)))
     _write_new(directory, "index.json", (json.dumps({"schema": "faverify.golden", "version": INDEX_VERSION,
                                                      "cases": index_entries}, indent=1) + "\n").encode())
 
@@ -196,22 +198,27 @@ def _write_new(directory: Path, rel: str, data: bytes) -> None:
     replace_whole(target, data)
 
 
-def index(directory: Path = DEFAULT_DIR) -> list:
-    path = Path(directory) / "index.json"
+def _index_data(path: Path) -> dict:
+    """index.json as read, checked to be an index of this version whose entries are objects with a name."""
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise GoldenFileProblem(f"{path}: missing (run `faverify golden record`)") from None
-    except IsADirectoryError:
-        raise GoldenFileProblem(f"{path}: is a directory, not a golden index") from None
+        data = json.loads(read_bounded(path))
+    except Unreadable as e:
+        raise GoldenFileProblem(f"{path}: {e}" + (" (run `faverify golden record`)" if not path.exists() else "")) \
+            from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise GoldenFileProblem(f"{path}: not valid JSON ({e})") from None
     except (RecursionError, ValueError) as e:
         raise GoldenFileProblem(f"{path}: not a golden index ({type(e).__name__})") from None
-    except OSError as e:
-        raise GoldenFileProblem(f"{path}: cannot be read ({e.strerror or e})") from None
     if not isinstance(data, dict) or data.get("schema") != "faverify.golden" or data.get("version") != INDEX_VERSION:
         raise GoldenFileProblem(f"{path}: not a version-{INDEX_VERSION} golden index")
+    if not isinstance(data.get("cases"), list) or not all(isinstance(e, dict) and "name" in e for e in data["cases"]):
+        raise GoldenFileProblem(f"{path}: an entry is not valid; each needs name, case, file and sha256")
+    return data
+
+
+def index(directory: Path = DEFAULT_DIR) -> list:
+    path = Path(directory) / "index.json"
+    data = _index_data(path)
     try:
         entries = [Entry(e["name"], Case.from_dict(e["case"]), e["file"], e["sha256"]) for e in data["cases"]]
         for e in entries:
@@ -226,11 +233,9 @@ def read(directory: Path, entry: Entry) -> bytes:
     """The file's bytes, after checking them against the index's sha256."""
     path = inside(directory, entry.file)
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise GoldenFileProblem(f"{entry.file}: missing") from None
-    except OSError as e:  # a directory where the file should be, a file that cannot be read
-        raise GoldenFileProblem(f"{entry.file}: cannot be read ({e.strerror or e})") from None
+        data = read_bounded(path)
+    except Unreadable as e:  # missing, a directory where the file should be, a file that cannot be read
+        raise GoldenFileProblem(f"{entry.file}: {'missing' if not path.exists() else e}") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry.sha256:
         raise GoldenFileProblem(f"{entry.file}: sha256 {digest[:12]}... does not match the index "

@@ -5,6 +5,7 @@ Exit codes (docs/design.md): 0 all checks passed; 1 a numerical failure, crash o
 """
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Annotated
 
@@ -16,15 +17,18 @@ try:  # typer >= 0.2x vendors click; older typer (as on some GPU images) uses cl
 except ImportError:  # pragma: no cover - depends on the installed typer
     import click
 
-from faverify.errors import EnvironmentProblem, OwnError, UsageError
+from faverify.errors import EnvironmentProblem, OwnError, UsageError, printable
+from faverify.run.signals import stops_interrupt
 
 
 class _Group(TyperGroup):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         args = list(sys.argv[1:] if args is None else args)
+        stops: list = []
         try:
-            rv = super().main(args=args, prog_name="faverify", complete_var=complete_var,
-                              standalone_mode=False, **extra)
+            with stops_interrupt(stops):  # a stop ends the command's workers with it, whatever the command
+                rv = super().main(args=args, prog_name="faverify", complete_var=complete_var,
+                                  standalone_mode=False, **extra)
             code = rv if isinstance(rv, int) else 0
         except _NO_ARGS as e:
             typer.echo(e.ctx.get_help() if e.ctx else "faverify --help", err=True)
@@ -41,6 +45,9 @@ class _Group(TyperGroup):
             code = _error("input nested too deeply to read (a JSON of more than a few hundred levels)", 2)
         except Exception as e:  # faverify's own bug: one line naming where, never a traceback
             code = _error(f"faverify's own error (a bug in faverify, not in your kernel): {_where(e)}", 2)
+        if stops and code == 130:  # the stop's KeyboardInterrupt, which typer ends silently
+            code = _error(f"stopped by {signal.Signals(stops[-1]).name} before the command finished; nothing it "
+                          "started is left running", 128 + stops[-1])
         if standalone_mode:
             sys.exit(code)
         return code
@@ -73,16 +80,13 @@ def _where(e: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(e.__traceback__) if "faverify" in f.filename] or \
         traceback.extract_tb(e.__traceback__)
     place = f" (at {frames[-1].filename.rsplit('/', 2)[-2:][-1]}:{frames[-1].lineno})" if frames else ""
-    return f"{type(e).__name__}: {_bounded(str(e))}{place}"
-
-
-def _bounded(text: str, limit: int = 300) -> str:
-    """An error's text cut to `limit` characters: a message that echoes a 50 MB input is not 50 MB long."""
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"
+    return f"{type(e).__name__}: {printable(e, 300)}{place}"
 
 
 def _error(message: str, code: int) -> int:
-    typer.echo(f"faverify: error: {_bounded(message, 1000)}", err=True)
+    """The one line of an error: printable (a message that echoes a 50 MB input, or a terminal's escape
+    sequences, is neither), its newlines folded."""
+    typer.echo(f"faverify: error: {' '.join(printable(message, 1000).splitlines())}", err=True)
     return code
 
 

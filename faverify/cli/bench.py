@@ -51,6 +51,7 @@ def bench(
     from faverify.commands.bench import markdown as bench_markdown
     from faverify.dtypes import parse_dtypes
     from faverify.reports.tables import table
+    from faverify.run.isolation import check_imports
     from faverify.subjects import resolve_many
 
     check_writable("--json", json_path)
@@ -69,6 +70,7 @@ def bench(
     target = devices.resolve(device)[0]
     if target.type != "cuda":
         raise EnvironmentProblem("bench times GPU kernels: it needs --device cuda and a GPU")
+    check_imports(kernel, 300.0)  # a module that ends its process at import ends a worker's, not this one
     if decode:
         return _decode(kernel, lengths, head_dims, dtype, pages, target, json_path, markdown)
     names = list(dict.fromkeys([s.strip() for s in kernel.split(",") if s.strip()] + list(YARDSTICKS)))
@@ -144,16 +146,13 @@ def _decode(kernel: str, lengths: list, head_dims: list, dtype: str, page_sizes:
         rows = bench_decode.ratios(rows)
         text = table(bench_decode.table_rows(rows), bench_decode.HEADERS, "table")
         header = f"device copy bandwidth {peak * 1e-12:.2f} TB/s (read + write of 2 GiB), measured first"
-        if json_path:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps({"schema": "faverify.bench-decode", "version": 1,
-                                             "interrupted": interrupted,
-                                             "copy_tbps": peak * 1e-12, "rows": rows}, indent=1, default=str))
-        if markdown:
-            markdown.parent.mkdir(parents=True, exist_ok=True)
-            seqlens = ",".join(map(str, lengths))
-            markdown.write_text(f"# faverify bench --decode --kernel {kernel} --seqlens {seqlens}\n\n- {header}\n\n"
-                                + table(bench_decode.table_rows(rows), bench_decode.HEADERS, "md") + "\n")
+        seqlens = ",".join(map(str, lengths))
+        document = {"schema": "faverify.bench-decode", "version": 1, "interrupted": interrupted,
+                    "copy_tbps": peak * 1e-12, "rows": rows}
+        write_outputs([("--json", json_path, lambda: json.dumps(document, indent=1, default=str)),
+                       ("--markdown", markdown, lambda: f"# faverify bench --decode --kernel {kernel} --seqlens "
+                        f"{seqlens}\n\n- {header}\n\n" + table(bench_decode.table_rows(rows), bench_decode.HEADERS,
+                                                              "md") + "\n")])
     typer.echo(header + "\n" + text)
     failed = [r for r in rows if r["validated"] == "fail"]
     if interrupted and not failed:

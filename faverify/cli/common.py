@@ -77,32 +77,26 @@ def check_distinct(**paths) -> None:
 
 
 def write_outputs(outputs: list) -> None:
-    """(option, path, text or a function giving it) each written whole or not at all: into a temporary file
-    beside it, then renamed over it (a reader never sees half a file; a link is followed to its target).
-    A write that fails is told once every other output is written, as one exit-2 error naming each."""
+    """(option, path, text or a function giving it) each written whole or not at all (files.replace_whole,
+    through a link to its target). A write that fails is told once every other output is written, as one
+    exit-2 error naming each."""
     import os
-    import tempfile
     from pathlib import Path
 
     from faverify.errors import EnvironmentProblem
+    from faverify.files import describe, replace_whole
     failed = []
     for option, path, text in outputs:
         if path is None:
             continue
         target = Path(os.path.realpath(path))
-        temporary = None
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=f".{target.name}.", delete=False) as f:
-                temporary = f.name
-                f.write(text() if callable(text) else text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, target)
+            replace_whole(target, text() if callable(text) else text)
         except OSError as e:
-            if temporary is not None:
-                Path(temporary).unlink(missing_ok=True)
-            failed.append(f"{option} {path} ({e.strerror or e})")
+            failed.append(f"{option} {target.parent}: cannot be made ({describe(e)})")
+        except EnvironmentProblem as e:
+            failed.append(f"{option} {e}")
     if failed:
         raise EnvironmentProblem("could not write " + "; ".join(failed) + "; what the terminal shows above is "
                                  "what the file would have held")
@@ -125,9 +119,15 @@ def within(low=None, high=None):
     return check
 
 
+# The shortest --timeout: the workers are polled once a second (scheduler.POLL_SECONDS), so a shorter one
+# is not kept, and a kernel's first call, which compiles, takes longer; below it a correct kernel times out.
+MIN_TIMEOUT = 1.0
+
+
 def check_timeout(timeout: float) -> None:
-    if not math.isfinite(timeout) or timeout <= 0:  # NaN compares false with everything: test it first
-        raise UsageError("--timeout", timeout, "must be a finite number of seconds > 0")
+    if not math.isfinite(timeout) or timeout < MIN_TIMEOUT:  # NaN compares false with everything: test it first
+        raise UsageError("--timeout", timeout, f"must be a finite number of seconds >= {MIN_TIMEOUT:g} (a case's "
+                                               "first call compiles, and workers are polled once a second)")
 
 
 def check_shrink_budget(budget: int) -> None:

@@ -123,6 +123,7 @@ def _plan(given: dict) -> tuple:
     from faverify.cases.strategies import limits_for
     from faverify.dtypes import parse_fuzz_dtypes
     from faverify.reports.merge import parse_shard
+    from faverify.run.isolation import check_imports
     from faverify.run.plan import FuzzPlan
     from faverify.subjects import resolve_many
     from faverify.subjects.base import RELATIONS
@@ -138,6 +139,7 @@ def _plan(given: dict) -> tuple:
     if shard_of is not None and not g["isolate"]:
         raise UsageError("--no-isolate", True, "a shard runs its part of the seed's up-front draw in worker "
                                                "processes: leave --no-isolate out")
+    check_imports(g["kernel"], g["timeout"])  # a module that ends its process at import ends a worker's
     narrow = {name: parse_choice(text, allowed, f"--{name}") for name, text, allowed
               in (("regimes", g["regimes"], REGIMES), ("layouts", g["layouts"], LAYOUTS)) if text is not None}
     narrow.update({"fp8_only": True} if fp8_only else {})

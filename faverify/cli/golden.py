@@ -44,13 +44,18 @@ def golden(
             raise UsageError("--only", n, f"unknown golden case; cases: {', '.join(golden_files.CASES)}")
     if action == Action.record:
         check_writable("--dir", directory, directory=True)
-        entries = golden.record(directory, names)
+        try:
+            entries = golden.record(directory, names)
+        except golden_files.GoldenFileProblem as e:  # an index it would lose entries of, a link on the way
+            raise EnvironmentProblem(f"golden record: {e}") from None
         typer.echo(f"recorded {len(entries)} cases in {directory} "
                    f"({sum(e['bytes'] for e in entries) / 1e6:.1f} MB)")
         return 0
     if not kernel:
         raise UsageError("--kernel", None, "golden verify needs the subject to check")
+    from faverify.run.isolation import check_imports
     from faverify.subjects import resolve
+    check_imports(kernel, 300.0)  # a module that ends its process at import ends a worker's, not this one
     resolve(kernel)  # unknown kernels fail here, with exit 2
     target = devices.resolve(device)[0]
     try:

@@ -51,7 +51,9 @@ def merge(
 def _is_doctor(path: Path) -> bool:
     """Whether a file is a doctor report; an unreadable one is left to the run reader to refuse by name."""
     import json
+
+    from faverify.files import Unreadable, read_bounded
     try:
-        return json.loads(path.read_text()).get("schema") == "faverify.doctor"
-    except (OSError, ValueError, AttributeError):
+        return json.loads(read_bounded(path)).get("schema") == "faverify.doctor"
+    except (Unreadable, ValueError, RecursionError, AttributeError):
         return False

@@ -72,4 +72,8 @@ def compare(
     if not result["comparable"]:  # a CI gate must not pass on runs that share nothing to compare
         raise EnvironmentProblem("no row of the two runs can be compared (other kernels, dtypes or GPU models, "
                                  "or statistics defined anew between their schema versions): nothing was compared")
+    if result["uncompared"]:  # nor on a head that lost what the base checked
+        raise EnvironmentProblem(f"{result['uncompared']} statistics of {base} have none in {head} to compare "
+                                 "with (a row it lacks, or a value it could not give): the head is not shown to "
+                                 "be no worse")
     return 0

@@ -43,10 +43,12 @@ def repro(
     from faverify.reports.report import METRIC_HEADERS, metrics_rows, table
     from faverify.run.evaluate import evaluate
     from faverify.run.guard import blame_lost_context
+    from faverify.run.isolation import check_imports
     from faverify.subjects import resolve
 
     tolerance = tolerance_from(factor, atol, tight)
     the_case = Case.from_json(_text("--case", case))
+    check_imports(kernel, timeout)  # a module that ends its process at import ends a worker's, not this one
     subject = resolve(kernel)
     target = devices.resolve(device)[0]
     _check_files(standalone, plot, subject, the_case)
@@ -93,13 +95,14 @@ def repro(
 
 
 def _text(option: str, value: str) -> str:
-    """The option's value, or the file's text for @FILE."""
+    """The option's value, or the file's text for @FILE (a regular file, read to files.READ_LIMIT)."""
+    from faverify.files import Unreadable, read_bounded
     if not value.startswith("@"):
         return value
     try:
-        return Path(value[1:]).read_text()
-    except OSError as e:
-        raise UsageError(option, value, f"cannot read the file ({e.strerror or e})") from None
+        return read_bounded(value[1:]).decode()
+    except Unreadable as e:
+        raise UsageError(option, value, f"the file {e}") from None
     except UnicodeDecodeError:
         raise UsageError(option, value, "the file is not text (it must hold JSON)") from None
 
@@ -126,11 +129,12 @@ def _check_files(standalone, plot, subject, case) -> None:
     """The files asked for, refused before anything runs where they cannot be written for this case."""
     from faverify.cli.common import check_writable
     if standalone is not None:
-        from faverify.commands.standalone import refusal
+        from faverify.commands.standalone import inputs_of, refusal
         why = refusal(subject, case)
         if why:
             raise UsageError("--standalone", str(standalone), why)
         check_writable("--standalone", standalone)
+        check_writable("--standalone", inputs_of(standalone))  # the inputs beside it: not a directory, say
     if plot is not None:
         from faverify.reports.plot import refusal as plot_refusal
         why = plot_refusal(case)

@@ -21,6 +21,7 @@ from faverify.cases.golden_files import (
     GoldenFileProblem,
     decode,
     index,
+    kept_entries,
     read,
     write_case,
     write_index,
@@ -118,6 +119,7 @@ def record(directory: Path = DEFAULT_DIR, names=None) -> list:
     """Draw each case's inputs on the CPU, compute its FP64 outputs and gradients, and write its file and the
     index. names: record only these. Returns the entries recorded."""
     directory = Path(directory)
+    kept = kept_entries(directory, names)  # before any work: an index it cannot read is refused
     (directory / "cases").mkdir(parents=True, exist_ok=True)
     entries = []
     for name, case in CASES.items():
@@ -132,5 +134,5 @@ def record(directory: Path = DEFAULT_DIR, names=None) -> list:
             ref, scales = reference(values.q, values.k, values.v, x.dout, causal=case.causal, scale=case.scale,
                                     variant=variant_of(case, x), dlse=x.dlse)
         entries.append(write_case(directory, name, case, values, ref, scales))
-    write_index(directory, entries, names)
+    write_index(directory, entries, kept)
     return entries

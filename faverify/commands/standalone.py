@@ -10,6 +10,7 @@ observed where the error is largest, a version block, and exits 1 while the defe
 from __future__ import annotations
 
 import datetime
+import io
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ from faverify.cases.conventions import DEFAULT as DEFAULT_CONVENTIONS
 from faverify.cases.inputs import make_inputs
 from faverify.dtypes import UNIT_ROUNDOFF
 from faverify.errors import UsageError
+from faverify.files import replace_whole
 from faverify.reports.case_result import CaseResult
 from faverify.subjects.base import Subject
 
@@ -46,10 +48,18 @@ def write(path: Path, subject: Subject, case: Case, result: CaseResult, device: 
     if why:
         raise UsageError("--standalone", str(path), why)
     x = make_inputs(case, device, requires_grad=False)
-    inputs = path.with_suffix(".pt")
-    torch.save({"q": x.q.cpu(), "k": x.k.cpu(), "v": x.v.cpu(), "dout": x.dout.cpu()}, inputs)
-    path.write_text(script(subject, case, result, device, inputs.name))
+    inputs = inputs_of(path)
+    saved = io.BytesIO()
+    torch.save({"q": x.q.cpu(), "k": x.k.cpu(), "v": x.v.cpu(), "dout": x.dout.cpu()}, saved)
+    # each written whole through a new file, never through a link planted at its name
+    replace_whole(inputs, saved.getvalue())
+    replace_whole(path, script(subject, case, result, device, inputs.name))
     return inputs
+
+
+def inputs_of(path: Path) -> Path:
+    """The inputs' file of the script at `path`: beside it, with the suffix .pt."""
+    return Path(path).with_suffix(".pt")
 
 
 def script(subject: Subject, case: Case, result: CaseResult, device: torch.device, inputs: str) -> str:

@@ -34,7 +34,7 @@ from faverify.cases.inputs import make_inputs, variant_of
 from faverify.cases.large import judged_entries
 from faverify.cases.vocabulary import FP8_OWN_REGIMES
 from faverify.dtypes import TORCH
-from faverify.errors import Unsupported
+from faverify.errors import Unsupported, printable
 from faverify.judge.reference import naive, reference
 from faverify.subjects.base import Subject
 
@@ -56,6 +56,9 @@ class GradCheck:
     error: str = ""  # the exception's type where the subject raised in the check
     truncation: float = 0.0  # |fd64 - analytic64| / sum |grad| |e|: the FP64 reference's own quotient error
     rounding: float = 0.0  # sum |w| |naive - ref| at both ends / 2h / sum |grad| |e|: a correct forward's share
+
+    def __post_init__(self):  # the reason may quote what the subject raised
+        self.reason, self.error = printable(self.reason), printable(self.error)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

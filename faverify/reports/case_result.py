@@ -6,6 +6,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from faverify.cases.case import Case
+from faverify.errors import printable
 from faverify.judge.metrics import TensorMetrics
 
 # "error": faverify's own code raised on the case (isolation.py): neither a pass nor a failure of the subject;
@@ -33,6 +34,9 @@ class CaseResult:
     # the cases the same process ran before this one, oldest first (isolation.Worker.history): what a failure
     # that passes alone may need before it; not written to the run file
     history: tuple = field(default=(), repr=False, compare=False)
+
+    def __post_init__(self):  # a reason quotes what a kernel raised: its control characters and length are not ours
+        self.reason = printable(self.reason)
 
     @property
     def failed(self) -> bool:

@@ -6,9 +6,11 @@ One row per kernel/dtype/tensor/statistic present in either run, the statistics 
   !  newly failing (no failure before, some now)
   +  worse by more than the factor F (for usage_max, the error over the allowed: the margin shrank)
   -  better by more than F
-  x  not comparable: the row is in one run only, the runs used different GPU models, or the statistic
-     was defined anew between the runs' schema versions
-Rows come in that order: newly failing, then worse with the margins first, then better.
+  x  not comparable: the row is in one run only, the runs used different GPU models, the statistic
+     was defined anew between the runs' schema versions, or the base gives it and the head does not
+Rows come in that order: newly failing, then worse with the margins first, then better. A base statistic
+that cannot be compared (x, but for a statistic defined anew) leaves the head not shown to be no worse:
+unless the head regressed, the verdict says so and compare exits 2.
 Environments may differ (torch, driver, ...): the runs are compared anyway and the differences listed.
 """
 from __future__ import annotations
@@ -99,16 +101,18 @@ def compare_runs(base: Run, head: Run, factor: float) -> dict:
     a, b = _rows(base, label), _rows(head, label)
     gpu_changed = _gpus(base) != _gpus(head)
     redefined = _redefined(base, head)
-    rows = []
+    rows, uncompared = [], 0  # the base's statistics the head cannot be compared on (the schema's aside)
     for key in sorted(set(a) | set(b)):
         ra, rb = a.get(key), b.get(key)
         for stat in STATISTICS:
             before = num(ra.get(stat)) if ra else math.nan
             after = num(rb.get(stat)) if rb else math.nan
-            if ra is None or rb is None or gpu_changed or stat in redefined:
-                mark = "x"
+            if ra is None or rb is None or gpu_changed or stat in redefined or (before == before and after != after):
+                mark = "x"  # the last: a statistic the base gives and the head cannot (no passing case, a bad value)
             else:
                 mark = _mark(stat, before, after, factor)
+            if mark == "x" and ra is not None and stat not in redefined:
+                uncompared += 1
             if ra and rb and before == 0 and after == 0:
                 ratio = 1.0
             elif before == 0:
@@ -131,7 +135,7 @@ def compare_runs(base: Run, head: Run, factor: float) -> dict:
     return {"factor": factor, "rows": rows, "counts": counts, "margin_shrank": [" ".join(k) for k in shrank],
             "environment_differences": environment_differences(base, head),
             "regressed": counts["+"] > 0 or counts["!"] > 0,
-            "comparable": sum(r["mark"] != "x" for r in rows),
+            "comparable": sum(r["mark"] != "x" for r in rows), "uncompared": uncompared,
             "interrupted": [side for side, run in (("base", base), ("head", head))
                             if run.settings.get("interrupted")]}
 
@@ -150,7 +154,10 @@ def summary_line(result: dict) -> str:
     c = result["counts"]
     shrank = result.get("margin_shrank", [])
     margins = f", the margin shrank on {', '.join(shrank[:3])}{', ...' if len(shrank) > 3 else ''}" if shrank else ""
-    verdict = "REGRESSION: the head is worse" if result["regressed"] else "no regression: the head is not worse"
+    missing = result.get("uncompared", 0)
+    verdict = ("REGRESSION: the head is worse" if result["regressed"] else
+               f"NOT COMPARED: no regression among the rows compared, but {missing} of the base's statistics could "
+               "not be compared with the head" if missing else "no regression: the head is not worse")
     stopped = result.get("interrupted", [])
     cut = (f"; the {' and the '.join(stopped)} run{'s were' if len(stopped) > 1 else ' was'} interrupted, "
            "its statistics cover the cases it ran" if stopped else "")

@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from faverify.errors import UsageError
+from faverify.files import Unreadable, read_bounded
 from faverify.reports.tables import table
 
 SCHEMA = "faverify.doctor"
@@ -18,8 +19,10 @@ CHECK_FIELDS = ("check", "device", "status", "detail")  # each a string in every
 
 def read(path: Path) -> dict:
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError, RecursionError) as e:
+        data = json.loads(read_bounded(path))
+    except Unreadable as e:
+        raise UsageError("RUN.json", str(path), str(e)) from None
+    except (ValueError, RecursionError) as e:
         raise UsageError("RUN.json", str(path), f"cannot be read as JSON ({type(e).__name__})") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("checks"), list):
         raise UsageError("RUN.json", str(path), "is not a doctor report (faverify doctor --json)")

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from faverify.errors import UsageError
+from faverify.files import Unreadable, read_bounded, replace_whole
+from faverify.reports import run_schema
 from faverify.reports.collector import Failure, KernelStats
 
 SCHEMA = "faverify.run"
@@ -62,62 +64,33 @@ class Run:
 
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_text())
+        replace_whole(path, self.to_text())
 
     @classmethod
     def read(cls, path: Path, *, argument: str = "RUN") -> "Run":
         try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise UsageError(argument, str(path), "file does not exist") from None
-        except IsADirectoryError:
-            raise UsageError(argument, str(path), "is a directory; give a run file (faverify fuzz --json)") from None
+            data = json.loads(read_bounded(path))
+        except Unreadable as e:
+            raise UsageError(argument, str(path), str(e)) from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UsageError(argument, str(path), f"is not valid JSON ({e})") from None
         except (RecursionError, ValueError) as e:  # nested past the interpreter's limit, a number too long
             raise UsageError(argument, str(path), f"is not a run file ({type(e).__name__})") from None
-        except OSError as e:
-            raise UsageError(argument, str(path), f"cannot be read ({e.strerror or e})") from None
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise UsageError(argument, str(path), f"is not a faverify run file (schema must be {SCHEMA!r})")
         if data.get("version") not in READS:
             raise UsageError(argument, str(path), f"has run schema version {data.get('version')!r}; "
                                                   f"this faverify reads versions {', '.join(map(str, READS))}")
-        try:
-            run = cls(data["command"], data["environment"], data["settings"], data["tolerance"], data["kernels"],
-                      data["version"])
-        except (KeyError, TypeError) as e:
-            raise UsageError(argument, str(path), f"is missing a field the schema requires ({e})") from None
-        problem = _shape_problem(run)
+        problem = run_schema.problem(data) or _failure_problem(data["kernels"])
         if problem:
             raise UsageError(argument, str(path), f"is not a valid run file: {problem} (docs/run-schema.md)")
-        return run
+        return cls(data["command"], data["environment"], data["settings"], data["tolerance"], data["kernels"],
+                   data["version"])
 
 
-def _shape_problem(run: "Run") -> str | None:
-    """What report and compare read, of the types they read it as: a run file edited by hand or cut off
-    is refused with the field named, not a traceback in the middle of a table."""
-    for name in ("environment", "settings", "tolerance"):
-        if not isinstance(getattr(run, name), dict):
-            return f"{name} must be an object, got {type(getattr(run, name)).__name__}"
-    if not isinstance(run.kernels, list) or not run.kernels:
-        return "kernels must be a non-empty list"
-    for i, k in enumerate(run.kernels):
-        if not isinstance(k, dict):
-            return f"kernels[{i}] must be an object"
-        for name, kind in (("summary", dict), ("stats", list), ("gradcheck", list), ("failures", list)):
-            if not isinstance(k.get(name), kind):
-                return f"kernels[{i}].{name} must be {'an object' if kind is dict else 'a list'}"
-        summary = k["summary"]
-        for name in ("kernel", "cases", "skipped", "failed", "passed"):
-            if name not in summary:
-                return f"kernels[{i}].summary lacks {name}"
-        if not all(isinstance(summary[n], int) and not isinstance(summary[n], bool)
-                   for n in ("cases", "skipped", "failed", "passed")):
-            return f"kernels[{i}].summary's counts must be integers"
-        for j, row in enumerate(k["stats"]):
-            if not isinstance(row, dict) or not {"dtype", "tensor"} <= set(row):
-                return f"kernels[{i}].stats[{j}] must be an object with dtype and tensor"
+def _failure_problem(kernels: list) -> str | None:
+    """A failure record the reports could not read back (its cases, its metrics), in words, or None."""
+    for i, k in enumerate(kernels):
         for j, f in enumerate(k["failures"]):
             try:
                 Failure.from_dict(f)

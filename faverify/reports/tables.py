@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from tabulate import tabulate
 
+from faverify.errors import printable
 from faverify.reports.results import num
 
 TABLE_FORMAT = {"table": "simple", "md": "pipe"}  # pipe: alignment colons GitHub renders
@@ -42,14 +43,14 @@ def share(part, whole) -> str:
 
 
 def escape(text) -> str:
-    """Text as Markdown text: one line, its punctuation backslash-escaped."""
-    one_line = " ".join(str(text).split("\n"))
-    return _PUNCTUATION.sub(r"\\\1", one_line.replace("\r", " "))
+    """Text as Markdown text: one line, its punctuation backslash-escaped (and printable)."""
+    one_line = " ".join(printable(text).split("\n"))
+    return _PUNCTUATION.sub(r"\\\1", one_line)
 
 
 def code(text) -> str:
-    """A Markdown code span of text (one line), fenced by more backticks than any run inside it."""
-    one_line = " ".join(str(text).splitlines())
+    """A Markdown code span of text (one line, printable), fenced by more backticks than any run inside it."""
+    one_line = " ".join(printable(text).split("\n"))
     longest = max((len(run) for run in re.findall(r"`+", one_line)), default=0)
     fence = "`" * (longest + 1)
     pad = " " if one_line.startswith("`") or one_line.endswith("`") else ""
@@ -66,11 +67,11 @@ class Style:
         return self.name == "md"
 
     def text(self, value) -> str:
-        """Any string that is not the report's own: escaped in Markdown."""
-        return escape(value) if self.md else str(value)
+        """Any string that is not the report's own: printable (errors.printable), and escaped in Markdown."""
+        return escape(value) if self.md else printable(value)
 
     def code(self, value) -> str:
-        return code(value) if self.md else str(value)
+        return code(value) if self.md else printable(value)
 
     def bold(self, value: str) -> str:
         return f"**{value}**" if self.md else value
@@ -80,7 +81,7 @@ class Style:
         return f"- {line}" if self.md else line
 
     def heading(self, text: str, level: int = 2) -> str:
-        return f"{'#' * level} {self.text(text)}" if self.md else f"== {text} =="
+        return f"{'#' * level} {self.text(text)}" if self.md else f"== {self.text(text)} =="
 
 
 def _numeric(cell: str) -> bool:
@@ -94,10 +95,11 @@ def _numeric(cell: str) -> bool:
 
 
 def table(rows: list, headers: list, style: str) -> str:
-    """Cells arrive formatted; columns whose cells are all numbers are right-aligned; in Markdown every cell
-    is escaped text."""
+    """Cells arrive formatted; columns whose cells are all numbers are right-aligned; every cell is printable
+    text (errors.printable), in Markdown escaped."""
     if not rows:
         return "(none)"
+    rows = [[printable(cell) for cell in r] for r in rows]
     align = ["right" if all(_numeric(str(r[i])) for r in rows) else "left" for i in range(len(headers))]
     if style == "md":
         rows = [[escape(cell) if not _numeric(str(cell)) else str(cell) for cell in r] for r in rows]

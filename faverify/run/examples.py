@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 from faverify.cases.case import Case
-from faverify.files import replace_whole
+from faverify.errors import EnvironmentProblem
+from faverify.files import Unreadable, describe, read_bounded, replace_whole
 
 MAX_KEPT = 64  # per kernel: the newest failures; a store is a reminder, not an archive
 
@@ -34,8 +35,8 @@ def load(directory: Path | None, kernel: str) -> list:
     if directory is None:
         return []
     try:
-        lines = _file(directory, kernel).read_text().splitlines()
-    except (OSError, UnicodeDecodeError):
+        lines = read_bounded(_file(directory, kernel)).decode().splitlines()
+    except (Unreadable, UnicodeDecodeError):
         return []
     return list(dict.fromkeys(_cases(lines)))
 
@@ -68,9 +69,9 @@ def save(directory: Path | None, kernel: str, cases: list, passed: list = ()) ->
                 return
             text = "".join(json.dumps(c.to_dict(), sort_keys=True) + "\n" for c in cases)
             replace_whole(path, text)
-    except OSError as e:  # the run's results matter more than the reminder: say so, lose nothing else
-        print(f"faverify: the example store {directory} could not be written ({e.strerror or e})",
-              file=sys.stderr)
+    except (OSError, EnvironmentProblem) as e:  # the run's results matter more than the reminder: say so
+        why = describe(e) if isinstance(e, OSError) else e
+        print(f"faverify: the example store {directory} could not be written ({why})", file=sys.stderr)
 
 
 @contextlib.contextmanager

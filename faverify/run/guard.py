@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from faverify.errors import Unsupported
+from faverify.errors import Unsupported, printable
 from faverify.files import exit_raises
 
 
@@ -17,7 +17,7 @@ class SubjectRaised(Exception):
     out of its call: its case fails with `name` and the message, and nothing is blamed on faverify."""
 
     def __init__(self, error: BaseException):
-        self.error, self.name = error, type(error).__name__
+        self.error, self.name = error, printable(type(error).__name__, 200)  # the name is in the signature
         super().__init__(f"{self.name}: {error}")
 
 

@@ -52,6 +52,8 @@ def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: i
         _work(conn, kernel, device, mode, tolerance, repeat, threads, measure)
     except (BrokenPipeError, ConnectionResetError, EOFError):
         return
+    finally:  # what the subject started ends with the worker, daemons that left its process group too
+        processes.end_descendants(os.getpid())
 
 
 def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1, threads: int = 0,
@@ -63,6 +65,7 @@ def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: in
         os.setpgid(0, 0)
     except OSError:
         pass
+    processes.adopt_orphans()  # and what leaves the group (a setsid daemon) stays the worker's to end
     if threads:
         torch.set_num_threads(threads)
     # The parent stops the workers itself (a worker leads a process group of its own, out of the terminal's
@@ -147,6 +150,7 @@ class Worker:
 
     def stop(self) -> None:
         if self.process is not None and self.process.is_alive():
+            processes.end_descendants(self.process.pid)  # while it lives to adopt their orphans
             try:
                 self.conn.send(None)
             except (OSError, BrokenPipeError):
@@ -158,6 +162,35 @@ class Worker:
         if self.process is not None:
             _end_group(self.process.pid)
         self.process = None
+
+    def load(self) -> None:
+        """Start this worker, wait until its subject has loaded there or the worker said why it cannot (this
+        process then loads it and says so itself), and stop it. A worker that ends before it says either (a
+        module that calls libc's _exit or os.abort while it is imported) is a UsageError naming the module,
+        as is one that takes past its startup time."""
+        module = self.kernel.partition(":")[0]
+        limit = STARTUP_SECONDS + self.timeout
+        self.start()
+        try:
+            while time.monotonic() - self.sent_at < limit:
+                wait(self.waitables(), timeout=POLL_SECONDS)
+                try:
+                    if self.conn.poll():
+                        self.conn.recv()
+                        return
+                except (EOFError, OSError):  # the pipe's end: the worker is gone
+                    break
+                if not self.process.is_alive():
+                    break
+            else:
+                raise UsageError("--kernel", self.kernel, f"importing module {module!r} took more than {limit:g} s")
+            self.process.join(5)  # its exit status comes through the forkserver, a moment after the pipe's end
+            code = self.process.exitcode
+            how = f"killed by signal {-code}, {signal.strsignal(-code)}" if code and code < 0 else f"exit code {code}"
+            raise UsageError("--kernel", self.kernel, f"importing module {module!r} ended the process that "
+                                                      f"imported it ({how}), so faverify does not import it")
+        finally:
+            self.stop()
 
     def submit(self, task: Task) -> None:
         if self.process is None or not self.process.is_alive():
@@ -275,3 +308,12 @@ def thread_share(workers: int) -> int:
     share = max(1, cores() // max(1, workers))
     cap = os.environ.get("OMP_NUM_THREADS", "")
     return min(share, int(cap)) if cap.isdigit() and int(cap) > 0 else share
+
+
+def check_imports(kernels: str, timeout: float) -> None:
+    """Import each package.module:function subject of `kernels` first in a worker (Worker.load), before this
+    process does: a module that ends its process while it is imported then ends the worker, and is named,
+    rather than ending faverify with its exit status (0: a pass for nothing)."""
+    for name in dict.fromkeys(n.strip() for n in kernels.split(",")):
+        if ":" in name and not name.startswith("mutant:"):
+            Worker(name, "cpu", "fwd", Tolerance().to_dict(), timeout).load()

@@ -29,6 +29,19 @@ def record_early() -> None:
 
 
 @contextlib.contextmanager
+def stops_interrupt(received: list):
+    """Around a whole command: SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does, so the blocks that
+    stop its worker processes run on any stop (a signal's default action would end this process and leave
+    them); each is appended to `received`. A stop whose handler is already set is left to it: fuzz records
+    one that comes while it imports (record_early), nohup ignores SIGHUP."""
+    def interrupt(signum, frame):
+        received.append(signum)
+        raise KeyboardInterrupt
+    with _handlers({s: interrupt for s in STOPS if signal.getsignal(s) == signal.SIG_DFL}):
+        yield
+
+
+@contextlib.contextmanager
 def sigterm_interrupts():
     """Within the block, SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does; each of the three is
     also recorded (requested)."""
