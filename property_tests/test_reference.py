@@ -84,6 +84,20 @@ def test_scales_bound_the_terms_of_every_element(case):
         assert scales[name].item() >= bound * (1 - 1e-9), (name, scales[name].item(), bound)
 
 
+def test_dbias_scale_counts_a_loss_on_lse():
+    """dS = P (dP - D + dlse): with a loss on lse alone (dO = 0) every dbias term is P dlse, so dbias's scale
+    is not 0 (it was: the terms counted dP and D alone, and a GPU dbias within bf16's rounding of 3.6 failed
+    against an allowance of 3 B). It bounds |dbias|."""
+    from faverify.cases.variant import Variant
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, s, 2, 16, generator=g, dtype=torch.float64) for s in (9, 7, 7))
+    bias = torch.randn(1, 1, 1, 7, generator=g, dtype=torch.float64)  # broadcast over heads and rows: summed
+    dlse = torch.randn(1, 2, 9, generator=g, dtype=torch.float64)
+    ref, scales = reference(q, k, v, torch.zeros_like(q), causal=False, scale=0.25, dlse=dlse,
+                            variant=Variant(bias=bias))
+    assert scales["dbias"].item() >= ref["dbias"].abs().max().item() > 0.1
+
+
 def test_lse_matches_logsumexp():
     c = Case(2, 9, 13, 4, 2, 16, dtype="fp32", causal=True, seed=5)
     x = make_inputs(c, "cpu")
