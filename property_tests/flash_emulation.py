@@ -25,6 +25,8 @@ import math
 
 import torch
 
+from property_tests.planted import hidden_keys
+
 BLOCK_K = 32
 SPLIT = 16  # the head_dim step of the "split" recompute
 LOG2E = 1.0 / math.log(2.0)
@@ -43,19 +45,10 @@ class _Setup:
         self.q = q.detach().transpose(1, 2).float()
         self.k = k.detach().transpose(1, 2).float().repeat_interleave(h // hk, dim=1)
         self.v = v.detach().transpose(1, 2).float().repeat_interleave(h // hk, dim=1)
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        diag = i + (sk - sq)
-        left, right = window
-        if causal:
-            right = 0 if right < 0 else min(right, 0)
-        hidden = torch.zeros(sq, sk, dtype=torch.bool, device=q.device)
-        if right >= 0:
-            hidden |= j > diag + right
-        if left >= 0:
-            hidden |= j < diag - left
-        self.hidden = hidden
-        self.alibi = None if alibi is None else alibi.float().reshape(-1, h, 1, 1) * (diag - j).abs()
+        self.hidden = hidden_keys(sq, sk, causal, window, q.device)
+        diag = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+        distance = (diag - torch.arange(sk, device=q.device)[None, :]).abs()
+        self.alibi = None if alibi is None else alibi.float().reshape(-1, h, 1, 1) * distance
         self.sink2 = None if sinks is None else sinks.detach().float().reshape(1, h, 1, 1) * LOG2E
         self.b, self.h, self.sq, self.sk, self.hk = b, h, sq, sk, hk
 

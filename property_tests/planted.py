@@ -251,6 +251,22 @@ class _DropsGradient(torch.autograd.Function):
         return torch.zeros_like(grad)
 
 
+def hidden_keys(sq: int, sk: int, causal: bool, window: tuple, device) -> torch.Tensor:
+    """[sq, sk] True where row i may not see key j: bottom-right causal, window (left, right), -1 unbounded."""
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    diag = i + (sk - sq)
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    hidden = torch.zeros(sq, sk, dtype=torch.bool, device=device)
+    if right >= 0:
+        hidden |= j > diag + right
+    if left >= 0:
+        hidden |= j < diag - left
+    return hidden
+
+
 def _variant(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
              bug=None, return_max_logit=False):
     b, sq, h, d = q.shape
@@ -269,13 +285,8 @@ def _variant(q, k, v, *, causal, softmax_scale, window_size=(-1, -1), softcap=0.
         distance = (i - j).abs() if bug == "alibi-no-offset" else (diag - j).abs()
         s = s - alibi_slopes.reshape(-1, h, 1, 1) * distance
     left, right = window_size
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    hidden = torch.zeros(sq, sk, dtype=torch.bool, device=q.device)
-    if right >= 0:
-        hidden |= j > diag + right
-    if left >= 0:
-        hidden |= j < diag - left - (1 if bug == "window-off-by-one" else 0)
+    hidden = hidden_keys(sq, sk, causal, (left + (1 if bug == "window-off-by-one" and left >= 0 else 0), right),
+                         q.device)
     unmasked = s
     s = s.masked_fill(hidden, float("-inf"))
     if sinks is not None:
