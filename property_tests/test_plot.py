@@ -33,7 +33,7 @@ def test_repro_plot_writes_an_svg_with_the_tile_edges(tmp_path):
             "--plot", svg)
     assert r.exit_code == 1, r.stderr
     text = svg.read_text()
-    assert text.lstrip().startswith("<?xml") and "<svg" in text and f"wrote {svg}: out (fails" in r.stderr
+    assert text.lstrip().startswith("<?xml") and "<svg" in text and f"wrote {svg}: out (fails" in r.stdout
     assert "tile edges every 64 rows" in text and "head 2" in text and "head 3" not in text  # a panel per head
 
 

@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     import click
 
 from faverify.errors import EnvironmentProblem, OwnError, UsageError
+from faverify.streams import say, show
 
 
 class _Group(TyperGroup):
@@ -27,7 +28,7 @@ class _Group(TyperGroup):
                               standalone_mode=False, **extra)
             code = rv if isinstance(rv, int) else 0
         except _NO_ARGS as e:
-            typer.echo(e.ctx.get_help() if e.ctx else "faverify --help", err=True)
+            say(e.ctx.get_help() if e.ctx else "faverify --help")
             code = 2
         except click.ClickException as e:
             ctx = getattr(e, "ctx", None)
@@ -82,7 +83,7 @@ def _bounded(text: str, limit: int = 300) -> str:
 
 
 def _error(message: str, code: int) -> int:
-    typer.echo(f"faverify: error: {_bounded(message, 1000)}", err=True)
+    say(f"faverify: error: {_bounded(message, 1000)}")
     return code
 
 
@@ -94,7 +95,7 @@ app = typer.Typer(cls=_Group, no_args_is_help=True, add_completion=False, pretty
 def _print_version(asked: bool) -> None:
     if asked:
         from faverify import __version__
-        typer.echo(f"faverify {__version__}")
+        show(f"faverify {__version__}")
         raise typer.Exit(0)
 
 

@@ -14,11 +14,11 @@ import hashlib
 import json
 import os
 import re
-import sys
 from pathlib import Path
 
 from faverify.cases.case import Case
 from faverify.files import replace_whole
+from faverify.streams import say
 
 MAX_KEPT = 64  # per kernel: the newest failures; a store is a reminder, not an archive
 
@@ -69,8 +69,7 @@ def save(directory: Path | None, kernel: str, cases: list, passed: list = ()) ->
             text = "".join(json.dumps(c.to_dict(), sort_keys=True) + "\n" for c in cases)
             replace_whole(path, text)
     except OSError as e:  # the run's results matter more than the reminder: say so, lose nothing else
-        print(f"faverify: the example store {directory} could not be written ({e.strerror or e})",
-              file=sys.stderr)
+        say(f"faverify: the example store {directory} could not be written ({e.strerror or e})")
 
 
 @contextlib.contextmanager
