@@ -55,3 +55,16 @@ def test_fuzz_writes_its_files_before_it_prints_the_report(tmp_path, monkeypatch
     r = cli("fuzz", "--kernel", "property_tests.planted:correct", *FAST, "--no-isolate", "--json", tmp_path / "r.json",
             "--markdown", tmp_path / "r.md")
     assert r.exit_code == 0 and seen == [(True, True)], (seen, r.stderr)
+
+
+@pytest.mark.slow
+def test_the_reproduce_line_pasted_into_a_shell_runs_the_reproducer_and_exits_1(tmp_path):
+    """The line after `reproduce: ` is a command and nothing else; the hint about --plot is a line of its own."""
+    r = shell("faverify fuzz --kernel property_tests.planted:wrong_scale --iters 30 --seed 1 --device cpu --no-db "
+              "--dtype fp32 >out.txt 2>err.txt", tmp_path)
+    assert r.returncode == 1, (tmp_path / "err.txt").read_text()[-2000:]
+    report = (tmp_path / "out.txt").read_text()
+    line = next(line for line in report.splitlines() if line.startswith("reproduce: "))
+    assert any(line.startswith("to see where its error sits") and "--plot" in line for line in report.splitlines())
+    again = shell(line.removeprefix("reproduce: "), tmp_path)
+    assert again.returncode == 1 and "verdict: fail" in again.stdout, (line, again.stdout[-1000:], again.stderr[-1000:])

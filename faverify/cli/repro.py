@@ -33,8 +33,9 @@ def repro(
         help="Also write FILE.py (and its inputs, FILE.pt) that runs this case with torch and the subject alone, "
              "without faverify: exit 1 while the error is past faverify's tolerance, 0 once fixed")] = None,
     plot: Annotated[Optional[Path], typer.Option(
-        help="Also draw FILE.svg: the error of the tensor that failed, over (row, head-dim column), a panel "
-             "per head, the subject's tile edges marked (needs matplotlib: pip install 'faverify[plot]')")] = None,
+        help="Also draw FILE.svg or FILE.png: the error of the tensor that failed, over (row, head-dim column), "
+             "a panel per head, the subject's tile edges marked (needs matplotlib: pip install 'faverify[plot]')")]
+    = None,
 ) -> int:
     """Run one case (as printed by fuzz) and print its error table. A case with `before` is a call sequence:
     those calls run first, in the same process, each judged."""
@@ -144,8 +145,9 @@ def _check_files(standalone, plot, subject, case) -> None:
             raise UsageError("--standalone", str(standalone), why)
         check_writable("--standalone", standalone)
     if plot is not None:
+        from faverify.reports.plot import format_refusal
         from faverify.reports.plot import refusal as plot_refusal
-        why = plot_refusal(case)
+        why = format_refusal(plot) or plot_refusal(case)
         if why:
             raise UsageError("--plot", str(plot), why)
         check_writable("--plot", plot)

@@ -58,20 +58,26 @@ def failure_block(f: Failure, style: str) -> str:
              f"```json\n{m.case.to_json()}\n```" if st.md else m.case.to_json()]
     if m.metrics:
         parts.append(table(metrics_rows(m.metrics, m.case.dtype), METRIC_HEADERS, style))
-    parts.append(reproducer_line(f, style))
+    parts += reproducer_lines(f, style)
     return "\n\n".join(parts) if st.md else "\n".join(parts)
 
 
-def reproducer_line(f: Failure, style: str) -> str:
-    """The reproducer of a failure seen to fail when replayed alone (confirm.py); otherwise what the replay
-    found, and no line that would pass."""
+def reproducer_lines(f: Failure, style: str) -> list:
+    """The reproducer of a failure seen to fail when replayed alone (confirm.py), a line that is a command
+    and nothing else, and where the case can be drawn, a line of its own saying how; otherwise what the
+    replay found, and no line that would pass."""
     st = Style(style)
     if f.reproduced and f.earlier_calls:
-        return f"reproduce (after {f.earlier_calls} earlier call(s) in one process): {st.code(f.reproducer)}"
+        return [f"reproduce (after {f.earlier_calls} earlier call(s) in one process): {st.code(f.reproducer)}"]
     if f.reproduced:
-        picture = "" if plot_refusal(f.minimal.case) or not f.minimal.metrics else \
-            f"; to see where its error sits, add {st.code('--plot err.svg')}"
-        return f"reproduce: {st.code(f.reproducer)}{picture}"
+        drawn = not plot_refusal(f.minimal.case) and f.minimal.metrics
+        return [f"reproduce: {st.code(f.reproducer)}"] + (
+            [f"to see where its error sits, add {st.code('--plot err.svg')} (or err.png) to that command"]
+            if drawn else [])
+    return [_unreproduced(f, st)]
+
+
+def _unreproduced(f: Failure, st: Style) -> str:
     if f.replayed == REPLAY_PASSED:
         return "no reproducer (not reproduced alone): " + st.text(f.replay_reason)
     why = f.replay_reason or "not replayed before it was written (a run file before schema 6)"
@@ -112,7 +118,7 @@ def verdict_lines(run: Run, style: str) -> list:
     named = st.text(", ".join(f.signature for f in failures[:4]) + (", ..." if len(failures) > 4 else ""))
     return [f"{st.bold('FAIL')}: {distinct} ({named}){interrupted}; the first, "
             + st.text(f"{first.kernel} {first.signature}, on {first.minimal.case.short()}"),
-            reproducer_line(first, style)]
+            *reproducer_lines(first, style)]
 
 
 def render(run: Run, style: str = "table") -> str:
