@@ -2,6 +2,8 @@
 string a run file carries is escaped on its way into Markdown (tables.py says why)."""
 from __future__ import annotations
 
+import math
+
 from faverify.cases.case import Case
 from faverify.cases.edges import EDGE_FLOOR
 from faverify.cases.vocabulary import REGIMES_ALL
@@ -113,12 +115,37 @@ def verdict_lines(run: Run, style: str) -> list:
         return [f"{st.bold('PASS')}: {run.ran} cases of {kernels} within tolerance of the FP64 reference"]
     if not failures:
         return [f"{st.bold('FAIL')}: {kernels}{interrupted}; no failure was recorded with its case"]
-    first = failures[0]
+    worst, signature, usage = worst_failure(run, failures)
     distinct = f"{len(failures)} distinct failure" + ("s" if len(failures) > 1 else "")
     named = st.text(", ".join(f.signature for f in failures[:4]) + (", ..." if len(failures) > 4 else ""))
-    return [f"{st.bold('FAIL')}: {distinct} ({named}){interrupted}; the first, "
-            + st.text(f"{first.kernel} {first.signature}, on {first.minimal.case.short()}"),
-            *reproducer_lines(first, style)]
+    what = worst.signature if signature == worst.signature else f"{worst.signature} with {signature}"
+    size = f", up to {usage:.3g} times the allowed error" if math.isfinite(usage) else ""
+    return [f"{st.bold('FAIL')}: {distinct} ({named}){interrupted}; the worst, "
+            + st.text(f"{worst.kernel} {what}{size}; minimal case {worst.minimal.case.short()}"),
+            *reproducer_lines(worst, style)]
+
+
+def worst_failure(run: Run, failures: list) -> tuple:
+    """(the failure, the signature of its group, its largest error over allowed) whose group, the failure's
+    signature and its companions, holds the largest error over allowed of the run's failing cases. A
+    signature that is no tensor's error (a crash, NaN, a broken contract) counts as infinite; among equals
+    the first failure stands."""
+    usage: dict = {}  # (kernel, tensor) -> the largest err/allowed of the failing cases (the stats' rows)
+    for k in run.kernels:
+        for row in k["stats"]:
+            if row.get("outcome") == "failing":
+                key = (row["kernel"], row["tensor"])
+                found = math.inf if row.get("nan") or row.get("inf") else num(row.get("usage_max"))
+                usage[key] = max(usage.get(key, 0.0), found if found == found else 0.0)
+
+    def size(kernel: str, signature: str) -> float:
+        tensor, _, kind = signature.partition(":")
+        if kind in ("nan", "inf") or (kernel, tensor) not in usage:
+            return math.inf
+        return usage[(kernel, tensor)]
+    ranked = [(size(f.kernel, s), -i, f, s) for i, f in enumerate(failures) for s in (f.signature, *f.companions)]
+    top = max(ranked, key=lambda r: r[:2])
+    return top[2], top[3], top[0]
 
 
 def render(run: Run, style: str = "table") -> str:
