@@ -152,6 +152,10 @@ def _plan(given: dict) -> tuple:
     for s in subjects if fp8_only else ():
         if not s.caps.fp8:
             raise UsageError("--dtype", "fp8", f"{s.name} does not declare fp8, so it takes no FP8 case")
+    for s in subjects if g["max_seqlen"] is not None else ():
+        if g["max_seqlen"] < s.caps.seqlen_multiple:
+            raise UsageError("--max-seqlen", g["max_seqlen"], f"{s.name} takes sequence lengths that are multiples "
+                                                              f"of {s.caps.seqlen_multiple} alone (seqlen_multiple)")
     for s in subjects if wanted and not fp8_only else ():
         undeclared = [f for f in wanted if f not in s.caps.features()]
         if undeclared:

@@ -96,8 +96,22 @@ def shards_line(environments: list) -> str:
 
 
 def verdict_lines(run: Run, style: str) -> list:
-    """What a reviewer reads first: PASS or FAIL in one line, and for a failure the first one's minimal
-    case in words and its reproducer."""
+    """What a reviewer reads first: PASS or FAIL in one line (and what was not checked, where most of the
+    cases drawn were skipped), and for a failure the worst one's minimal case in words and its reproducer."""
+    lines = _verdict(run, style)
+    return [lines[0] + Style(style).text(_skipped_most(run)), *lines[1:]]
+
+
+def _skipped_most(run: Run) -> str:
+    """Where more than half the cases drawn were skipped: how many, so a pass is not read as a pass of all."""
+    drawn = sum(k["summary"]["cases"] for k in run.kernels)
+    skipped = sum(k["summary"]["skipped"] for k in run.kernels)
+    if run.ran == 0 or 2 * skipped <= drawn:
+        return ""
+    return f"; {skipped} of the {drawn} cases drawn were skipped (see Skipped cases for why)"
+
+
+def _verdict(run: Run, style: str) -> list:
     st = Style(style)
     kernels = st.text(", ".join(k["summary"]["kernel"] for k in run.kernels))
     interrupted = " (interrupted)" if run.settings.get("interrupted") else ""
