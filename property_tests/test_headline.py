@@ -48,3 +48,12 @@ def test_the_headline_names_the_largest_error_over_allowed_not_the_first_failure
     headline = render(together).splitlines()[0]
     assert "the worst, k dk:tolerance with out:tolerance, up to 88 times the allowed error; minimal case b1 sq1" \
         in headline, headline
+
+
+def test_nan_outranks_any_finite_error():
+    both = _failing(LARGER, out=88.0)
+    nan = CaseResult("k", SMALL, "fail", "dq: 3 NaN", {"dq": _metrics("dq", float("nan"))}, ["dq:nan"], device="cpu")
+    run = _run(Failure("k", "out:tolerance", both, both, replayed=REPLAY_FAILED),
+               Failure("k", "dq:nan", nan, nan, replayed=REPLAY_FAILED), cases=(both, nan))
+    headline = render(run).splitlines()[0]
+    assert "the worst, k dq:nan; minimal case b1 sq1" in headline, headline

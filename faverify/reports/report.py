@@ -141,15 +141,14 @@ def _verdict(run: Run, style: str) -> list:
 
 def worst_failure(run: Run, failures: list) -> tuple:
     """(the failure, the signature of its group, its largest error over allowed) whose group, the failure's
-    signature and its companions, holds the largest error over allowed of the run's failing cases. A
-    signature that is no tensor's error (a crash, NaN, a broken contract) counts as infinite; among equals
+    signature and its companions, holds the largest error over allowed of the run's failing cases. NaN, Inf
+    and a signature that is no tensor's error (a crash, a broken contract) count as infinite; among equals
     the first failure stands."""
     usage: dict = {}  # (kernel, tensor) -> the largest err/allowed of the failing cases (the stats' rows)
     for k in run.kernels:
         for row in k["stats"]:
             if row.get("outcome") == "failing":
-                key = (row["kernel"], row["tensor"])
-                found = math.inf if row.get("nan") or row.get("inf") else num(row.get("usage_max"))
+                key, found = (row["kernel"], row["tensor"]), num(row.get("usage_max"))  # NaN: none judged
                 usage[key] = max(usage.get(key, 0.0), found if found == found else 0.0)
 
     def size(kernel: str, signature: str) -> float:
