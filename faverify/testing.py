@@ -1,13 +1,11 @@
 """For your own pytest suite: faverify's strategies, inputs, reference and verdict in one assertion.
 
-    from hypothesis import given
-    from faverify.testing import assert_attention_close, cases, make_inputs
-
-    @given(cases(dtypes=("bf16",), limits=GPU_LIMITS))
-    def test_my_attention(case):
-        x = make_inputs(case, "cuda")
-        out = my_attention(x.q, x.k, x.v, causal=case.causal, softmax_scale=case.scale)
-        assert_attention_close(out, case)
+README.md, "In your tests", shows the use: `cases` draws a Case, `make_inputs(case, DEVICE)` its tensors on
+the device this machine has (a GPU where torch sees one, else the CPU), and `assert_attention_close` judges
+what the kernel returned. `LIMITS` are that device's largest shapes, and `kernel_settings` is the Hypothesis
+settings a kernel's test needs (no deadline: a kernel's first call compiles, and a CPU case takes longer
+than Hypothesis's 200 ms). It decorates a test, or is the parent of your own: `settings(kernel_settings,
+max_examples=500)`, `settings.register_profile("kernels", kernel_settings)`.
 
 Gradients are checked too when given in a dict: compute them with grad_output = x.dout, from inputs made
 with make_inputs(case, device, requires_grad=True). Variants: `cases(features=("window", "sinks"))` draws
@@ -18,12 +16,14 @@ softcap=case.softcap when the case uses them), dsinks goes in the dict with the 
 from __future__ import annotations
 
 import torch
+from hypothesis import HealthCheck, settings
 
+from faverify import devices
 from faverify.cases.case import Case
 from faverify.cases.conventions import PRESETS
 from faverify.cases.conventions import parse as parse_conventions
 from faverify.cases.inputs import Inputs, make_inputs
-from faverify.cases.strategies import CPU_LIMITS, GPU_LIMITS, Limits, cases
+from faverify.cases.strategies import CPU_LIMITS, GPU_LIMITS, Limits, cases, limits_for
 from faverify.cases.vocabulary import FEATURES, TENSORS
 from faverify.judge.verdict import Tolerance
 from faverify.reports.collector import repro_command
@@ -31,7 +31,13 @@ from faverify.reports.report import METRIC_HEADERS, metrics_rows, table
 from faverify.run.evaluate import judge
 
 __all__ = ["assert_attention_close", "cases", "make_inputs", "Case", "Inputs", "Limits", "CPU_LIMITS",
-           "GPU_LIMITS", "Tolerance", "FEATURES", "PRESETS"]
+           "GPU_LIMITS", "Tolerance", "FEATURES", "PRESETS", "DEVICE", "LIMITS", "kernel_settings"]
+
+DEVICE = devices.resolve("auto")[0]  # the first GPU torch sees, else the CPU: what `faverify fuzz` runs on
+LIMITS = limits_for(DEVICE.type)
+# no deadline: a JIT kernel compiles on its first call, and one case on the CPU takes longer than 200 ms;
+# the draw of a large case may be slow or large, which is no fault of the test
+kernel_settings = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 def assert_attention_close(subject_output, case: Case, *, kernel: str = "package.module:function",

@@ -572,3 +572,21 @@ def tile_edge_row(q, k, v, *, causal, softmax_scale):
 
 
 tile_edge_row.faverify_capabilities = {"tile": [64, 64]}
+
+
+def one_length_128(q, k, v, *, causal, softmax_scale):
+    """Right, on q and k of one length, a multiple of 128 (Triton's tutorial flash attention takes no other):
+    any other case raises ValueError, which skips it. Declares the lengths it takes."""
+    if q.shape[1] != k.shape[1] or q.shape[1] % 128:
+        raise ValueError(f"takes seqlen_q == seqlen_k, a multiple of 128; got {q.shape[1]} and {k.shape[1]}")
+    return _attention(q, k, v, causal=causal, scale=softmax_scale)
+
+
+one_length_128.faverify_capabilities = {"equal_seqlens": True, "seqlen_multiple": 128}
+
+
+def one_length_undeclared(q, k, v, *, causal, softmax_scale):
+    """Right, on q and k of one length alone, declaring nothing: most cases drawn for it are skipped."""
+    if q.shape[1] != k.shape[1]:
+        raise ValueError(f"takes seqlen_q == seqlen_k; got {q.shape[1]} and {k.shape[1]}")
+    return _attention(q, k, v, causal=causal, scale=softmax_scale)

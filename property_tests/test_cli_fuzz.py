@@ -8,8 +8,8 @@ from faverify.subjects.registry import LIBRARIES
 from property_tests.cli_helpers import cli, read_json
 
 
-def minimal_cases(stderr: str) -> list:
-    return [json.loads(line) for line in stderr.splitlines() if line.startswith('{"batch"')]
+def minimal_cases(report: str) -> list:
+    return [json.loads(line) for line in report.splitlines() if line.startswith('{"batch"')]
 
 
 def test_sdpa_math_200_cases_pass_on_cpu(tmp_path):
@@ -19,7 +19,7 @@ def test_sdpa_math_200_cases_pass_on_cpu(tmp_path):
             "--json", tmp_path / "run.json", "--markdown", tmp_path / "run.md")
     assert r.exit_code == 0, r.stderr
     for section in ("Error statistics", "Gradient checks", "Summary", "tolerance:", "torch "):
-        assert section in r.stderr
+        assert section in r.stdout
     run = read_json(tmp_path / "run.json")
     assert run["schema"] == "faverify.run" and run["kernels"][0]["summary"]["passed"] == 200
     # sdpa-math returns no lse; its sinks cases add dsinks
@@ -40,11 +40,11 @@ def test_sdpa_math_200_cases_pass_on_cpu(tmp_path):
 def test_planted_bugs_exit_1_with_a_minimal_case(bug, signature_prefix, check):
     r = cli("fuzz", "--kernel", f"property_tests.planted:{bug}", "--iters", "200", "--device", "cpu")
     assert r.exit_code == 1, r.stderr
-    found = minimal_cases(r.stderr)
-    assert found, r.stderr
+    found = minimal_cases(r.stdout)
+    assert found, r.stdout
     assert any(check(c) for c in found), found
-    assert signature_prefix in r.stderr
-    assert "faverify repro --kernel property_tests.planted:" + bug in r.stderr
+    assert signature_prefix in r.stdout
+    assert "faverify repro --kernel property_tests.planted:" + bug in r.stdout
 
 
 def test_control_of_the_planted_bugs_passes():
@@ -55,12 +55,12 @@ def test_control_of_the_planted_bugs_passes():
 
 def test_repro_reruns_a_printed_case():
     r = cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "50", "--device", "cpu", "--no-db")
-    command = re.search(r"reproduce: faverify repro --kernel (\S+) --device cpu --case '([^']+)'", r.stderr)
+    command = re.search(r"reproduce: faverify repro --kernel (\S+) --device cpu --case '([^']+)'", r.stdout)
     assert command
     again = cli("repro", "--kernel", command.group(1), "--device", "cpu", "--case", command.group(2))
-    assert again.exit_code == 1 and "FAIL" in again.stderr
+    assert again.exit_code == 1 and "FAIL" in again.stdout
     ok = cli("repro", "--kernel", "sdpa-math", "--device", "cpu", "--no-isolate", "--case", command.group(2))
-    assert ok.exit_code == 0 and "verdict: pass" in ok.stderr
+    assert ok.exit_code == 0 and "verdict: pass" in ok.stdout
 
 
 def test_same_seed_same_cases(tmp_path):
@@ -130,7 +130,7 @@ def test_a_user_kernel_that_declares_a_head_dim_multiple_is_fuzzed_on_multiples_
 
 def test_crashing_subject_is_a_failure_not_a_crash_of_the_run():
     r = cli("fuzz", "--kernel", "property_tests.planted:raises_type_error", "--iters", "30", "--device", "cpu")
-    assert r.exit_code == 1 and "error:TypeError" in r.stderr and "planted crash" in r.stderr
+    assert r.exit_code == 1 and "error:TypeError" in r.stdout and "planted crash" in r.stdout
 
 
 def test_kernels_lists_the_builtins():

@@ -54,7 +54,7 @@ def test_flex_counts_each_configuration_compiled_once_in_one_worker(tmp_path):
     assert r.exit_code == 0, r.stderr
     summary = read_json(tmp_path / "run.json")["kernels"][0]["summary"]
     assert summary["shapes"] == 2 and summary["compiles"] == len(summary["configurations"]) > 0
-    assert "configurations, cases drawn from 2 shapes" in r.stderr
+    assert "configurations, cases drawn from 2 shapes" in r.stdout
 
 
 class _Instant:

@@ -57,8 +57,8 @@ def test_faverify_s_own_error_is_its_own_not_the_subject_s(tmp_path, monkeypatch
     assert r.exit_code == 2 and "faverify's own code raised" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert summary["errors"] > 0 and summary["failed"] == 0 and "IndexError" in summary["error_reasons"][0]
     # the headline claims no pass for the cases nobody judged
-    assert "PASS" not in r.stderr and f"INCOMPLETE: faverify's own code raised on {summary['errors']} of 12" \
-        in r.stderr, r.stderr
+    assert "PASS" not in r.stdout and f"INCOMPLETE: faverify's own code raised on {summary['errors']} of 12" \
+        in r.stdout, r.stdout
 
 
 def test_a_worker_reports_faverify_s_own_error_apart_from_a_crash(monkeypatch):

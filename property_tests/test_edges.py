@@ -54,7 +54,7 @@ def test_the_run_file_counts_each_edge_of_the_cases_that_ran(tmp_path):
                     narrow=caps.draw() or None)
     counts = collections.Counter(e for case in draw_cases(plan) for e in edges_of(case))
     assert summary["edges"] == {e: counts[e] for e in listed(features)}
-    assert "edges drawn fewer than" in r.stderr
+    assert "edges drawn fewer than" in r.stdout
 
 
 def test_an_edge_is_told_by_its_predicate():

@@ -19,12 +19,12 @@ def test_golden_verify_passes_on_this_machine(kernel):
     total = len(golden_files.CASES)
     if kernel == "sdpa-math":  # every variant; SDPA returns no lse, so no loss on it
         lse = _loss_on_lse()
-        assert lse >= 1 and f"{total - lse} of {total} golden cases pass, 0 fail, {lse} skipped" in r.stderr
+        assert lse >= 1 and f"{total - lse} of {total} golden cases pass, 0 fail, {lse} skipped" in r.stdout
     else:  # every variant too, but head dims past 256 (the kernels' limit), skipped with the reason
         wide = sum(1 for c in golden_files.CASES.values() if max(c.head_dim, c.dv) > 256)
         assert wide >= 1
-        assert f"{total - wide} of {total} golden cases pass, 0 fail, {wide} skipped" in r.stderr
-        assert "outside 1..256" in r.stderr
+        assert f"{total - wide} of {total} golden cases pass, 0 fail, {wide} skipped" in r.stdout
+        assert "outside 1..256" in r.stdout
 
 
 def _loss_on_lse() -> int:
@@ -48,10 +48,10 @@ def test_a_damaged_file_fails_by_name_and_the_rest_still_run(copy, damage, word)
     damage(copy / "cases" / "one-key.npz")
     r = cli("golden", "verify", "--kernel", "sdpa-math", "--device", "cpu", "--dir", copy, "--no-isolate")
     assert r.exit_code == 2 and "Traceback" not in r.stderr  # the check is broken, not the kernel
-    line = next(line for line in r.stderr.splitlines() if line.startswith("one-key"))
+    line = next(line for line in r.stdout.splitlines() if line.startswith("one-key"))
     assert "corrupt" in line and "cases/one-key.npz" in line and word in line
     total = len(golden_files.CASES)
-    assert f"{total - 1 - _loss_on_lse()} of {total} golden cases pass" in r.stderr
+    assert f"{total - 1 - _loss_on_lse()} of {total} golden cases pass" in r.stdout
     assert "error: damaged golden files" in r.stderr and "cases/one-key.npz" in r.stderr.splitlines()[-1]
     # a kernel that fails a case exits 1 even when a file is damaged: the failure is the finding
     r = cli("golden", "verify", "--kernel", "property_tests.planted:wrong_scale", "--device", "cpu", "--dir", copy,

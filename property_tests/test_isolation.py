@@ -270,7 +270,7 @@ def test_a_signal_while_the_workers_stop_loses_nothing(tmp_path, monkeypatch):
             "--workers", "2", "--shrink-budget", "2", "--json", tmp_path / "run.json")
     run = read_json(tmp_path / "run.json")
     assert run["settings"]["interrupted"] is True and run["kernels"][0]["summary"]["cases"] == 8
-    assert r.exit_code == 1 and "== Failures" in r.stderr  # the failures found, reported as usual
+    assert r.exit_code == 1 and "== Failures" in r.stdout  # the failures found, reported as usual
 
 
 def test_sigterm_to_the_process_group_stops_a_long_parallel_fuzz_within_seconds(tmp_path):

@@ -33,7 +33,7 @@ def test_repro_plot_writes_an_svg_with_the_tile_edges(tmp_path):
             "--plot", svg)
     assert r.exit_code == 1, r.stderr
     text = svg.read_text()
-    assert text.lstrip().startswith("<?xml") and "<svg" in text and f"wrote {svg}: out (fails" in r.stderr
+    assert text.lstrip().startswith("<?xml") and "<svg" in text and f"wrote {svg}: out (fails" in r.stdout
     assert "tile edges every 64 rows" in text and "head 2" in text and "head 3" not in text  # a panel per head
 
 
@@ -63,3 +63,26 @@ def test_the_markdown_report_of_a_dense_failure_says_how_to_draw_it(tmp_path):
             "--max-seqlen", "200", "--markdown", tmp_path / "r.md")
     assert r.exit_code == 1, r.stderr
     assert "to see where its error sits, add `--plot err.svg`" in (tmp_path / "r.md").read_text()
+
+
+def test_repro_plot_writes_the_format_its_suffix_names_or_refuses_it(tmp_path):
+    png = tmp_path / "err.png"
+    r = cli("repro", "--kernel", PLANTED, "--case", CASE.to_json(), "--device", "cpu", "--mode", "fwd",
+            "--plot", png)
+    assert r.exit_code == 1 and png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n"), r.stderr
+    r = cli("repro", "--kernel", PLANTED, "--case", CASE.to_json(), "--device", "cpu", "--mode", "fwd",
+            "--plot", tmp_path / "err.jpg")
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and "--plot" in lines[0] and ".svg or .png" in lines[0], r.stderr
+    assert not (tmp_path / "err.jpg").exists() and "verdict" not in r.stdout  # refused before the case ran
+
+
+def test_the_plot_title_fits_its_figure():
+    """A title as long as a case's words (one head: the narrowest figure) is wrapped inside the figure."""
+    from faverify.reports.plot import figure
+    case = Case(2, 130, 1025, 8, 2, 192, dtype="fp16", causal=True, window=(3, 0), softcap=30.0, seed=12345)
+    fig = figure(torch.rand(1, 130, 192), "out", f"property_tests.planted:tile_edge_row: {case.short()}: out fails",
+                 (64, 64))
+    fig.canvas.draw()
+    box = fig._suptitle.get_window_extent()
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height, (box, fig.bbox)

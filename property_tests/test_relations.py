@@ -53,12 +53,12 @@ def test_a_case_the_relation_cannot_cut_is_not_checked():
 def test_a_fuzz_counts_the_relation_and_fails_a_broken_promise(tmp_path):
     args = ("--iters", "30", "--device", "cpu", "--no-db", "--mode", "fwd", "--features", "none")
     r = cli("fuzz", "--kernel", f"{PLANTED}:batch_dependent", *args, "--json", tmp_path / "bad.json")
-    assert r.exit_code == 1 and "relation:batch" in r.stderr, r.stderr
+    assert r.exit_code == 1 and "relation:batch" in r.stdout, r.stdout
     r = cli("fuzz", "--kernel", f"{PLANTED}:relations_kept", *args, "--json", tmp_path / "good.json")
     assert r.exit_code == 0, r.stderr
     checked = read_json(tmp_path / "good.json")["kernels"][0]["summary"]["relations"]["batch"]
     assert checked["checked"] > 0 and checked["equal"] == checked["checked"], checked
-    assert f"batch (promised) {checked['equal']} of {checked['checked']} equal" in r.stderr, r.stderr
+    assert f"batch (promised) {checked['equal']} of {checked['checked']} equal" in r.stdout, r.stdout
 
 
 def test_relations_asked_for_are_measured_on_a_subject_that_promises_none(tmp_path):
@@ -70,7 +70,7 @@ def test_relations_asked_for_are_measured_on_a_subject_that_promises_none(tmp_pa
     measured = read_json(tmp_path / "run.json")["kernels"][0]["summary"]["relations"]
     assert set(measured) == {"batch", "decode"} and not any(m["promised"] for m in measured.values())
     assert all(0 <= m["equal"] <= m["checked"] and m["checked"] > 0 for m in measured.values()), measured
-    assert "batch (measured)" in r.stderr and "decode (measured)" in r.stderr, r.stderr
+    assert "batch (measured)" in r.stdout and "decode (measured)" in r.stdout, r.stdout
     bad = cli("fuzz", "--kernel", "sdpa-math", "--iters", "1", "--device", "cpu", "--relations", "order")
     assert bad.exit_code == 2 and "--relations" in bad.stderr and "batch, decode, repeat, splits" in bad.stderr, \
         bad.stderr

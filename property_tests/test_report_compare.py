@@ -144,7 +144,7 @@ def test_the_ci_example_run_twice_in_one_directory_compares_clean(tmp_path, monk
         words = [swap.get(words[i - 1], w) if i else w for i, w in enumerate(words)]
         results.append(cli(*words, "--shrink-budget", "5"))
     assert all(r.exit_code == 1 for r in results), [r.stderr[-500:] for r in results]  # the planted bug
-    assert "replayed first from the example store" in results[1].stderr
+    assert "replayed first from the example store" in results[1].stdout
     assert any((tmp_path / ".faverify" / "examples").iterdir())
     r = cli(*compare)
     assert r.exit_code == 0 and "no regression" in r.stdout, r.stdout

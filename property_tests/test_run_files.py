@@ -29,7 +29,7 @@ def test_a_kernels_message_is_printable_and_cut_everywhere_it_is_shown(tmp_path)
     r = cli("fuzz", "--kernel", "property_tests.planted_trust:raises_a_hostile_message", "--iters", "3",
             "--device", "cpu", "--no-db", "--no-isolate", "--mode", "fwd", "--shrink-budget", "3",
             "--json", tmp_path / "run.json", "--markdown", tmp_path / "run.md")
-    assert r.exit_code == 1 and "RuntimeError" in r.stderr, r.stderr[-2000:]
+    assert r.exit_code == 1 and "RuntimeError" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     run = read_json(tmp_path / "run.json")
     assert (tmp_path / "run.json").stat().st_size < 200_000
     assert all(not CONTROL.search(s) and len(s) <= MESSAGE_CHARS for s in _strings(run))

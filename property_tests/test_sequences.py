@@ -113,7 +113,7 @@ def test_a_bug_between_calls_fails_a_sequence_and_its_reproducer_fails_again(tmp
     for f in failures:
         again = _reproduce(f["reproducer"])
         assert again.exit_code == 1, (f["reproducer"], again.stdout)
-    assert "sequences," in r.stderr and "calls" in r.stderr
+    assert "sequences," in r.stdout and "calls" in r.stdout
     r, run = _fuzz(tmp_path, f"{PLANTED}:{control}", "--sequence", "4", "--iters", "100")
     assert r.exit_code == 0, r.stderr
 

@@ -106,7 +106,7 @@ def test_the_fleet_table_marks_the_node_whose_bits_differ(tmp_path):
         files.append(tmp_path / f"{node}.json")
         files[-1].write_text(json.dumps(_doctor(node, bits)))
     r = cli("merge", *files, "--json", tmp_path / "fleet.json", "--markdown", tmp_path / "fleet.md")
-    assert r.exit_code == 1 and r.stderr.startswith("FAIL: 1 row(s) failing or outlying on 1 node(s)")
+    assert r.exit_code == 1 and r.stdout.startswith("FAIL: 1 row(s) failing or outlying on 1 node(s)")
     fleet = read_json(tmp_path / "fleet.json")
     outliers = [row for row in fleet["rows"] if row["outlier"]]
     assert [(o["node"], o["check"]) for o in outliers] == [("c", "determinism: triton, 5 runs")]
@@ -114,7 +114,7 @@ def test_the_fleet_table_marks_the_node_whose_bits_differ(tmp_path):
     same = copy.deepcopy(_doctor("c", "3a22"))
     files[2].write_text(json.dumps(same))
     r = cli("merge", *files)
-    assert r.exit_code == 0 and r.stderr.startswith("PASS: 3 nodes")
+    assert r.exit_code == 0 and r.stdout.startswith("PASS: 3 nodes")
 
 
 @pytest.mark.parametrize("fence", ["slurm", "kubernetes"])

@@ -1,5 +1,6 @@
 """`faverify repro --standalone FILE.py`: a script that runs the case with torch and the subject alone."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,13 @@ def test_the_script_runs_without_faverify_and_exits_1_while_the_bug_is_there(tmp
     else:
         assert "FAIL" not in ran.stdout and "out: pass" in ran.stdout, ran.stdout
     assert "torch " in ran.stdout  # the version block
+    # each line's max error is the one it measured: the expected and observed values printed beside it
+    lines = re.findall(r"(\w+): (?:pass|FAIL), max error (\S+) at \[[^]]*\]: expected (\S+), observed (\S+); "
+                       r"beyond the tensor's own rounding (\S+), allowed (\S+)", ran.stdout)
+    assert {name for name, *_ in lines} >= {"out", "dq", "dk", "dv"}, ran.stdout
+    for name, error, expected, observed, beyond, allowed in lines:
+        assert float(error) == pytest.approx(abs(float(expected) - float(observed)), rel=0.05, abs=1e-5), name
+        assert float(error) > 0 and 0 <= float(beyond) <= float(error), (name, ran.stdout)
 
 
 def test_a_case_the_script_cannot_express_is_refused_before_it_runs(tmp_path):

@@ -59,3 +59,35 @@ def test_conventions_in_a_users_suite():
     assert_attention_close(out, case, conventions="flashinfer")
     with pytest.raises(AssertionError, match="lse is right in base 2"):
         assert_attention_close(out, case)
+
+
+def readme_snippet() -> str:
+    """The code of the README's "In your tests", as it stands there."""
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text.split("\n## In your tests\n", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.+?)```", section, re.S).group(1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel, passes", [("correct", True), ("top_left_mask", False)])
+def test_the_readme_snippet_runs_verbatim_under_plain_pytest(tmp_path, kernel, passes):
+    """Copied into a test file of its own, beside a package mypkg.attn whose my_attention is a planted
+    subject, and run by plain pytest in a fresh process: no conftest of this project (whose profile has no
+    deadline), the default Hypothesis settings, this machine's device."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "attn.py").write_text(f"from property_tests.planted import {kernel} as my_attention\n")
+    (tmp_path / "test_snippet.py").write_text(readme_snippet())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "HYPOTHESIS"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(root)])
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                        "test_snippet.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == (0 if passes else 1), r.stdout[-3000:] + r.stderr[-2000:]
+    assert ("1 passed" if passes else "attention output is not close to the FP64 reference") in r.stdout, r.stdout

@@ -44,10 +44,10 @@ def test_in_place_modification_is_found_shrunk_and_replayed(tmp_path):
     assert minimal["seqlen_q"] == 1 and minimal["batch"] == 1 and minimal["nheads"] == 1, minimal
     rep = cli("repro", "--kernel", "property_tests.planted:doubles_q", "--device", "cpu", "--case",
               Case.from_dict(minimal).to_json())
-    assert rep.exit_code == 1 and "modified q in place" in rep.stderr
+    assert rep.exit_code == 1 and "modified q in place" in rep.stdout
     golden = cli("golden", "verify", "--kernel", "property_tests.planted:doubles_q", "--device", "cpu",
                  "--only", "one-key,gqa-113x203")
-    assert golden.exit_code == 1 and "modified q in place" in golden.stderr
+    assert golden.exit_code == 1 and "modified q in place" in golden.stdout
 
 
 @pytest.mark.parametrize("bug,message", [
@@ -99,13 +99,13 @@ CAUSAL_JSON = CAUSAL.to_json()
                                       ("segfaults", "died (exit code -11)")])
 def test_repro_runs_the_subject_in_a_worker_and_never_exits_0_for_nothing(bug, word):
     r = cli("repro", "--kernel", f"property_tests.planted:{bug}", "--device", "cpu", "--case", CAUSAL_JSON)
-    assert r.exit_code == 1 and word in r.stderr, r.stderr
+    assert r.exit_code == 1 and word in r.stdout, r.stdout
 
 
 def test_repro_of_a_hanging_subject_times_out():
     case = Case(1, 101, 8, 1, 1, 16, dtype="fp32", seed=1).to_json()
     r = cli("repro", "--kernel", "property_tests.planted:hangs", "--device", "cpu", "--timeout", "3", "--case", case)
-    assert r.exit_code == 1 and "no result within 3 s" in r.stderr, r.stderr
+    assert r.exit_code == 1 and "no result within 3 s" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("bug", ["exits_zero", "os_exits_zero"])
@@ -188,7 +188,7 @@ def test_golden_record_of_one_case_keeps_the_other_entries(tmp_path):
     r = cli("golden", "verify", "--kernel", "sdpa-math", "--device", "cpu", "--dir", copy, "--no-isolate")
     lse = sum(1 for c in golden_files.CASES.values() if c.lse_grad != "off")  # SDPA returns no lse: skipped
     assert r.exit_code == 0 and f"{len(before) - lse} of {len(before)} golden cases pass, 0 fail, {lse} skipped" \
-        in r.stderr, r.stderr[-500:]
+        in r.stdout, r.stdout[-500:]
 
 
 @pytest.mark.parametrize("index,message", [("[]", "not a version-1 golden index"),
@@ -267,7 +267,7 @@ def test_an_interrupt_while_shrinking_keeps_the_failure(tmp_path, monkeypatch):
     failures = run["kernels"][0]["failures"]
     assert r.exit_code == 1 and run["settings"]["interrupted"] is True, r.stderr
     assert len(failures) == 1 and "interrupted while shrinking" in failures[0]["note"]
-    assert failures[0]["reproducer"].startswith("faverify repro") and "== Failures (1)" in r.stderr
+    assert failures[0]["reproducer"].startswith("faverify repro") and "== Failures (1)" in r.stdout
 
 
 def test_a_case_too_large_for_the_device_is_refused_with_the_estimate():
@@ -330,7 +330,7 @@ def test_an_undecodable_golden_file_reads_the_same_with_and_without_isolation(tm
         r = cli("golden", "verify", "--kernel", "sdpa-math", "--device", "cpu", "--dir", copy, isolate,
                 "--only", "one-key,gqa-113x203")
         assert r.exit_code == 2, r.stderr
-        lines.append(next(line for line in r.stderr.splitlines() if line.startswith("one-key")).split())
+        lines.append(next(line for line in r.stdout.splitlines() if line.startswith("one-key")).split())
     assert lines[0] == lines[1] and "corrupt" in lines[0], lines
 
 

@@ -80,6 +80,8 @@ def _empty_rows(prev: Case, case_args: dict) -> dict | None:
     """More query rows than keys, causal: the first rows see no key (out 0, lse -inf)."""
     if prev.kind != "dense" or case_args.get("causal") is False or prev.mask != "off" or prev.score_mod != "off":
         return None
+    if case_args.get("equal_seqlens") or case_args.get("seqlen_multiple", 1) > 1:  # lengths it does not take
+        return None
     most = case_args["limits"].max_seqlen if "limits" in case_args else prev.seqlen_k + prev.seqlen_q
     if prev.seqlen_k >= most:
         return None

@@ -28,11 +28,12 @@ def _lengths(cap: int) -> st.SearchStrategy[int]:
 
 @st.composite
 def ragged(draw, kinds: tuple, dense: dict, limits, cap: int, ragged_only: bool = False,
-           speculative: bool = False, dense_weight: int = 1) -> dict:
+           speculative: bool = False, dense_weight: int = 1, fit=None) -> dict:
     """The fields of a varlen or a paged batch (or none: dense, what it shrinks to). Varlen: 1 to
     2 * max_batch sequences, each (seqlen_q, seqlen_k) from _lengths, one of them maybe as long as a dense
     case may be, and a tail. Paged: a decode step (1..16 queries) or the dense draw's seqlen_q against
-    caches of _lengths, now and then one past max_seqlen, in pages of PAGE_SIZES laid out per PAGE_ORDERS."""
+    caches of _lengths, now and then one past max_seqlen, in pages of PAGE_SIZES laid out per PAGE_ORDERS.
+    fit(seqlen_q, seqlen_k, cap): each sequence's lengths as the subject takes them (strategies.Lengths)."""
     kind = draw(st.sampled_from(kinds if ragged_only else ("dense",) * dense_weight + kinds))
     if kind == "dense":
         return {}
@@ -51,6 +52,8 @@ def ragged(draw, kinds: tuple, dense: dict, limits, cap: int, ragged_only: bool 
             pairs[draw(st.integers(0, n - 1))][1 if empty == "keys" else 0] = 0
         if max(p[0] for p in pairs) == 0:
             pairs[0][0] = 1  # at least one query row
+        if fit is not None:
+            pairs = [list(fit(sq, sk, cap)) for sq, sk in pairs]
         return dict(batch=len(pairs), seqlen_q=max(p[0] for p in pairs), seqlen_k=max(p[1] for p in pairs),
                     seqlens=tuple(map(tuple, pairs)), tail=draw(st.sampled_from(TAILS)), layout="contiguous")
     seqlen_q = draw(st.integers(2, 16) if speculative else
@@ -65,6 +68,9 @@ def ragged(draw, kinds: tuple, dense: dict, limits, cap: int, ragged_only: bool 
     # one token a page four times as often, pages of no power of two twice as often
     page_size = draw(st.sampled_from(PAGE_SIZES[:1] * 3 + PAGE_SIZES + tuple(n for n in PAGE_SIZES if n & (n - 1))))
     pages = draw(st.sampled_from(PAGE_ORDERS + PAGE_ORDERS[1:]))  # out of order twice as often
+    if fit is not None:  # a long cache may pass cap: rounded down there
+        seqlen_q = fit(seqlen_q, seqlen_q, cap)[0]
+        caches = [fit(seqlen_q, c, max(cap, c))[1] for c in caches]
     shape = dict(batch=n, seqlen_q=seqlen_q, seqlen_k=max(caches), cache_seqlens=tuple(caches), page_size=page_size,
                  pages=pages, layout="contiguous")
     page_elements = page_size * heads * d

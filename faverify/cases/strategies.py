@@ -102,28 +102,28 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
           always_split: bool = False, ragged_only: bool = False, masks: tuple = MASKS[1:],
           speculative: bool = False, head_dim_multiple: int = 1, shapes: tuple = (),
           mixes: tuple = FEATURE_MIXES, max_head_dim_v: int = MAX_HEAD_DIM_V, mla: bool = False,
-          fp8_formats: tuple = ("e4m3",), fp8_scales: tuple = FP8_DRAWN, fp8_only: bool = False) -> Case:
+          fp8_formats: tuple = ("e4m3",), fp8_scales: tuple = FP8_DRAWN, fp8_only: bool = False,
+          seqlen_multiple: int = 1, equal_seqlens: bool = False) -> Case:
     """A Case within `limits`. Arguments narrow the choices; each must be a non-empty subset. Head dims
     are drawn from head_dims or anywhere between its least and largest, or only from it (exact; v's head
     dim too, where head_dim_v is drawn).
-    features: the variant features (vocabulary.FEATURES) drawn after every dense field, so a dense draw is the
-    same whatever the features, in one of `mixes` per case (FEATURE_MIXES: none of them, one alone, or
-    each on or off); each shrinks to off. "varlen" and "paged"
-    replace the batch by sequences of their own lengths (ragged); always_split: every case has splits
-    (a split-KV combine's cases); ragged_only: every case varlen or paged (of those in features); masks:
-    the mask patterns drawn when features has "mask" (vocabulary.MASKS); speculative: GQA groups of 2 or more
-    and, for paged cases, 2 to 16 query rows (a speculative decode: a packed decode tile then holds
-    several queries of several heads); head_dim_multiple: q/k's and v's head dims rounded up to multiples of
+    features: the variant features (vocabulary.FEATURES) drawn after every dense field, so a dense draw is the same
+    whatever the features, in one of `mixes` per case (FEATURE_MIXES: none of them, one alone, or each on or off);
+    each shrinks to off. "varlen" and "paged" replace the batch by sequences of their own lengths (ragged);
+    always_split: every case has splits (a split-KV combine's cases); ragged_only: every case varlen or paged (of
+    those in features); masks: the mask patterns drawn when features has "mask" (vocabulary.MASKS); speculative: GQA
+    groups of 2 or more and, for paged cases, 2 to 16 query rows (a speculative decode: a packed decode tile then
+    holds several queries of several heads); head_dim_multiple: q/k's and v's head dims rounded up to multiples of
     it (a subject's Capabilities.head_dim_multiple), the draw otherwise the same; shapes: a shape budget
-    (shape_pool), each case taking the tensors' shape of one of them (SHAPE_FIELDS), its values, regime,
-    layout and features its own, so a subject that compiles or plans per shape does so len(shapes) times;
-    max_head_dim_v: the largest value head dim drawn (a subject's max_head_dim); mla: "kv_shared" cases may
-    take MLA's head dims, 576 for q/k and 512 for v, or 512 for both (K = V); fp8_formats: the FP8 formats
-    drawn (e4m3 two times in three where e5m2 is among them); fp8_scales: the descale granularities drawn;
-    fp8_only: every case an FP8 case (`--dtype fp8`)."""
+    (shape_pool), each case taking the tensors' shape of one of them (SHAPE_FIELDS), its values, regime, layout and
+    features its own, so a subject that compiles or plans per shape does so len(shapes) times; max_head_dim_v: the
+    largest value head dim drawn (a subject's max_head_dim); mla: "kv_shared" cases may take MLA's head dims, 576
+    for q/k and 512 for v, or 512 for both (K = V); fp8_formats: the FP8 formats drawn (e4m3 two times in three
+    where e5m2 is among them); fp8_scales: the descale granularities drawn; fp8_only: every case an FP8 case
+    (`--dtype fp8`); seqlen_multiple, equal_seqlens: the lengths a subject takes (Lengths)."""
     _check_choices(dtypes, regimes, layouts, inits, head_dims, features)
     dense, cap = _dense(draw, dtypes, limits, regimes, layouts, inits, causal, head_dims, exact_head_dims,
-                        speculative, head_dim_multiple, shapes)
+                        speculative, head_dim_multiple, shapes, fit := Lengths(seqlen_multiple, equal_seqlens))
     pooled = dense.pop("pooled")
     declared_fp8, features = "fp8" in features, tuple(f for f in features if f != "fp8")
     features, forced = draw(_mixture(() if fp8_only else features, mixes, ragged_only))
@@ -148,7 +148,7 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     # dense cases only, so a subject that declares them draws dense batches as often as ragged ones
     dense_weight = len(kinds) if set(features) & {"mask", "bias", "score_mod"} else 1
     shape = draw(ragged(kinds, dense, limits, cap, ragged_only=ragged_only or forced in kinds,
-                        speculative=speculative, dense_weight=dense_weight)) if kinds else {}
+                        speculative=speculative, dense_weight=dense_weight, fit=fit)) if kinds else {}
     if always_split or "splits" in features:
         choices = SPLITS if always_split or forced == "splits" else (1,) + SPLITS
         shape["splits"] = draw(st.sampled_from(choices))
@@ -173,7 +173,7 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
         dense["causal"] = False  # where the case was forced to be sparse
     shared = forced == "kv_shared" or (forced is None and "kv_shared" in features and draw(st.sampled_from(ON)))
     if shared and dense_batch:
-        _share_kv(draw, dense, variant, limits, mla and not mask_features)
+        _share_kv(draw, dense, variant, limits, mla and not mask_features, fit)
     return Case(**{**dense, **variant, **shape})
 
 
@@ -187,14 +187,14 @@ def _fp8_case(draw, dense: dict, regimes: tuple, fp8_formats: tuple, fp8_scales:
     return Case(**case)
 
 
-def _share_kv(draw, dense: dict, variant: dict, limits: Limits, mla: bool) -> None:
+def _share_kv(draw, dense: dict, variant: dict, limits: Limits, mla: bool, fit: "Lengths") -> None:
     """v as k's leading columns: v's head dim no wider than k's; with mla, MLA's dims now and then (576 beside
     512, or K = V at 512), the sequences and the batch cut to the limits at that width."""
     dims = draw(st.sampled_from(("drawn", "mla", "k=v-512") if mla else ("drawn",)))
     if dims != "drawn":
         dense["head_dim"], variant["head_dim_v"] = (576, 512) if dims == "mla" else (512, None)
         cap = _seqlen_cap(limits, dense["nheads"], dense["head_dim"])
-        dense["seqlen_q"], dense["seqlen_k"] = min(dense["seqlen_q"], cap), min(dense["seqlen_k"], cap)
+        dense["seqlen_q"], dense["seqlen_k"] = fit(min(dense["seqlen_q"], cap), min(dense["seqlen_k"], cap), cap)
         most = max(1, limits.max_elements // (max(dense["seqlen_q"], dense["seqlen_k"]) * dense["nheads"] * 576))
         dense["batch"] = min(dense["batch"], most)
     elif (variant.get("head_dim_v") or 0) >= dense["head_dim"]:
@@ -225,7 +225,7 @@ def _check_choices(dtypes, regimes, layouts, inits, head_dims, features) -> None
 
 
 def _dense(draw, dtypes, limits, regimes, layouts, inits, causal, head_dims, exact_head_dims, speculative,
-           head_dim_multiple, shapes) -> tuple:
+           head_dim_multiple, shapes, fit: "Lengths") -> tuple:
     """The dense fields of a case, drawn in the order every seed has drawn them: (fields, seqlen cap); the
     fields carry the shape taken from the budget (None without one) under "pooled"."""
     dtype = draw(st.sampled_from(dtypes))
@@ -253,6 +253,7 @@ def _dense(draw, dtypes, limits, regimes, layouts, inits, causal, head_dims, exa
     seqlen_k = draw(seqlens(max_seqlen=cap))
     if draw(st.sampled_from(range(ONE_KEY_ODDS))) == 0:  # shrinks to 0: seqlen_k 1, the simpler case
         seqlen_k = 1
+    seqlen_q, seqlen_k = fit(seqlen_q, seqlen_k, cap)
     most = max(1, min(limits.max_batch, limits.max_elements // (max(seqlen_q, seqlen_k) * nheads * head_dim)))
     # the most that fits, two times in three: a batch of several is where per-batch strides and masks show.
     # Drawn as a number and a choice, not a one_of: a shrink from just(most) to integers() would have to
@@ -326,15 +327,31 @@ def shape_pool(drawn: list, budget: int) -> tuple:
     return tuple(distinct[(i + 1) * len(distinct) // (budget + 1)] for i in range(budget))
 
 
+@dataclass(frozen=True)
+class Lengths:
+    """The sequence lengths a subject takes (Capabilities.seqlen_multiple, equal_seqlens), as a draw makes
+    them: a drawn length rounded to a multiple (`aligned`: up, or down where up passes the cap), and k's the
+    same as q's where they must be equal. The tile edges drawn become edges in whole tiles: 1 to 128 rounds
+    to one tile of 128, 129 to two. A subject that declares neither draws every length as it was drawn."""
+
+    multiple: int = 1
+    equal: bool = False
+
+    def __call__(self, seqlen_q: int, seqlen_k: int, cap: int) -> tuple:
+        if self.multiple > 1:  # 0, a ragged batch's empty sequence, stays 0
+            seqlen_q, seqlen_k = aligned(seqlen_q, self.multiple, cap), aligned(seqlen_k, self.multiple, cap)
+        return (seqlen_q, seqlen_q if self.equal else seqlen_k)
+
+
 def _seqlen_cap(limits: Limits, nheads: int, head_dim: int) -> int:
     """The longest sequence a case of these heads may draw within the limits (the ragged draw's cap too)."""
     return max(1, min(limits.max_seqlen, limits.max_elements // (nheads * head_dim)))
 
 
-def aligned(head_dim: int, multiple: int, limit: int) -> int:
-    """head_dim rounded up to a multiple of `multiple`, or down where up would pass limit."""
-    up = -(-head_dim // multiple) * multiple
-    return up if up <= limit else max(multiple, head_dim // multiple * multiple)
+def aligned(n: int, multiple: int, limit: int) -> int:
+    """n (a head dim, a length) rounded up to a multiple of `multiple`, or down where up would pass limit."""
+    up = -(-n // multiple) * multiple
+    return up if up <= limit else max(multiple, n // multiple * multiple)
 
 
 def _bound(seqlen_k: int) -> st.SearchStrategy[int]:

@@ -19,6 +19,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 
 from faverify.errors import EnvironmentProblem, OwnError, UsageError, printable
 from faverify.run.signals import stops_interrupt
+from faverify.streams import say, show
 
 
 class _Group(TyperGroup):
@@ -31,7 +32,7 @@ class _Group(TyperGroup):
                                   standalone_mode=False, **extra)
             code = rv if isinstance(rv, int) else 0
         except _NO_ARGS as e:
-            typer.echo(e.ctx.get_help() if e.ctx else "faverify --help", err=True)
+            say(e.ctx.get_help() if e.ctx else "faverify --help")
             code = 2
         except click.ClickException as e:
             ctx = getattr(e, "ctx", None)
@@ -86,7 +87,7 @@ def _where(e: BaseException) -> str:
 def _error(message: str, code: int) -> int:
     """The one line of an error: printable (a message that echoes a 50 MB input, or a terminal's escape
     sequences, is neither), its newlines folded."""
-    typer.echo(f"faverify: error: {' '.join(printable(message, 1000).splitlines())}", err=True)
+    say(f"faverify: error: {' '.join(printable(message, 1000).splitlines())}")
     return code
 
 
@@ -98,7 +99,7 @@ app = typer.Typer(cls=_Group, no_args_is_help=True, add_completion=False, pretty
 def _print_version(asked: bool) -> None:
     if asked:
         from faverify import __version__
-        typer.echo(f"faverify {__version__}")
+        show(f"faverify {__version__}")
         raise typer.Exit(0)
 
 

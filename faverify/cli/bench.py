@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import DeviceOpt, Mode, check_writable, progress_bar, write_outputs
+from faverify.cli.common import DeviceOpt, Mode, check_writable, progress_bar, show, write_outputs
 from faverify.errors import EnvironmentProblem, UsageError
 from faverify.run.signals import held, sigterm_interrupts
 
@@ -87,7 +87,7 @@ def bench(
         heading = environment.header_lines(environment.collect())
         write_outputs([("--json", json_path, lambda: json.dumps(document, indent=1, default=str)),
                        ("--markdown", markdown, lambda: bench_markdown(rows, command, heading, interrupted))])
-    typer.echo(table(table_rows(rows), headers(rows), "table"))
+    show(table(table_rows(rows), headers(rows), "table"))
     failed = [r for r in rows if r["validated"] == "fail"]
     if interrupted and not failed:
         raise EnvironmentProblem(f"interrupted after {len(rows)} measurements; those were written")
@@ -153,7 +153,7 @@ def _decode(kernel: str, lengths: list, head_dims: list, dtype: str, page_sizes:
                        ("--markdown", markdown, lambda: f"# faverify bench --decode --kernel {kernel} --seqlens "
                         f"{seqlens}\n\n- {header}\n\n" + table(bench_decode.table_rows(rows), bench_decode.HEADERS,
                                                               "md") + "\n")])
-    typer.echo(header + "\n" + text)
+    show(header + "\n" + text)
     failed = [r for r in rows if r["validated"] == "fail"]
     if interrupted and not failed:
         raise EnvironmentProblem(f"interrupted after {len(rows)} measurements; those were written")

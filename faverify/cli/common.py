@@ -12,13 +12,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.text import Text
 
 from faverify.errors import UsageError
+from faverify.streams import say, show, silence  # noqa: F401  (say and show: what the commands print)
 
-stderr = Console(stderr=True)
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """rich's own ends the process (exit 1) before the run is written: the progress goes quiet instead."""
+        self.quiet = True
+        silence("stderr")
 
 
-def say(text: str) -> None:
-    """Human text to stderr as it is: no markup, no highlighting, no wrapping (tables must stay whole)."""
-    stderr.print(text, markup=False, highlight=False, soft_wrap=True)
+stderr = _Console(stderr=True)
 
 
 class Mode(str, Enum):
@@ -98,8 +102,8 @@ def write_outputs(outputs: list) -> None:
         except EnvironmentProblem as e:
             failed.append(f"{option} {e}")
     if failed:
-        raise EnvironmentProblem("could not write " + "; ".join(failed) + "; what the terminal shows above is "
-                                 "what the file would have held")
+        raise EnvironmentProblem("could not write " + "; ".join(failed) + "; the report on stdout holds the "
+                                 "results")
 
 
 def within(low=None, high=None):
@@ -181,7 +185,7 @@ class _Speed(ProgressColumn):
 
 
 class _Lines:
-    """Progress when stderr is not a terminal (CI logs, a remote run): a line every 10 seconds."""
+    """Progress when stderr is not a terminal (CI logs, a remote run): a line every 10 seconds, on stderr."""
 
     def __init__(self, every: float = 10.0):
         self.every = every

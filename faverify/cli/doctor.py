@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import check_writable, parse_choice, write_outputs
+from faverify.cli.common import check_writable, parse_choice, show, write_outputs
 from faverify.errors import EnvironmentProblem
 
 
@@ -39,11 +39,12 @@ def doctor(
     from faverify.subjects.registry import LIBRARIES
     libraries = parse_choice(with_, LIBRARIES, "--with") if with_ is not None else ()
     report = doctor_checks.run(level.value, tolerance=Tolerance(), libraries=libraries)
-    for line in header_lines(report["environment"]):
-        typer.echo(line)
     rows = [[c["check"], c["device"], c["status"], c["detail"]] for c in report["checks"]]
-    typer.echo("\n" + table(rows, ["check", "device", "result", "detail"], "table"))
-    write_outputs([("--json", json_path, lambda: json.dumps(report, indent=1, default=str))])
+    try:  # the file first: a report that cannot be printed loses none of it
+        write_outputs([("--json", json_path, lambda: json.dumps(report, indent=1, default=str))])
+    finally:
+        show("\n".join(header_lines(report["environment"])) + "\n\n"
+             + table(rows, ["check", "device", "result", "detail"], "table"))
     if report["failed"]:
         return 1
     if not report["passed_any"]:

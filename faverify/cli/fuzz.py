@@ -26,6 +26,7 @@ from faverify.cli.common import (
     progress_bar,
     progress_factory,
     say,
+    show,
     tolerance_from,
     within,
     write_outputs,
@@ -110,9 +111,7 @@ def fuzz(
             return _stopped_before_any_case(kernel, json_path, markdown)
         result = _run(subjects, plan, settings)
     with held():  # a signal now waits until everything asked for is written
-        from faverify.reports.report import render
-        say(render(result, "table"))
-        _write_outputs(result, json_path, markdown)
+        report(result, json_path, markdown)
     return _exit_code(result)
 
 
@@ -155,6 +154,10 @@ def _plan(given: dict) -> tuple:
     for s in subjects if fp8_only else ():
         if not s.caps.fp8:
             raise UsageError("--dtype", "fp8", f"{s.name} does not declare fp8, so it takes no FP8 case")
+    for s in subjects if g["max_seqlen"] is not None else ():
+        if g["max_seqlen"] < s.caps.seqlen_multiple:
+            raise UsageError("--max-seqlen", g["max_seqlen"], f"{s.name} takes sequence lengths that are multiples "
+                                                              f"of {s.caps.seqlen_multiple} alone (seqlen_multiple)")
     for s in subjects if wanted and not fp8_only else ():
         undeclared = [f for f in wanted if f not in s.caps.features()]
         if undeclared:
@@ -258,9 +261,20 @@ def parse_features(text: Optional[str]) -> tuple | None:
     return tuple(f for f in FEATURES if f in names)
 
 
+def report(result, json_path: Optional[Path], markdown: Optional[Path]) -> None:
+    """The run file and the Markdown report written, then the report printed on stdout: a report that cannot
+    be printed (a closed stdout, a pipe into head) loses neither. A file that could not be written is told
+    after the report (exit 2)."""
+    from faverify.reports.report import render
+    try:
+        _write_outputs(result, json_path, markdown)
+    finally:
+        show(render(result, "table"))
+
+
 def _write_outputs(result, json_path: Optional[Path], markdown: Optional[Path]) -> None:
-    """The run file and the Markdown report, after the terminal report was printed (check_writable made
-    sure they can be written; a disk that fills up in between is told, exit 2)."""
+    """The run file and the Markdown report (check_writable made sure they can be written; a disk that
+    fills up in between is told, exit 2)."""
     from faverify.reports.report import render
     write_outputs([("--json", json_path, result.to_text), ("--markdown", markdown, lambda: render(result, "md"))])
 

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, TightOpt, check_writable, say, tolerance_from
+from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, TightOpt, check_writable, show, tolerance_from
 from faverify.errors import EnvironmentProblem, UsageError
 
 
@@ -48,7 +48,7 @@ def golden(
             entries = golden.record(directory, names)
         except golden_files.GoldenFileProblem as e:  # an index it would lose entries of, a link on the way
             raise EnvironmentProblem(f"golden record: {e}") from None
-        typer.echo(f"recorded {len(entries)} cases in {directory} "
+        show(f"recorded {len(entries)} cases in {directory} "
                    f"({sum(e['bytes'] for e in entries) / 1e6:.1f} MB)")
         return 0
     if not kernel:
@@ -64,10 +64,10 @@ def golden(
     except golden_files.GoldenFileProblem as e:
         raise EnvironmentProblem(f"golden index: {e}") from None
     shown = [[r["name"], r["case"].short(), r["status"], r["reason"][:150]] for r in rows]
-    say(table(shown, ["case", "shape", "result", "reason"], "table"))
+    show(table(shown, ["case", "shape", "result", "reason"], "table"))
     outcome = golden.summarize(rows)
     bad, passed = outcome["bad"], len(outcome["passed"])
-    say(f"{kernel} on {target}: {passed} of {len(rows)} golden cases pass, {len(bad)} fail, "
+    show(f"{kernel} on {target}: {passed} of {len(rows)} golden cases pass, {len(bad)} fail, "
         f"{len(outcome['skipped'])} skipped")
     damaged = [r for r in bad if r["status"] == "corrupt"]
     if len(damaged) < len(bad):  # the kernel failed a case: that finding comes first

@@ -1,9 +1,8 @@
 """faverify kernels."""
 from __future__ import annotations
 
-import typer
-
 from faverify.cli.app import app
+from faverify.cli.common import show
 
 
 @app.command()
@@ -27,6 +26,6 @@ def kernels() -> int:
                      ",".join(c.features()) or "dense", s.description])
     # head dims "8..256 x8": from 8 to 256, multiples of 8 (Capabilities.head_dim_multiple); "64,128,256":
     # those alone (Capabilities.head_dims)
-    typer.echo(table(rows, ["kernel", "dtypes", "devices", "head dims", "GQA", "init", "variants", "description"],
+    show(table(rows, ["kernel", "dtypes", "devices", "head dims", "GQA", "init", "variants", "description"],
                      "table"))
     return 0

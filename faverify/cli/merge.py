@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import check_distinct, check_writable, say, write_outputs
+from faverify.cli.common import check_distinct, check_writable, show, write_outputs
 from faverify.errors import EnvironmentProblem
 
 
@@ -22,9 +22,8 @@ def merge(
     one fleet table from many nodes' doctor reports (outliers marked)."""
     import json
 
-    from faverify.cli.fuzz import _exit_code, _write_outputs
+    from faverify.cli.fuzz import _exit_code, report
     from faverify.reports.merge import merge_runs
-    from faverify.reports.report import render
     from faverify.reports.results import Run
 
     check_distinct(json=json_path, markdown=markdown)
@@ -33,9 +32,11 @@ def merge(
     if _is_doctor(runs[0]):
         from faverify.reports import fleet
         result = fleet.fleet([(path, fleet.read(path)) for path in runs])
-        say(fleet.render(result, "table"))
-        write_outputs([("--json", json_path, lambda: json.dumps(result, indent=1)),
-                       ("--markdown", markdown, lambda: fleet.render(result, "md"))])
+        try:  # written first, as fuzz's outputs are (fuzz.report)
+            write_outputs([("--json", json_path, lambda: json.dumps(result, indent=1)),
+                           ("--markdown", markdown, lambda: fleet.render(result, "md"))])
+        finally:
+            show(fleet.render(result, "table"))
         if result["failed"]:
             return 1
         if not result.get("checked"):
@@ -43,8 +44,7 @@ def merge(
                                      "nothing was checked")
         return 0
     merged = merge_runs([(path, Run.read(path, argument="RUN.json")) for path in runs])
-    say(render(merged, "table"))
-    _write_outputs(merged, json_path, markdown)
+    report(merged, json_path, markdown)
     return _exit_code(merged)
 
 

@@ -18,6 +18,7 @@ from faverify.cli.common import (
     check_writable,
     progress_bar,
     progress_factory,
+    show,
     within,
     write_outputs,
 )
@@ -82,9 +83,11 @@ def mutants(
         report = run_mutants(names, plan, targets, tolerance=Tolerance(), isolate=isolate, timeout=timeout,
                              progress_factory=progress_factory(progress, iters), jobs=jobs,
                              control_workers=workers, control_iters=control_iters)
-    _show(report, elsewhere)
     with held():  # a signal now waits until the report is written
-        write_outputs([("--json", json_path, lambda: json.dumps(report, indent=1, default=str))])
+        try:  # the file first: a report that cannot be printed loses none of it
+            write_outputs([("--json", json_path, lambda: json.dumps(report, indent=1, default=str))])
+        finally:
+            _show(report, elsewhere)
     c = report["control"]
     return 1 if report["survived"] or c["failed"] or len(report["mutants"]) < len(names) or report["interrupted"] else 0
 
@@ -118,19 +121,19 @@ def _show(report: dict, elsewhere: dict) -> None:
                                                         "NOT ATTRIBUTABLE (the control fails there too)"),
              str(r["cases_to_kill"] or "-"), f'{r["reached"]} of {r["cases"]}', r["signature"],
              _short_case(r["minimal_case"]), fmt(r["seconds"], ".1f")] for r in report["mutants"]]
-    typer.echo(table(rows, ["mutant", "result", "cases to kill", "cases that ran its code", "caught as",
-                            "minimal case", "seconds"], "table"))
+    show(table(rows, ["mutant", "result", "cases to kill", "cases that ran its code", "caught as",
+                      "minimal case", "seconds"], "table"))
     narrowed = [r["mutant"] for r in report["mutants"] if r.get("cases_narrowed_to")]
     if narrowed:
-        typer.echo(f"\ndrawn only from cases that run the mutated code (catalog.Mutant.cases): {', '.join(narrowed)}")
+        show(f"\ndrawn only from cases that run the mutated code (catalog.Mutant.cases): {', '.join(narrowed)}")
     if elsewhere:
-        typer.echo("\nnot run here: " + "; ".join(f"{n} ({why})" for n, why in elsewhere.items()))
+        show("\nnot run here: " + "; ".join(f"{n} ({why})" for n, why in elsewhere.items()))
     c = report["control"]
-    typer.echo(f"\nkilled {report['killed']} of {len(report['mutants'])}, median cases to kill "
-               f"{report['median_cases_to_kill']}; control (unmutated {c['kernel']}): {c['cases']} cases, "
-               f"{c['failed']} failed" + (f" ({'; '.join(c['failures'])})" if c["failures"] else ""))
+    show(f"\nkilled {report['killed']} of {len(report['mutants'])}, median cases to kill "
+         f"{report['median_cases_to_kill']}; control (unmutated {c['kernel']}): {c['cases']} cases, "
+         f"{c['failed']} failed" + (f" ({'; '.join(c['failures'])})" if c["failures"] else ""))
     if report["interrupted"]:
-        typer.echo("interrupted: the mutants above ran; the others and the control did not")
+        show("interrupted: the mutants above ran; the others and the control did not")
 
 
 def _short_case(case: Optional[dict]) -> str:

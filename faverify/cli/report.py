@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from faverify.cli.app import app
+from faverify.cli.common import show
 from faverify.errors import EnvironmentProblem, UsageError
 
 
@@ -25,7 +26,7 @@ def report(
     from faverify.reports.report import render
     from faverify.reports.results import Run
 
-    typer.echo(render(Run.read(run_file, argument="RUN.json"), format.value), nl=False)
+    show(render(Run.read(run_file, argument="RUN.json"), format.value).rstrip("\n"))
     return 0
 
 
@@ -66,7 +67,7 @@ def compare(
         parts.append("environment differences:\n" + "\n".join(lead + st.text(d) for d in differences))
     parts.append(table(rows, ["kernel", "dtype", "tensor", "statistic", "before", "after", "ratio", "mark"], style)
                  if rows else "(no statistic changed by more than the factor)")
-    typer.echo("\n\n".join(parts))
+    show("\n\n".join(parts))
     if result["regressed"]:
         return 1
     if not result["comparable"]:  # a CI gate must not pass on runs that share nothing to compare

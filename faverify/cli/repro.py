@@ -8,7 +8,7 @@ import typer
 
 from faverify.cases.case import Case
 from faverify.cli.app import app
-from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, Mode, TightOpt, TimeoutOpt, say, tolerance_from
+from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, Mode, TightOpt, TimeoutOpt, show, tolerance_from
 from faverify.errors import EnvironmentProblem, UsageError
 
 
@@ -33,14 +33,14 @@ def repro(
         help="Also write FILE.py (and its inputs, FILE.pt) that runs this case with torch and the subject alone, "
              "without faverify: exit 1 while the error is past faverify's tolerance, 0 once fixed")] = None,
     plot: Annotated[Optional[Path], typer.Option(
-        help="Also draw FILE.svg: the error of the tensor that failed, over (row, head-dim column), a panel "
-             "per head, the subject's tile edges marked (needs matplotlib: pip install 'faverify[plot]')")] = None,
+        help="Also draw FILE.svg or FILE.png: the error of the tensor that failed, over (row, head-dim column), "
+             "a panel per head, the subject's tile edges marked (needs matplotlib: pip install 'faverify[plot]')")]
+    = None,
 ) -> int:
     """Run one case (as printed by fuzz) and print its error table. A case with `before` is a call sequence:
     those calls run first, in the same process, each judged."""
     from faverify import devices
     from faverify.reports.case_result import own_error
-    from faverify.reports.report import METRIC_HEADERS, metrics_rows, table
     from faverify.run.evaluate import evaluate
     from faverify.run.guard import blame_lost_context
     from faverify.run.isolation import check_imports
@@ -71,27 +71,40 @@ def repro(
                 raise
         else:
             blame_lost_context(result)
-    for i, call in enumerate(the_case.before):
-        say(f"earlier call {i + 1} of {len(the_case.before)}: {call.short()}")
-    say(f"{kernel} on {target}: {the_case.short()}")
-    if the_case.before and result.case != the_case:  # an earlier call failed: the sequence ended there
-        say(f"failed at call {len(result.case.before) + 1} of {len(the_case.before) + 1}: {result.case.short()}")
-    if result.metrics:
-        say(table(metrics_rows(result.metrics), METRIC_HEADERS, "table"))
-    if result.gradcheck and not result.gradcheck["skipped"]:
-        g = result.gradcheck
-        say(f"gradient check ({g['dtype']}): relative error {g['rel_err']:.3g}, allowed {g['allowed']:.3g}")
-    say(f"verdict: {result.status}" + (f" ({result.reason})" if result.reason else ""))
-    if standalone is not None and result.status != "skip":
-        from faverify.commands.standalone import write
-        inputs = write(standalone, subject, the_case, result, target)
-        say(f"wrote {standalone} and its inputs {inputs}: python {standalone} runs it without faverify")
-    if plot is not None and result.metrics and result.status not in ("crash", "timeout"):
-        # in this process: the worker showed it does not crash
-        say(f"wrote {plot}: {_draw(plot, subject, the_case, target, mode.value, tolerance)}")
+    wrote, problem = [], None
+    try:  # the files asked for first: a report that cannot be printed loses none of them
+        if standalone is not None and result.status != "skip":
+            from faverify.commands.standalone import write
+            inputs = write(standalone, subject, the_case, result, target)
+            wrote.append(f"wrote {standalone} and its inputs {inputs}: python {standalone} runs it without faverify")
+        if plot is not None and result.metrics and result.status not in ("crash", "timeout"):
+            # in this process: the worker showed it does not crash
+            wrote.append(f"wrote {plot}: {_draw(plot, subject, the_case, target, mode.value, tolerance)}")
+    except (UsageError, EnvironmentProblem) as e:
+        problem = e
+    show("\n".join(_report(kernel, target, the_case, result) + wrote))
+    if problem is not None:
+        raise problem
     if result.status == "skip":
         raise EnvironmentProblem(f"the case was skipped: {result.reason}")
     return 1 if result.failed else 0
+
+
+def _report(kernel: str, target, the_case: Case, result) -> list:
+    """The lines of repro's report: the calls, the error table, the gradient check and the verdict."""
+    from faverify.reports.report import METRIC_HEADERS, metrics_rows, table
+    calls = len(the_case.before)
+    lines = [f"earlier call {i + 1} of {calls}: {call.short()}" for i, call in enumerate(the_case.before)]
+    lines.append(f"{kernel} on {target}: {the_case.short()}")
+    if the_case.before and result.case != the_case:  # an earlier call failed: the sequence ended there
+        lines.append(f"failed at call {len(result.case.before) + 1} of {calls + 1}: {result.case.short()}")
+    if result.metrics:
+        lines.append(table(metrics_rows(result.metrics), METRIC_HEADERS, "table"))
+    if result.gradcheck and not result.gradcheck["skipped"]:
+        g = result.gradcheck
+        lines.append(f"gradient check ({g['dtype']}): relative error {g['rel_err']:.3g}, allowed {g['allowed']:.3g}")
+    lines.append(f"verdict: {result.status}" + (f" ({result.reason})" if result.reason else ""))
+    return lines
 
 
 def _text(option: str, value: str) -> str:
@@ -136,8 +149,9 @@ def _check_files(standalone, plot, subject, case) -> None:
         check_writable("--standalone", standalone)
         check_writable("--standalone", inputs_of(standalone))  # the inputs beside it: not a directory, say
     if plot is not None:
+        from faverify.reports.plot import format_refusal
         from faverify.reports.plot import refusal as plot_refusal
-        why = plot_refusal(case)
+        why = format_refusal(plot) or plot_refusal(case)
         if why:
             raise UsageError("--plot", str(plot), why)
         check_writable("--plot", plot)

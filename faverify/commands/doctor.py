@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import platform
-import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -22,6 +21,7 @@ from faverify.commands import golden
 from faverify.errors import EnvironmentProblem
 from faverify.judge import controls
 from faverify.run.evaluate import evaluate
+from faverify.streams import say
 from faverify.subjects import resolve
 
 
@@ -156,7 +156,7 @@ class _Checks(list):
 
 
 def _show(check: Check) -> None:
-    print(f"doctor: {check.check} on {check.device}: {check.status}", file=sys.stderr, flush=True)
+    say(f"doctor: {check.check} on {check.device}: {check.status}")
 
 
 def _judge_check(level: str, tolerance, device: str = "cpu") -> Check:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import statistics
-import sys
 import time
 
 import torch
@@ -28,6 +27,7 @@ from faverify.run.fuzz import run
 from faverify.run.isolation import Worker
 from faverify.run.plan import FuzzPlan
 from faverify.run.scheduler import Pool
+from faverify.streams import say
 from faverify.subjects import resolve
 
 
@@ -133,9 +133,8 @@ class MutantJob:
             return None
         self.process.join()
         row = payload if kind == "row" else _error_row(self.name, payload)
-        print(f"mutants: {self.name}: {'killed' if row['killed'] else 'NOT killed'} ({row['seconds']} s, "
-              f"{row['reached']} of {row['cases']} cases ran its code; {row['skipped']} skipped; paths {row['paths']})",
-              file=sys.stderr, flush=True)
+        say(f"mutants: {self.name}: {'killed' if row['killed'] else 'NOT killed'} ({row['seconds']} s, "
+            f"{row['reached']} of {row['cases']} cases ran its code; {row['skipped']} skipped; paths {row['paths']})")
         return row
 
     def waitables(self) -> list:

@@ -1,4 +1,4 @@
-"""`faverify repro --plot FILE.svg`: where a tensor's error sits, as a picture.
+"""`faverify repro --plot FILE.svg` (or FILE.png): where a tensor's error sits, as a picture.
 
 One panel per head (the first MAX_PANELS), for the batch entry with the largest error: the error of each
 element over the error allowed, on a log scale, over (query row, head-dim column) for out, dq and lse, and
@@ -15,6 +15,8 @@ import torch
 from faverify.errors import EnvironmentProblem
 
 MAX_PANELS = 16
+FORMATS = {".svg": "svg", ".png": "png"}  # the file's suffix: the format it is written in
+TITLE_POINTS = 9
 KEY_ROWS = ("dk", "dv")  # tensors whose rows are keys; the others' are query rows
 FLOOR = 1e-3  # errors under a thousandth of the allowance share the lowest colour
 
@@ -25,6 +27,13 @@ def refusal(case) -> str | None:
         return "takes a case of one call; this one has earlier calls"
     if case.kind != "dense" or case.splits > 1 or case.shards != "off":
         return "draws a dense case's tensors; this one is " + (case.kind if case.kind != "dense" else "split")
+    return None
+
+
+def format_refusal(path) -> str | None:
+    """Why --plot cannot write a file of this name, or None."""
+    if Path(path).suffix.lower() not in FORMATS:
+        return f"names the format by its suffix: {' or '.join(FORMATS)}"
     return None
 
 
@@ -41,7 +50,17 @@ def error_map(got: torch.Tensor, ref: torch.Tensor, tensor: str, allowed: float)
 
 
 def write(path: Path, ratio: torch.Tensor, tensor: str, title: str, tile: tuple = ()) -> None:
-    """The SVG at `path`: a panel per head of `ratio` ([h, rows, columns]), the tile edges across the rows."""
+    """The picture at `path`, in the format its suffix names (FORMATS)."""
+    fig = figure(ratio, tensor, title, tile)
+    from matplotlib import pyplot
+    fig.savefig(path, format=FORMATS[Path(path).suffix.lower()], dpi=150)
+    pyplot.close(fig)
+
+
+def figure(ratio: torch.Tensor, tensor: str, title: str, tile: tuple = ()):
+    """A matplotlib figure: a panel per head of `ratio` ([h, rows, columns]), the tile edges across the
+    rows, the title wrapped to the figure's width."""
+    import textwrap
     try:
         import matplotlib
     except ImportError:
@@ -72,6 +91,8 @@ def write(path: Path, ratio: torch.Tensor, tensor: str, title: str, tile: tuple 
         ax.set_ylabel("key" if tensor in KEY_ROWS else "query row", fontsize=8)
     fig.colorbar(image, ax=axes, shrink=0.8, label=f"|{tensor} - reference| / allowed")
     more = f" (the first {heads} of {ratio.shape[0]} heads)" if ratio.shape[0] > heads else ""
-    fig.suptitle(title + more + (f"; lines: tile edges every {edge} rows" if edge else ""), fontsize=9)
-    fig.savefig(path, format="svg")
-    pyplot.close(fig)
+    text = title + more + (f"; lines: tile edges every {edge} rows" if edge else "")
+    # lines as wide as the figure, at about 0.6 em a character: a title of one line ran off a narrow figure
+    width = int(fig.get_figwidth() * 72 / (0.6 * TITLE_POINTS))
+    fig.suptitle(textwrap.fill(text, width, break_long_words=False), fontsize=TITLE_POINTS)
+    return fig

@@ -2,6 +2,8 @@
 string a run file carries is escaped on its way into Markdown (tables.py says why)."""
 from __future__ import annotations
 
+import math
+
 from faverify.cases.case import Case
 from faverify.cases.edges import EDGE_FLOOR
 from faverify.cases.vocabulary import REGIMES_ALL
@@ -58,20 +60,26 @@ def failure_block(f: Failure, style: str) -> str:
              f"```json\n{m.case.to_json()}\n```" if st.md else m.case.to_json()]
     if m.metrics:
         parts.append(table(metrics_rows(m.metrics, m.case.dtype), METRIC_HEADERS, style))
-    parts.append(reproducer_line(f, style))
+    parts += reproducer_lines(f, style)
     return "\n\n".join(parts) if st.md else "\n".join(parts)
 
 
-def reproducer_line(f: Failure, style: str) -> str:
-    """The reproducer of a failure seen to fail when replayed alone (confirm.py); otherwise what the replay
-    found, and no line that would pass."""
+def reproducer_lines(f: Failure, style: str) -> list:
+    """The reproducer of a failure seen to fail when replayed alone (confirm.py), a line that is a command
+    and nothing else, and where the case can be drawn, a line of its own saying how; otherwise what the
+    replay found, and no line that would pass."""
     st = Style(style)
     if f.reproduced and f.earlier_calls:
-        return f"reproduce (after {f.earlier_calls} earlier call(s) in one process): {st.code(f.reproducer)}"
+        return [f"reproduce (after {f.earlier_calls} earlier call(s) in one process): {st.code(f.reproducer)}"]
     if f.reproduced:
-        picture = "" if plot_refusal(f.minimal.case) or not f.minimal.metrics else \
-            f"; to see where its error sits, add {st.code('--plot err.svg')}"
-        return f"reproduce: {st.code(f.reproducer)}{picture}"
+        drawn = not plot_refusal(f.minimal.case) and f.minimal.metrics
+        return [f"reproduce: {st.code(f.reproducer)}"] + (
+            [f"to see where its error sits, add {st.code('--plot err.svg')} (or err.png) to that command"]
+            if drawn else [])
+    return [_unreproduced(f, st)]
+
+
+def _unreproduced(f: Failure, st: Style) -> str:
     if f.replayed == REPLAY_PASSED:
         return "no reproducer (not reproduced alone): " + st.text(f.replay_reason)
     why = f.replay_reason or "not replayed before it was written (a run file before schema 6)"
@@ -88,8 +96,22 @@ def shards_line(environments: list) -> str:
 
 
 def verdict_lines(run: Run, style: str) -> list:
-    """What a reviewer reads first: PASS or FAIL in one line, and for a failure the first one's minimal
-    case in words and its reproducer."""
+    """What a reviewer reads first: PASS or FAIL in one line (and what was not checked, where most of the
+    cases drawn were skipped), and for a failure the worst one's minimal case in words and its reproducer."""
+    lines = _verdict(run, style)
+    return [lines[0] + Style(style).text(_skipped_most(run)), *lines[1:]]
+
+
+def _skipped_most(run: Run) -> str:
+    """Where more than half the cases drawn were skipped: how many, so a pass is not read as a pass of all."""
+    drawn = sum(k["summary"]["cases"] for k in run.kernels)
+    skipped = sum(k["summary"]["skipped"] for k in run.kernels)
+    if run.ran == 0 or 2 * skipped <= drawn:
+        return ""
+    return f"; {skipped} of the {drawn} cases drawn were skipped (see Skipped cases for why)"
+
+
+def _verdict(run: Run, style: str) -> list:
     st = Style(style)
     kernels = st.text(", ".join(k["summary"]["kernel"] for k in run.kernels))
     interrupted = " (interrupted)" if run.settings.get("interrupted") else ""
@@ -107,12 +129,36 @@ def verdict_lines(run: Run, style: str) -> list:
         return [f"{st.bold('PASS')}: {run.ran} cases of {kernels} within tolerance of the FP64 reference"]
     if not failures:
         return [f"{st.bold('FAIL')}: {kernels}{interrupted}; no failure was recorded with its case"]
-    first = failures[0]
+    worst, signature, usage = worst_failure(run, failures)
     distinct = f"{len(failures)} distinct failure" + ("s" if len(failures) > 1 else "")
     named = st.text(", ".join(f.signature for f in failures[:4]) + (", ..." if len(failures) > 4 else ""))
-    return [f"{st.bold('FAIL')}: {distinct} ({named}){interrupted}; the first, "
-            + st.text(f"{first.kernel} {first.signature}, on {first.minimal.case.short()}"),
-            reproducer_line(first, style)]
+    what = worst.signature if signature == worst.signature else f"{worst.signature} with {signature}"
+    size = f", up to {usage:.3g} times the allowed error" if math.isfinite(usage) else ""
+    return [f"{st.bold('FAIL')}: {distinct} ({named}){interrupted}; the worst, "
+            + st.text(f"{worst.kernel} {what}{size}; minimal case {worst.minimal.case.short()}"),
+            *reproducer_lines(worst, style)]
+
+
+def worst_failure(run: Run, failures: list) -> tuple:
+    """(the failure, the signature of its group, its largest error over allowed) whose group, the failure's
+    signature and its companions, holds the largest error over allowed of the run's failing cases. NaN, Inf
+    and a signature that is no tensor's error (a crash, a broken contract) count as infinite; among equals
+    the first failure stands."""
+    usage: dict = {}  # (kernel, tensor) -> the largest err/allowed of the failing cases (the stats' rows)
+    for k in run.kernels:
+        for row in k["stats"]:
+            if row.get("outcome") == "failing":
+                key, found = (row["kernel"], row["tensor"]), num(row.get("usage_max"))  # NaN: none judged
+                usage[key] = max(usage.get(key, 0.0), found if found == found else 0.0)
+
+    def size(kernel: str, signature: str) -> float:
+        tensor, _, kind = signature.partition(":")
+        if kind in ("nan", "inf") or (kernel, tensor) not in usage:
+            return math.inf
+        return usage[(kernel, tensor)]
+    ranked = [(size(f.kernel, s), -i, f, s) for i, f in enumerate(failures) for s in (f.signature, *f.companions)]
+    top = max(ranked, key=lambda r: r[:2])
+    return top[2], top[3], top[0]
 
 
 def render(run: Run, style: str = "table") -> str:

@@ -14,12 +14,12 @@ import hashlib
 import json
 import os
 import re
-import sys
 from pathlib import Path
 
 from faverify.cases.case import Case
 from faverify.errors import EnvironmentProblem
 from faverify.files import Unreadable, describe, read_bounded, replace_whole
+from faverify.streams import say
 
 MAX_KEPT = 64  # per kernel: the newest failures; a store is a reminder, not an archive
 
@@ -71,7 +71,7 @@ def save(directory: Path | None, kernel: str, cases: list, passed: list = ()) ->
             replace_whole(path, text)
     except (OSError, EnvironmentProblem) as e:  # the run's results matter more than the reminder: say so
         why = describe(e) if isinstance(e, OSError) else e
-        print(f"faverify: the example store {directory} could not be written ({why})", file=sys.stderr)
+        say(f"faverify: the example store {directory} could not be written ({why})")
 
 
 @contextlib.contextmanager

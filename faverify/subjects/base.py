@@ -37,6 +37,11 @@ class Capabilities:
     # the only head dims it takes, q/k's and v's alike (FlashInfer's kernels are compiled for 64, 128 and
     # 256); empty: any in min_head_dim..max_head_dim. A fuzz of the subject draws from them alone
     head_dims: tuple = ()
+    # the sequence lengths it takes: each a multiple of seqlen_multiple (a kernel without tail tiles), and
+    # with equal_seqlens, q's and k's of one length (Triton's tutorial flash attention); a fuzz of the subject
+    # draws only such lengths, each sequence of a ragged batch too
+    seqlen_multiple: int = 1
+    equal_seqlens: bool = False
     gqa: bool = True
     init_modes: tuple | None = None  # None: the subject takes no init; cases run whatever their init
     backward: bool = True
@@ -138,7 +143,7 @@ class Capabilities:
             raise ValueError(f"varlen_tail_grads must be zero or finite, got {self.varlen_tail_grads!r}")
         if self.page_sizes is not None:
             self._integers("page_sizes", lambda n: n >= 1, "a list of integers >= 1")
-        for name in ("min_head_dim", "max_head_dim", "split_block", "head_dim_multiple"):
+        for name in ("min_head_dim", "max_head_dim", "split_block", "head_dim_multiple", "seqlen_multiple"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -148,7 +153,7 @@ class Capabilities:
                        f"a list of integers in min_head_dim..max_head_dim ({self.min_head_dim}..{self.max_head_dim})")
         flags = tuple(f for f in FEATURES if f != "fp8")  # fp8 lists its granularities (checked above)
         for name in ("gqa", "backward", "lse", "combine", "out_buffer", "dense", "mask_mod", "block_mask",
-                     "fp8_only") + flags:
+                     "fp8_only", "equal_seqlens") + flags:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
@@ -183,6 +188,9 @@ class Capabilities:
         if case.head_dim % self.head_dim_multiple or case.dv % self.head_dim_multiple:
             return (f"head dims must be multiples of {self.head_dim_multiple} (q/k {case.head_dim}, "
                     f"v {case.dv})")
+        lengths = self.lengths_refused(case)
+        if lengths:
+            return lengths
         if self.page_sizes is not None and case.kind == "paged" and case.page_size not in self.page_sizes:
             return f"page size {case.page_size} not supported (supports {', '.join(map(str, self.page_sizes))})"
         if not self.dense and case.kind == "dense":
@@ -200,6 +208,15 @@ class Capabilities:
     def backward_on(self, device_type: str) -> bool:
         """Whether its backward runs on this device type."""
         return self.backward and device_type in self.backward_devices
+
+    def lengths_refused(self, case: Case) -> str | None:
+        """Why the case's sequence lengths are not ones it takes (seqlen_multiple, equal_seqlens), or None."""
+        for sq, sk in case.sequences:
+            if self.equal_seqlens and sq != sk:
+                return f"seqlen_q {sq} != seqlen_k {sk}: takes q and k of one length (equal_seqlens)"
+            if sq % self.seqlen_multiple or sk % self.seqlen_multiple:
+                return f"seqlens must be multiples of {self.seqlen_multiple} (q {sq}, k {sk})"
+        return None
 
     def mask_form(self, case: Case) -> str | None:
         """How this subject takes the case's mask: "attn_mask" (a bool tensor), "mask_mod" (a function),
@@ -219,11 +236,13 @@ class Capabilities:
     def draw(self) -> dict:
         """strategies.cases' arguments that every case of this subject needs: split cases for a combine,
         ragged ones for a subject that takes no dense batch, block patterns for one that takes masks as
-        blocks only, its head dims where it lists them, v's no larger than it takes."""
+        blocks only, its head dims where it lists them, v's no larger than it takes, the lengths it takes."""
         return {**({"always_split": True} if self.combine else {}),
                 **({"max_head_dim_v": self.max_head_dim}
                    if self.head_dim_v and self.max_head_dim < MAX_HEAD_DIM_V else {}),
                 **({"head_dim_multiple": self.head_dim_multiple} if self.head_dim_multiple > 1 else {}),
+                **({"seqlen_multiple": self.seqlen_multiple} if self.seqlen_multiple > 1 else {}),
+                **({"equal_seqlens": True} if self.equal_seqlens else {}),
                 **({"head_dims": self.head_dims, "exact_head_dims": True} if self.head_dims else {}),
                 **({"ragged_only": True} if not self.dense and (self.varlen or self.paged) else {}),
                 **({"masks": ("block",)} if self.block_mask and not (self.mask or self.mask_mod) else {}),
