@@ -73,25 +73,10 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
     dtype = dtype_for(subject)
     if dtype is None or not subject.caps.backward_on(torch.device(device).type):
         return _skip(dtype or "-", "subject has no backward here or no supported dtype")
-    # checked on the dense case of its longest sequences, a large case on its first batch entry
-    if case.kind != "dense" or case.splits > 1 or judged_entries(case) is not None:
-        if not subject.caps.dense:
-            return _skip(dtype, "the finite-difference check runs on dense cases; the subject takes none")
-        case = dataclasses.replace(case, batch=1, seqlens=None, tail=0, cache_seqlens=None, page_size=0,
-                                   pages="in-order", pool=0, splits=1)
-    if case.fp8 != "off":  # FP8 inputs are forward-only: the backward is checked on the same case unquantized
-        case = dataclasses.replace(case, fp8="off", fp8_format="e4m3",
-                                   regime="normal" if case.regime in FP8_OWN_REGIMES else case.regime)
+    if _dense_form(case) and not subject.caps.dense:
+        return _skip(dtype, "the finite-difference check runs on dense cases; the subject takes none")
     h, clamp, allowed = _SETTINGS[dtype]
-    # a finfo.min bias leaves a difference quotient nothing to see (s + h rounds to s next to 3.4e38, while the
-    # softmax still depends on s), and NaN keys would make every quotient NaN: the check takes normal ones.
-    # A sink far above every logit leaves each key a weight of e^-30 of it or less, near and under fp32's
-    # smallest normal, which a GPU flushes to zero (ex2.approx.ftz): terms that appear and vanish between
-    # x - he and x + he. The sink "around" the rows' log-sum-exp keeps it in the softmax with normal weights.
-    # a loss on out alone: the check follows the forward's out (the FP64 judge has the loss on lse)
-    c = dataclasses.replace(case, dtype=dtype, regime="normal", layout="contiguous", mask_nan=False, lse_grad="off",
-                            bias="normal" if case.bias == "min" else case.bias,
-                            sinks="around" if case.sinks == "above" else case.sinks)
+    c = checked_case(case, dtype)
     why = subject.unsupported(c, device)
     if why:
         return _skip(dtype, why)
@@ -147,6 +132,33 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
                                 f"{2 * rounding:.3g} for the forward's rounding)")
     return GradCheck(dtype, step, analytic, fd, rel, allowed, passed, False, reason, truncation=truncation,
                      rounding=rounding)
+
+
+def _dense_form(case: Case) -> bool:
+    """Whether the check runs on another case than this one: the dense case of its longest sequences, a
+    large case's first batch entry."""
+    return case.kind != "dense" or case.splits > 1 or judged_entries(case) is not None
+
+
+def checked_case(case: Case, dtype: str) -> Case:
+    """The case the check runs the subject on, in `dtype`: a ragged, split or large case's dense form over its
+    longest sequences (and first batch entry), an FP8 case unquantized, in the contiguous layout, with normal
+    values."""
+    if _dense_form(case):
+        case = dataclasses.replace(case, batch=1, seqlens=None, tail=0, cache_seqlens=None, page_size=0,
+                                   pages="in-order", pool=0, splits=1)
+    if case.fp8 != "off":  # FP8 inputs are forward-only: the backward is checked on the same case unquantized
+        case = dataclasses.replace(case, fp8="off", fp8_format="e4m3",
+                                   regime="normal" if case.regime in FP8_OWN_REGIMES else case.regime)
+    # a finfo.min bias leaves a difference quotient nothing to see (s + h rounds to s next to 3.4e38, while the
+    # softmax still depends on s), and NaN keys would make every quotient NaN: the check takes normal ones.
+    # A sink far above every logit leaves each key a weight of e^-30 of it or less, near and under fp32's
+    # smallest normal, which a GPU flushes to zero (ex2.approx.ftz): terms that appear and vanish between
+    # x - he and x + he. The sink "around" the rows' log-sum-exp keeps it in the softmax with normal weights.
+    # a loss on out alone: the check follows the forward's out (the FP64 judge has the loss on lse)
+    return dataclasses.replace(case, dtype=dtype, regime="normal", layout="contiguous", mask_nan=False,
+                               lse_grad="off", bias="normal" if case.bias == "min" else case.bias,
+                               sinks="around" if case.sinks == "above" else case.sinks)
 
 
 def _signs(grad: torch.Tensor, g: torch.Generator) -> torch.Tensor:
