@@ -101,16 +101,18 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
         grads = torch.autograd.grad(out, ins, x.dout.to(tdtype), allow_unused=True)
         grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(grads, base)]
         direction = [_signs(gr, g) for gr in grads]
-        magnitude = float(sum((gr.double().abs()).sum() for gr in grads))
+        total = sum((gr.double().abs()).sum() for gr in grads)
         quotients = []  # (what a correct subject may err by, step, fd, analytic, truncation, rounding)
         for step in (h, h / 4, h / 16):  # shorter steps cut the truncation by 16 and let the rounding grow by 4
             ends = [[t + sign * step * e for t, e in zip(base, direction)] for sign in (1, -1)]
             with torch.no_grad():
                 plus, minus = (loss(end)[0] for end in ends)
-            errors = [e / magnitude if magnitude > 0 else 0.0
-                      for e in _quotient_errors(subject, c, x, base, ends, w, step)]
-            quotients.append((sum(errors), step, float((plus - minus) / (2 * step)), _along(grads, ends, step),
-                              *errors))
+            # what the step's verdict reads from the device, in one transfer
+            read = [total, (plus - minus) / (2 * step), _along(grads, ends, step),
+                    *_quotient_errors(subject, c, x, base, ends, w, step)]
+            magnitude, fd, analytic, *raw = torch.stack(read).tolist()
+            errors = [e / magnitude if magnitude > 0 else 0.0 for e in raw]
+            quotients.append((sum(errors), step, fd, analytic, *errors))
             if sum(errors) <= allowed / 8:  # resolved well enough: the shorter steps cost calls and add nothing
                 break
         _, step, fd, analytic, truncation, rounding = min(quotients)  # the best-resolved quotient
@@ -168,17 +170,18 @@ def _signs(grad: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return torch.where(sign != 0, sign, coin.float()).to(grad.dtype)
 
 
-def _along(grads: list, ends: list, h: float) -> float:
+def _along(grads: list, ends: list, h: float) -> torch.Tensor:
     """<grad, x+ - x-> / 2h: the directional derivative along the step the quotient took. Where x +- h e is
     not exact in the dtype (|x| past 2^p h at the shorter steps) that step is not 2h e, and comparing the
     quotient with <grad, e> would count the rounding of the inputs as the backward's error."""
     plus, minus = ends
     along = sum((gr.double() * (p.double() - m.double())).sum() for gr, p, m in zip(grads, plus, minus))
-    return float(along) / (2 * h)
+    return along / (2 * h)
 
 
 def _quotient_errors(subject: Subject, case: Case, x, base: list, ends: list, w, h: float) -> tuple:
-    """(truncation, rounding) of the quotient between the two points, under the subject's conventions.
+    """(truncation, rounding) of the quotient between the two points, under the subject's conventions, as
+    FP64 scalars on the device.
     truncation: |fd64 - analytic64|, how far the FP64 reference's own quotient lies from its exact
     derivative at the same inputs along the same step (the points sit off centre where an end rounded).
     rounding: sum |w| |naive - ref| at each end, over 2h: what a correct forward in the dtype (the naive
@@ -192,9 +195,9 @@ def _quotient_errors(subject: Subject, case: Case, x, base: list, ends: list, w,
         for end in ends:
             out = reference(*(t.to(torch.float64) for t in end), **kwargs)[0]["out"]
             values.append((out * w).sum())
-            rounding += float((w.abs() * (naive(*end, **kwargs)["out"].to(torch.float64) - out).abs()).sum())
+            rounding = rounding + (w.abs() * (naive(*end, **kwargs)["out"].to(torch.float64) - out).abs()).sum()
         quotient = (values[0] - values[1]) / (2 * h)
-    return abs(float(quotient) - exact), rounding / (2 * h)
+    return (quotient - exact).abs(), rounding / (2 * h)
 
 
 def _quantize(t: torch.Tensor, h: float, clamp: float) -> torch.Tensor:
