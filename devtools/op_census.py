@@ -107,27 +107,20 @@ def main() -> None:
         census.phase_syncs = 0
         clock_lap(clock, name)
 
-    subject_call = subject.call
-
-    def uncounted(*args, **kwargs):  # the subject's operations are its own (and may be tensor subclasses)
-        census.counting = False
-        try:
-            with _disable_current_modes():
-                return subject_call(*args, **kwargs)
-        finally:
-            census.counting = True
+    def uncounted(fn):
+        """fn's operations are the subject's own (and may be tensor subclasses): the subject's call, and
+        its backward, which the runner asks autograd for."""
+        def run(*args, **kwargs):
+            census.counting = False
+            try:
+                with _disable_current_modes():
+                    return fn(*args, **kwargs)
+            finally:
+                census.counting = True
+        return run
 
     autograd_grad = torch.autograd.grad
-
-    def uncounted_grad(*args, **kwargs):  # the subject's backward, which the runner asks autograd for
-        census.counting = False
-        try:
-            with _disable_current_modes():
-                return autograd_grad(*args, **kwargs)
-        finally:
-            census.counting = True
-
-    runner._Clock.lap, subject.call, torch.autograd.grad = lap, uncounted, uncounted_grad
+    runner._Clock.lap, subject.call, torch.autograd.grad = lap, uncounted(subject.call), uncounted(autograd_grad)
     _counting_host_copies(census)
     done = 0
     for i, case in enumerate(draw_cases(plan)):
