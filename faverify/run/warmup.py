@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,13 +129,16 @@ class Ahead:
             self.stop()
             raise
         self.log.close()
-        path = os.path.join(self.folder, "result.json")
-        if code == 0 and os.path.exists(path):
-            with open(path) as f:
-                return Precompiled.from_dict(json.load(f))
-        with open(os.path.join(self.folder, "log.txt")) as f:
-            tail = f.read().strip().splitlines()[-1:] or [f"exit code {code}"]
-        return Precompiled(error=f"the warm-up process ended with exit code {code}: {tail[0][:300]}")
+        try:
+            path = os.path.join(self.folder, "result.json")
+            if code == 0 and os.path.exists(path):
+                with open(path) as f:
+                    return Precompiled.from_dict(json.load(f))
+            with open(os.path.join(self.folder, "log.txt")) as f:
+                tail = f.read().strip().splitlines()[-1:] or [f"exit code {code}"]
+            return Precompiled(error=f"the warm-up process ended with exit code {code}: {tail[0][:300]}")
+        finally:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     def stop(self) -> None:
         """End the process and its pool (a session of their own: start_new_session)."""
@@ -144,6 +148,8 @@ class Ahead:
             except (ProcessLookupError, PermissionError):
                 pass
             self.process.wait()
+        self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def precompile(request: Request, cache_dir: str | None = None) -> Precompiled:
