@@ -12,7 +12,8 @@ from faverify.run.parallel import draw_cases
 from faverify.run.plan import FuzzPlan
 from faverify.run.warmup import Request, precompile
 from faverify.subjects import resolve
-from property_tests.cli_helpers import cli
+from property_tests import test_compiles
+from property_tests.cli_helpers import cli, read_json
 
 TARGET = "sm_90"
 
@@ -87,30 +88,14 @@ def _gpu() -> bool:
     return torch.cuda.is_available()
 
 
-class _Instant:
-    """A worker that finishes each task at once, a warm one with one compile, and remembers what it ran."""
-
-    def __init__(self):
-        import multiprocessing
-        self.device, self.process, self.ran, self.task = "cpu", None, [], None
-        self._ready, sender = multiprocessing.Pipe(duplex=False)
-        sender.send(None)  # always readable: the pool's wait returns at once
-        self._sender = sender
-
-    def submit(self, task):
-        self.task = task
+class _Instant(test_compiles._Instant):
+    """test_compiles' worker on a device, whose result for a task is a CaseResult, a warm one with one compile."""
+    device, process = "cpu", None
 
     def collect(self):
         from faverify.reports.case_result import CaseResult
-        task, self.task = self.task, None
-        self.ran.append(task)
+        task = super().collect()
         return CaseResult("x", task.case, "skip" if task.warm else "pass", compiles=int(task.warm))
-
-    def waitables(self):
-        return [self._ready]
-
-    def stop(self):
-        pass
 
 
 def test_the_warm_up_of_a_compile_key_is_one_case_per_key_on_the_worker_that_keeps_it():
@@ -130,7 +115,7 @@ def test_the_warm_up_of_a_compile_key_is_one_case_per_key_on_the_worker_that_kee
     warmed = {w: {t.case.head_dim for t in w.ran} for w in workers}
     assert sorted(t.case.head_dim for w in workers for t in w.ran) == [16, 32, 64]  # once a key, all warm
     assert all(t.warm for w in workers for t in w.ran)
-    assert stats.warmup_cases == 3 and stats.compiles == 3 and pool.workers == workers[:2]
+    assert stats.warmup_cases == 3 and stats.compiles == stats.warmup_compiles == 3 and pool.workers == workers[:2]
     for w in workers:
         w.ran = []
     pool.map(queue, lambda i, result: None)
@@ -139,3 +124,17 @@ def test_the_warm_up_of_a_compile_key_is_one_case_per_key_on_the_worker_that_kee
         assert {t.case.head_dim for t in w.ran} >= warmed[w]
         other = workers[1 - workers.index(w)]
         assert not warmed[w] & {t.case.head_dim for t in other.ran}
+
+
+@pytest.mark.slow
+def test_flex_compiles_each_configuration_once_over_two_workers(tmp_path):
+    """flex compiles each configuration on the CPU through inductor (seconds each): over two workers, the
+    warm-up compiles each configuration the draw needs, once. (A worker left idle may still take a case of a
+    configuration the other compiled, scheduler.Affinity, and compile it again.)"""
+    r = cli("fuzz", "--kernel", "flex", "--iters", "8", "--device", "cpu", "--workers", "2", "--no-db",
+            "--features", "none", "--shapes", "2", "--seed", "3", "--json", tmp_path / "run.json")
+    assert r.exit_code == 0, r.stderr
+    summary = read_json(tmp_path / "run.json")["kernels"][0]["summary"]
+    configurations = len(summary["configurations"])
+    assert configurations > 1 and summary["warmup"]["cases"] == configurations, summary["warmup"]
+    assert summary["warmup"]["compiles"] == configurations, (summary["warmup"], summary["configurations"])

@@ -223,6 +223,7 @@ def warm_up(pool, warmup, stats, keep: int | None, items: Iterable, key: Callabl
     def done(tag, result) -> None:
         stats.warmup_cases += 1
         stats.compiles += result.compiles
+        stats.warmup_compiles += result.compiles
 
     if cases:
         pool.map([(i, Task(c, warm=True)) for i, c in enumerate(cases)], done)
