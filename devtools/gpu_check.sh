@@ -18,6 +18,16 @@
 #                    in the draw: on the H200 a warm-up of 406 cases, 147 s, then about 80 cases/s)
 #   census     [300] devtools/compile_census.py triton 600 after a 16-case fuzz has filled Triton's cache: the
 #                    builds compiled after the warm-up (each one a compile in every worker) and a case's phases
+#   fuzz-cold  [560] the fuzz step's run with an empty Triton cache of its own (OUTDIR/cold-cache): the warm-up
+#                    compiles every build the draw can reach across the cores; the report's warm-up line and
+#                    phase table say how long and where a case's time went
+#   fuzz-warm  [300] the same run again on the cache fuzz-cold filled: the workers only load
+#   warm-cache [550] faverify warmup --target sm_90 with the GPU hidden (CUDA_VISIBLE_DEVICES=), as on a machine
+#                    without one, into OUTDIR/cpu-cache; then devtools/warm_cache.py 300 drawn cases on the GPU
+#                    with TRITON_CACHE_DIR at it: builds loaded and compiled, and which key part differed; then
+#                    the same for a cache a CPU machine built, carried as .warm-cache/ (faverify warmup --dtype
+#                    bf16 --features none --mode fwd --gradcheck-every 0 --cache-dir .warm-cache --json
+#                    .warm-cache/warmup.json), if there is one
 #   fuzz-variants [300] the same, 4000 cases drawing only windows, softcap, ALiBi, sinks and v's head dim
 #   fuzz-ragged [400] the same for triton-varlen and triton-paged, 200 s each
 #   fuzz-ragged-full [560] triton-varlen at 10000 cases beside shard 0/2 of triton-paged's 10000, side by side
@@ -157,6 +167,18 @@ for step in $steps; do
     census)
       python3 -m faverify fuzz --kernel triton --iters 16 --dtype bf16,fp16 --mode both --no-db >"$out/census-warm.log" 2>&1
       run census 300 "^warm-up|cases:|phase|builds compiled|^-- " python3 devtools/compile_census.py triton 600 ;;
+    fuzz-cold) mkdir -p "$out/cold-cache"; rm -rf "$out/cold-cache"/*
+      TRITON_CACHE_DIR=$out/cold-cache fuzz fuzz-cold 560 triton 10000 ;;
+    fuzz-warm) TRITON_CACHE_DIR=$out/cold-cache fuzz fuzz-warm 300 triton 10000 ;;
+    warm-cache)
+      run warm-cache-build 330 "warm-up cases|failed|could not" env CUDA_VISIBLE_DEVICES= python3 -m faverify warmup \
+        --kernel triton --target sm_90 --cache-dir "$out/cpu-cache" --json "$out/cpu-cache/warmup.json"
+      run warm-cache 140 "^cache|same|DIFFERS|cases:|differs|no build" python3 devtools/warm_cache.py "$out/cpu-cache" \
+        --cases 300
+      if [ -f .warm-cache/warmup.json ]; then
+        run warm-cache-carried 80 "^cache|same|DIFFERS|cases:|differs|no build" python3 devtools/warm_cache.py \
+          .warm-cache --cases 100 --dtype bf16 --features none --mode fwd
+      fi ;;
     fuzz-variants) run fuzz-variants 300 "passed|failed|cases/s|warm-up|code path|by phase|minimal case|signature|interrupted" \
       python3 -m faverify fuzz --kernel triton --iters 4000 --features window,softcap,alibi,sinks,head_dim_v \
       --dtype bf16,fp16 --mode both --no-db --json "$out/fuzz-variants.json" ;;

@@ -114,16 +114,19 @@ def tail_gradients(case: Case, got: dict, rule: str = "zero") -> list:
     dk's and dv's past total_k ("dq:tail", "7 rows past the last sequence: 896 elements not 0, 896 NaN")."""
     if case.kind != "varlen" or not case.tail:
         return []
-    failing = []
+    tails, counts = [], []
     for name, start in (("dq", case.total_q), ("dk", case.total_k), ("dv", case.total_k)):
         t = got.get(name)
         if t is None:
             continue
         tail = t.detach()[start:]
-        nan = int(torch.isnan(tail).sum())
-        bad = int((~torch.isfinite(tail)).sum()) if rule == "finite" else int((tail != 0).sum())
+        tails.append((name, tail.shape[0]))
+        counts += [torch.isnan(tail).sum(), (~torch.isfinite(tail)).sum() if rule == "finite" else (tail != 0).sum()]
+    counted = torch.stack(counts).tolist() if counts else []  # one transfer for every gradient's tail
+    failing = []
+    for (name, rows), nan, bad in zip(tails, counted[::2], counted[1::2]):
         if bad:
             want = "finite" if rule == "finite" else "0"
-            failing.append((f"{name}:tail", f"{name}: {tail.shape[0]} rows past the last sequence (the tail, which "
+            failing.append((f"{name}:tail", f"{name}: {rows} rows past the last sequence (the tail, which "
                                             f"no sequence reads): {bad} elements not {want}, {nan} NaN"))
     return failing

@@ -150,7 +150,10 @@ def _sinks(case: Case, q, k, g: torch.Generator, device: torch.device) -> torch.
     z = torch.randn(h, generator=g, device=device)
     if case.sinks == "around":
         return z + _row_lse(case, q, k)
-    bound = case.scale * float(q.norm(dim=-1).amax()) * float(k.norm(dim=-1).amax()) if q.numel() and k.numel() else 0.0
+    bound = 0.0
+    if q.numel() and k.numel():  # both norms in one transfer
+        q_norm, k_norm = torch.stack([q.norm(dim=-1).amax(), k.norm(dim=-1).amax()]).tolist()
+        bound = case.scale * q_norm * k_norm
     if case.softcap:
         bound = min(bound, case.softcap)
     return (bound + 30.0 + z.abs()) * (1 if case.sinks == "above" else -1)

@@ -16,7 +16,7 @@ if sys.argv[1:2] == ["fuzz"]:
     from faverify.run.signals import record_early
     record_early()
     import faverify.env  # noqa: F401
-from faverify.cli import bench, doctor, fuzz, golden, kernels, merge, mutants, report, repro  # noqa: F401  (registration)
+from faverify.cli import bench, doctor, fuzz, golden, kernels, merge, mutants, report, repro, warmup  # noqa: F401  (registration)
 from faverify.cli.app import app
 
 __all__ = ["app", "main"]

@@ -73,25 +73,10 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
     dtype = dtype_for(subject)
     if dtype is None or not subject.caps.backward_on(torch.device(device).type):
         return _skip(dtype or "-", "subject has no backward here or no supported dtype")
-    # checked on the dense case of its longest sequences, a large case on its first batch entry
-    if case.kind != "dense" or case.splits > 1 or judged_entries(case) is not None:
-        if not subject.caps.dense:
-            return _skip(dtype, "the finite-difference check runs on dense cases; the subject takes none")
-        case = dataclasses.replace(case, batch=1, seqlens=None, tail=0, cache_seqlens=None, page_size=0,
-                                   pages="in-order", pool=0, splits=1)
-    if case.fp8 != "off":  # FP8 inputs are forward-only: the backward is checked on the same case unquantized
-        case = dataclasses.replace(case, fp8="off", fp8_format="e4m3",
-                                   regime="normal" if case.regime in FP8_OWN_REGIMES else case.regime)
+    if _dense_form(case) and not subject.caps.dense:
+        return _skip(dtype, "the finite-difference check runs on dense cases; the subject takes none")
     h, clamp, allowed = _SETTINGS[dtype]
-    # a finfo.min bias leaves a difference quotient nothing to see (s + h rounds to s next to 3.4e38, while the
-    # softmax still depends on s), and NaN keys would make every quotient NaN: the check takes normal ones.
-    # A sink far above every logit leaves each key a weight of e^-30 of it or less, near and under fp32's
-    # smallest normal, which a GPU flushes to zero (ex2.approx.ftz): terms that appear and vanish between
-    # x - he and x + he. The sink "around" the rows' log-sum-exp keeps it in the softmax with normal weights.
-    # a loss on out alone: the check follows the forward's out (the FP64 judge has the loss on lse)
-    c = dataclasses.replace(case, dtype=dtype, regime="normal", layout="contiguous", mask_nan=False, lse_grad="off",
-                            bias="normal" if case.bias == "min" else case.bias,
-                            sinks="around" if case.sinks == "above" else case.sinks)
+    c = checked_case(case, dtype)
     why = subject.unsupported(c, device)
     if why:
         return _skip(dtype, why)
@@ -116,16 +101,18 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
         grads = torch.autograd.grad(out, ins, x.dout.to(tdtype), allow_unused=True)
         grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(grads, base)]
         direction = [_signs(gr, g) for gr in grads]
-        magnitude = float(sum((gr.double().abs()).sum() for gr in grads))
+        total = sum((gr.double().abs()).sum() for gr in grads)
         quotients = []  # (what a correct subject may err by, step, fd, analytic, truncation, rounding)
         for step in (h, h / 4, h / 16):  # shorter steps cut the truncation by 16 and let the rounding grow by 4
             ends = [[t + sign * step * e for t, e in zip(base, direction)] for sign in (1, -1)]
             with torch.no_grad():
                 plus, minus = (loss(end)[0] for end in ends)
-            errors = [e / magnitude if magnitude > 0 else 0.0
-                      for e in _quotient_errors(subject, c, x, base, ends, w, step)]
-            quotients.append((sum(errors), step, float((plus - minus) / (2 * step)), _along(grads, ends, step),
-                              *errors))
+            # what the step's verdict reads from the device, in one transfer
+            read = [total, (plus - minus) / (2 * step), _along(grads, ends, step),
+                    *_quotient_errors(subject, c, x, base, ends, w, step)]
+            magnitude, fd, analytic, *raw = torch.stack(read).tolist()
+            errors = [e / magnitude if magnitude > 0 else 0.0 for e in raw]
+            quotients.append((sum(errors), step, fd, analytic, *errors))
             if sum(errors) <= allowed / 8:  # resolved well enough: the shorter steps cost calls and add nothing
                 break
         _, step, fd, analytic, truncation, rounding = min(quotients)  # the best-resolved quotient
@@ -149,6 +136,33 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
                      rounding=rounding)
 
 
+def _dense_form(case: Case) -> bool:
+    """Whether the check runs on another case than this one: the dense case of its longest sequences, a
+    large case's first batch entry."""
+    return case.kind != "dense" or case.splits > 1 or judged_entries(case) is not None
+
+
+def checked_case(case: Case, dtype: str) -> Case:
+    """The case the check runs the subject on, in `dtype`: a ragged, split or large case's dense form over its
+    longest sequences (and first batch entry), an FP8 case unquantized, in the contiguous layout, with normal
+    values."""
+    if _dense_form(case):
+        case = dataclasses.replace(case, batch=1, seqlens=None, tail=0, cache_seqlens=None, page_size=0,
+                                   pages="in-order", pool=0, splits=1)
+    if case.fp8 != "off":  # FP8 inputs are forward-only: the backward is checked on the same case unquantized
+        case = dataclasses.replace(case, fp8="off", fp8_format="e4m3",
+                                   regime="normal" if case.regime in FP8_OWN_REGIMES else case.regime)
+    # a finfo.min bias leaves a difference quotient nothing to see (s + h rounds to s next to 3.4e38, while the
+    # softmax still depends on s), and NaN keys would make every quotient NaN: the check takes normal ones.
+    # A sink far above every logit leaves each key a weight of e^-30 of it or less, near and under fp32's
+    # smallest normal, which a GPU flushes to zero (ex2.approx.ftz): terms that appear and vanish between
+    # x - he and x + he. The sink "around" the rows' log-sum-exp keeps it in the softmax with normal weights.
+    # a loss on out alone: the check follows the forward's out (the FP64 judge has the loss on lse)
+    return dataclasses.replace(case, dtype=dtype, regime="normal", layout="contiguous", mask_nan=False,
+                               lse_grad="off", bias="normal" if case.bias == "min" else case.bias,
+                               sinks="around" if case.sinks == "above" else case.sinks)
+
+
 def _signs(grad: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     """+-1 per element: the gradient's sign, a random one where it is 0 (or not finite)."""
     coin = torch.randint(0, 2, grad.shape, generator=g, device=grad.device) * 2 - 1
@@ -156,17 +170,18 @@ def _signs(grad: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return torch.where(sign != 0, sign, coin.float()).to(grad.dtype)
 
 
-def _along(grads: list, ends: list, h: float) -> float:
+def _along(grads: list, ends: list, h: float) -> torch.Tensor:
     """<grad, x+ - x-> / 2h: the directional derivative along the step the quotient took. Where x +- h e is
     not exact in the dtype (|x| past 2^p h at the shorter steps) that step is not 2h e, and comparing the
     quotient with <grad, e> would count the rounding of the inputs as the backward's error."""
     plus, minus = ends
     along = sum((gr.double() * (p.double() - m.double())).sum() for gr, p, m in zip(grads, plus, minus))
-    return float(along) / (2 * h)
+    return along / (2 * h)
 
 
 def _quotient_errors(subject: Subject, case: Case, x, base: list, ends: list, w, h: float) -> tuple:
-    """(truncation, rounding) of the quotient between the two points, under the subject's conventions.
+    """(truncation, rounding) of the quotient between the two points, under the subject's conventions, as
+    FP64 scalars on the device.
     truncation: |fd64 - analytic64|, how far the FP64 reference's own quotient lies from its exact
     derivative at the same inputs along the same step (the points sit off centre where an end rounded).
     rounding: sum |w| |naive - ref| at each end, over 2h: what a correct forward in the dtype (the naive
@@ -180,9 +195,9 @@ def _quotient_errors(subject: Subject, case: Case, x, base: list, ends: list, w,
         for end in ends:
             out = reference(*(t.to(torch.float64) for t in end), **kwargs)[0]["out"]
             values.append((out * w).sum())
-            rounding += float((w.abs() * (naive(*end, **kwargs)["out"].to(torch.float64) - out).abs()).sum())
+            rounding = rounding + (w.abs() * (naive(*end, **kwargs)["out"].to(torch.float64) - out).abs()).sum()
         quotient = (values[0] - values[1]) / (2 * h)
-    return abs(float(quotient) - exact), rounding / (2 * h)
+    return (quotient - exact).abs(), rounding / (2 * h)
 
 
 def _quantize(t: torch.Tensor, h: float, clamp: float) -> torch.Tensor:

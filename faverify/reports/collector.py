@@ -119,8 +119,12 @@ class KernelStats:
     compiles: int = 0  # what the subject compiled, over the cases (Subject.compiles)
     configurations: set = field(default_factory=set)  # the distinct compile keys of the cases run
     shapes: int = 0  # the shape budget its cases were drawn under (--shapes; 0: none)
-    warmup_cases: int = 0  # unjudged cases run first so each compiled variant compiles once (parallel.warm_up)
+    warmup_cases: int = 0  # unjudged cases run first so each compiled variant compiles once (warmup.warm_up)
     warmup_seconds: float = 0.0
+    warmup_compiles: int = 0  # of compiles: those the warm-up's cases made (Subject.compiles)
+    # what the warm-up process compiled ahead of the cases (warmup.Warmup.compiled): target, builds, compiled,
+    # cached, failed, jobs, seconds; empty where none ran
+    warmup_builds: dict = field(default_factory=dict)
     memory_retried: int = 0  # cases skipped for memory beside other workers, run again alone (parallel.py)
     seconds: float = 0.0
     # the example store's cases, replayed before the draw (fuzz.replay): counted here alone
@@ -278,7 +282,9 @@ class KernelStats:
                 "by_feature": {f: self.by_feature[f] for f in ("dense",) + FEATURES if f in self.by_feature},
                 "worker_restarts": self.restarts, "calls": self.calls, "compiles": self.compiles,
                 "configurations": sorted(self.configurations), "shapes": self.shapes,
-                "warmup": {"cases": self.warmup_cases, "seconds": round(self.warmup_seconds, 2)},
+                "warmup": {"cases": self.warmup_cases, "seconds": round(self.warmup_seconds, 2),
+                           "compiles": self.warmup_compiles,
+                           **({"builds": self.warmup_builds} if self.warmup_builds else {})},
                 "memory_retried": self.memory_retried,
                 "replayed": {"cases": self.replay["cases"], "failed": self.replay["failed"],
                              "signatures": dict(self.replay["signatures"])},

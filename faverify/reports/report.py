@@ -233,9 +233,7 @@ def summary_lines(run: Run) -> list:
         (f"edges drawn fewer than {EDGE_FLOOR} times (edges.py; the counts are in the run file)",
          _per_kernel(run, lambda s: ", ".join(f"{e} {n}" for e, n in s.get("edges", {}).items() if n < EDGE_FLOOR)
                      or (f"none of {len(s['edges'])}" if s.get("edges") else ""))),
-        ("warm-up (compiling each variant once, included in seconds)",
-         _per_kernel(run, lambda s: f"{s['warmup']['cases']} cases in {s['warmup']['seconds']:.1f} s"
-                     if s.get("warmup", {}).get("cases") else "")),
+        ("warm-up (compiling each variant once, included in seconds)", _per_kernel(run, _warmup)),
         ("run again alone after the others, skipped for memory while other workers held the device (their second "
          "verdict counts)", _per_kernel(run,
                                         lambda s: f"{s['memory_retried']} cases" if s.get("memory_retried") else "")),
@@ -339,3 +337,17 @@ def _relations(summary: dict) -> str:
                      f"{r['checked']} equal"
                      + (f" (largest relative difference {r['max_diff']:.3g})" if r["equal"] < r["checked"] else "")
                      for name, r in summary.get("relations", {}).items())
+
+
+def _warmup(summary: dict) -> str:
+    """The warm-up's cases and seconds, and the Triton builds compiled ahead of them (warmup.py), if any."""
+    warm = summary.get("warmup", {})
+    if not warm.get("cases"):
+        return ""
+    text = f"{warm['cases']} cases in {warm['seconds']:.1f} s"
+    b = warm.get("builds")
+    if b:
+        text += (f"; {b['builds']} Triton builds for {b['target']}: {b['compiled']} compiled, {b['cached']} found in "
+                 f"the cache, {b['failed']} failed, by {b['jobs']} processes in {b['seconds']:.1f} s")
+        text += f" ({b['error']})" if b.get("error") else ""
+    return text

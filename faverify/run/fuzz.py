@@ -17,12 +17,12 @@ from faverify.cases.strategies import shape_pool
 from faverify.reports.case_result import CaseResult, own_error
 from faverify.reports.collector import Failure, KernelStats
 from faverify.reports.results import Run
-from faverify.run import examples
+from faverify.run import examples, warmup
 from faverify.run.confirm import confirm, repro_flags, unconfirmed
 from faverify.run.evaluate import evaluate as evaluate_case
 from faverify.run.guard import blame_lost_context
 from faverify.run.isolation import HISTORY, case_workers
-from faverify.run.parallel import draw_cases, fuzz_parallel, warmup_cases
+from faverify.run.parallel import draw_cases, fuzz_parallel
 from faverify.run.plan import COMPILE_SHAPES, FuzzPlan
 from faverify.run.scheduler import Pool, cores
 from faverify.run.sequential import fuzz_subject
@@ -64,13 +64,16 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
                             edges_listed=() if plan.scale == "large" else tuple(listed(plan.case_args()["features"])),
                             shapes=plan.shapes)
         all_stats.append(stats)
-        pool, stored = None, []
+        pool, stored, warm = None, [], None
+        declared = (compile_keys or {}).get(name)
         try:
-            warmup = warmup_cases(name, plan) if parallel else []
+            # the Triton builds compile across the cores in a process of their own from now on (warmup.py)
+            warm = warmup.start(name, resolve(name), plan, devices[0], mode)
             if isolate:
-                # the warm-up compiles on every core (one worker each), then the run keeps `workers`
+                # a warm-up in the workers compiles on every core (one worker each), then the run keeps `workers`
                 per_device = workers if parallel else 1
-                pool = Pool(case_workers(name, devices, max(per_device, cores() // len(devices)) if warmup
+                many = parallel and (warm.cases or declared is not None)
+                pool = Pool(case_workers(name, devices, max(per_device, cores() // len(devices)) if many
                                          else per_device, mode, tolerance.to_dict(), timeout, repeat, measure))
             evaluate = pool.workers[0].evaluate if pool is not None else _in_process(name, devices[0], mode,
                                                                                       tolerance, repeat, measure)
@@ -78,16 +81,18 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
             replay(name, stored, evaluate, stats)
             progress = _stopping(progress_factory(name))
             if parallel:
-                declared = (compile_keys or {}).get(name)
                 key = (lambda case, f=declared, kind=devices[0].type: f(case, kind)) if declared else None
-                fuzz_parallel(name, plan, pool, stats, progress, warmup, keep=workers, key=key)
+                fuzz_parallel(name, plan, pool, stats, progress, warm, keep=workers, key=key)
             else:
+                warm.compiled(stats)  # one worker: it meets each build as it goes, loading what was compiled
                 fuzz_subject(name, plan, evaluate, stats, progress)
         except KeyboardInterrupt:
             interrupted = True
         finally:
             # held: an interrupt while the workers stop must not lose what they measured
             with held() as late:
+                if warm is not None:
+                    warm.stop()
                 if pool is not None:
                     stats.restarts = pool.restarts
                     pool.close()

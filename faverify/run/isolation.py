@@ -112,11 +112,13 @@ def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: in
 
 
 def _warm(subject, case: Case, device: str, mode: str) -> CaseResult:
+    """The case's calls alone, unjudged, with what they compiled (Subject.compiles)."""
+    subject.take_compiles()
     try:
         exercise(subject, case, device, mode)
     except Exception as e:  # not judged: the drawn cases that need this variant will fail and report it
         return failure(subject.name, case, "fail", f"warm-up raised {type(e).__name__}: {e}", "warmup", device)
-    return CaseResult(subject.name, case, "skip", "warm-up", device=device)
+    return CaseResult(subject.name, case, "skip", "warm-up", device=device, compiles=subject.take_compiles())
 
 
 class Worker:

@@ -15,12 +15,13 @@ from hypothesis import Phase, given, seed
 from hypothesis.errors import Flaky
 
 from faverify.cases.case import Case
-from faverify.judge.gradcheck import dtype_for
 from faverify.reports.case_result import CaseResult, skipped_for_memory
 from faverify.reports.collector import Failure, KernelStats, Roots
 from faverify.run.isolation import Task
 from faverify.run.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings, seed_only
-from faverify.run.scheduler import Affinity, Pool, cores
+from faverify.run.scheduler import Pool, cores
+from faverify.run.warmup import warm_up
+from faverify.run.warmup import warmup_cases as _warmup_cases
 from faverify.subjects import resolve
 
 # The draw and its replay must use the very same settings: Hypothesis's choices depend on max_examples.
@@ -125,30 +126,15 @@ def shrink_by_replay(plan: FuzzPlan, index: int, first: CaseResult, signature: s
     return shrinker.best, shrinker.steps, note
 
 
-def warm_up(pool, warmup: list, stats: KernelStats) -> None:
-    """Run the subject's warm-up cases (Subject.warmup) over the pool's workers, unjudged: each compiles
-    its variants once, into the JIT's on-disk cache, where every worker then finds them. Without it each
-    of the workers compiles every variant it meets itself, and a fuzz of a JIT-compiled subject runs at
-    the compiler's pace for minutes."""
-    if not warmup:
-        return
-    start = time.perf_counter()
-    pool.map(((i, Task(c, warm=True)) for i, c in enumerate(warmup)), lambda i, r: None)
-    stats.warmup_cases, stats.warmup_seconds = len(warmup), time.perf_counter() - start
-
-
 def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
                   progress: Callable[[CaseResult], None] = lambda r: None, warmup: list = (),
                   keep: int | None = None, key: Callable[[Case], tuple] | None = None) -> KernelStats:
-    """keep: workers per device after the warm-up (the pool may have started more, to compile on every
-    core). key: the subject's compile key (Subject.compile_key): each configuration's cases go to the worker
-    that compiled it (scheduler.Affinity)."""
+    """warmup: the subject's warm-up (warmup.Warmup, or its cases). keep: workers per device after the
+    warm-up (the pool may have started more, to compile on every core). key: the subject's compile key
+    (Subject.compile_key): each configuration's cases go to the worker that compiled it (scheduler.Affinity)."""
     start = time.perf_counter()
     timing: dict = {}
     drawn = stream_cases(plan, timing)  # drawing while the warm-up compiles
-    warm_up(pool, list(warmup), stats)
-    if keep is not None:
-        pool.retain(keep)
     every = plan.gradcheck_every
     first: dict = {}  # signature -> (index, result) of the first case that showed it
 
@@ -182,8 +168,7 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
     try:
         index, count = plan.shard or (0, 1)
         items = ((i, task(i, c)) for i, c in enumerate(drawn) if i % count == index)
-        pool.map(Affinity(items, lambda t: key(t.case)) if key is not None else items,
-                 lambda i, result: record(i, result, hold=True))
+        pool.map(warm_up(pool, warmup, stats, keep, items, key), lambda i, result: record(i, result, hold=True))
         if held:
             # run again on one worker per device, the others idle (they gave back what a case past 2 GiB
             # took: memory.gives_back); a case still too large then is skipped for good
@@ -267,12 +252,5 @@ def shrink_all(plan: FuzzPlan, pending: list, workers: list, shrunk: dict) -> No
 
 
 def warmup_cases(name: str, plan: FuzzPlan) -> list:
-    """The subject's warm-up cases for the plan's dtypes, and for the gradient check's dtype (fp32 where
-    the subject has it) when the plan runs the check, and for the features the plan draws (a dense fuzz
-    compiles no variant build)."""
-    subject = resolve(name)
-    if subject.warmup is None:
-        return []
-    extra = dtype_for(subject) if plan.gradcheck_every > 0 else None
-    return list(subject.warmup(tuple(dict.fromkeys(plan.dtypes + ((extra,) if extra else ()))),
-                               tuple(plan.case_args()["features"])))
+    """The subject's warm-up cases for the plan's dtypes, features and gradient check (warmup.warmup_cases)."""
+    return _warmup_cases(resolve(name), plan.dtypes, tuple(plan.case_args()["features"]), plan.gradcheck_every > 0)

@@ -38,10 +38,10 @@ class Affinity:
 
     LOOKAHEAD = 64
 
-    def __init__(self, items: Iterable, key: Callable[[object], Hashable]):
+    def __init__(self, items: Iterable, key: Callable[[object], Hashable], owner: dict | None = None):
         self.items, self.key = iter(items), key
         self.ahead: list = []  # (key, (tag, item)) in order
-        self.owner: dict = {}  # key -> the worker that ran it first
+        self.owner: dict = dict(owner or {})  # key -> the worker that ran it first (owner: a warm-up's)
 
     def take(self, worker):
         while len(self.ahead) < self.LOOKAHEAD:

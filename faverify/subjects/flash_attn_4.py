@@ -15,6 +15,8 @@ takes head dims that are multiples of 16 alone ("Paged KV does not support irreg
 """
 from __future__ import annotations
 
+import os
+
 from faverify.errors import EnvironmentProblem, Unsupported
 from faverify.subjects.base import Capabilities, Subject
 from faverify.subjects.translate import flash_attn_4_window
@@ -24,6 +26,9 @@ PAGED_ALIGNMENT = 16  # head dims its paged path takes: its tiles' head dim is p
 
 
 def _library():
+    # its on-disk compile cache, off unless asked for: on, a configuration one worker compiled (2-4 s each)
+    # loads in every other worker and in the next run; a user's own setting stands
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
     try:
         from flash_attn import cute
     except Exception as e:  # ImportError, or the CuTe DSL failing to find CUDA

@@ -102,6 +102,37 @@ def seq_strides(t, varlen: bool = False) -> tuple:
     return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
 
 
+def settle_keys(*modules) -> None:
+    """Make the Triton cache key of every kernel the modules hold the same in every process.
+
+    A kernel's key (JITCallable.cache_key) takes in the global constants its callees read only where the
+    callees' own keys were computed first (triton 3.6, runtime/jit.py: DependenciesFinder._update_hash merges
+    a callee's used_global_vals before computing them). The first kernel of a process to reach a helper is
+    keyed without them, the later ones with them: the fast and generic dk/dv builds, which share their body,
+    swapped keys with the order of a process's first launches, and a worker whose order was not the
+    warm-up's compiled builds the warm-up had made. So every key reachable from the modules is computed
+    again, each time with its callees' constants as the last pass found them, until no key changes: then
+    each is the one with every constant it depends on, whatever the order. The interpreter compiles nothing."""
+    if INTERPRET:
+        return
+    from triton.runtime.jit import JITCallable
+    found: dict = {}
+    todo = [v for m in modules for v in vars(m).values()]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, JITCallable) and id(v) not in found:
+            found[id(v)] = v
+            todo.extend(v.get_capture_scope().values())
+    keys = None
+    while True:
+        for fn in found.values():
+            fn.hash = None
+        now = [fn.cache_key for fn in found.values()]
+        if now == keys:
+            return
+        keys = now
+
+
 # The code paths the launches took, in order (interface.PATHS names them): the subject reports them per case,
 # so a fuzz shows which kernels its cases reached and a mutant which cases ran its mutated code.
 LAUNCHED: list = []

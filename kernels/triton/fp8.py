@@ -13,6 +13,8 @@ at sm_89: on older GPUs the launcher raises Unsupported. Causal is bottom-right 
 diagonal are skipped, every other tile is masked (the simple form first: the unmasked fast path of
 forward.py is a speed step not taken yet).
 """
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -28,7 +30,9 @@ from faverify.kernels.triton.common import (
     mask_scores,
     mm,
     quiet,
+    settle_keys,
 )
+from faverify.kernels.triton.target import capability
 
 E4M3_MAX = tl.constexpr(448.0)
 BLOCK_M, BLOCK_N = 64, 64
@@ -104,9 +108,8 @@ def check(q, k, v, descales) -> None:
     for name, t in zip(("q_descale", "k_descale", "v_descale"), descales):
         if t is None or tuple(t.shape) != (b, hk):
             raise ValueError(f"{name} must be a [batch, nheads_k] = [{b}, {hk}] tensor (per tensor or per head)")
-    if q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 9):
-        raise Unsupported("FP8 tensor cores start at sm_89; this GPU is sm_%d%d"
-                          % torch.cuda.get_device_capability(q.device))
+    if (q.is_cuda or not INTERPRET) and capability(q.device) < (8, 9):
+        raise Unsupported("FP8 tensor cores start at sm_89; this GPU is sm_%d%d" % capability(q.device))
 
 
 def fp8_attn_func(q, k, v, *, q_descale, k_descale, v_descale, causal=False, softmax_scale=None):
@@ -129,3 +132,5 @@ def fp8_attn_func(q, k, v, *, q_descale, k_descale, v_descale, causal=False, sof
                        INTERPRETED=INTERPRET)
     return out, lse
 
+
+settle_keys(sys.modules[__name__])  # every kernel keyed alike in every process (common.settle_keys says why)

@@ -16,12 +16,14 @@ from faverify.kernels.triton import configs, hopper
 from faverify.kernels.triton import forward as _fwd
 from faverify.kernels.triton import forward_hopper as _fwd_hopper
 from faverify.kernels.triton import sparse as _sparse
+from faverify.kernels.triton import target as _target
 from faverify.kernels.triton import variant_interface as _var
 from faverify.kernels.triton.common import (
     INTERPRET,
     LOG2E,
     block_d,
     quiet,
+    settle_keys,
     take_paths,  # noqa: F401  (the subject's Subject.paths)
     with_dlse,
 )
@@ -40,6 +42,10 @@ PATHS = ("fwd hopper", "fwd hopper variant", "fwd triton-tma", "fwd triton", "fw
     path + build for path in ("fwd variant", "fwd variant varlen", "fwd variant paged", "fwd variant paged split",
                               "fwd variant decode", "fwd variant decode split", "bwd variant", "bwd variant varlen")
     for build in ("", " generic"))
+
+
+# every kernel keyed alike in every process, before any launch (common.settle_keys says why)
+settle_keys(_fwd, _bwd, _fwd_hopper, _bwd_hopper, _sparse, _var._vfwd, _var._vbwd, _var._vdec)
 
 
 def _build(name: str, *tensors):
@@ -71,7 +77,7 @@ def _use_tma(*tensors, launch: Launch = DEFAULT) -> bool:
     if launch.tma is not None:
         return launch.tma
     q = tensors[0]
-    return not INTERPRET and configs.tma_forward(q.element_size(), torch.cuda.get_device_capability(q.device)[0])
+    return not INTERPRET and configs.tma_forward(q.element_size(), _target.capability(q.device)[0])
 
 
 def _use_hopper_backward(q, k, v, dout, alibi, launch: Launch = DEFAULT) -> bool:
@@ -81,14 +87,14 @@ def _use_hopper_backward(q, k, v, dout, alibi, launch: Launch = DEFAULT) -> bool
     asked = launch.hopper_backward or launch.fused_backward
     if not asked or INTERPRET or alibi is not None or not _aligned(q, k, v, dout):
         return False
-    return configs.hopper_forward(q.element_size(), torch.cuda.get_device_capability(q.device)[0],
+    return configs.hopper_forward(q.element_size(), _target.capability(q.device)[0],
                                   block_d(q.shape[3]))
 
 
 def _use_hopper(q, tma: bool, launch: Launch = DEFAULT) -> bool:
     if not tma or INTERPRET or launch.hopper is False:
         return False
-    return configs.hopper_forward(q.element_size(), torch.cuda.get_device_capability(q.device)[0],
+    return configs.hopper_forward(q.element_size(), _target.capability(q.device)[0],
                                   block_d(q.shape[3]))
 
 
@@ -285,8 +291,8 @@ def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None =
     The dense case runs forward.py and backward.py; any variant the variant kernels (variant_forward.py), but
     for the backward of sinks alone: backward.py's, given the forward's rows (variant_interface.backward).
     """
-    scale = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale, init=init, allow_cpu=INTERPRET,
-                         device_hint=DEVICE_HINT, head_dim_v=True)
+    scale = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale, init=init,
+                         allow_cpu=_target.cpu_tensors(), device_hint=DEVICE_HINT, head_dim_v=True)
     check_variant(q, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
                   batch=q.shape[0])
     check_masks(q, k, attn_mask=attn_mask, block_mask=block_mask, block_size=block_size)
@@ -326,8 +332,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     and of k and v by cu_seqlens_k, each its own attention problem (causal and windows aligned per
     sequence); max_seqlen_q/k at least the longest. Tokens past the last offset are never read; out's stay 0.
     Returns out [total_q, nheads, head_dim_v], with return_lse also lse [nheads, total_q] (flash-attn's)."""
-    scale = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale, init=init, allow_cpu=INTERPRET,
-                         device_hint=DEVICE_HINT, head_dim_v=True, ndim=3)
+    scale = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale, init=init,
+                         allow_cpu=_target.cpu_tensors(), device_hint=DEVICE_HINT, head_dim_v=True, ndim=3)
     batch = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dim() == 1 else 0
     check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     check_variant(q, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, batch=batch)
@@ -336,12 +342,6 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
                   max_seqlen_k=max_seqlen_k)
     out, lse = _var.attention(q, k, v, var, ragged, launch=launch or DEFAULT)[:2]
     return (out, lse) if return_lse else out
-
-
-def sm_count(device) -> int:
-    """The SMs num_splits_for fills: the GPU's, or 8 under the interpreter (the CPU)."""
-    device = torch.device(device)
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
 
 
 def num_splits_for(batch: int, nheads: int, seqlen_q: int, max_cache: int, sms: int, nheads_k: int = 0,
@@ -378,12 +378,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cau
     return_splits also the partials, out_splits [num_splits, batch, seqlen_q, nheads, head_dim_v] and
     lse_splits [num_splits, batch, nheads, seqlen_q] (fp32)."""
     scale = check_inputs(q, k_cache, v_cache, causal=causal, softmax_scale=softmax_scale, init="-inf",
-                         allow_cpu=INTERPRET, device_hint=DEVICE_HINT, head_dim_v=True, same_batch=False)
+                         allow_cpu=_target.cpu_tensors(), device_hint=DEVICE_HINT, head_dim_v=True, same_batch=False)
     check_kvcache(q, k_cache, cache_seqlens, block_table, num_splits)
     check_variant(q, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=None,
                   batch=q.shape[0])
     if num_splits == 0:
-        sms = sm_count(q.device)
+        sms = _target.sm_count(q.device)
         # the longest cache the table can hold, not cache_seqlens' largest: known without reading the device
         # (a call stays free of host syncs, and capturable in a CUDA graph)
         num_splits = num_splits_for(q.shape[0], q.shape[2], q.shape[1], block_table.shape[1] * k_cache.shape[1],

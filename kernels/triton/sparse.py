@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from faverify.kernels.triton.common import INTERPRET, LAUNCHED, LN2, block_d, cast, mm, with_dlse
+from faverify.kernels.triton.common import INTERPRET, LAUNCHED, LN2, block_d, cast, generic_args, mm, with_dlse
 
 LOG2E = 1.4426950408889634
 BLOCK_N = 16
@@ -87,8 +87,7 @@ def _tile(q, k_base, v_base, idx_rows, n0, topk, seqlen_k, in_tok, stride_ks, st
     return idx, listed, k, v, s
 
 
-@triton.jit
-def _sparse_fwd(Q, K, V, Idx, Out, Lse, Rowmax, Log2l,  #
+def _fwd(Q, K, V, Idx, Out, Lse, Rowmax, Log2l,  #
                 stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                 stride_ob, stride_os, stride_oh, stride_ib, stride_is, stride_ih,  #
                 nheads, seqlen_q, seqlen_k, group, topk, head_dim, head_dim_v, qk_scale,  #
@@ -123,8 +122,7 @@ def _sparse_fwd(Q, K, V, Idx, Out, Lse, Rowmax, Log2l,  #
     tl.store(o_ptrs, cast(out, Out.dtype.element_ty, INTERPRETED), mask=o_ok)
 
 
-@triton.jit
-def _sparse_bwd(Q, K, V, Idx, DO, Rowmax, Log2l, Delta, DQ, DK, DV,  #
+def _bwd(Q, K, V, Idx, DO, Rowmax, Log2l, Delta, DQ, DK, DV,  #
                 stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
                 stride_ib, stride_is, stride_ih, stride_db, stride_ds, stride_dh, stride_gb, stride_gs, stride_gh,  #
                 nheads, seqlen_q, seqlen_k, group, topk, head_dim, head_dim_v, softmax_scale, qk_scale,  #
@@ -163,6 +161,13 @@ def _sparse_bwd(Q, K, V, Idx, DO, Rowmax, Log2l, Delta, DQ, DK, DV,  #
     g_ptrs, g_ok = _rows(DQ, b, toks, heads, offs_d, stride_gb, stride_gs, stride_gh, ok, head_dim)
     tl.store(g_ptrs, cast(dq * softmax_scale, DQ.dtype.element_ty, INTERPRETED), mask=g_ok)
 
+
+
+# Specialized on nothing at run time (common.generic_args): one build per dtype, padded head dims and group
+# padding. Specialized, each divisibility of a size or stride a fuzz draws (topk, the group, the lengths)
+# made a build of its own, which the warm-up could not list and every GPU worker compiled again.
+_sparse_fwd = triton.jit(do_not_specialize=generic_args(_fwd))(_fwd)
+_sparse_bwd = triton.jit(do_not_specialize=generic_args(_bwd))(_bwd)
 
 def _tiles(q, v, group: int) -> dict:
     return dict(BLOCK_T=BLOCK_T, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N,

@@ -150,13 +150,13 @@ def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
 
 
 def sparse_warmup_cases(dtypes: tuple) -> list:
-    """The sparse-indices kernels' builds (sparse.py): a build per dtype and padded head dim, and per head
-    dim that is or is not a multiple of 16 (an integer argument the compiler specializes on); the group's
-    rows pad to 16 for every group drawn."""
+    """The sparse-indices kernels' builds (sparse.py, specialized on nothing at run time): a build per dtype
+    and padded head dims of q/k and of v; the group's rows pad to 16 for every group drawn."""
     from faverify.cases.case import Case
     from faverify.kernels.triton.common import BLOCK_DS
-    return [Case(batch=1, seqlen_q=33, seqlen_k=97, nheads=2, nheads_k=1, head_dim=head_dim, dtype=dtype,
-                 sparse="distinct", topk=40) for bd in BLOCK_DS for head_dim in (bd, bd - 1) for dtype in dtypes]
+    return [Case(batch=1, seqlen_q=33, seqlen_k=97, nheads=2, nheads_k=1, head_dim=bd, dtype=dtype,
+                 head_dim_v=None if bdv == bd else bdv, sparse="distinct", topk=40)
+            for bd in BLOCK_DS for bdv in BLOCK_DS for dtype in dtypes]
 
 
 def hopper_variant_warmup_cases(dtypes: tuple) -> list:

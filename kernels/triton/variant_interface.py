@@ -16,6 +16,7 @@ from faverify.kernels.triton.common import INTERPRET, aligned, block_d, quiet, w
 from faverify.kernels.triton.common import LAUNCHED as _LAUNCHED
 from faverify.kernels.triton.common import seq_strides as _qstrides
 from faverify.kernels.triton.launch import DEFAULT, Launch
+from faverify.kernels.triton.target import capability
 from faverify.kernels.triton.variant_args import MaskArgs, Variant, broadcast_strides  # noqa: F401  (_var.Variant)
 
 # Split-KV cuts the keys into whole blocks of this many (case.split_ranges' block): a multiple of every
@@ -63,7 +64,7 @@ def fast_build(var: Variant, q, v, *tensors) -> bool:
 
 
 def _tile(kind: str, q, dv: int, varlen: bool = False, masked: bool = False, fast: bool = False) -> configs.Tile:
-    major = torch.cuda.get_device_capability(q.device)[0] if q.is_cuda else 9
+    major = capability(q.device)[0]
     return configs.variant(kind, max(block_d(q.shape[-1]), block_d(dv)), q.element_size(), varlen, masked, fast,
                            major)
 
