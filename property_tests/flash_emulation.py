@@ -175,7 +175,7 @@ def _subject(recompute: str, bug: str | None, p_from: str = "rows"):
 
 control = _subject("split", None)  # the backward's S in another order than the forward's: the harder control
 control_same_order = _subject("same", None)
-control_p_from_lse = _subject("split", None, "lse")  # flash-attn's P: fails dv where bf16-scale determines it
+control_p_from_lse = _subject("split", None, "lse")  # flash-attn's P
 d_off = _subject("split", "d-off")
 l_not_rescaled = _subject("split", "l-not-rescaled")
 k_scaled_in_dtype = _subject("split", "k-scaled-in-dtype")

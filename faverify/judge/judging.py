@@ -103,7 +103,7 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
                             sinks=x.sinks is not None, empty_lse=conventions.empty_lse_value)
     if keep is not None:  # the reference the tensors were judged against (`repro --plot` draws the errors)
         keep["reference"] = ref
-    metrics = judge_all(stats, case.dtype, tolerance, determined=_determined(stats, variant, k))
+    metrics = judge_all(stats, case.dtype, tolerance)
     lse = metrics.get("lse")
     if lse is not None and not lse.passed and not lse.nan:
         hint = _lse_base_hint(got["lse"], ref["lse"], lse.allowed, conventions)
@@ -113,19 +113,6 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
     if out is not None and out.waived and out.passed:
         _within_hull(out, got["out"], (q, k, v), case, variant)
     return metrics
-
-
-def _determined(stats: dict, variant, k) -> tuple:
-    """The tensors whose weights are determined though fp32 cannot determine the logits (an ill-conditioned
-    case): where every key a row sees holds the same vector, and nothing per key or beside the keys (ALiBi, a
-    bias, a score_mod, a sink, a key's multiplicity) moves one logit from another, each row's logits are the same
-    number however they round, and its weights are uniform. dv = P^T dO is then the FP64 one, and so is a
-    kernel's that normalizes its weights by their own sum (bf16-scale: every element 133120). Judged there
-    without the flash algorithm's logit term: its weights do not depend on the logits' rounding."""
-    if "dv" not in stats or any(t is not None for t in (variant.alibi_slopes, variant.bias, variant.score_mod,
-                                                         variant.sinks, variant.multiplicity)):
-        return ()
-    return ("dv",) if k.shape[1] > 1 and bool((k == k[:, :1]).all()) else ()
 
 
 def _within_hull(m, out, qkv: tuple, case: Case, variant) -> None:

@@ -33,8 +33,8 @@ or an FP8 tensor core's 2^-13: every element 133120 gives logits near 1e9, one f
 logits near 6000), the attention weights are not determined by the kernel's logits at all: a conforming
 kernel may legitimately give all the weight to one key among equals. The case is then ill-conditioned: the
 tolerance is waived for out and the gradients (counted and reported as waived), while NaN/Inf, the
-rows-that-see-no-key rule and lse are still checked, judging.py holds out to its values' hull, and dv is
-judged where the case's symmetry fixes the weights (judge's `determined`).
+rows-that-see-no-key rule and lse are still checked, judging.py holds out to its values' hull, and the
+gradient check judges the gradients against the subject's own forward (run/evaluate.py).
 
 The baseline and flash terms of out are capped together at OUT_CAP * max|ref_out|: a naive attention that
 rounds large logits to the dtype is as wrong as zeros, and so is a flash kernel whose weights its logits'
@@ -150,20 +150,15 @@ def parse_overrides(text: str | None, defaults: dict, argument: str) -> dict:
     return values
 
 
-def judge(stats: ErrorStats, dtype: str, tolerance: Tolerance, determined: bool = False) -> TensorMetrics:
-    """The verdict on one tensor: its statistics, the error allowed, and why it fails (if it does).
-    determined: its weights are fixed by the case's symmetry though its logits are not (judging._determined):
-    judged under the tolerance, without the flash term, even where the case is ill-conditioned, its baseline
-    term capped as out's (the naive attention's logits may have overflowed the dtype there)."""
+def judge(stats: ErrorStats, dtype: str, tolerance: Tolerance) -> TensorMetrics:
+    """The verdict on one tensor: its statistics, the error allowed, and why it fails (if it does)."""
     name, s, scale, logit = stats.tensor, stats.values, stats.scale, stats.logit
     # lse is float32, but its floor follows the inputs' dtype, as its baseline does
     base = s["baseline_max_abs"]
-    ill = name not in ROW_LOGITS and tolerance.ill_conditioned(logit, stats.logit_unit)
-    determined = determined and ill  # elsewhere the weights are judged as every case's are
-    waived = ill and not determined
+    waived = name not in ROW_LOGITS and tolerance.ill_conditioned(logit, stats.logit_unit)
     from_baseline, floor = tolerance.terms(name, dtype, base, scale)
-    flash = 0.0 if determined else stats.flash
-    if name == "out" or determined:  # a yardstick as wrong as zeros allows nothing: OUT_CAP
+    flash = stats.flash
+    if name == "out":  # a yardstick as wrong as zeros allows nothing: OUT_CAP
         smallest = torch.finfo(TORCH[dtype]).smallest_normal * torch.finfo(TORCH[dtype]).eps
         from_baseline, flash = min(from_baseline + flash, max(OUT_CAP * s["ref_max"], smallest)), 0.0
     floor += flash
@@ -203,9 +198,9 @@ def judge(stats: ErrorStats, dtype: str, tolerance: Tolerance, determined: bool 
     )
 
 
-def judge_all(stats: dict, dtype: str, tolerance: Tolerance, determined: tuple = ()) -> dict:
-    """judge() for every tensor of error_stats' result, by name; determined: judge()'s, by tensor name."""
-    return {name: judge(s, dtype, tolerance, name in determined) for name, s in stats.items()}
+def judge_all(stats: dict, dtype: str, tolerance: Tolerance) -> dict:
+    """judge() for every tensor of error_stats' result, by name."""
+    return {name: judge(s, dtype, tolerance) for name, s in stats.items()}
 
 
 def kind(m: TensorMetrics) -> str:
