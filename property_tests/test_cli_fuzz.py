@@ -24,7 +24,10 @@ def test_sdpa_math_200_cases_pass_on_cpu(tmp_path):
     assert run["schema"] == "faverify.run" and run["kernels"][0]["summary"]["passed"] == 200
     # sdpa-math returns no lse; its sinks cases add dsinks
     assert {row["tensor"] for row in run["kernels"][0]["stats"]} == {"out", "dq", "dk", "dv", "dsinks", "dbias"}
-    assert run["kernels"][0]["gradcheck"][0]["checks"] == 8  # every 25th of 200
+    # every 25th of 200, and each case whose gradient errors were waived (ill-conditioned): its gradients
+    # are judged by the check instead
+    waived = sum(row["waived"] for row in run["kernels"][0]["stats"] if row["tensor"] in ("dq", "dk", "dv"))
+    assert 8 <= run["kernels"][0]["gradcheck"][0]["checks"] <= 8 + waived, (waived, run["kernels"][0]["gradcheck"])
     assert "| sdpa-math" in (tmp_path / "run.md").read_text()
 
 

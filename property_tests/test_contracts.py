@@ -1,6 +1,8 @@
 """The contract as a user reads it: what a kernel that follows it documents gets, and what it must give back,
 judged where it was not before (the gradients' varlen tail rows), taken where it crashed faverify (a varlen
 subject with split-KV partials)."""
+import os
+
 import pytest
 
 from faverify.cases.case import Case
@@ -62,8 +64,12 @@ def test_faverify_s_own_error_is_its_own_not_the_subject_s(tmp_path, monkeypatch
 
 
 def test_a_worker_reports_faverify_s_own_error_apart_from_a_crash(monkeypatch):
-    """The worker's loop (isolation._serve) run here, its evaluate broken: the case comes back as an error."""
+    """The worker's loop (isolation._work) run here, its evaluate broken: the case comes back as an error.
+    The loop leaves its process as it found it: the test's process group, and the processes it started
+    (the suite's background compiles), outlive it."""
     import multiprocessing as mp
+    import subprocess
+    import sys
 
     from faverify.judge.verdict import Tolerance
     from faverify.reports.case_result import CaseResult
@@ -72,14 +78,21 @@ def test_a_worker_reports_faverify_s_own_error_apart_from_a_crash(monkeypatch):
     def broken(*args, **kwargs):
         raise KeyError("planted")
     monkeypatch.setattr(isolation, "evaluate", broken)
-    parent, child = mp.Pipe()
-    parent.send((Case(1, 2, 2, 1, 1, 8).to_dict(), False, None, False))
-    parent.send(None)
-    isolation._serve(child, "sdpa-math", "cpu", "both", Tolerance().to_dict())
-    assert parent.recv()[0] == "ready"
-    kind, payload = parent.recv()
-    result = CaseResult.from_dict(payload)
-    assert result.status == "error" and not result.failed and "KeyError" in result.reason, result.reason
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    group = os.getpgid(0)
+    try:
+        parent, child = mp.Pipe()
+        parent.send((Case(1, 2, 2, 1, 1, 8).to_dict(), False, None, False))
+        parent.send(None)
+        isolation._work(child, "sdpa-math", "cpu", "both", Tolerance().to_dict())
+        assert parent.recv()[0] == "ready"
+        kind, payload = parent.recv()
+        result = CaseResult.from_dict(payload)
+        assert result.status == "error" and not result.failed and "KeyError" in result.reason, result.reason
+        assert bystander.poll() is None and os.getpgid(0) == group
+    finally:
+        bystander.kill()
+        bystander.wait()
 
 
 @pytest.mark.parametrize("raised", ["GeneratorExit", "class Custom(BaseException): pass\nraise Custom"])

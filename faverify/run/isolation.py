@@ -46,20 +46,9 @@ class Task(NamedTuple):
 
 def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1, threads: int = 0,
            measure: tuple = ()) -> None:
-    """The worker: _work until told to stop; when its parent is gone (a stop while it started, a killed run)
-    it leaves quietly, since nobody reads what it would say."""
-    try:
-        _work(conn, kernel, device, mode, tolerance, repeat, threads, measure)
-    except (BrokenPipeError, ConnectionResetError, EOFError):
-        return
-    finally:  # what the subject started ends with the worker, daemons that left its process group too
-        processes.end_descendants(os.getpid())
-
-
-def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1, threads: int = 0,
-          measure: tuple = ()) -> None:
-    """The worker's loop: (case, gradcheck, golden) in, CaseResult dict out, until None or a poisoned
-    context. The worker has this one's environment (TRITON_INTERPRET among it): processes.start.
+    """The worker process: its own process group and orphans, then _work until told to stop; when its parent
+    is gone (a stop while it started, a killed run) it leaves quietly, since nobody reads what it would say.
+    The worker has this one's environment (TRITON_INTERPRET among it): processes.start.
     threads: torch's CPU threads in this worker (0: torch's default, one a core)."""
     try:  # a process group of its own: what the subject starts ends with the worker (Worker.stop)
         os.setpgid(0, 0)
@@ -73,7 +62,17 @@ def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: in
     # as its failure.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        _work(conn, kernel, device, mode, tolerance, repeat, measure)
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        return
+    finally:  # what the subject started ends with the worker, daemons that left its process group too
+        processes.end_descendants(os.getpid())
 
+
+def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1, measure: tuple = ()) -> None:
+    """The worker's loop: (case, gradcheck, golden) in, CaseResult dict out, until None or a poisoned
+    context. It changes nothing of its process, so a test can run it in its own."""
+    try:
         subject = resolve(kernel)
         tol = Tolerance.from_dict(tolerance)
         conn.send(("ready", None))
