@@ -32,6 +32,11 @@ roundings cost that no relative floor bounds:
 - dS rounded to the input dtype as a matmul operand: below the smallest normal that rounding is absolute,
   half a subnormal step per term (fp16's 2^-25; bf16's and fp32's are below FLUSHED).
 A row whose logits are a mask-like bias (MASK_LIKE) is uniform in fp32 as in FP64: it adds no M.
+
+A sparse key listed n times weighs n exp(s) = exp(s + log n). A kernel may take that weight as an additive
+bias in its inputs' dtype (torch's SDPA takes no other), rounded there: each weight then moves by up to half
+that dtype's unit times log n, W_i the row's largest log n. A kernel that weighs a duplicate once, or not at
+all, errs by log 2 or more, which this term never covers.
 """
 from __future__ import annotations
 
@@ -68,8 +73,8 @@ class FlashBound:
     reference computes them (reference._rows_of), max over each tensor. maxima: the ScaleAccumulator whose
     per-row and per-key max|x| it reads."""
 
-    def __init__(self, Q, K, scale: float, maxima, half_step: float, dot: Dot = FP32_DOT):
-        self.maxima, self.scale = maxima, scale
+    def __init__(self, Q, K, scale: float, maxima, half_step: float, dot: Dot = FP32_DOT, weight_unit: float = 0.0):
+        self.maxima, self.scale, self.weight_unit = maxima, scale, weight_unit
         self.dot = dot.rounds(Q.shape[-1]) * dot.unit / U32  # the dot's error in units of u32
         self.unit = dot.unit
         self.q_norm = Q.norm(dim=-1)  # [b, hk, g, sq]
@@ -81,14 +86,15 @@ class FlashBound:
         self.dk_cols = torch.zeros_like(self.dv_cols)
         self.delta = None  # the current chunk's backward delta_i [b, hk, g, c, 1]
 
-    def add_forward(self, i0: int, i1: int, s, p, m, lse, cap_slope=None) -> None:
+    def add_forward(self, i0: int, i1: int, s, p, m, lse, cap_slope=None, multiplicity=None) -> None:
         """Rows i0..i1: s the logits (hidden keys -inf), p the weights, m the row max (0 where none), lse
-        [b, hk, g, c]; cap_slope softcap's sech^2 where it caps."""
+        [b, hk, g, c]; cap_slope softcap's sech^2 where it caps; multiplicity the keys' log n."""
         L, M = self._sizes(i0, i1, s, m, lse, cap_slope)
         R = _rises(s)
+        W = 0.0 if multiplicity is None else self.weight_unit * multiplicity.abs().amax(-1, keepdim=True)
 
         def row(dots, rows, rescales):  # a row's delta: its dots', its own and its rescales' roundings
-            return U32 * (dots * L + rows * M + rescales * R)
+            return U32 * (dots * L + rows * M + rescales * R) + W
         has = torch.isfinite(lse).unsqueeze(-1)
         weights = (p * self.maxima.v_max.unsqueeze(-2)).sum(-1, keepdim=True)
         self.out = torch.maximum(self.out, (row(self.dot, ROUNDS_ROW["out"], 2) * weights).amax())

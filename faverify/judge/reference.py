@@ -121,8 +121,9 @@ def _setup(q, k, v, dout, variant, compute, round_to, with_scales, scale, dot) -
     st.dsinks = torch.zeros(hk, g, dtype=compute, device=dev) if grads and learned else None
     st.dbias = torch.zeros(variant.bias.shape, dtype=compute, device=dev) if grads and st.bias is not None else None
     half_step = torch.finfo(q.dtype).smallest_normal * torch.finfo(q.dtype).eps / 2  # half a subnormal step
+    weight_unit = torch.finfo(q.dtype).eps / 2  # a duplicate key's weight as a bias in q's dtype (flash_bound)
     st.acc = ScaleAccumulator(st.Q, st.K, st.V, st.dO, scale, st.slopes, st.sink, sq,
-                              half_step, dot) if with_scales else None
+                              half_step, dot, weight_unit) if with_scales else None
     st.cols = torch.arange(sk, device=dev)
     return st
 
@@ -178,7 +179,8 @@ def _rows_of(st: SimpleNamespace, variant: Variant, i0: int, i1: int) -> None:
     o = st.rnd(p @ st.V)
     st.out[:, :, :, i0:i1] = o
     if st.acc is not None:
-        st.acc.add_forward(i0, i1, s, p, m, st.lse[:, :, :, i0:i1], _slope(cap_slope, mod_slope))
+        multiplicity = _rows(st.mult.to(s.dtype), i0, i1) if st.mult is not None else None
+        st.acc.add_forward(i0, i1, s, p, m, st.lse[:, :, :, i0:i1], _slope(cap_slope, mod_slope), multiplicity)
     if st.backward:
         sink_weight = p_sink / torch.where(seen, l, ones) if p_sink is not None else None
         _backward_rows(st, variant, i0, i1, p, o, sink_weight, cap_slope, mod_slope)

@@ -28,7 +28,7 @@ class ScaleAccumulator:
     """
 
     def __init__(self, Q, K, V, dO, scale, slopes=None, sink=None, sq=0, operand_half_step=0.0,
-                 dot: Dot = FP32_DOT):
+                 dot: Dot = FP32_DOT, weight_unit: float = 0.0):
         self.scale = scale
         self.v_max, self.k_max, self.q_max = _absmax(V), _absmax(K), _absmax(Q)  # [b, hk, 1|g, s]
         self.dO_max = _absmax(dO) if dO is not None else None
@@ -45,7 +45,7 @@ class ScaleAccumulator:
         self.dv_cols = torch.zeros(b, hk, g, K.shape[3], dtype=Q.dtype, device=Q.device)
         self.dk_cols = torch.zeros_like(self.dv_cols)
         self.dbias_terms = self.dbias_flash = None
-        self.flash = FlashBound(Q, K, scale, self, operand_half_step, dot)
+        self.flash = FlashBound(Q, K, scale, self, operand_half_step, dot, weight_unit)
 
     def add_logits(self, s):
         """A bias or score_mod moves the logits beyond the q.k bound: the largest seen bounds them then (an
@@ -63,11 +63,11 @@ class ScaleAccumulator:
         add_rows(self.dbias_terms, mag, i0, i1)
         add_rows(self.dbias_flash, mag * self.flash.delta, i0, i1)
 
-    def add_forward(self, i0, i1, s, p, m, lse, slope=None):
+    def add_forward(self, i0, i1, s, p, m, lse, slope=None, multiplicity=None):
         """Rows i0..i1: their logits s (hidden keys -inf), weights p, row max m, lse and the slope of the cap
         or score_mod on each logit (flash_bound's)."""
         self.out = torch.maximum(self.out, (p * self.v_max.unsqueeze(-2)).sum(-1).amax())
-        self.flash.add_forward(i0, i1, s, p, m, lse, slope)
+        self.flash.add_forward(i0, i1, s, p, m, lse, slope, multiplicity)
 
     def add_backward(self, i0, i1, p, dp, D_terms, slope=None, p_sink=None, capped=False):
         self.dv_cols += (p * self.dO_max[:, :, :, i0:i1].unsqueeze(-1)).sum(-2)
