@@ -16,7 +16,7 @@ from collections import Counter
 from triton import knobs
 
 from faverify.cases.strategies import limits_for
-from faverify.cli.fuzz import parse_features
+from faverify.commands.fuzz import parse_features
 from faverify.run.evaluate import evaluate, exercise
 from faverify.run.parallel import draw_cases, warmup_cases
 from faverify.run.plan import FuzzPlan

@@ -7,8 +7,9 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import check_distinct, check_writable, show, write_outputs
+from faverify.cli.common import show, write_outputs
 from faverify.errors import EnvironmentProblem
+from faverify.files import check_distinct, check_writable
 
 
 @app.command()

@@ -15,7 +15,6 @@ from faverify.cli.common import (
     TimeoutOpt,
     check_max_seqlen,
     check_timeout,
-    check_writable,
     progress_bar,
     progress_factory,
     show,
@@ -23,6 +22,7 @@ from faverify.cli.common import (
     write_outputs,
 )
 from faverify.errors import UsageError
+from faverify.files import check_writable
 from faverify.run.signals import held, sigterm_interrupts
 
 

@@ -150,6 +150,13 @@ def parse_overrides(text: str | None, defaults: dict, argument: str) -> dict:
     return values
 
 
+
+def parse_tolerance(factor: str | None, atol: str | None, tight: str | None = None) -> Tolerance:
+    """The tolerance of --factor, --atol and --tight (each parse_overrides' text, None for the defaults)."""
+    return Tolerance(factor=parse_overrides(factor, DEFAULT_FACTOR, "--factor"),
+                     atol=parse_overrides(atol, DEFAULT_ATOL, "--atol"),
+                     tight=parse_overrides(tight, DEFAULT_TIGHT, "--tight"))
+
 def judge(stats: ErrorStats, dtype: str, tolerance: Tolerance, determined: bool = False) -> TensorMetrics:
     """The verdict on one tensor: its statistics, the error allowed, and why it fails (if it does).
     determined: its weights are fixed by the case's symmetry though its logits are not (judging._determined):
