@@ -65,9 +65,9 @@ def test_a_worker_reports_faverify_s_own_error_apart_from_a_crash(monkeypatch):
     """The worker's loop (isolation._serve) run here, its evaluate broken: the case comes back as an error."""
     import multiprocessing as mp
 
-    from faverify.judge.verdict import Tolerance
     from faverify.reports.case_result import CaseResult
     from faverify.run import isolation
+    from faverify.run.plan import Judging
 
     def broken(*args, **kwargs):
         raise KeyError("planted")
@@ -75,7 +75,7 @@ def test_a_worker_reports_faverify_s_own_error_apart_from_a_crash(monkeypatch):
     parent, child = mp.Pipe()
     parent.send((Case(1, 2, 2, 1, 1, 8).to_dict(), False, None, False))
     parent.send(None)
-    isolation._serve(child, "sdpa-math", "cpu", "both", Tolerance().to_dict())
+    isolation._serve(child, "sdpa-math", "cpu", Judging().to_dict())
     assert parent.recv()[0] == "ready"
     kind, payload = parent.recv()
     result = CaseResult.from_dict(payload)
@@ -169,10 +169,9 @@ def test_the_timeout_is_the_subjects_alone_not_faverifys_reference():
     """A kernel that returns at once on a case whose FP64 reference takes seconds: judged (zeros fail on
     their values), not timed out; --timeout counts the subject's time only."""
     from faverify.run.isolation import Worker
+    from faverify.run.plan import Judging
     case = Case(1, 2048, 2048, 8, 8, 128, dtype="bf16", seed=1)  # its reference: 2 s on the CPU
-    worker = Worker(f"{PLANTED}:zeros", "cpu", "fwd", __import__("faverify.judge.verdict",
-                                                                 fromlist=["x"]).Tolerance().to_dict(),
-                    timeout=1.0)
+    worker = Worker(f"{PLANTED}:zeros", "cpu", Judging(mode="fwd", timeout=1.0))
     try:
         r = worker.evaluate(case)
     finally:

@@ -6,8 +6,8 @@ import time
 import pytest
 
 from faverify.cases.case import Case
-from faverify.judge.verdict import Tolerance
 from faverify.run.isolation import Worker
+from faverify.run.plan import Judging
 from property_tests.cli_helpers import cli, read_json
 
 
@@ -69,7 +69,7 @@ def test_worker_results_match_in_process_results():
     from faverify.run.evaluate import evaluate
     from faverify.subjects import resolve
     case = Case(2, 33, 17, 4, 2, 40, dtype="fp16", causal=True, seed=3)
-    w = Worker("sdpa-math", "cpu", "both", Tolerance().to_dict(), timeout=60)
+    w = Worker("sdpa-math", "cpu", Judging(timeout=60))
     try:
         start = time.monotonic()
         remote = w.evaluate(case)
@@ -134,7 +134,7 @@ def test_warm_up_runs_cases_unjudged_in_the_workers():
     warm-up, a raising one a failure that names the warm-up (the parent discards both)."""
     from faverify.run.isolation import Task, case_workers
     from faverify.run.scheduler import Pool
-    pool = Pool(case_workers("property_tests.planted:raises_type_error", ["cpu"], 2, "both", Tolerance().to_dict(), 60))
+    pool = Pool(case_workers("property_tests.planted:raises_type_error", ["cpu"], 2, Judging(timeout=60)))
     got = {}
     cases = [Case(1, 9, 9, 2, 1, 16, causal=c, seed=i) for i, c in enumerate((False, True, False))]
     try:
@@ -160,8 +160,7 @@ def test_workers_that_run_at_once_share_the_cores_between_their_threads(monkeypa
     assert thread_share(1) == cores() and thread_share(cores() + 5) == 1
     assert thread_share(2) == max(1, cores() // 2)
     for n in (1, 2):
-        pool = Pool(case_workers("property_tests.planted:names_its_threads", ["cpu"], n, "both",
-                                 Tolerance().to_dict(), 60))
+        pool = Pool(case_workers("property_tests.planted:names_its_threads", ["cpu"], n, Judging(timeout=60)))
         got = {}
         try:
             pool.map(((i, Task(Case(1, 4, 4, 1, 1, 16, seed=i))) for i in range(n)),
@@ -435,3 +434,12 @@ def test_cases_skipped_for_memory_beside_other_workers_run_again_alone(tmp_path,
     for key in ("cases", "passed", "failed", "skipped", "skip_reasons"):
         assert crowded_run["summary"][key] == plain["summary"][key], key
     assert [f["signature"] for f in crowded_run["failures"]] == [f["signature"] for f in plain["failures"]]
+
+
+def test_a_worker_is_given_the_judging_of_its_run_and_a_reproducer_carries_what_differs_from_repros_own():
+    from faverify.judge.verdict import parse_tolerance
+    judging = Judging("fwd", parse_tolerance("out=3", None, "dq=0.5"), 2, ("batch",), 60.0)
+    assert Judging.from_dict(json.loads(json.dumps(judging.to_dict()))) == judging  # through the worker's pipe
+    assert judging.flags("gradcheck") == ("--mode", "fwd", "--factor", "out=3", "--tight", "dq=0.5", "--gradcheck",
+                                          "--repeat", "2", "--timeout", "60")
+    assert Judging().flags("out:nan") == () and Judging(measure=("batch",)).flags("dq:nan") == ()

@@ -103,10 +103,9 @@ def test_a_stop_whose_keyboard_interrupt_was_lost_still_stops_the_run():
     """Python drops a KeyboardInterrupt raised inside a garbage-collector callback (Hypothesis keeps one):
     the stop is recorded, and the run stops after the case in progress, marked interrupted."""
     from faverify.cases.strategies import limits_for
-    from faverify.judge.verdict import Tolerance
     from faverify.run import signals
     from faverify.run.fuzz import run
-    from faverify.run.plan import FuzzPlan
+    from faverify.run.plan import FuzzPlan, Judging
 
     seen = []
 
@@ -121,7 +120,7 @@ def test_a_stop_whose_keyboard_interrupt_was_lost_still_stops_the_run():
                     gradcheck_every=0)
     with signals.sigterm_interrupts():
         signals._requested.clear()
-        doc = run(["sdpa-math"], plan, ["cpu"], mode="fwd", tolerance=Tolerance(), command="test", isolate=False,
+        doc = run(["sdpa-math"], plan, ["cpu"], judging=Judging(mode="fwd"), command="test", isolate=False,
                   progress_factory=progress_factory)
     assert doc.settings["interrupted"] is True and len(seen) == 2
     assert doc.kernels[0]["summary"]["cases"] == 2

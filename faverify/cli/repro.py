@@ -55,8 +55,9 @@ def repro(
     _check_files(standalone, plot, subject, the_case)
     if isolate:
         from faverify.run.isolation import Worker
+        from faverify.run.plan import Judging
         from faverify.run.signals import sigterm_interrupts
-        worker = Worker(kernel, str(target), mode.value, tolerance.to_dict(), timeout, repeat)
+        worker = Worker(kernel, str(target), Judging(mode.value, tolerance, repeat, timeout=timeout))
         try:
             with sigterm_interrupts():  # a stop ends the worker too, and what the kernel started
                 result = worker.evaluate(the_case, gradcheck)

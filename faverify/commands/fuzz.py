@@ -104,7 +104,7 @@ def prepare(request: FuzzRequest) -> FuzzRun:
     from faverify.judge.verdict import parse_tolerance
     from faverify.reports.merge import parse_shard
     from faverify.run.isolation import check_imports
-    from faverify.run.plan import FuzzPlan
+    from faverify.run.plan import FuzzPlan, Judging
     from faverify.run.request import FuzzRun
     from faverify.run.signals import stop_if_early
     from faverify.subjects import resolve_many
@@ -136,8 +136,8 @@ def prepare(request: FuzzRequest) -> FuzzRun:
                     shrink_budget=r.shrink_budget, narrow=narrow or None, shard=shard, shapes=r.shapes,
                     all_failures=r.all_failures, sequence=r.sequence, scale=r.scale)
     return FuzzRun(command=r.command(), plan=plan, subjects=tuple(subjects), devices=tuple(targets),
-                   workers=workers, isolate=r.isolate, mode=r.mode, tolerance=tolerance, timeout=r.timeout,
-                   repeat=r.repeat, measure=_measured(r), features=wanted)
+                   workers=workers, isolate=r.isolate, features=wanted,
+                   judging=Judging(r.mode, tolerance, r.repeat, _measured(r), r.timeout))
 
 
 def _narrowed(r: FuzzRequest, fp8_only: bool) -> dict:
@@ -229,10 +229,9 @@ def start(fuzz: FuzzRun, progress_factory):
     """The run: each subject fuzzed in turn (run.fuzz.run); the Run document."""
     from faverify.run.fuzz import run
     wanted = fuzz.features
-    return run([s.name for s in fuzz.subjects], fuzz.plan, list(fuzz.devices), mode=fuzz.mode,
-               tolerance=fuzz.tolerance, command=fuzz.command, workers=fuzz.workers, isolate=fuzz.isolate,
-               timeout=fuzz.timeout, progress_factory=progress_factory,
+    return run([s.name for s in fuzz.subjects], fuzz.plan, list(fuzz.devices), judging=fuzz.judging,
+               command=fuzz.command, workers=fuzz.workers, isolate=fuzz.isolate, progress_factory=progress_factory,
                features={s.name: s.caps.features() if wanted is None else wanted for s in fuzz.subjects},
-               conventions={s.name: s.caps.conventions.describe() for s in fuzz.subjects}, repeat=fuzz.repeat,
-               narrow_for={s.name: s.caps.draw() for s in fuzz.subjects}, measure=fuzz.measure,
+               conventions={s.name: s.caps.conventions.describe() for s in fuzz.subjects},
+               narrow_for={s.name: s.caps.draw() for s in fuzz.subjects},
                compile_keys={s.name: s.compile_key for s in fuzz.subjects if s.compile_key is not None})

@@ -18,12 +18,12 @@ from faverify.reports.case_result import CaseResult, own_error
 from faverify.reports.collector import Failure, KernelStats
 from faverify.reports.results import Run
 from faverify.run import examples, warmup
-from faverify.run.confirm import confirm, repro_flags, unconfirmed
+from faverify.run.confirm import confirm, unconfirmed
 from faverify.run.evaluate import evaluate as evaluate_case
 from faverify.run.guard import blame_lost_context
 from faverify.run.isolation import HISTORY, case_workers
 from faverify.run.parallel import draw_cases, fuzz_parallel
-from faverify.run.plan import COMPILE_SHAPES, FuzzPlan
+from faverify.run.plan import COMPILE_SHAPES, FuzzPlan, Judging
 from faverify.run.scheduler import Pool, cores
 from faverify.run.sequential import fuzz_subject
 from faverify.run.signals import held, requested, stop_if_requested
@@ -32,18 +32,16 @@ from faverify.subjects import resolve
 __all__ = ["FuzzPlan", "run"]
 
 
-def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, command: str,
-        workers: int = 1, isolate: bool = True, timeout: float = 300.0,
+def run(kernels: list, plan: FuzzPlan, devices: list, *, judging: Judging, command: str,
+        workers: int = 1, isolate: bool = True,
         progress_factory: Callable[[str], Callable[[CaseResult], None]] = lambda name: (lambda r: None),
-        features: dict | None = None, conventions: dict | None = None, repeat: int = 1,
-        narrow_for: dict | None = None, measure: tuple = (), compile_keys: dict | None = None):
+        features: dict | None = None, conventions: dict | None = None,
+        narrow_for: dict | None = None, compile_keys: dict | None = None):
     """Fuzz each kernel in turn; returns the Run document.
 
     features: kernel -> the variant features its cases draw (default: the plan's for every kernel).
     conventions: kernel -> the conventions its subject declares, in words, for the reports.
-    repeat: run each case that many times; outputs that differ in any bit fail it ("nondeterministic").
     narrow_for: kernel -> what every case of it needs (Capabilities.draw: splits for a combine).
-    measure: relations (run/relations.py) checked on every subject beside those it promises, failing nothing.
     compile_keys: kernel -> its Subject.compile_key, where it declares one: a parallel run sends each
     configuration's cases to one worker.
 
@@ -68,15 +66,14 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
         declared = (compile_keys or {}).get(name)
         try:
             # the Triton builds compile across the cores in a process of their own from now on (warmup.py)
-            warm = warmup.start(name, resolve(name), plan, devices[0], mode)
+            warm = warmup.start(name, resolve(name), plan, devices[0], judging.mode)
             if isolate:
                 # a warm-up in the workers compiles on every core (one worker each), then the run keeps `workers`
                 per_device = workers if parallel else 1
                 many = parallel and (warm.cases or declared is not None)
                 pool = Pool(case_workers(name, devices, max(per_device, cores() // len(devices)) if many
-                                         else per_device, mode, tolerance.to_dict(), timeout, repeat, measure))
-            evaluate = pool.workers[0].evaluate if pool is not None else _in_process(name, devices[0], mode,
-                                                                                      tolerance, repeat, measure)
+                                         else per_device, judging))
+            evaluate = pool.workers[0].evaluate if pool is not None else _in_process(name, devices[0], judging)
             stored = examples.load(plan.database, name)
             replay(name, stored, evaluate, stats)
             progress = _stopping(progress_factory(name))
@@ -98,8 +95,7 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
                     pool.close()
                 stats.merge_replayed()
             interrupted = interrupted or bool(late) or requested()
-        interrupted = _confirmed(stats, name, devices[0], interrupted, mode=mode, tolerance=tolerance,
-                                 timeout=timeout, repeat=repeat)
+        interrupted = _confirmed(stats, name, devices[0], interrupted, judging)
         with held() as late:
             examples.save(plan.database, name, stats.still_failing + [f.minimal.case for f in stats.failures],
                           passed=[c for c in stored[:stats.replay["cases"]] if c not in stats.still_failing])
@@ -107,7 +103,7 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, c
         if interrupted:
             break
     with held() as late:  # the same while the results are put together
-        return _document(kernels, base_plan, devices, mode, tolerance, command, workers, parallel, isolate,
+        return _document(kernels, base_plan, devices, judging, command, workers, parallel, isolate,
                          all_stats, interrupted, late)
 
 
@@ -124,8 +120,7 @@ def _plan_for(name: str, base_plan: FuzzPlan, features: dict | None, narrow_for:
     return plan
 
 
-def _in_process(name: str, device, mode: str, tolerance, repeat: int,
-                measure: tuple = ()) -> Callable[[Case, bool], CaseResult]:
+def _in_process(name: str, device, judging: Judging) -> Callable[[Case, bool], CaseResult]:
     """Evaluate cases in this process (--no-isolate): faverify's own error on a case is that case's result."""
     subject = resolve(name)
     history: list = []  # the cases this process ran, as a worker keeps them (isolation.Worker.history)
@@ -137,8 +132,8 @@ def _in_process(name: str, device, mode: str, tolerance, repeat: int,
                               "case (" + lost[0].short() + "); without --no-isolate each case after a crash "
                               "runs in a fresh worker", device=str(device))
         try:
-            result = evaluate_case(subject, case, device, mode=mode, tolerance=tolerance, gradcheck=gradcheck,
-                                   repeat=repeat, measure=measure)
+            result = evaluate_case(subject, case, device, mode=judging.mode, tolerance=judging.tolerance,
+                                   gradcheck=gradcheck, repeat=judging.repeat, measure=judging.measure)
         except Exception as e:  # faverify's own bug: this case's error, and the run goes on
             result = own_error(name, case, e, str(device))
         if blame_lost_context(result):
@@ -157,18 +152,16 @@ def _stopping(progress: Callable[[CaseResult], None]) -> Callable[[CaseResult], 
     return after_each_case
 
 
-def _confirmed(stats: KernelStats, name: str, device, interrupted: bool, **settings) -> bool:
+def _confirmed(stats: KernelStats, name: str, device, interrupted: bool, judging: Judging) -> bool:
     """Replay each failure alone before it is reported (confirm.py); an interrupt stops the replays, and
     the failures not replayed say so. Returns whether the run was interrupted."""
+    for f in stats.failures:
+        f.flags = judging.flags(f.signature)
     if not interrupted:
         try:
-            confirm(stats.failures, name, _replay_device(device), **settings)
+            confirm(stats.failures, name, _replay_device(device), judging)
         except KeyboardInterrupt:
             interrupted = True
-    for f in stats.failures:
-        if not f.flags:
-            f.flags = repro_flags(f.signature, settings["mode"], settings["tolerance"], settings["timeout"],
-                                  settings["repeat"])
     unconfirmed(stats.failures, "not replayed: the run was interrupted first")
     return interrupted
 
@@ -201,11 +194,11 @@ def replay(kernel: str, cases: list, evaluate, stats: KernelStats) -> None:
                                                        minimal=result, note="replayed from the example store"))
 
 
-def _document(kernels, plan, devices, mode, tolerance, command, workers, parallel, isolate, all_stats,
+def _document(kernels, plan, devices, judging, command, workers, parallel, isolate, all_stats,
               interrupted, late):
 
     settings_doc = {"kernels": ",".join(kernels), "iters": plan.iters, "seed": plan.seed,
-                    "dtypes": ",".join(plan.dtypes), "mode": mode, "devices": ",".join(str(d) for d in devices),
+                    "dtypes": ",".join(plan.dtypes), "mode": judging.mode, "devices": ",".join(str(d) for d in devices),
                     "workers_per_device": workers if parallel else 1, "isolated": isolate,
                     "max_seqlen": plan.limits.max_seqlen, "gradcheck_every": plan.gradcheck_every,
                     "interrupted": interrupted or bool(late)}
@@ -215,4 +208,4 @@ def _document(kernels, plan, devices, mode, tolerance, command, workers, paralle
         settings_doc["shapes"] = plan.shapes
     if plan.sequence:
         settings_doc["sequence"] = plan.sequence
-    return Run.from_stats(command, environment.collect(), settings_doc, tolerance.to_dict(), all_stats)
+    return Run.from_stats(command, environment.collect(), settings_doc, judging.tolerance.to_dict(), all_stats)

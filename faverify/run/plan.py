@@ -1,14 +1,15 @@
-"""What a fuzz of one subject is asked to do (FuzzPlan), and the pieces both of its modes share: the
-Hypothesis settings every draw is made under, and the shrinker that tells whether a smaller case still
-fails the same way. The sequential mode (sequential.py) and the parallel one (parallel.py) build on this
-module; neither imports the other.
+"""What a fuzz of one subject is asked to do: the cases it draws (FuzzPlan) and how each is judged, in this
+process and in every worker alike (Judging); and the pieces both of its modes share: the Hypothesis settings
+every draw is made under, and the shrinker that tells whether a smaller case still fails the same way. The
+sequential mode (sequential.py) and the parallel one (parallel.py) build on this module; neither imports
+the other.
 """
 from __future__ import annotations
 
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +19,7 @@ from faverify.cases import large
 from faverify.cases.calls import sequences
 from faverify.cases.case import Case
 from faverify.cases.strategies import Limits, cases
+from faverify.judge.verdict import DEFAULT_ATOL, DEFAULT_FACTOR, DEFAULT_TIGHT, Tolerance
 from faverify.reports.case_result import CaseResult
 
 Evaluate = Callable[[Case, bool], CaseResult]  # (case, with gradient check) -> result
@@ -71,6 +73,49 @@ class FuzzPlan:
         args.setdefault("features", self.features)
         args["dtypes"] = tuple(d for d in self.dtypes if d in args.get("dtypes", self.dtypes))
         return args
+
+
+DEFAULT_TIMEOUT = 300.0  # seconds: fuzz's and repro's own --timeout
+
+
+@dataclass(frozen=True)
+class Judging:
+    """How each case is judged. mode: fwd, bwd or both; tolerance: the rule of judge/verdict.py; repeat: each
+    case that many times, bit for bit ("nondeterministic"); measure: relations (run/relations.py) measured on
+    every subject beside those it promises, failing nothing; timeout: the seconds a worker gives the subject's
+    calls of one case."""
+    mode: str = "both"
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    repeat: int = 1
+    measure: tuple = ()
+    timeout: float = DEFAULT_TIMEOUT
+
+    def to_dict(self) -> dict:
+        """As a worker process is given it."""
+        return {"mode": self.mode, "tolerance": self.tolerance.to_dict(), "repeat": self.repeat,
+                "measure": list(self.measure), "timeout": self.timeout}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Judging":
+        return cls(d["mode"], Tolerance.from_dict(d["tolerance"]), d["repeat"], tuple(d["measure"]), d["timeout"])
+
+    def flags(self, signature: str) -> tuple:
+        """The options of `faverify repro` that judge a failure of this signature as this judging did: each
+        setting that differs from repro's own default (the relations measured fail nothing: none)."""
+        flags: list = [] if self.mode == "both" else ["--mode", self.mode]
+        for option, values, defaults in (("--factor", self.tolerance.factor, DEFAULT_FACTOR),
+                                         ("--atol", self.tolerance.atol, DEFAULT_ATOL),
+                                         ("--tight", self.tolerance.tight, DEFAULT_TIGHT)):
+            changed = [f"{t}={values[t]:g}" for t in defaults if values.get(t, defaults[t]) != defaults[t]]
+            if changed:
+                flags += [option, ",".join(changed)]
+        if signature.startswith("gradcheck"):
+            flags.append("--gradcheck")
+        if self.repeat > 1:
+            flags += ["--repeat", str(self.repeat)]
+        if self.timeout != DEFAULT_TIMEOUT:
+            flags += ["--timeout", f"{self.timeout:g}"]
+        return tuple(flags)
 
 
 class Interesting(Exception):
