@@ -17,8 +17,9 @@ from triton import knobs
 
 from faverify.cases.strategies import limits_for
 from faverify.commands.fuzz import parse_features
+from faverify.run.draw import draw_cases
 from faverify.run.evaluate import evaluate, exercise
-from faverify.run.parallel import draw_cases, warmup_cases
+from faverify.run.parallel import warmup_cases
 from faverify.run.plan import FuzzPlan
 from faverify.subjects import resolve
 

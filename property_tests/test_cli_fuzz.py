@@ -156,7 +156,7 @@ def test_a_shape_budget_runs_shrinks_and_reports_within_its_shapes(tmp_path):
     one of the two shapes, not to the least shape, where it would end without a budget; the settings say
     the budget; a budget below 0 is refused, naming the rule (0 lifts the default budget)."""
     from faverify.cases.strategies import CPU_LIMITS, SHAPE_FIELDS
-    from faverify.run.fuzz import budget_pool
+    from faverify.run.draw import budget_pool
     from faverify.run.plan import FuzzPlan
 
     def pool(seed):

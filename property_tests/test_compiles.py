@@ -124,8 +124,8 @@ def test_a_subject_that_compiles_draws_under_a_shape_budget_unless_the_run_names
     """COMPILE_SHAPES for flex where --shapes is not given, none for sdpa-math; --shapes 0 lifts it. Under
     the budget a dense case's sizes, dtype, causal, layout and softmax scale are those of a pooled shape."""
     from faverify.cases.strategies import CPU_LIMITS, SHAPE_FIELDS
+    from faverify.run.draw import draw_cases
     from faverify.run.fuzz import _plan_for
-    from faverify.run.parallel import draw_cases
     from faverify.run.plan import COMPILE_SHAPES, FuzzPlan
     plan = FuzzPlan(iters=60, seed=0, dtypes=("bf16", "fp16"), limits=CPU_LIMITS, database=None, shapes=None)
     flex = _plan_for("flex", plan, None, None, compiles=True)

@@ -243,7 +243,7 @@ def test_cases_streamed_from_a_thread_are_the_seeds_cases():
     """A parallel fuzz takes its cases from Hypothesis drawing in a thread while workers run: the same
     cases in the same order as drawn in this thread (the shrink replays that order, parallel.shrink_by_replay)."""
     from faverify.cases.strategies import limits_for
-    from faverify.run.parallel import draw_cases, stream_cases
+    from faverify.run.draw import draw_cases, stream_cases
     from faverify.run.plan import FuzzPlan
     plan = FuzzPlan(iters=150, seed=11, dtypes=("bf16", "fp32"), limits=limits_for("cuda"), database=None)
     streamed = list(stream_cases(plan))

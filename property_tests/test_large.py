@@ -17,8 +17,8 @@ from faverify.judge.judging import judge
 from faverify.judge.partial import narrowed
 from faverify.judge.reference import reference
 from faverify.judge.verdict import Tolerance
+from faverify.run.draw import draw_cases
 from faverify.run.evaluate import MODES, evaluate
-from faverify.run.parallel import draw_cases
 from faverify.run.plan import FuzzPlan
 from faverify.subjects import resolve
 from property_tests.cli_helpers import cli, read_json

@@ -204,7 +204,7 @@ def test_a_hopper_mutant_is_fuzzed_only_with_cases_that_reach_the_hopper_forward
     from faverify.kernels.triton import configs
     from faverify.kernels.triton.common import block_d
     from faverify.kernels.triton.interface import _aligned
-    from faverify.run.parallel import draw_cases
+    from faverify.run.draw import draw_cases
     from faverify.run.plan import FuzzPlan
     limits = Limits(max_seqlen=300, max_batch=2, max_heads=8, max_elements=1 << 16)
     plan = FuzzPlan(iters=150, seed=3, dtypes=("bf16", "fp16", "fp32"), limits=limits, database=None,

@@ -340,8 +340,8 @@ def test_the_warm_up_launches_every_variant_build_a_fuzz_draws(kind, monkeypatch
     from faverify.cases.strategies import CPU_LIMITS
     from faverify.kernels.triton import variant_backward, variant_decode, variant_forward, variant_interface
     from faverify.kernels.triton.subject import variant_warmup_cases
+    from faverify.run.draw import draw_cases
     from faverify.run.evaluate import exercise
-    from faverify.run.parallel import draw_cases
     from faverify.run.plan import FuzzPlan
     seen: set = set()
     monkeypatch.setattr(variant_interface, "SHARED_PADDING", True)

@@ -13,16 +13,16 @@ from faverify import env as environment
 from faverify.cases.case import Case
 from faverify.cases.conventions import DEFAULT as DEFAULT_CONVENTIONS
 from faverify.cases.edges import listed
-from faverify.cases.strategies import shape_pool
 from faverify.reports.case_result import CaseResult, own_error
 from faverify.reports.collector import Failure, KernelStats
 from faverify.reports.results import Run
 from faverify.run import examples, warmup
 from faverify.run.confirm import confirm, unconfirmed
+from faverify.run.draw import budget_pool
 from faverify.run.evaluate import evaluate as evaluate_case
 from faverify.run.guard import blame_lost_context
 from faverify.run.isolation import HISTORY, case_workers
-from faverify.run.parallel import draw_cases, fuzz_parallel
+from faverify.run.parallel import fuzz_parallel
 from faverify.run.plan import COMPILE_SHAPES, FuzzPlan, Judging
 from faverify.run.scheduler import Pool, cores
 from faverify.run.sequential import fuzz_subject
@@ -169,14 +169,6 @@ def _confirmed(stats: KernelStats, name: str, device, interrupted: bool, judging
 def _replay_device(device):
     """The device a reproducer line names resolves to: its type alone is printed (`--device cuda`)."""
     return devices.resolve(device.type)[0]
-
-
-def budget_pool(plan: FuzzPlan) -> tuple:
-    """The shape budget's pool for a kernel's plan: plan.shapes distinct shapes of the seed's draw without a
-    budget (strategies.shape_pool), the same for every shard and worker. The draw is 10 cases a shape: a
-    few milliseconds each."""
-    drawn = draw_cases(dataclasses.replace(plan, iters=10 * plan.shapes + 20, shapes=0, shard=None))
-    return shape_pool(drawn, plan.shapes)
 
 
 def replay(kernel: str, cases: list, evaluate, stats: KernelStats) -> None:

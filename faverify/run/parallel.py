@@ -11,87 +11,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from hypothesis import Phase, given, seed
 from hypothesis.errors import Flaky
 
 from faverify.cases.case import Case
 from faverify.reports.case_result import CaseResult, skipped_for_memory
 from faverify.reports.collector import Failure, KernelStats, Roots
+from faverify.run.draw import replayable, stream_cases
 from faverify.run.isolation import Task
-from faverify.run.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings, seed_only
+from faverify.run.plan import Evaluate, FuzzPlan, Interesting, Shrinker, seed_only
 from faverify.run.scheduler import Pool, cores
 from faverify.run.warmup import warm_up
 from faverify.run.warmup import warmup_cases as _warmup_cases
 from faverify.subjects import resolve
-
-# The draw and its replay must use the very same settings: Hypothesis's choices depend on max_examples.
-_REPLAYABLE = (Phase.generate, Phase.shrink)
-
-
-def _replayable(plan: FuzzPlan, body: Callable[[Case], None]):
-    """The plan's seeded Hypothesis test around body: the draw and every replay of it are built here."""
-    return hypothesis_settings(plan, examples=plan.iters, database=None, phases=_REPLAYABLE)(
-        seed(plan.seed)(given(plan.strategy())(body)))
-
-
-def _draw(plan: FuzzPlan, keep: Callable[[Case], None]) -> None:
-    with seed_only():
-        _replayable(plan, keep)()
-
-
-def draw_cases(plan: FuzzPlan) -> list:
-    """The cases a seed gives, without evaluating any: the same list for the same plan, on any machine."""
-    drawn: list = []
-
-    def keep(case: Case) -> None:
-        drawn.append(case)
-
-    _draw(plan, keep)
-    return drawn[:plan.iters]
-
-
-def stream_cases(plan: FuzzPlan, timing: dict | None = None):
-    """draw_cases as they come: Hypothesis draws in a thread of its own (about 1.5 ms a case, 15 s for
-    10000) while the workers already evaluate the first ones, or compile during a warm-up. The same
-    cases in the same order. If the consumer stops early (an interrupt) the draw stops at its next case:
-    left drawing, it would hold the interpreter's lock while the run stops its workers and writes.
-    timing["draw"]: the drawing thread's CPU seconds so far."""
-
-    q: queue.Queue = queue.Queue()
-    done, stopped = object(), threading.Event()
-    timing = {} if timing is None else timing
-
-    def keep(case: Case) -> None:
-        if stopped.is_set():
-            raise _Abandoned  # a BaseException: Hypothesis lets it through at once, without shrinking
-        timing["draw"] = time.thread_time() - timing["start"]
-        q.put(case)
-
-    def draw() -> None:
-        timing["start"] = time.thread_time()
-        try:
-            _draw(plan, keep)
-            q.put(done)
-        except _Abandoned:
-            pass
-        except BaseException as e:  # handed to the consumer
-            q.put(e)
-
-    threading.Thread(target=draw, name="faverify-draw", daemon=True).start()
-    try:
-        for _ in range(plan.iters):
-            item = q.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stopped.set()
-
-
-class _Abandoned(BaseException):
-    """Ends a draw nobody reads any more."""
 
 
 def shrink_by_replay(plan: FuzzPlan, index: int, first: CaseResult, signature: str, evaluate: Evaluate):
@@ -113,7 +44,7 @@ def shrink_by_replay(plan: FuzzPlan, index: int, first: CaseResult, signature: s
         if interesting(case):
             raise Interesting(signature)
 
-    test = _replayable(plan, body)
+    test = replayable(plan, body)
     note = ""
     try:
         with seed_only():
