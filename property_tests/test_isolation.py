@@ -200,42 +200,43 @@ def test_parallel_fuzz_warms_up_before_its_cases():
     assert stats.cases == 7 and stats.summary()["warmup"]["cases"] == 2  # warm-up cases are not counted
 
 
-def _warm_up_of(monkeypatch, cases):
-    """warmup_cases over a subject whose warm-up is `cases(dtypes)`."""
-    from faverify.run import parallel
+def _warm_up_of(cases, plan):
+    """The warm-up cases of a run of a subject whose warm-up is `cases(dtypes, features)`, under `plan`."""
+    from faverify.run.request import SubjectPlan
     from faverify.subjects.base import Capabilities, Subject
 
     subject = Subject("x", fn=None, caps=Capabilities(dtypes=("bf16", "fp16", "fp32")), warmup=cases)
-    monkeypatch.setattr(parallel, "resolve", lambda name: subject)
+    return SubjectPlan(subject, plan).warmup_cases()
 
 
-def test_warm_up_covers_the_gradient_checks_dtype(monkeypatch):
+def test_warm_up_covers_the_gradient_checks_dtype():
     """The gradient check runs the subject in fp32 where it can: a fuzz of bf16 and fp16 that checks
     gradients also meets the fp32 variants, so its warm-up must compile them."""
     from faverify.cases.strategies import limits_for
-    from faverify.run.parallel import warmup_cases
     from faverify.run.plan import FuzzPlan
 
-    _warm_up_of(monkeypatch, lambda dtypes, features: [Case(1, 8, 8, 1, 1, 16, dtype=d) for d in dtypes])
+    def cases(dtypes, features):
+        return [Case(1, 8, 8, 1, 1, 16, dtype=d) for d in dtypes]
     plan = FuzzPlan(iters=1, seed=0, dtypes=("bf16", "fp16"), limits=limits_for("cpu"), database=None)
-    assert [c.dtype for c in warmup_cases("x", plan)] == ["bf16", "fp16", "fp32"]
-    assert [c.dtype for c in warmup_cases("x", dataclasses.replace(plan, gradcheck_every=0))] == ["bf16", "fp16"]
+    assert [c.dtype for c in _warm_up_of(cases, plan)] == ["bf16", "fp16", "fp32"]
+    assert [c.dtype for c in _warm_up_of(cases, dataclasses.replace(plan, gradcheck_every=0))] == ["bf16", "fp16"]
 
 
-def test_the_warm_up_is_asked_for_the_features_the_plan_draws(monkeypatch):
+def test_the_warm_up_is_asked_for_the_features_the_plan_draws():
     """A build for a feature the fuzz does not draw is compiled for nothing (a dense fuzz, or a mutant
     narrowed to one feature, paid for every variant's): the subject's warm-up gets the plan's features,
     narrowed where the plan narrows them."""
     from faverify.cases.strategies import limits_for
-    from faverify.run.parallel import warmup_cases
     from faverify.run.plan import FuzzPlan
 
     asked = []
-    _warm_up_of(monkeypatch, lambda dtypes, features: asked.append(features) or [])
+
+    def cases(dtypes, features):
+        return asked.append(features) or []
     plan = FuzzPlan(iters=1, seed=0, dtypes=("bf16",), limits=limits_for("cpu"), database=None, gradcheck_every=0)
-    warmup_cases("x", plan)
-    warmup_cases("x", dataclasses.replace(plan, features=("window", "bias")))
-    warmup_cases("x", dataclasses.replace(plan, features=("window", "bias"), narrow={"features": ("window",)}))
+    _warm_up_of(cases, plan)
+    _warm_up_of(cases, dataclasses.replace(plan, features=("window", "bias")))
+    _warm_up_of(cases, dataclasses.replace(plan, features=("window", "bias"), narrow={"features": ("window",)}))
     assert asked == [(), ("window", "bias"), ("window",)]
 
 
@@ -443,3 +444,16 @@ def test_a_worker_is_given_the_judging_of_its_run_and_a_reproducer_carries_what_
     assert judging.flags("gradcheck") == ("--mode", "fwd", "--factor", "out=3", "--tight", "dq=0.5", "--gradcheck",
                                           "--repeat", "2", "--timeout", "60")
     assert Judging().flags("out:nan") == () and Judging(measure=("batch",)).flags("dq:nan") == ()
+
+
+@pytest.mark.parametrize("mode", [("--workers", "2"), ("--no-isolate",)])
+def test_a_fuzz_looks_each_subject_up_once_in_its_own_process(tmp_path, monkeypatch, mode):
+    """The subject is looked up once, where the run is prepared (request.SubjectPlan); only the workers look
+    it up by name again, in their own processes."""
+    from faverify.subjects import registry
+    made = []
+    factory = registry._BUILTIN["sdpa-math"]
+    monkeypatch.setitem(registry._BUILTIN, "sdpa-math", lambda: made.append(1) or factory())
+    r = cli("fuzz", "--kernel", "sdpa-math", "--iters", "4", "--device", "cpu", "--no-db", "--gradcheck-every", "0",
+            "--seed", "2", *mode)
+    assert r.exit_code == 0 and len(made) == 1, (r.stderr, len(made))

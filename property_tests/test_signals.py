@@ -106,6 +106,8 @@ def test_a_stop_whose_keyboard_interrupt_was_lost_still_stops_the_run():
     from faverify.run import signals
     from faverify.run.fuzz import run
     from faverify.run.plan import FuzzPlan, Judging
+    from faverify.run.request import FuzzRun, subject_plan
+    from faverify.subjects import resolve
 
     seen = []
 
@@ -120,8 +122,8 @@ def test_a_stop_whose_keyboard_interrupt_was_lost_still_stops_the_run():
                     gradcheck_every=0)
     with signals.sigterm_interrupts():
         signals._requested.clear()
-        doc = run(["sdpa-math"], plan, ["cpu"], judging=Judging(mode="fwd"), command="test", isolate=False,
-                  progress_factory=progress_factory)
+        doc = run(FuzzRun("test", plan, (subject_plan(resolve("sdpa-math"), plan),), ["cpu"], Judging(mode="fwd"),
+                          isolate=False), progress_factory)
     assert doc.settings["interrupted"] is True and len(seen) == 2
     assert doc.kernels[0]["summary"]["cases"] == 2
 

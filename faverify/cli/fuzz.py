@@ -102,7 +102,8 @@ def fuzz(
     isolate: IsolateOpt = True,
 ) -> int:
     """Fuzz kernels against the FP64 reference; shrink each failure to a minimal case."""
-    from faverify.commands.fuzz import FuzzRequest, prepare, start
+    from faverify.commands.fuzz import FuzzRequest, prepare
+    from faverify.run.fuzz import run
     request = FuzzRequest(kernel=kernel, iters=iters, seed=seed, dtype=dtype, mode=mode.value, device=device,
                           max_seqlen=max_seqlen, features=features, regimes=regimes, layouts=layouts, shard=shard,
                           repeat=repeat, sequence=sequence, relations=relations, shapes=shapes,
@@ -116,7 +117,7 @@ def fuzz(
         except KeyboardInterrupt:
             return _stopped_before_any_case(request)
         with progress_bar() as progress:
-            result = start(prepared, progress_factory(progress, request.iters))
+            result = run(prepared, progress_factory(progress, request.iters))
     with held():  # a signal now waits until everything asked for is written
         report(result, request.json, request.markdown)
     return _exit_code(result)

@@ -105,7 +105,7 @@ def prepare(request: FuzzRequest) -> FuzzRun:
     from faverify.reports.merge import parse_shard
     from faverify.run.isolation import check_imports
     from faverify.run.plan import FuzzPlan, Judging
-    from faverify.run.request import FuzzRun
+    from faverify.run.request import FuzzRun, subject_plan
     from faverify.run.signals import stop_if_early
     from faverify.subjects import resolve_many
     stop_if_early()  # a stop while the command was still importing
@@ -135,9 +135,10 @@ def prepare(request: FuzzRequest) -> FuzzRun:
                     database=None if r.no_db else r.db, gradcheck_every=r.gradcheck_every,
                     shrink_budget=r.shrink_budget, narrow=narrow or None, shard=shard, shapes=r.shapes,
                     all_failures=r.all_failures, sequence=r.sequence, scale=r.scale)
-    return FuzzRun(command=r.command(), plan=plan, subjects=tuple(subjects), devices=tuple(targets),
-                   workers=workers, isolate=r.isolate, features=wanted,
-                   judging=Judging(r.mode, tolerance, r.repeat, _measured(r), r.timeout))
+    each = tuple(subject_plan(s, plan, s.caps.features() if wanted is None else wanted, s.caps.draw())
+                 for s in subjects)
+    return FuzzRun(r.command(), plan, each, tuple(targets), Judging(r.mode, tolerance, r.repeat, _measured(r),
+                                                                     r.timeout), workers, r.isolate)
 
 
 def _narrowed(r: FuzzRequest, fp8_only: bool) -> dict:
@@ -223,15 +224,3 @@ def exit_code(result) -> int:
         raise EnvironmentProblem("no case ran: every case was skipped ("
                                  + "; ".join(sorted(reasons)[:3]) + ")")
     return 1 if result.failed else 0
-
-
-def start(fuzz: FuzzRun, progress_factory):
-    """The run: each subject fuzzed in turn (run.fuzz.run); the Run document."""
-    from faverify.run.fuzz import run
-    wanted = fuzz.features
-    return run([s.name for s in fuzz.subjects], fuzz.plan, list(fuzz.devices), judging=fuzz.judging,
-               command=fuzz.command, workers=fuzz.workers, isolate=fuzz.isolate, progress_factory=progress_factory,
-               features={s.name: s.caps.features() if wanted is None else wanted for s in fuzz.subjects},
-               conventions={s.name: s.caps.conventions.describe() for s in fuzz.subjects},
-               narrow_for={s.name: s.caps.draw() for s in fuzz.subjects},
-               compile_keys={s.name: s.compile_key for s in fuzz.subjects if s.compile_key is not None})

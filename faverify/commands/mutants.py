@@ -25,6 +25,7 @@ from faverify.run.evaluate import MODES, evaluate
 from faverify.run.fuzz import run
 from faverify.run.isolation import Worker
 from faverify.run.plan import FuzzPlan, Judging
+from faverify.run.request import FuzzRun, subject_plan
 from faverify.run.scheduler import Pool
 from faverify.streams import say
 from faverify.subjects import resolve
@@ -70,8 +71,8 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, judging: Judging, isolate:
             shown(r)
         return progress
 
-    result = run([f"mutant:{name}"], plan, devices, judging=judging, command="mutants", workers=1,
-                 isolate=isolate, progress_factory=counting)
+    result = run(FuzzRun("mutants", plan, (subject_plan(resolve(f"mutant:{name}"), plan),), devices, judging,
+                         isolate=isolate), counting)
     kernel = result.kernels[0]
     failures = kernel["failures"]
     minimal = failures[0]["minimal"] if failures else None
@@ -213,9 +214,9 @@ def run_mutants(names: list, plan: FuzzPlan, devices: list, *, judging: Judging,
                                      "failures": ["not run: the run was interrupted"]},
                     environment=environment.collect())
     control_plan = dataclasses.replace(plan, iters=control_iters) if control_iters else plan
-    control = run(kernels, control_plan, devices, judging=judging, command="mutants (control)",
-                  workers=control_workers, isolate=isolate or control_workers > 1,
-                  progress_factory=progress_factory, narrow_for={k: resolve(k).caps.draw() for k in kernels})
+    unmutated = tuple(subject_plan(s, control_plan, needs=s.caps.draw()) for s in map(resolve, kernels))
+    control = run(FuzzRun("mutants (control)", control_plan, unmutated, devices, judging, control_workers,
+                          isolate or control_workers > 1), progress_factory)
     summaries = [k["summary"] for k in control.kernels]
     return dict(report, control={**summaries[0], "kernel": ",".join(kernels),
                                  **{n: sum(s[n] for s in summaries) for n in ("cases", "failed", "passed", "skipped")},

@@ -3,83 +3,67 @@ parallel.py with several), the worker pool, and the Run document they make toget
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
-
-import torch
 
 from faverify import devices
 from faverify import env as environment
 from faverify.cases.case import Case
-from faverify.cases.conventions import DEFAULT as DEFAULT_CONVENTIONS
 from faverify.cases.edges import listed
 from faverify.reports.case_result import CaseResult, own_error
 from faverify.reports.collector import Failure, KernelStats
 from faverify.reports.results import Run
 from faverify.run import examples, warmup
 from faverify.run.confirm import confirm, unconfirmed
-from faverify.run.draw import budget_pool
 from faverify.run.evaluate import evaluate as evaluate_case
 from faverify.run.guard import blame_lost_context
 from faverify.run.isolation import HISTORY, case_workers
 from faverify.run.parallel import fuzz_parallel
-from faverify.run.plan import COMPILE_SHAPES, FuzzPlan, Judging
+from faverify.run.plan import FuzzPlan, Judging
+from faverify.run.request import FuzzRun
 from faverify.run.scheduler import Pool, cores
 from faverify.run.sequential import fuzz_subject
 from faverify.run.signals import held, requested, stop_if_requested
-from faverify.subjects import resolve
 
 __all__ = ["FuzzPlan", "run"]
 
 
-def run(kernels: list, plan: FuzzPlan, devices: list, *, judging: Judging, command: str,
-        workers: int = 1, isolate: bool = True,
-        progress_factory: Callable[[str], Callable[[CaseResult], None]] = lambda name: (lambda r: None),
-        features: dict | None = None, conventions: dict | None = None,
-        narrow_for: dict | None = None, compile_keys: dict | None = None):
-    """Fuzz each kernel in turn; returns the Run document.
+def run(fuzz: FuzzRun, progress_factory: Callable[[str], Callable[[CaseResult], None]] = lambda name: (lambda r: None)):
+    """Fuzz each subject in turn; returns the Run document. progress_factory(name): the function each of the
+    subject's results is given, as it comes.
 
-    features: kernel -> the variant features its cases draw (default: the plan's for every kernel).
-    conventions: kernel -> the conventions its subject declares, in words, for the reports.
-    narrow_for: kernel -> what every case of it needs (Capabilities.draw: splits for a combine).
-    compile_keys: kernel -> its Subject.compile_key, where it declares one: a parallel run sends each
-    configuration's cases to one worker.
-
-    workers: processes per device (several: the parallel mode above). isolate=False evaluates in this
-    process (one device, sequential), for speed where no subject can crash the process.
+    Several workers (FuzzRun.parallel) run the parallel mode, one the sequential mode; isolate=False evaluates
+    in this process (one device, sequential), for speed where no subject can crash the process.
     KeyboardInterrupt (and SIGTERM, turned into one by the CLI) stops the run early: what was measured
     so far is still returned, so nothing the user asked to write is lost.
     """
-    devices = [torch.device(d) for d in devices]
-    # a shard runs its part of the seed's up-front draw: the parallel mode's, even on one worker
-    parallel = isolate and (workers * len(devices) > 1 or plan.shard is not None)
+    devices, judging, parallel = fuzz.devices, fuzz.judging, fuzz.parallel
     all_stats, interrupted = [], False
-    base_plan = plan
-    for name in kernels:
-        plan = _plan_for(name, base_plan, features, narrow_for, name in (compile_keys or {}))
-        stats = KernelStats(kernel=name, conventions=(conventions or {}).get(name, DEFAULT_CONVENTIONS.describe()),
+    for subject in fuzz.subjects:
+        name, plan = subject.name, subject.plan
+        stats = KernelStats(kernel=name, conventions=subject.conventions,
                             keep_series=plan.shard is not None,  # merge.py recomputes statistics from them
                             edges_listed=() if plan.scale == "large" else tuple(listed(plan.case_args()["features"])),
                             shapes=plan.shapes)
         all_stats.append(stats)
         pool, stored, warm = None, [], None
-        declared = (compile_keys or {}).get(name)
+        declared = subject.compile_key
         try:
             # the Triton builds compile across the cores in a process of their own from now on (warmup.py)
-            warm = warmup.start(name, resolve(name), plan, devices[0], judging.mode)
-            if isolate:
+            warm = warmup.start(subject, devices[0], judging.mode)
+            if fuzz.isolate:
                 # a warm-up in the workers compiles on every core (one worker each), then the run keeps `workers`
-                per_device = workers if parallel else 1
+                per_device = fuzz.workers if parallel else 1
                 many = parallel and (warm.cases or declared is not None)
                 pool = Pool(case_workers(name, devices, max(per_device, cores() // len(devices)) if many
                                          else per_device, judging))
-            evaluate = pool.workers[0].evaluate if pool is not None else _in_process(name, devices[0], judging)
+            evaluate = (pool.workers[0].evaluate if pool is not None
+                        else _in_process(subject.subject, devices[0], judging))
             stored = examples.load(plan.database, name)
             replay(name, stored, evaluate, stats)
             progress = _stopping(progress_factory(name))
             if parallel:
                 key = (lambda case, f=declared, kind=devices[0].type: f(case, kind)) if declared else None
-                fuzz_parallel(name, plan, pool, stats, progress, warm, keep=workers, key=key)
+                fuzz_parallel(name, plan, pool, stats, progress, warm, keep=fuzz.workers, key=key)
             else:
                 warm.compiled(stats)  # one worker: it meets each build as it goes, loading what was compiled
                 fuzz_subject(name, plan, evaluate, stats, progress)
@@ -103,26 +87,12 @@ def run(kernels: list, plan: FuzzPlan, devices: list, *, judging: Judging, comma
         if interrupted:
             break
     with held() as late:  # the same while the results are put together
-        return _document(kernels, base_plan, devices, judging, command, workers, parallel, isolate,
-                         all_stats, interrupted, late)
+        return _document(fuzz, all_stats, interrupted or bool(late))
 
 
-def _plan_for(name: str, base_plan: FuzzPlan, features: dict | None, narrow_for: dict | None,
-              compiles: bool = False) -> FuzzPlan:
-    """One kernel's plan: its features, what every case of it needs, its shape budget (COMPILE_SHAPES for a
-    subject that compiles per configuration, where the run named none)."""
-    shapes = base_plan.shapes if base_plan.shapes is not None else COMPILE_SHAPES if compiles else 0
-    plan = dataclasses.replace(base_plan, features=(features or {}).get(name, base_plan.features), shapes=shapes)
-    if (narrow_for or {}).get(name):
-        plan = dataclasses.replace(plan, narrow={**(plan.narrow or {}), **narrow_for[name]})
-    if plan.shapes:
-        plan = dataclasses.replace(plan, narrow={**(plan.narrow or {}), "shapes": budget_pool(plan)})
-    return plan
-
-
-def _in_process(name: str, device, judging: Judging) -> Callable[[Case, bool], CaseResult]:
+def _in_process(subject, device, judging: Judging) -> Callable[[Case, bool], CaseResult]:
     """Evaluate cases in this process (--no-isolate): faverify's own error on a case is that case's result."""
-    subject = resolve(name)
+    name = subject.name
     history: list = []  # the cases this process ran, as a worker keeps them (isolation.Worker.history)
     lost: list = []  # the case on which this process's CUDA context was lost: nothing after it can run here
 
@@ -186,18 +156,19 @@ def replay(kernel: str, cases: list, evaluate, stats: KernelStats) -> None:
                                                        minimal=result, note="replayed from the example store"))
 
 
-def _document(kernels, plan, devices, judging, command, workers, parallel, isolate, all_stats,
-              interrupted, late):
-
-    settings_doc = {"kernels": ",".join(kernels), "iters": plan.iters, "seed": plan.seed,
-                    "dtypes": ",".join(plan.dtypes), "mode": judging.mode, "devices": ",".join(str(d) for d in devices),
-                    "workers_per_device": workers if parallel else 1, "isolated": isolate,
+def _document(fuzz: FuzzRun, all_stats: list, interrupted: bool) -> Run:
+    plan = fuzz.plan
+    settings_doc = {"kernels": ",".join(s.name for s in fuzz.subjects), "iters": plan.iters, "seed": plan.seed,
+                    "dtypes": ",".join(plan.dtypes), "mode": fuzz.judging.mode,
+                    "devices": ",".join(str(d) for d in fuzz.devices),
+                    "workers_per_device": fuzz.workers if fuzz.parallel else 1, "isolated": fuzz.isolate,
                     "max_seqlen": plan.limits.max_seqlen, "gradcheck_every": plan.gradcheck_every,
-                    "interrupted": interrupted or bool(late)}
+                    "interrupted": interrupted}
     if plan.shard is not None:
         settings_doc["shard"] = f"{plan.shard[0]}/{plan.shard[1]}"
     if plan.shapes:
         settings_doc["shapes"] = plan.shapes
     if plan.sequence:
         settings_doc["sequence"] = plan.sequence
-    return Run.from_stats(command, environment.collect(), settings_doc, judging.tolerance.to_dict(), all_stats)
+    return Run.from_stats(fuzz.command, environment.collect(), settings_doc, fuzz.judging.tolerance.to_dict(),
+                          all_stats)

@@ -21,8 +21,6 @@ from faverify.run.isolation import Task
 from faverify.run.plan import Evaluate, FuzzPlan, Interesting, Shrinker, seed_only
 from faverify.run.scheduler import Pool, cores
 from faverify.run.warmup import warm_up
-from faverify.run.warmup import warmup_cases as _warmup_cases
-from faverify.subjects import resolve
 
 
 def shrink_by_replay(plan: FuzzPlan, index: int, first: CaseResult, signature: str, evaluate: Evaluate):
@@ -180,8 +178,3 @@ def shrink_all(plan: FuzzPlan, pending: list, workers: list, shrunk: dict) -> No
     finally:
         stopped.set()
         executor.shutdown(wait=False, cancel_futures=True)
-
-
-def warmup_cases(name: str, plan: FuzzPlan) -> list:
-    """The subject's warm-up cases for the plan's dtypes, features and gradient check (warmup.warmup_cases)."""
-    return _warmup_cases(resolve(name), plan.dtypes, tuple(plan.case_args()["features"]), plan.gradcheck_every > 0)
