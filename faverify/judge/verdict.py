@@ -34,7 +34,7 @@ logits near 6000), the attention weights are not determined by the kernel's logi
 kernel may legitimately give all the weight to one key among equals. The case is then ill-conditioned: the
 tolerance is waived for out and the gradients (counted and reported as waived), while NaN/Inf, the
 rows-that-see-no-key rule and lse are still checked, judging.py holds out to its values' hull, and dv is
-judged where the case's symmetry fixes the weights (judge's `determined`).
+judged where the case's symmetry fixes the weights (judge_tensor's `determined`).
 
 The baseline and flash terms of out are capped together at OUT_CAP * max|ref_out|: a naive attention that
 rounds large logits to the dtype is as wrong as zeros, and so is a flash kernel whose weights its logits'
@@ -157,7 +157,7 @@ def parse_tolerance(factor: str | None, atol: str | None, tight: str | None = No
                      atol=parse_overrides(atol, DEFAULT_ATOL, "--atol"),
                      tight=parse_overrides(tight, DEFAULT_TIGHT, "--tight"))
 
-def judge(stats: ErrorStats, dtype: str, tolerance: Tolerance, determined: bool = False) -> TensorMetrics:
+def judge_tensor(stats: ErrorStats, dtype: str, tolerance: Tolerance, determined: bool = False) -> TensorMetrics:
     """The verdict on one tensor: its statistics, the error allowed, and why it fails (if it does).
     determined: its weights are fixed by the case's symmetry though its logits are not (judging._determined):
     judged under the tolerance, without the flash term, even where the case is ill-conditioned, its baseline
@@ -211,8 +211,8 @@ def judge(stats: ErrorStats, dtype: str, tolerance: Tolerance, determined: bool 
 
 
 def judge_all(stats: dict, dtype: str, tolerance: Tolerance, determined: tuple = ()) -> dict:
-    """judge() for every tensor of error_stats' result, by name; determined: judge()'s, by tensor name."""
-    return {name: judge(s, dtype, tolerance, name in determined) for name, s in stats.items()}
+    """judge_tensor() for every tensor of error_stats' result, by name; determined: its, by tensor name."""
+    return {name: judge_tensor(s, dtype, tolerance, name in determined) for name, s in stats.items()}
 
 
 def kind(m: TensorMetrics) -> str:
