@@ -110,12 +110,12 @@ def _work(conn, kernel: str, device: str, judging: Judging, threads: int = 0) ->
 
 def _warm(subject, case: Case, device: str, mode: str) -> CaseResult:
     """The case's calls alone, unjudged, with what they compiled (Subject.compiles)."""
-    subject.take_compiles()
+    subject.take()
     try:
         exercise(subject, case, device, mode)
     except Exception as e:  # not judged: the drawn cases that need this variant will fail and report it
         return failure(subject.name, case, "fail", f"warm-up raised {type(e).__name__}: {e}", "warmup", device)
-    return CaseResult(subject.name, case, "skip", "warm-up", device=device, compiles=subject.take_compiles())
+    return CaseResult(subject.name, case, "skip", "warm-up", device=device, compiles=subject.take().compiles)
 
 
 class Worker:
