@@ -174,7 +174,7 @@ def test_parallel_fuzz_warms_up_before_its_cases():
     from faverify.cases.strategies import limits_for
     from faverify.reports.case_result import CaseResult
     from faverify.reports.collector import KernelStats
-    from faverify.run.parallel import fuzz_parallel
+    from faverify.run.parallel import Found, evaluate_drawn
     from faverify.run.plan import FuzzPlan
 
     class Recording:
@@ -193,7 +193,7 @@ def test_parallel_fuzz_warms_up_before_its_cases():
     warm = [Case(1, 5, 5, 1, 1, 16), Case(1, 5, 5, 1, 1, 32)]
     stats = KernelStats("x")
     plan = FuzzPlan(iters=7, seed=1, dtypes=("fp16",), limits=limits_for("cpu"), database=None)
-    fuzz_parallel("x", plan, Recording(), stats, warmup=warm, keep=3)
+    evaluate_drawn(plan, Recording(), stats, Found(), warmup=warm, keep=3)
     assert [(w, len(c)) if w != "retain" else (w, c) for w, c in Recording.calls] == [
         (True, 2), ("retain", 3), (False, 7)]  # the warm-up's extra workers stop before the cases
     assert Recording.calls[0][1] == warm
@@ -329,13 +329,13 @@ def test_held_signals_are_recorded_not_raised():
 
 
 def test_failures_shrunk_at_once_match_those_shrunk_one_by_one(tmp_path, monkeypatch):
-    """parallel.shrink_all shrinks each distinct failure in a thread with a worker of its own; the minimal
+    """shrink.shrink_all shrinks each distinct failure in a thread with a worker of its own; the minimal
     cases are the ones a one-at-a-time shrink finds."""
-    import faverify.run.parallel as parallel_module
+    from faverify.run import shrink
     found = {}
-    monkeypatch.setattr(parallel_module, "cores", lambda: 64)  # as on a GPU host (this machine has 2)
+    monkeypatch.setattr(shrink, "cores", lambda: 64)  # as on a GPU host (this machine has 2)
     for parallel in (1, 64):
-        monkeypatch.setattr(parallel_module, "MAX_PARALLEL_SHRINKS", parallel)
+        monkeypatch.setattr(shrink, "MAX_PARALLEL_SHRINKS", parallel)
         cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "30", "--device", "cpu", "--no-db",
             "--workers", "3", "--shrink-budget", "25", "--gradcheck-every", "0", "--all-failures",
             "--json", tmp_path / "r.json")

@@ -144,3 +144,35 @@ def test_a_dropped_stop_prints_no_traceback(monkeypatch):
             sys.unraisablehook(types.SimpleNamespace(exc_type=kind, exc_value=kind(), exc_traceback=None,
                                                      err_msg="Exception ignored in", object=None))
     assert reported == [ValueError]
+
+
+def test_a_run_goes_through_its_stages_in_order_and_a_stop_skips_those_that_measure(tmp_path, monkeypatch):
+    """run(request, progress): start, replay the stored examples, draw and evaluate, group, shrink, confirm,
+    then save. A stop in the draw skips the grouping, the shrink and the replays of the failures, and the
+    store is still saved."""
+    import inspect
+
+    from faverify.cli import app
+    from faverify.run import examples, fuzz
+
+    assert list(inspect.signature(fuzz.run).parameters) == ["fuzz", "progress"]
+    ran, stage, save = [], fuzz.Stop.stage, examples.save
+
+    def recording(self, step, *args):
+        ran.append((step.__name__, self.stopped))
+        return stage(self, step, *args)
+    monkeypatch.setattr(fuzz.Stop, "stage", recording)
+    monkeypatch.setattr(examples, "save", lambda *a, **k: ran.append(("save", None)) or save(*a, **k))
+    args = ["fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "6", "--seed", "1", "--device",
+            "cpu", "--no-isolate", "--dtype", "fp32", "--gradcheck-every", "0", "--shrink-budget", "4", "--db",
+            str(tmp_path / "db"), "--json", str(tmp_path / "run.json")]
+    assert app(args, standalone_mode=False) == 1
+    stages = ["start", "replay", "draw_and_evaluate", "group", "shrink", "confirm"]
+    assert ran == [(s, False) for s in stages] + [("save", None)], ran
+    ran.clear()
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(fuzz, "fuzz_subject", stopped)
+    app(args, standalone_mode=False)
+    assert ran == [(s, s not in stages[:3]) for s in stages] + [("save", None)], ran

@@ -23,7 +23,7 @@ REPLAYABLE = (Phase.generate, Phase.shrink)
 
 def replayable(plan: FuzzPlan, body: Callable[[Case], None]):
     """The plan's seeded Hypothesis test around body: the draw and every replay of it are built here."""
-    return hypothesis_settings(plan, examples=plan.iters, database=None, phases=REPLAYABLE)(
+    return hypothesis_settings(examples=plan.iters, database=None, phases=REPLAYABLE)(
         seed(plan.seed)(given(plan.strategy())(body)))
 
 

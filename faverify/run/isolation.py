@@ -12,7 +12,7 @@ import os
 import signal
 import time
 from multiprocessing.connection import wait
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -274,6 +274,31 @@ class Worker:
             result = self.collect()
             if result is not None:
                 return result
+
+
+def in_process(subject, device, judging: Judging) -> Callable[[Case, bool], CaseResult]:
+    """Evaluate cases in this process (--no-isolate), as a Worker would: faverify's own error on a case is that
+    case's result, and each result carries the cases this process ran before it."""
+    name = subject.name
+    history: list = []  # the cases this process ran, as a worker keeps them (isolation.Worker.history)
+    lost: list = []  # the case on which this process's CUDA context was lost: nothing after it can run here
+
+    def evaluate_here(case: Case, gradcheck: bool) -> CaseResult:
+        if lost:
+            return CaseResult(name, case, "skip", "not run: this process's CUDA context was lost on an earlier "
+                              "case (" + lost[0].short() + "); without --no-isolate each case after a crash "
+                              "runs in a fresh worker", device=str(device))
+        try:
+            result = evaluate(subject, case, device, mode=judging.mode, tolerance=judging.tolerance,
+                                   gradcheck=gradcheck, repeat=judging.repeat, measure=judging.measure)
+        except Exception as e:  # faverify's own bug: this case's error, and the run goes on
+            result = own_error(name, case, e, str(device))
+        if blame_lost_context(result):
+            lost.append(case)
+        result.history = tuple(history)
+        history[:] = (history + [case])[-HISTORY:]
+        return result
+    return evaluate_here
 
 
 def _end_group(pid: int) -> None:

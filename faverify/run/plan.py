@@ -1,13 +1,11 @@
 """What a fuzz of one subject is asked to do: the cases it draws (FuzzPlan) and how each is judged, in this
-process and in every worker alike (Judging); and the pieces both of its modes share: the Hypothesis settings
-every draw is made under, and the shrinker that tells whether a smaller case still fails the same way. The
-sequential mode (sequential.py) and the parallel one (parallel.py) build on this module; neither imports
-the other.
+process and in every worker alike (Judging); and the Hypothesis settings every draw of it is made under
+(hypothesis_settings, seed_only). The draw (draw.py), the shrink (shrink.py) and both modes (sequential.py,
+parallel.py) build on this module.
 """
 from __future__ import annotations
 
 import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,33 +116,8 @@ class Judging:
         return tuple(flags)
 
 
-class Interesting(Exception):
-    """Raised inside the Hypothesis test for the failure being found or shrunk."""
-
-
-class Shrinker:
-    """One shrink step: is this smaller case still failing with the same signature? Past the budget
-    (evaluations or seconds) nothing new is evaluated and only the best case found replays, so Hypothesis
-    ends its shrink on it."""
-
-    def __init__(self, plan: FuzzPlan, signature: str, first: CaseResult, evaluate: Evaluate):
-        self.plan, self.signature, self.first, self.best, self.evaluate = plan, signature, first, first, evaluate
-        self.steps, self.t0 = 0, time.perf_counter()
-
-    def still_fails(self, case: Case) -> bool:
-        if case == self.best.case:
-            return True
-        if self.steps >= self.plan.shrink_budget or time.perf_counter() - self.t0 > self.plan.shrink_seconds:
-            return False
-        self.steps += 1
-        r = self.evaluate(case, self.signature == "gradcheck")
-        if self.signature in r.signatures:
-            self.best = r
-            return True
-        return False
-
-
-def hypothesis_settings(plan: FuzzPlan, *, examples: int, database, phases) -> settings:
+def hypothesis_settings(*, examples: int, database, phases) -> settings:
+    """The settings of every draw of a fuzz: `examples` cases, no health check, quiet."""
     return settings(max_examples=max(1, examples), deadline=None, database=database, phases=phases,
                     suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
                     report_multiple_bugs=False, print_blob=False)
