@@ -146,6 +146,25 @@ def test_a_dropped_stop_prints_no_traceback(monkeypatch):
     assert reported == [ValueError]
 
 
+def test_a_stopped_fuzz_has_the_entry_point_leave_without_the_teardown(tmp_path, monkeypatch):
+    """A fuzz stopped after its run was written returns its exit code as a Stopped, which cli.main ends the
+    process with at once (an interrupt can leave a lock held inside a library, on which the interpreter's
+    teardown would wait for ever); a run that was not stopped returns a plain code."""
+    from faverify.cli import app
+    from faverify.cli.app import Stopped
+    from faverify.run import fuzz
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+    args = ["fuzz", "--kernel", "sdpa-math", "--iters", "3", "--seed", "1", "--device", "cpu", "--no-isolate",
+            "--no-db", "--json", str(tmp_path / "run.json")]
+    assert type(app(args, standalone_mode=False)) is int
+    monkeypatch.setattr(fuzz, "fuzz_subject", stopped)
+    code = app(args, standalone_mode=False)
+    assert isinstance(code, Stopped) and code == 2
+    assert json.loads((tmp_path / "run.json").read_text())["settings"]["interrupted"] is True
+
+
 def test_a_run_goes_through_its_stages_in_order_and_a_stop_skips_those_that_measure(tmp_path, monkeypatch):
     """run(request, progress): start, replay the stored examples, draw and evaluate, group, shrink, confirm,
     then save. A stop in the draw skips the grouping, the shrink and the replays of the failures, and the

@@ -27,7 +27,7 @@ from faverify.cli.common import (
     within,
     write_outputs,
 )
-from faverify.errors import EnvironmentProblem
+from faverify.errors import EnvironmentProblem, OwnError
 from faverify.run.signals import held, sigterm_interrupts
 
 FeaturesOpt = Annotated[Optional[str], typer.Option(
@@ -154,7 +154,12 @@ def _write_outputs(result, json_path: Optional[Path], markdown: Optional[Path]) 
 
 
 def _exit_code(result) -> int:
-    from faverify.cli.app import INTERRUPTED_RUN
+    """commands.fuzz.exit_code; for a stopped run, the same code as a Stopped, its error told here."""
+    from faverify.cli.app import Stopped, tell
     from faverify.commands.fuzz import exit_code
-    INTERRUPTED_RUN["set"] = bool(result.settings.get("interrupted"))
-    return exit_code(result)
+    if not result.settings.get("interrupted"):
+        return exit_code(result)
+    try:
+        return Stopped(exit_code(result))
+    except (OwnError, EnvironmentProblem) as e:
+        return Stopped(tell(e))

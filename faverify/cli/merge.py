@@ -23,7 +23,8 @@ def merge(
     one fleet table from many nodes' doctor reports (outliers marked)."""
     import json
 
-    from faverify.cli.fuzz import _exit_code, report
+    from faverify.cli.fuzz import report
+    from faverify.commands.fuzz import exit_code
     from faverify.reports.merge import merge_runs
     from faverify.reports.results import Run
 
@@ -46,7 +47,7 @@ def merge(
         return 0
     merged = merge_runs([(path, Run.read(path, argument="RUN.json")) for path in runs])
     report(merged, json_path, markdown)
-    return _exit_code(merged)
+    return exit_code(merged)
 
 
 def _is_doctor(path: Path) -> bool:
