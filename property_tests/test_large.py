@@ -215,7 +215,7 @@ def test_a_large_case_runs_only_on_a_card_with_its_memory(monkeypatch, card, run
 
 def test_the_finite_difference_check_of_a_large_case_runs_on_one_batch_entry(monkeypatch):
     """A check of the whole batch would run the subject in fp32 on every entry, and its FP64 reference too."""
-    from faverify.judge import gradcheck
+    from faverify.run import gradcheck
     seen = []
 
     class Seen(Exception):

@@ -16,7 +16,6 @@ from faverify.cases.margins import written_outside
 from faverify.cases.ragged import tail_gradients
 from faverify.cases.splits import combine
 from faverify.errors import Unsupported
-from faverify.judge.gradcheck import directional
 from faverify.judge.judging import judge, judge_splits
 from faverify.judge.sequences import split_yardsticks
 from faverify.judge.verdict import Tolerance, kind
@@ -33,6 +32,7 @@ from faverify.run.contract import (
     split_shape,
     unwritten,
 )
+from faverify.run.gradcheck import directional
 from faverify.run.guard import SubjectRaised, subject_code
 from faverify.run.memory import gives_back, too_big
 from faverify.run.relations import RELATION_CHECKS

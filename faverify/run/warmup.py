@@ -201,7 +201,8 @@ def warmup_cases(subject, dtypes: tuple, features: tuple, gradcheck: bool) -> li
     if subject.warmup is None:
         return []
     cases = list(subject.warmup(tuple(dtypes), tuple(features)))
-    check = dtype_for(subject) if gradcheck and subject.caps.backward_on("cuda") and subject.caps.dense else None
+    checked = gradcheck and subject.caps.backward_on("cuda") and subject.caps.dense
+    check = dtype_for(subject.caps.dtypes) if checked else None
     if check is not None:
         cases += [checked_case(c, check) for c in subject.warmup((check,), tuple(features))]
     return list(dict.fromkeys(cases))
