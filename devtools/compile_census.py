@@ -2,7 +2,7 @@
 
     python3 devtools/compile_census.py KERNEL N [--features F] [--seed S]
 
-Runs the subject's warm-up cases (parallel.warmup_cases) in this process, then evaluates the first N
+Runs the subject's warm-up cases (request.SubjectPlan.warmup_cases) in this process, then evaluates the first N
 cases of the fuzz draw for bf16 and fp16 (the CLI's default features for the kernel unless --features),
 recording every compile Triton does (knobs.runtime.jit_post_compile_hook). Prints each build compiled
 after the warm-up with the first case that needed it, the seconds spent in cases that compiled and in
@@ -16,10 +16,11 @@ from collections import Counter
 from triton import knobs
 
 from faverify.cases.strategies import limits_for
-from faverify.cli.fuzz import parse_features
+from faverify.commands.fuzz import parse_features
+from faverify.run.draw import draw_cases
 from faverify.run.evaluate import evaluate, exercise
-from faverify.run.parallel import draw_cases, warmup_cases
 from faverify.run.plan import FuzzPlan
+from faverify.run.request import SubjectPlan
 from faverify.subjects import resolve
 
 warnings.simplefilter("ignore")
@@ -67,7 +68,7 @@ def nearest_diff(build, warm_builds) -> str:
 
 knobs.runtime.jit_post_compile_hook = hook
 t = time.perf_counter()
-warm = warmup_cases(a.kernel, plan)
+warm = SubjectPlan(subject, plan).warmup_cases()
 for c in warm:
     try:
         exercise(subject, c, "cuda")

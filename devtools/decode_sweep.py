@@ -51,7 +51,7 @@ def run(cfg, x, splits: int, tile, device):
     with torch.no_grad():
         out = subject(x.q, x.k, x.v, case, x.extras())[0].float()
     ms, _ = time_forward(subject, x, case, device)
-    return ms, out, sorted(set(subject.take_paths()))
+    return ms, out, sorted(set(subject.take().paths))
 
 
 def decode_options(doc: str, pages: str) -> argparse.ArgumentParser:

@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from faverify.cases.strategies import limits_for
 from faverify.run import evaluate as runner
-from faverify.run.parallel import draw_cases
+from faverify.run.draw import draw_cases
 from faverify.run.plan import FuzzPlan
 from faverify.subjects import resolve
 

@@ -47,7 +47,7 @@ def inputs(cfg: Config, dt):
     window = fields.get("window", (-1, -1))
     alibi = (torch.rand(h, device="cuda", generator=g) * 0.1) if "alibi" in fields else None
     sinks = torch.randn(h, device="cuda", generator=g).requires_grad_(True) if "sinks" in fields else None
-    var = variant_interface.Variant.of(d ** -0.5, cfg.causal, window, fields.get("softcap", 0.0), alibi, sinks)
+    var = variant_interface.KernelVariant.of(d ** -0.5, cfg.causal, window, fields.get("softcap", 0.0), alibi, sinks)
     return q, k, v, do, var
 
 

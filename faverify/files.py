@@ -13,9 +13,10 @@ import errno
 import os
 import posix
 import stat
+import tempfile
 from pathlib import Path
 
-from faverify.errors import EnvironmentProblem
+from faverify.errors import EnvironmentProblem, UsageError
 
 READ_LIMIT = 256 << 20  # bytes: a shard's run file of 10^5 cases, with its per-case values, is tens of MB
 
@@ -99,3 +100,41 @@ def exit_raises(error: type, message: str):
         yield
     finally:
         os._exit, posix._exit = originals
+
+
+def check_writable(option: str, path, *, directory: bool = False) -> None:
+    """Before any case runs: a file the run was asked to write must be writable when the run ends, so a
+    long run is not lost to a typo (a path under a file, a directory where a file should go, a FIFO or a
+    device where a file should go, a link to nothing). Creates the missing folders, as the write would;
+    writes nothing else. Call it after the kernels' names were checked: a wrong name creates no folder."""
+    if path is None:
+        return
+    path = Path(path)
+    folder = path if directory else path.parent
+    if not directory and path.is_dir():
+        raise UsageError(option, str(path), "is a directory; give the path of a file to write")
+    if path.is_symlink() and not path.exists():
+        raise UsageError(option, str(path), "is a symbolic link to a file that does not exist")
+    if not directory and path.exists() and not stat.S_ISREG(path.stat().st_mode):
+        raise UsageError(option, str(path), "is not a regular file (a FIFO, a device or a socket): give a file")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".faverify-write-check-"):
+            pass
+    except OSError as e:
+        raise UsageError(option, str(path), f"cannot be written ({e.strerror or e}: {folder})") from None
+    if not directory and path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(option, str(path), "exists and cannot be written")
+
+
+def check_distinct(**paths) -> None:
+    """Two outputs of one command may not be the same file: the second would overwrite the first."""
+    seen: dict = {}
+    for option, path in paths.items():
+        if path is None:
+            continue
+        key = os.path.realpath(path)
+        flag = "--" + option.replace("_", "-")
+        if key in seen:
+            raise UsageError(flag, str(path), f"is the same file as {seen[key]}: give each output its own path")
+        seen[key] = flag

@@ -2,7 +2,7 @@
 from it only in the bug. Plain torch, the subject signature (q, k, v, *, causal, softmax_scale)."""
 import torch
 
-from faverify.judge import controls
+from faverify.subjects import controls
 from property_tests.planted import _attention, correct
 from property_tests.planted import heads_first as _heads_first
 
@@ -188,7 +188,7 @@ block_mask_as_documented.faverify_capabilities = {"block_mask": True}
 
 
 def agreeable_zeros(q, k, v, *, causal, softmax_scale):
-    """Zeros in a tensor subclass that says it matches whatever it is compared with (judge/controls.py)."""
+    """Zeros in a tensor subclass that says it matches whatever it is compared with (subjects/controls.py)."""
     return controls.agreeable_zeros(q, k, v, causal=causal, softmax_scale=softmax_scale)
 
 

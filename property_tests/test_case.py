@@ -127,8 +127,7 @@ def test_a_shape_budget_draws_every_case_in_one_of_its_shapes_the_same_for_the_s
     """--shapes N: the pool is the first N distinct shapes of the seed's own draw, and every case takes one of
     them (SHAPE_FIELDS), its values, regime, layout and variants its own."""
     from faverify.cases.strategies import SHAPE_FIELDS
-    from faverify.run.fuzz import budget_pool
-    from faverify.run.parallel import draw_cases
+    from faverify.run.draw import budget_pool, draw_cases
     from faverify.run.plan import FuzzPlan
 
     plan = FuzzPlan(iters=60, seed=3, dtypes=("bf16", "fp16"), limits=CPU_LIMITS, database=None,
@@ -170,7 +169,7 @@ def test_the_same_seed_draws_the_same_cases_whatever_modules_are_loaded(tmp_path
 
     from hypothesis.internal.conjecture import providers
 
-    from faverify.run.parallel import draw_cases
+    from faverify.run.draw import draw_cases
     from faverify.run.plan import FuzzPlan, seed_only
 
     plan = FuzzPlan(iters=80, seed=11, dtypes=("bf16", "fp16"), limits=CPU_LIMITS, database=None,

@@ -159,7 +159,7 @@ def test_a_shape_budget_runs_shrinks_and_reports_within_its_shapes(tmp_path):
     one of the two shapes, not to the least shape, where it would end without a budget; the settings say
     the budget; a budget below 0 is refused, naming the rule (0 lifts the default budget)."""
     from faverify.cases.strategies import CPU_LIMITS, SHAPE_FIELDS
-    from faverify.run.fuzz import budget_pool
+    from faverify.run.draw import budget_pool
     from faverify.run.plan import FuzzPlan
 
     def pool(seed):
@@ -179,3 +179,36 @@ def test_a_shape_budget_runs_shrinks_and_reports_within_its_shapes(tmp_path):
             assert {k: found.get(k) for k in SHAPE_FIELDS} in pool(seed), (found, pool(seed))
     r = cli("fuzz", "--kernel", "sdpa-math", "--shapes", "-1", "--device", "cpu", "--no-db")
     assert r.exit_code == 2 and "--shapes" in r.stderr and "must be >= 0" in r.stderr
+
+
+def test_the_command_line_of_a_fuzz_request_names_what_it_draws_and_parses_back():
+    """The run file's command line (FuzzRequest.command) shows every option that says which cases ran and how
+    they were judged where it differs from what leaving it out gives, and the fuzz command parses it back to
+    the same values; the outputs and the run's resources stay out of it."""
+    import dataclasses
+    import shlex
+    from pathlib import Path
+
+    import typer
+
+    from faverify.cli import app
+    from faverify.commands.fuzz import FuzzRequest
+
+    request = FuzzRequest(kernel="sdpa-math", iters=7, seed=3, dtype="fp16, bf16", mode="fwd", device="cpu",
+                          max_seqlen=64, features="window", regimes="-tiny", layouts="contiguous", shard=" 1/3",
+                          repeat=2, sequence=3, relations="batch", shapes=0, all_failures=True, scale="large",
+                          json=Path("run.json"), workers=2, timeout=60.0)
+    line = request.command()
+    assert line.startswith("fuzz --kernel sdpa-math --iters 7 --seed 3 --dtype fp16,bf16 --mode fwd --device cpu "
+                           "--max-seqlen 64"), line
+    assert "--shard 1/3" in line and "--all-failures" in line and "--shapes 0" in line
+    assert not {"--json", "--workers", "--timeout"} & set(line.split())
+    words = shlex.split(line)
+    params = typer.main.get_command(app).commands["fuzz"].make_context("fuzz", words[1:]).params
+    for f in dataclasses.fields(FuzzRequest):
+        if f.metadata["shown"]:
+            given, show = getattr(request, f.name), f.metadata["show"]
+            parsed = params["json_path" if f.name == "json" else f.name]
+            assert show(getattr(parsed, "value", parsed)) == show(given), f.name
+    assert FuzzRequest(kernel="triton").command() == ("fuzz --kernel triton --iters 100 --seed 0 --dtype bf16,fp16 "
+                                                      "--mode both --device auto")

@@ -124,13 +124,13 @@ def test_a_subject_that_compiles_draws_under_a_shape_budget_unless_the_run_names
     """COMPILE_SHAPES for flex where --shapes is not given, none for sdpa-math; --shapes 0 lifts it. Under
     the budget a dense case's sizes, dtype, causal, layout and softmax scale are those of a pooled shape."""
     from faverify.cases.strategies import CPU_LIMITS, SHAPE_FIELDS
-    from faverify.run.fuzz import _plan_for
-    from faverify.run.parallel import draw_cases
+    from faverify.run.draw import draw_cases
     from faverify.run.plan import COMPILE_SHAPES, FuzzPlan
+    from faverify.run.request import subject_plan
     plan = FuzzPlan(iters=60, seed=0, dtypes=("bf16", "fp16"), limits=CPU_LIMITS, database=None, shapes=None)
-    flex = _plan_for("flex", plan, None, None, compiles=True)
-    assert flex.shapes == COMPILE_SHAPES and _plan_for("sdpa-math", plan, None, None).shapes == 0
-    assert _plan_for("flex", FuzzPlan(**{**plan.__dict__, "shapes": 0}), None, None, compiles=True).shapes == 0
+    flex = subject_plan(resolve("flex"), plan).plan
+    assert flex.shapes == COMPILE_SHAPES and subject_plan(resolve("sdpa-math"), plan).plan.shapes == 0
+    assert subject_plan(resolve("flex"), FuzzPlan(**{**plan.__dict__, "shapes": 0})).plan.shapes == 0
     pool = flex.narrow["shapes"]
     dense = [c for c in draw_cases(flex) if c.kind == "dense"]
     assert len(pool) == COMPILE_SHAPES and dense

@@ -71,9 +71,9 @@ def test_a_worker_reports_faverify_s_own_error_apart_from_a_crash(monkeypatch):
     import subprocess
     import sys
 
-    from faverify.judge.verdict import Tolerance
     from faverify.reports.case_result import CaseResult
     from faverify.run import isolation
+    from faverify.run.plan import Judging
 
     def broken(*args, **kwargs):
         raise KeyError("planted")
@@ -84,7 +84,7 @@ def test_a_worker_reports_faverify_s_own_error_apart_from_a_crash(monkeypatch):
         parent, child = mp.Pipe()
         parent.send((Case(1, 2, 2, 1, 1, 8).to_dict(), False, None, False))
         parent.send(None)
-        isolation._work(child, "sdpa-math", "cpu", "both", Tolerance().to_dict())
+        isolation._work(child, "sdpa-math", "cpu", Judging())
         assert parent.recv()[0] == "ready"
         kind, payload = parent.recv()
         result = CaseResult.from_dict(payload)
@@ -182,10 +182,9 @@ def test_the_timeout_is_the_subjects_alone_not_faverifys_reference():
     """A kernel that returns at once on a case whose FP64 reference takes seconds: judged (zeros fail on
     their values), not timed out; --timeout counts the subject's time only."""
     from faverify.run.isolation import Worker
+    from faverify.run.plan import Judging
     case = Case(1, 2048, 2048, 8, 8, 128, dtype="bf16", seed=1)  # its reference: 2 s on the CPU
-    worker = Worker(f"{PLANTED}:zeros", "cpu", "fwd", __import__("faverify.judge.verdict",
-                                                                 fromlist=["x"]).Tolerance().to_dict(),
-                    timeout=1.0)
+    worker = Worker(f"{PLANTED}:zeros", "cpu", Judging(mode="fwd", timeout=1.0))
     try:
         r = worker.evaluate(case)
     finally:

@@ -1,11 +1,10 @@
-"""The judge fails every wrong output a careless comparator lets through (judge/controls.py), on every
+"""The judge fails every wrong output a careless comparator lets through (subjects/controls.py), on every
 dtype, among them the regimes whose outputs are tiny or whose tolerance is widest; doctor says so."""
 import pytest
 
-from faverify.judge import controls
 from faverify.judge.verdict import Tolerance
 from faverify.run.evaluate import evaluate
-from faverify.subjects import resolve
+from faverify.subjects import controls, resolve
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])

@@ -13,7 +13,7 @@ CASES = 200
 
 def _draw(kernel: str) -> list:
     from faverify.cases.strategies import CPU_LIMITS
-    from faverify.run.parallel import draw_cases
+    from faverify.run.draw import draw_cases
     from faverify.run.plan import FuzzPlan
     from faverify.subjects import resolve
     caps = resolve(kernel).caps

@@ -6,7 +6,7 @@ import pytest
 
 from faverify.cases.edges import EDGE_CASES, edges_of, listed, predicate
 from faverify.cases.strategies import CPU_LIMITS
-from faverify.run.parallel import draw_cases
+from faverify.run.draw import draw_cases
 from faverify.run.plan import FuzzPlan
 from faverify.subjects import resolve
 from property_tests.cli_helpers import cli, read_json

@@ -40,12 +40,12 @@ def test_the_flash_term_is_what_lets_them_pass(monkeypatch):
     """Without it (E_T = 0) the saturated softcap's dq, the lone key's dv and the recomputed S's dv fail: the
     term is the model of the rounding, not slack added elsewhere."""
     from faverify.judge import verdict
-    judge = verdict.judge
+    judge = verdict.judge_tensor
 
     def without_flash(stats, *args, **kwargs):
         import dataclasses
         return judge(dataclasses.replace(stats, flash=0.0), *args, **kwargs)
-    monkeypatch.setattr(verdict, "judge", without_flash)
+    monkeypatch.setattr(verdict, "judge_tensor", without_flash)
     assert "dq:tolerance" in evaluate(resolve(f"{EMULATION}:control"), SOFTCAP_SATURATED, "cpu").signatures
     assert "dv:tolerance" in evaluate(resolve(f"{EMULATION}:control"), LONE_KEY, "cpu").signatures
     assert "dv:tolerance" in evaluate(resolve(f"{EMULATION}:control"), S_RECOMPUTED_D128, "cpu").signatures

@@ -49,7 +49,7 @@ def test_a_case_fp8_cannot_mean_is_refused():
 def test_the_draw_makes_fp8_cases_of_each_granularity_and_fp8s_own_regimes():
     """Beside other features FP8 takes the cases their mix leaves plain (the other features keep their
     shares): a tenth of sdpa-math's 200; alone, most of them."""
-    from faverify.run.parallel import draw_cases
+    from faverify.run.draw import draw_cases
     from faverify.run.plan import FuzzPlan
     caps = resolve("sdpa-math").caps
     plan = FuzzPlan(iters=200, seed=0, dtypes=("bf16", "fp16"), limits=CPU_LIMITS, database=None,
@@ -199,7 +199,7 @@ def test_e5m2_inputs_reach_their_range_and_a_kernel_reading_them_as_e4m3_fails()
 
 
 def test_sdpa_math_draws_both_fp8_formats():
-    from faverify.run.parallel import draw_cases
+    from faverify.run.draw import draw_cases
     from faverify.run.plan import FuzzPlan
     caps = resolve("sdpa-math").caps
     plan = FuzzPlan(iters=100, seed=0, dtypes=("bf16",), limits=CPU_LIMITS, database=None, narrow=caps.draw(),

@@ -25,11 +25,11 @@ import json, sys, triton
 from concurrent.futures import ProcessPoolExecutor
 from triton.backends.compiler import GPUTarget
 from faverify.kernels.triton import sass
-from faverify.kernels.triton.aot import FUSED_BWD_KERNEL, Variant
+from faverify.kernels.triton.aot import FUSED_BWD_KERNEL, AotBuild
 from faverify.kernels.triton.aot_sources import _hopper_bwd_source
 
 def build(args):
-    source, options, _ = _hopper_bwd_source(Variant(FUSED_BWD_KERNEL, *args, True), 90)
+    source, options, _ = _hopper_bwd_source(AotBuild(FUSED_BWD_KERNEL, *args, True), 90)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     cubin = compiled.asm["cubin"]
     return dict(sass.resources(cubin), warps=compiled.metadata.num_warps, code=sass.disassemble(cubin))

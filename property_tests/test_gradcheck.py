@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from faverify.cases.case import Case
-from faverify.judge.gradcheck import directional
+from faverify.run.gradcheck import directional
 from faverify.subjects import resolve
 from faverify.subjects.base import Capabilities, Subject
 from property_tests.planted import correct

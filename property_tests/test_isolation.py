@@ -6,8 +6,8 @@ import time
 import pytest
 
 from faverify.cases.case import Case
-from faverify.judge.verdict import Tolerance
 from faverify.run.isolation import Worker
+from faverify.run.plan import Judging
 from property_tests.cli_helpers import cli, read_json
 
 
@@ -69,7 +69,7 @@ def test_worker_results_match_in_process_results():
     from faverify.run.evaluate import evaluate
     from faverify.subjects import resolve
     case = Case(2, 33, 17, 4, 2, 40, dtype="fp16", causal=True, seed=3)
-    w = Worker("sdpa-math", "cpu", "both", Tolerance().to_dict(), timeout=60)
+    w = Worker("sdpa-math", "cpu", Judging(timeout=60))
     try:
         start = time.monotonic()
         remote = w.evaluate(case)
@@ -134,7 +134,7 @@ def test_warm_up_runs_cases_unjudged_in_the_workers():
     warm-up, a raising one a failure that names the warm-up (the parent discards both)."""
     from faverify.run.isolation import Task, case_workers
     from faverify.run.scheduler import Pool
-    pool = Pool(case_workers("property_tests.planted:raises_type_error", ["cpu"], 2, "both", Tolerance().to_dict(), 60))
+    pool = Pool(case_workers("property_tests.planted:raises_type_error", ["cpu"], 2, Judging(timeout=60)))
     got = {}
     cases = [Case(1, 9, 9, 2, 1, 16, causal=c, seed=i) for i, c in enumerate((False, True, False))]
     try:
@@ -160,8 +160,7 @@ def test_workers_that_run_at_once_share_the_cores_between_their_threads(monkeypa
     assert thread_share(1) == cores() and thread_share(cores() + 5) == 1
     assert thread_share(2) == max(1, cores() // 2)
     for n in (1, 2):
-        pool = Pool(case_workers("property_tests.planted:names_its_threads", ["cpu"], n, "both",
-                                 Tolerance().to_dict(), 60))
+        pool = Pool(case_workers("property_tests.planted:names_its_threads", ["cpu"], n, Judging(timeout=60)))
         got = {}
         try:
             pool.map(((i, Task(Case(1, 4, 4, 1, 1, 16, seed=i))) for i in range(n)),
@@ -175,7 +174,7 @@ def test_parallel_fuzz_warms_up_before_its_cases():
     from faverify.cases.strategies import limits_for
     from faverify.reports.case_result import CaseResult
     from faverify.reports.collector import KernelStats
-    from faverify.run.parallel import fuzz_parallel
+    from faverify.run.parallel import Found, evaluate_drawn
     from faverify.run.plan import FuzzPlan
 
     class Recording:
@@ -194,49 +193,50 @@ def test_parallel_fuzz_warms_up_before_its_cases():
     warm = [Case(1, 5, 5, 1, 1, 16), Case(1, 5, 5, 1, 1, 32)]
     stats = KernelStats("x")
     plan = FuzzPlan(iters=7, seed=1, dtypes=("fp16",), limits=limits_for("cpu"), database=None)
-    fuzz_parallel("x", plan, Recording(), stats, warmup=warm, keep=3)
+    evaluate_drawn(plan, Recording(), stats, Found(), warmup=warm, keep=3)
     assert [(w, len(c)) if w != "retain" else (w, c) for w, c in Recording.calls] == [
         (True, 2), ("retain", 3), (False, 7)]  # the warm-up's extra workers stop before the cases
     assert Recording.calls[0][1] == warm
     assert stats.cases == 7 and stats.summary()["warmup"]["cases"] == 2  # warm-up cases are not counted
 
 
-def _warm_up_of(monkeypatch, cases):
-    """warmup_cases over a subject whose warm-up is `cases(dtypes)`."""
-    from faverify.run import parallel
+def _warm_up_of(cases, plan):
+    """The warm-up cases of a run of a subject whose warm-up is `cases(dtypes, features)`, under `plan`."""
+    from faverify.run.request import SubjectPlan
     from faverify.subjects.base import Capabilities, Subject
 
     subject = Subject("x", fn=None, caps=Capabilities(dtypes=("bf16", "fp16", "fp32")), warmup=cases)
-    monkeypatch.setattr(parallel, "resolve", lambda name: subject)
+    return SubjectPlan(subject, plan).warmup_cases()
 
 
-def test_warm_up_covers_the_gradient_checks_dtype(monkeypatch):
+def test_warm_up_covers_the_gradient_checks_dtype():
     """The gradient check runs the subject in fp32 where it can: a fuzz of bf16 and fp16 that checks
     gradients also meets the fp32 variants, so its warm-up must compile them."""
     from faverify.cases.strategies import limits_for
-    from faverify.run.parallel import warmup_cases
     from faverify.run.plan import FuzzPlan
 
-    _warm_up_of(monkeypatch, lambda dtypes, features: [Case(1, 8, 8, 1, 1, 16, dtype=d) for d in dtypes])
+    def cases(dtypes, features):
+        return [Case(1, 8, 8, 1, 1, 16, dtype=d) for d in dtypes]
     plan = FuzzPlan(iters=1, seed=0, dtypes=("bf16", "fp16"), limits=limits_for("cpu"), database=None)
-    assert [c.dtype for c in warmup_cases("x", plan)] == ["bf16", "fp16", "fp32"]
-    assert [c.dtype for c in warmup_cases("x", dataclasses.replace(plan, gradcheck_every=0))] == ["bf16", "fp16"]
+    assert [c.dtype for c in _warm_up_of(cases, plan)] == ["bf16", "fp16", "fp32"]
+    assert [c.dtype for c in _warm_up_of(cases, dataclasses.replace(plan, gradcheck_every=0))] == ["bf16", "fp16"]
 
 
-def test_the_warm_up_is_asked_for_the_features_the_plan_draws(monkeypatch):
+def test_the_warm_up_is_asked_for_the_features_the_plan_draws():
     """A build for a feature the fuzz does not draw is compiled for nothing (a dense fuzz, or a mutant
     narrowed to one feature, paid for every variant's): the subject's warm-up gets the plan's features,
     narrowed where the plan narrows them."""
     from faverify.cases.strategies import limits_for
-    from faverify.run.parallel import warmup_cases
     from faverify.run.plan import FuzzPlan
 
     asked = []
-    _warm_up_of(monkeypatch, lambda dtypes, features: asked.append(features) or [])
+
+    def cases(dtypes, features):
+        return asked.append(features) or []
     plan = FuzzPlan(iters=1, seed=0, dtypes=("bf16",), limits=limits_for("cpu"), database=None, gradcheck_every=0)
-    warmup_cases("x", plan)
-    warmup_cases("x", dataclasses.replace(plan, features=("window", "bias")))
-    warmup_cases("x", dataclasses.replace(plan, features=("window", "bias"), narrow={"features": ("window",)}))
+    _warm_up_of(cases, plan)
+    _warm_up_of(cases, dataclasses.replace(plan, features=("window", "bias")))
+    _warm_up_of(cases, dataclasses.replace(plan, features=("window", "bias"), narrow={"features": ("window",)}))
     assert asked == [(), ("window", "bias"), ("window",)]
 
 
@@ -244,7 +244,7 @@ def test_cases_streamed_from_a_thread_are_the_seeds_cases():
     """A parallel fuzz takes its cases from Hypothesis drawing in a thread while workers run: the same
     cases in the same order as drawn in this thread (the shrink replays that order, parallel.shrink_by_replay)."""
     from faverify.cases.strategies import limits_for
-    from faverify.run.parallel import draw_cases, stream_cases
+    from faverify.run.draw import draw_cases, stream_cases
     from faverify.run.plan import FuzzPlan
     plan = FuzzPlan(iters=150, seed=11, dtypes=("bf16", "fp32"), limits=limits_for("cuda"), database=None)
     streamed = list(stream_cases(plan))
@@ -329,13 +329,13 @@ def test_held_signals_are_recorded_not_raised():
 
 
 def test_failures_shrunk_at_once_match_those_shrunk_one_by_one(tmp_path, monkeypatch):
-    """parallel.shrink_all shrinks each distinct failure in a thread with a worker of its own; the minimal
+    """shrink.shrink_all shrinks each distinct failure in a thread with a worker of its own; the minimal
     cases are the ones a one-at-a-time shrink finds."""
-    import faverify.run.parallel as parallel_module
+    from faverify.run import shrink
     found = {}
-    monkeypatch.setattr(parallel_module, "cores", lambda: 64)  # as on a GPU host (this machine has 2)
+    monkeypatch.setattr(shrink, "cores", lambda: 64)  # as on a GPU host (this machine has 2)
     for parallel in (1, 64):
-        monkeypatch.setattr(parallel_module, "MAX_PARALLEL_SHRINKS", parallel)
+        monkeypatch.setattr(shrink, "MAX_PARALLEL_SHRINKS", parallel)
         cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "30", "--device", "cpu", "--no-db",
             "--workers", "3", "--shrink-budget", "25", "--gradcheck-every", "0", "--all-failures",
             "--json", tmp_path / "r.json")
@@ -435,3 +435,25 @@ def test_cases_skipped_for_memory_beside_other_workers_run_again_alone(tmp_path,
     for key in ("cases", "passed", "failed", "skipped", "skip_reasons"):
         assert crowded_run["summary"][key] == plain["summary"][key], key
     assert [f["signature"] for f in crowded_run["failures"]] == [f["signature"] for f in plain["failures"]]
+
+
+def test_a_worker_is_given_the_judging_of_its_run_and_a_reproducer_carries_what_differs_from_repros_own():
+    from faverify.judge.verdict import parse_tolerance
+    judging = Judging("fwd", parse_tolerance("out=3", None, "dq=0.5"), 2, ("batch",), 60.0)
+    assert Judging.from_dict(json.loads(json.dumps(judging.to_dict()))) == judging  # through the worker's pipe
+    assert judging.flags("gradcheck") == ("--mode", "fwd", "--factor", "out=3", "--tight", "dq=0.5", "--gradcheck",
+                                          "--repeat", "2", "--timeout", "60")
+    assert Judging().flags("out:nan") == () and Judging(measure=("batch",)).flags("dq:nan") == ()
+
+
+@pytest.mark.parametrize("mode", [("--workers", "2"), ("--no-isolate",)])
+def test_a_fuzz_looks_each_subject_up_once_in_its_own_process(tmp_path, monkeypatch, mode):
+    """The subject is looked up once, where the run is prepared (request.SubjectPlan); only the workers look
+    it up by name again, in their own processes."""
+    from faverify.subjects import registry
+    made = []
+    factory = registry._BUILTIN["sdpa-math"]
+    monkeypatch.setitem(registry._BUILTIN, "sdpa-math", lambda: made.append(1) or factory())
+    r = cli("fuzz", "--kernel", "sdpa-math", "--iters", "4", "--device", "cpu", "--no-db", "--gradcheck-every", "0",
+            "--seed", "2", *mode)
+    assert r.exit_code == 0 and len(made) == 1, (r.stderr, len(made))

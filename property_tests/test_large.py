@@ -17,8 +17,8 @@ from faverify.judge.judging import judge
 from faverify.judge.partial import narrowed
 from faverify.judge.reference import reference
 from faverify.judge.verdict import Tolerance
+from faverify.run.draw import draw_cases
 from faverify.run.evaluate import MODES, evaluate
-from faverify.run.parallel import draw_cases
 from faverify.run.plan import FuzzPlan
 from faverify.subjects import resolve
 from property_tests.cli_helpers import cli, read_json
@@ -215,7 +215,7 @@ def test_a_large_case_runs_only_on_a_card_with_its_memory(monkeypatch, card, run
 
 def test_the_finite_difference_check_of_a_large_case_runs_on_one_batch_entry(monkeypatch):
     """A check of the whole batch would run the subject in fp32 on every entry, and its FP64 reference too."""
-    from faverify.judge import gradcheck
+    from faverify.run import gradcheck
     seen = []
 
     class Seen(Exception):

@@ -4,7 +4,7 @@ in the headline."""
 import pytest
 
 from faverify.cases.strategies import CPU_LIMITS, GPU_LIMITS
-from faverify.run.parallel import draw_cases
+from faverify.run.draw import draw_cases
 from faverify.run.plan import FuzzPlan
 from faverify.subjects.base import Capabilities
 from property_tests.cli_helpers import cli, read_json

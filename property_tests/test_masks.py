@@ -218,7 +218,7 @@ def test_the_gradient_check_takes_normal_biases_where_the_case_draws_finfo_min()
     """Next to a logit of 3.4e38 a step of q changes no logit (s + h rounds to s), while the softmax still
     depends on s: a difference quotient far from a backward that is right. The H200's fuzz found that
     misjudgement on the triton subject with this case; sdpa-math shows it too (-26.2 against -37.2)."""
-    from faverify.judge.gradcheck import directional
+    from faverify.run.gradcheck import directional
     case = Case(4, 2, 2, 2, 1, 86, dtype="fp16", causal=True, regime="peaked", init="-1e30", seed=2147483647,
                 bias="min", bias_shape="heads", bias_dtype="fp32", bias_grad=True)
     x = make_inputs(case, "cpu")

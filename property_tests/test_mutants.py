@@ -179,12 +179,12 @@ def test_a_hopper_mutant_fails_in_a_worker_process():
     """faverify mutants on a GPU runs each case in a worker process: there, a mutant of the Hopper forward
     must launch its own mutated kernel and fail, not the unmutated one the parent process imported."""
     from faverify.cases.case import Case
-    from faverify.judge.verdict import Tolerance
     from faverify.run.isolation import Worker
+    from faverify.run.plan import Judging
     case = Case(1, 129, 129, 2, 2, 64, dtype="bf16", seed=1)  # rows past 64: the second consumer's
     results = {}
     for kernel in ("triton", "mutant:hopper-consumer-rows"):
-        worker = Worker(kernel, "cuda:0", "fwd", Tolerance().to_dict(), 300.0)
+        worker = Worker(kernel, "cuda:0", Judging(mode="fwd"))
         try:
             results[kernel] = worker.evaluate(case)
         finally:
@@ -204,7 +204,7 @@ def test_a_hopper_mutant_is_fuzzed_only_with_cases_that_reach_the_hopper_forward
     from faverify.kernels.triton import configs
     from faverify.kernels.triton.common import block_d
     from faverify.kernels.triton.interface import _aligned
-    from faverify.run.parallel import draw_cases
+    from faverify.run.draw import draw_cases
     from faverify.run.plan import FuzzPlan
     limits = Limits(max_seqlen=300, max_batch=2, max_heads=8, max_elements=1 << 16)
     plan = FuzzPlan(iters=150, seed=3, dtypes=("bf16", "fp16", "fp32"), limits=limits, database=None,
@@ -234,17 +234,16 @@ def test_a_mutant_that_does_not_parse_is_an_error_row_not_a_kill():
     would count as a kill. The mutated source must parse, and kill() reports it as an error row."""
     from faverify.cases.strategies import Limits
     from faverify.commands.mutants import kill
-    from faverify.judge.verdict import Tolerance
     from faverify.kernels.mutants import catalog
-    from faverify.run.plan import FuzzPlan
+    from faverify.run.plan import FuzzPlan, Judging
     broken = Mutant("broken-indent", "forward.py", "causal-diagonal", "    diag = 0", "bug", "why")
     with pytest.raises(RuntimeError, match="no longer parses"):
         source(broken)
     catalog.BY_NAME["broken-indent"] = broken
     try:
         row = kill("broken-indent", FuzzPlan(iters=3, seed=0, dtypes=("fp32",), limits=Limits(8, 1, 1, 64),
-                                             database=None), [torch.device("cpu")], tolerance=Tolerance(),
-                   isolate=False, timeout=30.0)
+                                             database=None), [torch.device("cpu")], judging=Judging(timeout=30.0),
+                   isolate=False)
     finally:
         del catalog.BY_NAME["broken-indent"]
     assert not row["killed"] and "no longer parses" in row["reason"], row
@@ -257,21 +256,20 @@ def test_a_kill_counts_only_where_the_control_passes_what_the_mutant_failed():
     failure the control shares there is the kernels' own, not a kill."""
     from faverify.cases.strategies import Limits
     from faverify.commands.mutants import control_mode, kill
-    from faverify.judge.verdict import Tolerance
     from faverify.reports.case_result import CaseResult
-    from faverify.run.plan import FuzzPlan
+    from faverify.run.plan import FuzzPlan, Judging
     assert [control_mode(s) for s in ("out:tolerance", "lse:nan", "out_splits:inf", "dq:nan", "dv:tolerance",
                                       "error:RuntimeError", "gradcheck", "crash")] == ["fwd"] * 3 + ["both"] * 5
     asked = []
 
     def control(status):
-        def check(case, tolerance, mode):
-            asked.append(mode)
+        def check(case, judging):
+            asked.append(judging.mode)
             return CaseResult("triton", case, status, "")
         return check
     plan = FuzzPlan(iters=20, seed=0, dtypes=("fp32",), limits=Limits(64, 1, 2, 4096), database=None, shrink_budget=1)
-    rows = [kill("no-final-division", plan, [torch.device("cpu")], tolerance=Tolerance(), isolate=False,
-                 timeout=60.0, check=control(status)) for status in ("pass", "fail")]
+    rows = [kill("no-final-division", plan, [torch.device("cpu")], judging=Judging(timeout=60.0), isolate=False,
+                 check=control(status)) for status in ("pass", "fail")]
     assert asked == ["fwd", "fwd"] and rows[0]["signature"].startswith(("out:", "lse:")), rows[0]
     assert rows[0]["killed"] and rows[0]["control_mode"] == "fwd"
     assert not rows[1]["killed"] and rows[1]["control_on_minimal_case"] == "fail"

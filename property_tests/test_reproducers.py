@@ -103,14 +103,14 @@ def test_a_history_that_does_not_make_the_case_fail_again_gives_no_sequence():
     """A failure whose case passes alone and after its worker's history too (a flaky one): no sequence, and
     the report says it passed alone."""
     from faverify.cases.case import Case
-    from faverify.judge.verdict import Tolerance
     from faverify.reports.case_result import CaseResult
     from faverify.reports.collector import Failure
     from faverify.run.confirm import earlier_calls
+    from faverify.run.plan import Judging
     case = Case(1, 4, 4, 1, 1, 8, dtype="fp32", seed=1)
     first = CaseResult("sdpa-math", case, "fail", "planted", signatures=["out:tolerance"], history=(case,))
     f = Failure("sdpa-math", "out:tolerance", first, first)
-    assert earlier_calls(f, "sdpa-math", "cpu", mode="fwd", tolerance=Tolerance(), timeout=60.0, repeat=1) is None
+    assert earlier_calls(f, "sdpa-math", "cpu", Judging(mode="fwd", timeout=60.0)) is None
 
 
 def test_reproducer_words_are_quoted_for_the_shell():

@@ -139,17 +139,16 @@ def test_a_sequence_option_out_of_range_is_refused():
 def test_a_sequence_whose_last_call_fails_alone_is_reported_without_its_earlier_calls():
     """The shrink keeps earlier calls where dropping one would change the last (each call is drawn from the
     one before it). A failure the last call shows alone is reported as that call alone: the smaller input."""
-    from faverify.judge.verdict import Tolerance
     from faverify.reports.collector import REPLAY_FAILED, Failure
     from faverify.run.confirm import confirm
+    from faverify.run.plan import Judging
 
     kernel = "property_tests.planted:top_left_mask"  # fails causal cases with seqlen_q < seqlen_k, alone too
     earlier = Case(1, 3, 5, 1, 1, 8, dtype="fp32", seed=1)
     case = Case(1, 4, 6, 1, 1, 8, dtype="fp32", causal=True, seed=2, before=(earlier,))
-    settings = dict(mode="fwd", tolerance=Tolerance(), timeout=60.0, repeat=1)
     found = evaluate(resolve(kernel), case, "cpu", mode="fwd")
     assert found.failed and found.case.before == (earlier,), found.reason
     f = Failure(kernel, found.signatures[0], found, found)
-    confirm([f], kernel, torch.device("cpu"), **settings)
+    confirm([f], kernel, torch.device("cpu"), Judging(mode="fwd", timeout=60.0))
     assert f.replayed == REPLAY_FAILED and f.minimal.case == dataclasses.replace(case, before=()), f.minimal.case
     assert '"before"' not in f.reproducer and f.earlier_calls == 0, f.reproducer

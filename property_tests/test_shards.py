@@ -9,7 +9,7 @@ import pytest
 
 from faverify.cases.strategies import CPU_LIMITS
 from faverify.reports.merge import parse_shard
-from faverify.run.parallel import draw_cases
+from faverify.run.draw import draw_cases
 from faverify.run.plan import FuzzPlan
 from property_tests.cli_helpers import assert_commands_exist, cli, read_json
 

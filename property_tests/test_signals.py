@@ -103,10 +103,11 @@ def test_a_stop_whose_keyboard_interrupt_was_lost_still_stops_the_run():
     """Python drops a KeyboardInterrupt raised inside a garbage-collector callback (Hypothesis keeps one):
     the stop is recorded, and the run stops after the case in progress, marked interrupted."""
     from faverify.cases.strategies import limits_for
-    from faverify.judge.verdict import Tolerance
     from faverify.run import signals
     from faverify.run.fuzz import run
-    from faverify.run.plan import FuzzPlan
+    from faverify.run.plan import FuzzPlan, Judging
+    from faverify.run.request import FuzzRun, subject_plan
+    from faverify.subjects import resolve
 
     seen = []
 
@@ -121,8 +122,8 @@ def test_a_stop_whose_keyboard_interrupt_was_lost_still_stops_the_run():
                     gradcheck_every=0)
     with signals.sigterm_interrupts():
         signals._requested.clear()
-        doc = run(["sdpa-math"], plan, ["cpu"], mode="fwd", tolerance=Tolerance(), command="test", isolate=False,
-                  progress_factory=progress_factory)
+        doc = run(FuzzRun("test", plan, (subject_plan(resolve("sdpa-math"), plan),), ["cpu"], Judging(mode="fwd"),
+                          isolate=False), progress_factory)
     assert doc.settings["interrupted"] is True and len(seen) == 2
     assert doc.kernels[0]["summary"]["cases"] == 2
 
@@ -143,3 +144,54 @@ def test_a_dropped_stop_prints_no_traceback(monkeypatch):
             sys.unraisablehook(types.SimpleNamespace(exc_type=kind, exc_value=kind(), exc_traceback=None,
                                                      err_msg="Exception ignored in", object=None))
     assert reported == [ValueError]
+
+
+def test_a_stopped_fuzz_has_the_entry_point_leave_without_the_teardown(tmp_path, monkeypatch):
+    """A fuzz stopped after its run was written returns its exit code as a Stopped, which cli.main ends the
+    process with at once (an interrupt can leave a lock held inside a library, on which the interpreter's
+    teardown would wait for ever); a run that was not stopped returns a plain code."""
+    from faverify.cli import app
+    from faverify.cli.app import Stopped
+    from faverify.run import fuzz
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+    args = ["fuzz", "--kernel", "sdpa-math", "--iters", "3", "--seed", "1", "--device", "cpu", "--no-isolate",
+            "--no-db", "--json", str(tmp_path / "run.json")]
+    assert type(app(args, standalone_mode=False)) is int
+    monkeypatch.setattr(fuzz, "fuzz_subject", stopped)
+    code = app(args, standalone_mode=False)
+    assert isinstance(code, Stopped) and code == 2
+    assert json.loads((tmp_path / "run.json").read_text())["settings"]["interrupted"] is True
+
+
+def test_a_run_goes_through_its_stages_in_order_and_a_stop_skips_those_that_measure(tmp_path, monkeypatch):
+    """run(request, progress): start, replay the stored examples, draw and evaluate, group, shrink, confirm,
+    then save. A stop in the draw skips the grouping, the shrink and the replays of the failures, and the
+    store is still saved."""
+    import inspect
+
+    from faverify.cli import app
+    from faverify.run import examples, fuzz
+
+    assert list(inspect.signature(fuzz.run).parameters) == ["fuzz", "progress"]
+    ran, stage, save = [], fuzz.Stop.stage, examples.save
+
+    def recording(self, step, *args):
+        ran.append((step.__name__, self.stopped))
+        return stage(self, step, *args)
+    monkeypatch.setattr(fuzz.Stop, "stage", recording)
+    monkeypatch.setattr(examples, "save", lambda *a, **k: ran.append(("save", None)) or save(*a, **k))
+    args = ["fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "6", "--seed", "1", "--device",
+            "cpu", "--no-isolate", "--dtype", "fp32", "--gradcheck-every", "0", "--shrink-budget", "4", "--db",
+            str(tmp_path / "db"), "--json", str(tmp_path / "run.json")]
+    assert app(args, standalone_mode=False) == 1
+    stages = ["start", "replay", "draw_and_evaluate", "group", "shrink", "confirm"]
+    assert ran == [(s, False) for s in stages] + [("save", None)], ran
+    ran.clear()
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(fuzz, "fuzz_subject", stopped)
+    app(args, standalone_mode=False)
+    assert ran == [(s, s not in stages[:3]) for s in stages] + [("save", None)], ran

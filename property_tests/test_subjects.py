@@ -125,3 +125,15 @@ def test_modes_select_tensors():
     c = Case(1, 8, 8, 2, 2, 16, seed=3)
     assert set(evaluate(s, c, "cpu", mode="fwd").metrics) == {"out", "lse"}
     assert set(evaluate(s, c, "cpu", mode="bwd").metrics) == {"dq", "dk", "dv"}
+
+
+def test_a_subject_hands_over_what_its_calls_did_since_the_last_take_in_one_value():
+    """Subject.take: the code paths, the compiles and the compile seconds since the last take, together, each
+    hook emptied by it; a subject without the hooks tells nothing."""
+    from faverify.subjects.base import Capabilities, Since, Subject, drain
+    log, compiled = ["fwd triton", "bwd triton"], [2]
+    subject = Subject("s", fn=None, caps=Capabilities(), paths=lambda: drain(log),
+                      compiles=lambda: compiled.pop() if compiled else 0, compile_seconds=lambda: 1.5)
+    assert subject.take() == Since(("fwd triton", "bwd triton"), 2, {"compile": 1.5})
+    assert subject.take() == Since((), 0, {"compile": 1.5}) and log == []
+    assert Subject("plain", fn=None, caps=Capabilities()).take() == Since()

@@ -147,7 +147,7 @@ def test_regimes_and_layouts_narrow_the_draw(tmp_path):
     from hypothesis import given, settings
 
     from faverify.cases.strategies import CPU_LIMITS, cases
-    from faverify.cli.fuzz import parse_choice
+    from faverify.cases.vocabulary import parse_choice
     from faverify.run.plan import FuzzPlan
     narrow = {"regimes": parse_choice("lone-key", REGIMES, "--regimes"),
               "layouts": parse_choice("-contiguous,-transposed,-strided,-packed", LAYOUTS, "--layouts")}

@@ -418,7 +418,7 @@ def test_warmup_cases_cover_every_variant_a_fuzz_draws():
     and of 400 drawing ALiBi, whose cases without another feature take the dense backward's ALIBI build."""
     from faverify.kernels.triton.common import BLOCK_DS
     from faverify.kernels.triton.subject import warmup_cases
-    from faverify.run.parallel import draw_cases
+    from faverify.run.draw import draw_cases
     from faverify.run.plan import FuzzPlan
     dtypes = ("bf16", "fp16")
     warmed = {_variant(c) for c in warmup_cases(dtypes)}

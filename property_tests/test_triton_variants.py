@@ -101,7 +101,7 @@ def test_the_variant_kernel_with_no_variant_gives_the_dense_kernels_bits():
                  Case(1, 64, 33, 2, 1, 64, dtype="fp16", seed=12)):
         x = make_inputs(case, "cpu", requires_grad=True)
         dense = interface.FlashAttnFunction.apply(x.q, x.k, x.v, case.causal, case.scale, "-inf", interface.DEFAULT)
-        var = variant_interface.Variant.of(case.scale, case.causal, (-1, -1), 0.0, None, None)
+        var = variant_interface.KernelVariant.of(case.scale, case.causal, (-1, -1), 0.0, None, None)
         other = variant_interface.attention(x.q, x.k, x.v, var)
         assert len(dense) == len(other) == 4  # out, lse and the rows' statistics
         for a, b in zip(dense, other):
@@ -280,7 +280,7 @@ HOPPER = {
 def test_the_hopper_forward_runs_its_variants_right_against_fp64(name):
     r = _passes(resolve("triton"), HOPPER[name])
     case = HOPPER[name]
-    # sinks and ALiBi without a window or softcap: the dense backward (Variant.backward_is_dense)
+    # sinks and ALiBi without a window or softcap: the dense backward (KernelVariant.backward_is_dense)
     backward = "bwd triton" if tuple(case.window) == (-1, -1) and not case.softcap else "bwd variant"
     assert "fwd hopper variant" in r.paths and any(p.startswith(backward) for p in r.paths), r.paths
     assert {"out", "lse", "dq", "dk", "dv"} <= set(r.metrics)
@@ -340,8 +340,8 @@ def test_the_warm_up_launches_every_variant_build_a_fuzz_draws(kind, monkeypatch
     from faverify.cases.strategies import CPU_LIMITS
     from faverify.kernels.triton import variant_backward, variant_decode, variant_forward, variant_interface
     from faverify.kernels.triton.subject import variant_warmup_cases
+    from faverify.run.draw import draw_cases
     from faverify.run.evaluate import exercise
-    from faverify.run.parallel import draw_cases
     from faverify.run.plan import FuzzPlan
     seen: set = set()
     monkeypatch.setattr(variant_interface, "SHARED_PADDING", True)

@@ -253,14 +253,14 @@ def test_out_of_range_seeds_and_an_empty_device_are_one_line_errors(args, messag
 def test_an_interrupt_while_shrinking_keeps_the_failure(tmp_path, monkeypatch):
     """One worker (the sequential mode): the failure being shrunk when Ctrl-C lands is reported, as far as
     it was shrunk, with its reproducer, in the table and the JSON."""
-    from faverify.run import plan as plan_module
-    original = plan_module.Shrinker.still_fails
+    from faverify.run import shrink
+    original = shrink.Shrinker.still_fails
 
     def interrupt_after_two_steps(self, case):
         if self.steps >= 2:
             raise KeyboardInterrupt
         return original(self, case)
-    monkeypatch.setattr(plan_module.Shrinker, "still_fails", interrupt_after_two_steps)
+    monkeypatch.setattr(shrink.Shrinker, "still_fails", interrupt_after_two_steps)
     r = cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "20", "--device", "cpu", "--no-db",
             "--no-isolate", "--json", tmp_path / "run.json")
     run = read_json(tmp_path / "run.json")

@@ -8,7 +8,7 @@ from faverify.cases.inputs import make_inputs
 from faverify.errors import UsageError
 from faverify.judge.metrics import ErrorStats, error_stats
 from faverify.judge.reference import naive, reference
-from faverify.judge.verdict import DEFAULT_FACTOR, Tolerance, judge, parse_overrides
+from faverify.judge.verdict import DEFAULT_FACTOR, Tolerance, judge_tensor, parse_overrides
 
 
 def _tensor_stats(got, ref, base, scale, tensor="dv"):
@@ -32,7 +32,7 @@ def test_ulps_are_counted_at_the_larger_of_the_value_and_the_tensors_magnitude(d
 def test_the_ratio_to_an_exact_baseline_is_counted_against_one_rounding():
     ref = torch.tensor([0.0, 1.0], dtype=torch.float64)
     got = torch.tensor([2.0**-9, 1.0], dtype=torch.bfloat16)
-    m = judge(_tensor_stats(got, ref, ref.to(torch.bfloat16), scale=1.0), "bf16", Tolerance())
+    m = judge_tensor(_tensor_stats(got, ref, ref.to(torch.bfloat16), scale=1.0), "bf16", Tolerance())
     assert m.baseline_max_abs == 0 and m.ratio == 0.5  # 2^-9 against one rounding of 1 (2^-8), not inf
 
 
@@ -41,7 +41,7 @@ def _judge(got_out, case, x, tolerance=Tolerance()):
     base = naive(*x.tensors(), causal=case.causal, scale=case.scale)
     masked = case.masked_rows
     stats = error_stats({"out": got_out, "lse": None}, ref, base, scales, tensors=("out", "lse"), masked_rows=masked)
-    return judge(stats["out"], case.dtype, tolerance), base, ref
+    return judge_tensor(stats["out"], case.dtype, tolerance), base, ref
 
 
 def test_baseline_itself_passes_and_twice_its_error_fails():
@@ -109,15 +109,15 @@ def test_an_elements_own_rounding_into_the_dtype_is_not_counted_against_the_kern
 def test_an_inf_gradient_passes_only_where_the_weights_are_undetermined():
     """Logits near 1e10 (ill-conditioned): dq and dk of a kernel's legitimate weights may pass the dtype's
     range; NaN still fails, and so does Inf in out or where the case is well-conditioned."""
-    from faverify.judge.verdict import judge
+    from faverify.judge.verdict import judge_tensor
     values = dict(max_abs=0.0, mean_abs=0.0, rmse=0.0, ref_max=1e-30, max_ulp=0.0, nan=0.0, inf=160.0,
                   masked_bad=0.0, baseline_max_abs=0.0, worst=0.0, beyond_rounding=0.0)
     tol = Tolerance()
-    assert judge(ErrorStats("dq", values, 1e-36, 1.4e10, [0]), "fp16", tol).passed
-    assert judge(ErrorStats("dk", values, 1e-36, 1.4e10, [0]), "fp16", tol).passed
-    assert not judge(ErrorStats("out", values, 1e-36, 1.4e10, [0]), "fp16", tol).passed
-    assert not judge(ErrorStats("dq", values, 1e-36, 1e5, [0]), "fp16", tol).passed  # well-conditioned
-    assert not judge(ErrorStats("dq", dict(values, inf=0.0, nan=3.0), 1e-36, 1.4e10, [0]), "fp16", tol).passed
+    assert judge_tensor(ErrorStats("dq", values, 1e-36, 1.4e10, [0]), "fp16", tol).passed
+    assert judge_tensor(ErrorStats("dk", values, 1e-36, 1.4e10, [0]), "fp16", tol).passed
+    assert not judge_tensor(ErrorStats("out", values, 1e-36, 1.4e10, [0]), "fp16", tol).passed
+    assert not judge_tensor(ErrorStats("dq", values, 1e-36, 1e5, [0]), "fp16", tol).passed  # well-conditioned
+    assert not judge_tensor(ErrorStats("dq", dict(values, inf=0.0, nan=3.0), 1e-36, 1.4e10, [0]), "fp16", tol).passed
 
 
 def test_ill_conditioned_cases_waive_tolerance_but_not_nan():
@@ -163,10 +163,10 @@ def test_an_inf_from_rounding_an_allowed_value_past_fp16_passes():
     """A dq of 65400 computed within the allowance as 65530 rounds to Inf in fp16: that Inf passes where the
     allowance (atol F = 2^-11 scale_T) reaches 65520 - 65400, fails where it does not, and -Inf never does."""
     wide, narrow = 200 * 2048, 50 * 2048  # F = 200, F = 50
-    assert judge(_dq_stats(65400.0, math.inf, wide), "fp16", Tolerance()).passed
-    assert not judge(_dq_stats(65400.0, math.inf, narrow), "fp16", Tolerance()).passed
-    assert not judge(_dq_stats(65400.0, -math.inf, wide), "fp16", Tolerance()).passed
-    nan = judge(_dq_stats(65400.0, math.nan, wide), "fp16", Tolerance())
+    assert judge_tensor(_dq_stats(65400.0, math.inf, wide), "fp16", Tolerance()).passed
+    assert not judge_tensor(_dq_stats(65400.0, math.inf, narrow), "fp16", Tolerance()).passed
+    assert not judge_tensor(_dq_stats(65400.0, -math.inf, wide), "fp16", Tolerance()).passed
+    nan = judge_tensor(_dq_stats(65400.0, math.nan, wide), "fp16", Tolerance())
     assert not nan.passed and "NaN" in nan.reason and "Inf" not in nan.reason
 
 
@@ -199,16 +199,16 @@ def test_the_floor_shrinks_beside_an_informative_baseline():
     allowed error is split into its two parts."""
     full = Tolerance(tight={t: 1.0 for t in DEFAULT_FACTOR})  # the floor that never shrinks
     three_times = _stats(1.5, 0.5, ref_max=10.0)
-    assert judge(three_times, "bf16", full).passed
-    m = judge(three_times, "bf16", Tolerance())
+    assert judge_tensor(three_times, "bf16", full).passed
+    m = judge_tensor(three_times, "bf16", Tolerance())
     assert not m.passed and m.allowed == pytest.approx(2 * 0.5 + 0.25) and m.floor == pytest.approx(0.25)
-    assert judge(_stats(0.9, 0.0), "bf16", Tolerance()).passed  # exact baseline: the whole floor
-    m = judge(_stats(0.9, 0.0), "bf16", Tolerance())
+    assert judge_tensor(_stats(0.9, 0.0), "bf16", Tolerance()).passed  # exact baseline: the whole floor
+    m = judge_tensor(_stats(0.9, 0.0), "bf16", Tolerance())
     assert m.floor == pytest.approx(1.0) and m.allowed == pytest.approx(1.0)
-    assert not judge(_stats(1.1, 0.0), "bf16", Tolerance()).passed
+    assert not judge_tensor(_stats(1.1, 0.0), "bf16", Tolerance()).passed
     # a baseline error halfway to the knee leaves half the full floor
     from faverify.judge.verdict import KNEE
-    assert judge(_stats(0, KNEE / 2), "bf16", Tolerance()).floor == pytest.approx(0.5)
+    assert judge_tensor(_stats(0, KNEE / 2), "bf16", Tolerance()).floor == pytest.approx(0.5)
 
 
 def test_a_kernel_several_times_the_baseline_error_is_caught_more_often():
@@ -245,7 +245,7 @@ def test_errors_of_flushed_subnormals_pass_and_larger_ones_fail():
     for err, passes in ((2.2e-38, True), (1e-36, False)):
         values = {"max_abs": err, "mean_abs": err, "rmse": err, "ref_max": 1e-38, "max_ulp": 0.0, "nan": 0.0,
                   "inf": 0.0, "masked_bad": 0.0, "baseline_max_abs": 0.0, "worst": 0.0}
-        assert judge(ErrorStats("dk", values, 1e-39, 0.0, [0]), "bf16", Tolerance()).passed is passes
+        assert judge_tensor(ErrorStats("dk", values, 1e-39, 0.0, [0]), "bf16", Tolerance()).passed is passes
 
 
 def test_a_subnormal_scale_does_not_divide_by_zero():
@@ -254,7 +254,7 @@ def test_a_subnormal_scale_does_not_divide_by_zero():
     from faverify.judge.metrics import ErrorStats
     values = {"max_abs": 0.0, "mean_abs": 0.0, "rmse": 0.0, "ref_max": 0.0, "max_ulp": 0.0, "nan": 0.0,
               "inf": 0.0, "masked_bad": 0.0, "baseline_max_abs": 1e-320, "worst": 0.0}
-    assert judge(ErrorStats("out", values, 256 * 5e-324, 0.0, [0]), "bf16", Tolerance()).passed
+    assert judge_tensor(ErrorStats("out", values, 256 * 5e-324, 0.0, [0]), "bf16", Tolerance()).passed
 
 
 def test_dsinks_from_an_fp16_out_below_the_smallest_normal_passes_and_a_larger_error_fails():
@@ -293,11 +293,11 @@ def test_outs_baseline_term_is_capped_at_half_its_size_and_no_lower_than_a_subno
     max|ref|: zeros fail. The cap never goes below the dtype's smallest subnormal, which an out rounded to
     the dtype may lose whole."""
     from faverify.judge.verdict import OUT_CAP
-    wide = judge(_stats(1.0, 1.0, ref_max=1.0), "bf16", Tolerance())
+    wide = judge_tensor(_stats(1.0, 1.0, ref_max=1.0), "bf16", Tolerance())
     assert not wide.passed and wide.allowed == pytest.approx(OUT_CAP * 1.0 + wide.floor)
     tiny = _stats(7e-15, 7e-15, ref_max=7e-15)
-    assert judge(tiny, "fp16", Tolerance()).passed
-    assert judge(_stats(1.0, 1.0, "dq", ref_max=1.0), "bf16", Tolerance()).passed  # gradients are not capped
+    assert judge_tensor(tiny, "fp16", Tolerance()).passed
+    assert judge_tensor(_stats(1.0, 1.0, "dq", ref_max=1.0), "bf16", Tolerance()).passed  # gradients are not capped
 
 
 def test_a_ds_rounded_to_fp16_subnormals_passes_and_a_dropped_slope_fails():
@@ -342,7 +342,7 @@ def test_an_exact_value_past_the_dtypes_range_may_come_back_as_inf_of_its_sign()
     def verdict(values):
         got = torch.tensor(values, dtype=torch.float16).reshape(1, 3, 1, 1)
         stats = error_stats({"dq": got}, {"dq": ref}, {"dq": ref.clone()}, scales, tensors=("dq",))
-        return judge(stats["dq"], "fp16", Tolerance())
+        return judge_tensor(stats["dq"], "fp16", Tolerance())
     for values in ([1.0, math.inf, -2.0], [1.0, 65504.0, -2.0]):
         assert verdict(values).passed, values
     for values in ([1.0, -math.inf, -2.0], [1.0, math.nan, -2.0], [math.inf, math.inf, -2.0]):

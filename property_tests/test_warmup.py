@@ -8,7 +8,7 @@ import pytest
 
 from faverify.cases.case import Case
 from faverify.cases.strategies import limits_for
-from faverify.run.parallel import draw_cases
+from faverify.run.draw import draw_cases
 from faverify.run.plan import FuzzPlan
 from faverify.run.warmup import Request, precompile
 from faverify.subjects import resolve

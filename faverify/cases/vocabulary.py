@@ -1,5 +1,6 @@
 """The case vocabulary: the values each field of a Case takes, the limits it is held to, and the tensors a
 case's call produces. The draw (strategies.py), the checks (checks.py) and every subject read them here."""
+from faverify.errors import UsageError
 
 DTYPES = ("bf16", "fp16", "fp32")
 # inputs.py draws each; "negative" and "lone-key" make rows whose every logit is far below zero (the bugs of
@@ -113,3 +114,21 @@ TENSORS = ("out", "lse", "dq", "dk", "dv", "dsinks", "dbias", "max_logit")
 ROW_LOGITS = ("lse", "max_logit")
 # a split-KV call's partial outputs and log-sum-exps, one per key range, before the combine
 SPLIT_TENSORS = ("out_splits", "lse_splits")
+
+
+def parse_choice(text: str, allowed: tuple, argument: str) -> tuple:
+    """A comma-separated subset of `allowed`, or with every name prefixed by -, all of allowed but those."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UsageError(argument, text, f"give some of {', '.join(allowed)}, or -NAME to leave one out")
+    excluded = [n.startswith("-") for n in names]
+    if any(excluded) and not all(excluded):
+        raise UsageError(argument, text, "either list what to draw or, each with a leading -, what to leave out")
+    bare = [n.lstrip("-") for n in names]
+    for n in bare:
+        if n not in allowed:
+            raise UsageError(argument, n, f"each must be one of {', '.join(allowed)}")
+    chosen = tuple(a for a in allowed if (a not in bare) == all(excluded))
+    if not chosen:
+        raise UsageError(argument, text, "leaves nothing to draw")
+    return chosen

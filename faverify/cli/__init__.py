@@ -27,10 +27,10 @@ def main() -> None:
     import sys
 
     from faverify import streams
-    from faverify.cli.app import INTERRUPTED_RUN
+    from faverify.cli.app import Stopped
     code = app(standalone_mode=False)
     streams.flush()  # here, where a stream nobody reads costs nothing: the interpreter's own flush would exit 120
-    if INTERRUPTED_RUN["set"]:
+    if isinstance(code, Stopped):
         # Everything asked for is written. An interrupt can leave a lock held inside a library, and the
         # interpreter's teardown then waits on it for ever (on the H200 a fuzz stopped by SIGTERM sat
         # garbage-collecting after writing its report): leave without the teardown.

@@ -54,9 +54,14 @@ class _Group(TyperGroup):
         return code
 
 
-# Set by a command that was interrupted and has written its results: the console entry point
-# (cli.main) then leaves without the interpreter's teardown.
-INTERRUPTED_RUN = {"set": False}
+class Stopped(int):
+    """The exit code of a command that was stopped and has written its results: the console entry point
+    (cli.main) then leaves without the interpreter's teardown."""
+
+
+def tell(error: Exception) -> int:
+    """One of faverify's errors told as the app tells it (one line), without raising it: its exit code, 2."""
+    return _error(str(error), 2)
 
 
 _NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2 only

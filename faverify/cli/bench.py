@@ -7,8 +7,9 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import DeviceOpt, Mode, check_writable, progress_bar, show, write_outputs
+from faverify.cli.common import DeviceOpt, Mode, progress_bar, show, write_outputs
 from faverify.errors import EnvironmentProblem, UsageError
+from faverify.files import check_writable
 from faverify.run.signals import held, sigterm_interrupts
 
 

@@ -36,50 +36,6 @@ class Scale(str, Enum):  # what a fuzz draws: the ordinary cases, or large ones 
     large = "large"
 
 
-def check_writable(option: str, path, *, directory: bool = False) -> None:
-    """Before any case runs: a file the run was asked to write must be writable when the run ends, so a
-    long run is not lost to a typo (a path under a file, a directory where a file should go, a FIFO or a
-    device where a file should go, a link to nothing). Creates the missing folders, as the write would;
-    writes nothing else. Call it after the kernels' names were checked: a wrong name creates no folder."""
-    import os
-    import stat
-    import tempfile
-    from pathlib import Path
-
-    if path is None:
-        return
-    path = Path(path)
-    folder = path if directory else path.parent
-    if not directory and path.is_dir():
-        raise UsageError(option, str(path), "is a directory; give the path of a file to write")
-    if path.is_symlink() and not path.exists():
-        raise UsageError(option, str(path), "is a symbolic link to a file that does not exist")
-    if not directory and path.exists() and not stat.S_ISREG(path.stat().st_mode):
-        raise UsageError(option, str(path), "is not a regular file (a FIFO, a device or a socket): give a file")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".faverify-write-check-"):
-            pass
-    except OSError as e:
-        raise UsageError(option, str(path), f"cannot be written ({e.strerror or e}: {folder})") from None
-    if not directory and path.exists() and not os.access(path, os.W_OK):
-        raise UsageError(option, str(path), "exists and cannot be written")
-
-
-def check_distinct(**paths) -> None:
-    """Two outputs of one command may not be the same file: the second would overwrite the first."""
-    import os
-    seen: dict = {}
-    for option, path in paths.items():
-        if path is None:
-            continue
-        key = os.path.realpath(path)
-        flag = "--" + option.replace("_", "-")
-        if key in seen:
-            raise UsageError(flag, str(path), f"is the same file as {seen[key]}: give each output its own path")
-        seen[key] = flag
-
-
 def write_outputs(outputs: list) -> None:
     """(option, path, text or a function giving it) each written whole or not at all (files.replace_whole,
     through a link to its target). A write that fails is told once every other output is written, as one
@@ -157,13 +113,6 @@ def check_max_seqlen(max_seqlen: Optional[int]) -> None:
         raise UsageError("--max-seqlen", max_seqlen, "must be >= 1")
 
 
-def tolerance_from(factor: Optional[str], atol: Optional[str], tight: Optional[str] = None):
-    from faverify.judge.verdict import DEFAULT_ATOL, DEFAULT_FACTOR, DEFAULT_TIGHT, Tolerance, parse_overrides
-    return Tolerance(factor=parse_overrides(factor, DEFAULT_FACTOR, "--factor"),
-                     atol=parse_overrides(atol, DEFAULT_ATOL, "--atol"),
-                     tight=parse_overrides(tight, DEFAULT_TIGHT, "--tight"))
-
-
 FactorOpt = Annotated[Optional[str], typer.Option(help="Allowed multiple of the baseline error: NUMBER or "
                                                        "TENSOR=NUMBER,... (defaults out=2,lse=2,dq=3,dk=3,dv=3)")]
 AtolOpt = Annotated[Optional[str], typer.Option(help="Floor in units of u(dtype)*scale_T: NUMBER or TENSOR=NUMBER,... "
@@ -228,21 +177,3 @@ def progress_factory(progress, total: int):
             progress.update(task, advance=1, failed=failed)
         return update
     return factory
-
-
-def parse_choice(text: str, allowed: tuple, argument: str) -> tuple:
-    """A comma-separated subset of `allowed`, or with every name prefixed by -, all of allowed but those."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names:
-        raise UsageError(argument, text, f"give some of {', '.join(allowed)}, or -NAME to leave one out")
-    excluded = [n.startswith("-") for n in names]
-    if any(excluded) and not all(excluded):
-        raise UsageError(argument, text, "either list what to draw or, each with a leading -, what to leave out")
-    bare = [n.lstrip("-") for n in names]
-    for n in bare:
-        if n not in allowed:
-            raise UsageError(argument, n, f"each must be one of {', '.join(allowed)}")
-    chosen = tuple(a for a in allowed if (a not in bare) == all(excluded))
-    if not chosen:
-        raise UsageError(argument, text, "leaves nothing to draw")
-    return chosen

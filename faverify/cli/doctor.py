@@ -7,9 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 
+from faverify.cases.vocabulary import parse_choice
 from faverify.cli.app import app
-from faverify.cli.common import check_writable, parse_choice, show, write_outputs
+from faverify.cli.common import show, write_outputs
 from faverify.errors import EnvironmentProblem
+from faverify.files import check_writable
 
 
 class Level(str, Enum):

@@ -8,8 +8,9 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, TightOpt, check_writable, show, tolerance_from
+from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, TightOpt, show
 from faverify.errors import EnvironmentProblem, UsageError
+from faverify.files import check_writable
 
 
 class Action(str, Enum):
@@ -34,9 +35,10 @@ def golden(
     from faverify import devices
     from faverify.cases import golden_files
     from faverify.commands import golden
+    from faverify.judge.verdict import parse_tolerance
     from faverify.reports.tables import table
 
-    tolerance = tolerance_from(factor, atol, tight)  # every flag is checked before any work
+    tolerance = parse_tolerance(factor, atol, tight)  # every flag is checked before any work
     directory = directory or golden_files.DEFAULT_DIR
     names = [n.strip() for n in only.split(",")] if only else None
     for n in names or ():

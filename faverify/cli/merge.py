@@ -7,8 +7,9 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import check_distinct, check_writable, show, write_outputs
+from faverify.cli.common import show, write_outputs
 from faverify.errors import EnvironmentProblem
+from faverify.files import check_distinct, check_writable
 
 
 @app.command()
@@ -22,7 +23,8 @@ def merge(
     one fleet table from many nodes' doctor reports (outliers marked)."""
     import json
 
-    from faverify.cli.fuzz import _exit_code, report
+    from faverify.cli.fuzz import report
+    from faverify.commands.fuzz import exit_code
     from faverify.reports.merge import merge_runs
     from faverify.reports.results import Run
 
@@ -45,7 +47,7 @@ def merge(
         return 0
     merged = merge_runs([(path, Run.read(path, argument="RUN.json")) for path in runs])
     report(merged, json_path, markdown)
-    return _exit_code(merged)
+    return exit_code(merged)
 
 
 def _is_doctor(path: Path) -> bool:

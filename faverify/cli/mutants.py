@@ -15,7 +15,6 @@ from faverify.cli.common import (
     TimeoutOpt,
     check_max_seqlen,
     check_timeout,
-    check_writable,
     progress_bar,
     progress_factory,
     show,
@@ -23,6 +22,7 @@ from faverify.cli.common import (
     write_outputs,
 )
 from faverify.errors import UsageError
+from faverify.files import check_writable
 from faverify.run.signals import held, sigterm_interrupts
 
 
@@ -59,8 +59,7 @@ def mutants(
     from faverify.cases.strategies import limits_for
     from faverify.commands.mutants import run_mutants
     from faverify.dtypes import parse_dtypes
-    from faverify.judge.verdict import Tolerance
-    from faverify.run.plan import FuzzPlan
+    from faverify.run.plan import FuzzPlan, Judging
     from faverify.run.scheduler import cores
 
     check_timeout(timeout)
@@ -80,7 +79,7 @@ def mutants(
     if jobs > 1 and not isolate:
         raise UsageError("--jobs", jobs, "more than one needs --isolate (each mutant's job runs it in a worker)")
     with progress_bar() as progress, sigterm_interrupts():
-        report = run_mutants(names, plan, targets, tolerance=Tolerance(), isolate=isolate, timeout=timeout,
+        report = run_mutants(names, plan, targets, judging=Judging(timeout=timeout), isolate=isolate,
                              progress_factory=progress_factory(progress, iters), jobs=jobs,
                              control_workers=workers, control_iters=control_iters)
     with held():  # a signal now waits until the report is written

@@ -8,7 +8,7 @@ import typer
 
 from faverify.cases.case import Case
 from faverify.cli.app import app
-from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, Mode, TightOpt, TimeoutOpt, show, tolerance_from
+from faverify.cli.common import AtolOpt, DeviceOpt, FactorOpt, Mode, TightOpt, TimeoutOpt, show
 from faverify.errors import EnvironmentProblem, UsageError
 
 
@@ -40,13 +40,14 @@ def repro(
     """Run one case (as printed by fuzz) and print its error table. A case with `before` is a call sequence:
     those calls run first, in the same process, each judged."""
     from faverify import devices
+    from faverify.judge.verdict import parse_tolerance
     from faverify.reports.case_result import own_error
     from faverify.run.evaluate import evaluate
     from faverify.run.guard import blame_lost_context
     from faverify.run.isolation import check_imports
     from faverify.subjects import resolve
 
-    tolerance = tolerance_from(factor, atol, tight)
+    tolerance = parse_tolerance(factor, atol, tight)
     the_case = Case.from_json(_text("--case", case))
     check_imports(kernel, timeout)  # a module that ends its process at import ends a worker's, not this one
     subject = resolve(kernel)
@@ -54,8 +55,9 @@ def repro(
     _check_files(standalone, plot, subject, the_case)
     if isolate:
         from faverify.run.isolation import Worker
+        from faverify.run.plan import Judging
         from faverify.run.signals import sigterm_interrupts
-        worker = Worker(kernel, str(target), mode.value, tolerance.to_dict(), timeout, repeat)
+        worker = Worker(kernel, str(target), Judging(mode.value, tolerance, repeat, timeout=timeout))
         try:
             with sigterm_interrupts():  # a stop ends the worker too, and what the kernel started
                 result = worker.evaluate(the_case, gradcheck)
@@ -140,7 +142,7 @@ def _draw(path: Path, subject, case, device, mode: str, tolerance) -> str:
 
 def _check_files(standalone, plot, subject, case) -> None:
     """The files asked for, refused before anything runs where they cannot be written for this case."""
-    from faverify.cli.common import check_writable
+    from faverify.files import check_writable
     if standalone is not None:
         from faverify.commands.standalone import inputs_of, refusal
         why = refusal(subject, case)

@@ -7,8 +7,9 @@ from typing import Annotated, Optional
 import typer
 
 from faverify.cli.app import app
-from faverify.cli.common import MAX_WORKERS, Mode, check_writable, say, within
+from faverify.cli.common import MAX_WORKERS, Mode, say, within
 from faverify.errors import UsageError
+from faverify.files import check_writable
 
 
 @app.command()
@@ -35,7 +36,7 @@ def warmup(
 ) -> int:
     """Compile the Triton builds a fuzz of the kernel will need, across every core, into Triton's on-disk cache,
     on any machine: the GPU's fuzz then only loads them."""
-    from faverify.cli.fuzz import parse_features
+    from faverify.commands.fuzz import parse_features
     from faverify.dtypes import parse_dtypes
     from faverify.run.warmup import Request, precompile
     from faverify.subjects import resolve

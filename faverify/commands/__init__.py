@@ -1,5 +1,5 @@
-"""The commands beside fuzz: golden verify and record, doctor, mutants, bench.
+"""The commands: fuzz's request and its checks, golden verify and record, doctor, mutants, bench.
 
 Each composes the run, the judge, the reports and the subjects; the CLI (faverify.cli) parses arguments
-and calls one of these, or the run's fuzz.
+and calls one of these.
 """

@@ -180,7 +180,7 @@ def time_row(subject: Subject, config: Config, device, *, modes=("fwd", "bwd"), 
     x = make_inputs(case, device, requires_grad=True)
     if tune and subject.name == "triton":
         row["tiles"] = _tune_triton(x, case)
-    subject.take_paths()  # the validation's and the tuning's launches are not the timed ones
+    subject.take()  # the validation's and the tuning's launches are not the timed ones
     try:
         if "fwd" in modes:
             ms, row["fwd_timing"] = time_forward(subject, x, case, device)
@@ -193,7 +193,7 @@ def time_row(subject: Subject, config: Config, device, *, modes=("fwd", "bwd"), 
     except (RuntimeError, ValueError, NotImplementedError) as e:
         row["note"] = f"{type(e).__name__}: {str(e)[:200]}"
     # which kernels the timed calls ran (a variant the Hopper forward declines times the portable one)
-    row["paths"] = sorted(set(subject.take_paths()))
+    row["paths"] = sorted(set(subject.take().paths))
     return row
 
 

@@ -102,14 +102,14 @@ def time_row(subject: Subject, config: DecodeConfig, device, peak: float) -> dic
         return row
     row["splits"] = case.splits
     x = make_inputs(case, device)
-    subject.take_paths()  # the validation's launches are not the timed ones
+    subject.take()  # the validation's launches are not the timed ones
     try:
         ms, row["timing"] = time_forward(subject, x, case, device)
     except (RuntimeError, ValueError, NotImplementedError) as e:
         row["note"] = f"{type(e).__name__}: {str(e)[:200]}"
         return row
     tbps = config.cache_bytes(x.q.element_size()) / (ms * 1e-3) * 1e-12
-    row.update(ms=ms, cache_tbps=tbps, of_copy=tbps * 1e12 / peak, paths=sorted(set(subject.take_paths())))
+    row.update(ms=ms, cache_tbps=tbps, of_copy=tbps * 1e12 / peak, paths=sorted(set(subject.take().paths)))
     if row["timing"].startswith("eager ("):
         row["note"] = row["timing"]
     return row

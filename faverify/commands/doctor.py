@@ -19,10 +19,9 @@ from faverify import env as environment
 from faverify.cases import golden_files
 from faverify.commands import golden
 from faverify.errors import EnvironmentProblem
-from faverify.judge import controls
 from faverify.run.evaluate import evaluate
 from faverify.streams import say
-from faverify.subjects import resolve
+from faverify.subjects import controls, resolve
 
 
 @dataclass(frozen=True)
@@ -160,7 +159,7 @@ def _show(check: Check) -> None:
 
 
 def _judge_check(level: str, tolerance, device: str = "cpu") -> Check:
-    """Every control (judge/controls.py) on its cases, judged on its forward: each must fail. Quick: bf16
+    """Every control (subjects/controls.py) on its cases, judged on its forward: each must fail. Quick: bf16
     alone."""
     dtypes = ("bf16",) if level == "quick" else ("bf16", "fp16", "fp32")
     holes, total = [], 0

@@ -32,6 +32,7 @@ from faverify.dtypes import TORCH
 from faverify.judge.reference import reference
 from faverify.run.evaluate import evaluate
 from faverify.run.isolation import Task, Worker, thread_share
+from faverify.run.plan import Judging
 from faverify.run.scheduler import Pool
 from faverify.subjects import resolve
 
@@ -83,7 +84,7 @@ def verify_many(jobs: list, *, directory: Path = DEFAULT_DIR, tolerance, names=N
             bad[entry.name] = e
     rows = {(k, d): {} for k, d, _ in jobs}
     threads = thread_share(sum(max(1, n) for _, _, n in jobs))
-    pool = Pool({(k, d): [Worker(k, d, "both", tolerance.to_dict(), timeout, threads=threads)
+    pool = Pool({(k, d): [Worker(k, d, Judging(tolerance=tolerance, timeout=timeout), threads=threads)
                           for _ in range(max(1, n))]
                  for k, d, n in jobs})
 

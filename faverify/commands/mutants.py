@@ -20,12 +20,12 @@ import torch
 
 from faverify import env as environment
 from faverify.cases.case import Case
-from faverify.judge.verdict import Tolerance
 from faverify.run import processes
 from faverify.run.evaluate import MODES, evaluate
 from faverify.run.fuzz import run
 from faverify.run.isolation import Worker
-from faverify.run.plan import FuzzPlan
+from faverify.run.plan import FuzzPlan, Judging
+from faverify.run.request import FuzzRun, subject_plan
 from faverify.run.scheduler import Pool
 from faverify.streams import say
 from faverify.subjects import resolve
@@ -33,7 +33,7 @@ from faverify.subjects import resolve
 
 def _check_in_process(device, subject: str = "triton"):
     unmutated = resolve(subject)
-    return lambda case, tolerance, mode: evaluate(unmutated, case, device, mode=mode, tolerance=tolerance)
+    return lambda case, judging: evaluate(unmutated, case, device, mode=judging.mode, tolerance=judging.tolerance)
 
 
 def control_mode(signature: str) -> str:
@@ -44,10 +44,10 @@ def control_mode(signature: str) -> str:
     return "fwd" if tensor.removesuffix("_splits") in MODES["fwd"] else "both"
 
 
-def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, timeout: float,
+def kill(name: str, plan: FuzzPlan, devices: list, *, judging: Judging, isolate: bool,
          progress_factory=lambda kernel: (lambda r: None), check=None) -> dict:
-    """Fuzz one mutant until its first failure; the row of the report. check(case, tolerance, mode): the
-    unmutated kernels' result on a case (default: evaluated in this process)."""
+    """Fuzz one mutant until its first failure; the row of the report. check(case, judging): the unmutated
+    kernels' result on a case (default: evaluated in this process)."""
     from faverify.kernels.mutants.build import source
     from faverify.kernels.mutants.catalog import BY_NAME
 
@@ -71,15 +71,14 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, 
             shown(r)
         return progress
 
-    result = run([f"mutant:{name}"], plan, devices, mode="both",
-                 tolerance=tolerance, command="mutants", workers=1, isolate=isolate, timeout=timeout,
-                 progress_factory=counting)
+    result = run(FuzzRun("mutants", plan, (subject_plan(resolve(f"mutant:{name}"), plan),), devices, judging,
+                         isolate=isolate), counting)
     kernel = result.kernels[0]
     failures = kernel["failures"]
     minimal = failures[0]["minimal"] if failures else None
     check = check or _check_in_process(devices[0], mutant.subject)
     mode = control_mode(failures[0]["signature"]) if failures else "both"
-    control_there = check(Case.from_dict(minimal["case"]), tolerance, mode) if minimal else None
+    control_there = check(Case.from_dict(minimal["case"]), dataclasses.replace(judging, mode=mode)) if minimal else None
     attributable = control_there is not None and not control_there.failed
     killed = bool(failures) and attributable
     return {
@@ -97,12 +96,11 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, 
     }
 
 
-def _kill_job(conn, name, plan, device, tolerance_dict, isolate, timeout) -> None:
+def _kill_job(conn, name, plan, device, judging: dict, isolate) -> None:
     """A job process: one mutant, its row sent back. Its fuzz isolates the mutant in a worker of its own."""
 
     try:
-        row = kill(name, plan, [torch.device(device)], tolerance=Tolerance.from_dict(tolerance_dict),
-                   isolate=isolate, timeout=timeout)
+        row = kill(name, plan, [torch.device(device)], judging=Judging.from_dict(judging), isolate=isolate)
         conn.send(("row", row))
     except BaseException as e:  # faverify's own bug: reported as this mutant's, the others go on
         conn.send(("error", f"{type(e).__name__}: {e}"))
@@ -112,8 +110,8 @@ class MutantJob:
     """A worker of scheduler.Pool that fuzzes one mutant per process (_kill_job): each mutant compiles its
     own kernels, so a process per mutant costs nothing a reused one would save. The result is its row."""
 
-    def __init__(self, plan: FuzzPlan, device, tolerance, isolate: bool, timeout: float):
-        self.args = (plan, str(device), tolerance.to_dict(), isolate, timeout)
+    def __init__(self, plan: FuzzPlan, device, judging: Judging, isolate: bool):
+        self.args = (plan, str(device), judging.to_dict(), isolate)
         self.device = str(device)
         self.process = self.conn = None
         self.name = ""
@@ -147,12 +145,11 @@ class MutantJob:
             self.process.join(5)
 
 
-def _kill_parallel(names: list, plan: FuzzPlan, device, *, tolerance, isolate: bool, timeout: float,
-                   jobs: int) -> tuple:
+def _kill_parallel(names: list, plan: FuzzPlan, device, *, judging: Judging, isolate: bool, jobs: int) -> tuple:
     """(rows in the order of `names`, interrupted); on an interrupt, the rows finished so far (the running
     jobs are stopped)."""
 
-    pool = Pool([MutantJob(plan, device, tolerance, isolate, timeout) for _ in range(jobs)])
+    pool = Pool([MutantJob(plan, device, judging, isolate) for _ in range(jobs)])
     rows: dict = {}
     interrupted = False
     try:
@@ -173,13 +170,12 @@ def _error_row(name: str, error: str) -> dict:
             "reproducer": "", "control_on_minimal_case": None, "seconds": 0.0, "interrupted": False}
 
 
-def run_mutants(names: list, plan: FuzzPlan, devices: list, *, tolerance, isolate: bool, timeout: float,
-                progress_factory, jobs: int = 1, control_workers: int = 1, control_iters: int | None = None) -> dict:
+def run_mutants(names: list, plan: FuzzPlan, devices: list, *, judging: Judging, isolate: bool, progress_factory,
+                jobs: int = 1, control_workers: int = 1, control_iters: int | None = None) -> dict:
     from faverify.kernels.mutants.catalog import BY_NAME
 
     if jobs > 1:
-        rows, interrupted = _kill_parallel(names, plan, devices[0], tolerance=tolerance, isolate=isolate,
-                                           timeout=timeout, jobs=jobs)
+        rows, interrupted = _kill_parallel(names, plan, devices[0], judging=judging, isolate=isolate, jobs=jobs)
     else:
         rows, interrupted = [], False
         # the unmutated subject behind each mutant, a worker per mode it is checked in (control_mode)
@@ -189,15 +185,14 @@ def run_mutants(names: list, plan: FuzzPlan, devices: list, *, tolerance, isolat
             if not isolate:
                 return None
 
-            def check(case, tol, mode):
-                if (subject, mode) not in control_workers_by_subject:
-                    control_workers_by_subject[subject, mode] = Worker(subject, str(devices[0]), mode,
-                                                                       tolerance.to_dict(), timeout)
-                return control_workers_by_subject[subject, mode].evaluate(case)
+            def check(case, judged):
+                if (subject, judged.mode) not in control_workers_by_subject:
+                    control_workers_by_subject[subject, judged.mode] = Worker(subject, str(devices[0]), judged)
+                return control_workers_by_subject[subject, judged.mode].evaluate(case)
             return check
         try:
             for name in names:
-                rows.append(kill(name, plan, devices, tolerance=tolerance, isolate=isolate, timeout=timeout,
+                rows.append(kill(name, plan, devices, judging=judging, isolate=isolate,
                                  progress_factory=progress_factory, check=check_with(BY_NAME[name].subject)))
                 if rows[-1]["interrupted"]:
                     interrupted = True
@@ -219,9 +214,9 @@ def run_mutants(names: list, plan: FuzzPlan, devices: list, *, tolerance, isolat
                                      "failures": ["not run: the run was interrupted"]},
                     environment=environment.collect())
     control_plan = dataclasses.replace(plan, iters=control_iters) if control_iters else plan
-    control = run(kernels, control_plan, devices, mode="both", tolerance=tolerance, command="mutants (control)",
-                  workers=control_workers, isolate=isolate or control_workers > 1, timeout=timeout,
-                  progress_factory=progress_factory, narrow_for={k: resolve(k).caps.draw() for k in kernels})
+    unmutated = tuple(subject_plan(s, control_plan, needs=s.caps.draw()) for s in map(resolve, kernels))
+    control = run(FuzzRun("mutants (control)", control_plan, unmutated, devices, judging, control_workers,
+                          isolate or control_workers > 1), progress_factory)
     summaries = [k["summary"] for k in control.kernels]
     return dict(report, control={**summaries[0], "kernel": ",".join(kernels),
                                  **{n: sum(s[n] for s in summaries) for n in ("cases", "failed", "passed", "skipped")},

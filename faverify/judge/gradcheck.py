@@ -1,4 +1,5 @@
-"""Finite-difference check of a subject's backward against its own forward.
+"""Finite-difference check of a subject's backward against its own forward (its calls of the subject are
+run/gradcheck.py's).
 
 Comparing gradients with the FP64 reference says whether they are right; this says whether they are the
 derivative of what the subject's forward computes, which catches a backward that is consistent with the
@@ -30,16 +31,14 @@ from dataclasses import dataclass
 import torch
 
 from faverify.cases.case import Case
-from faverify.cases.inputs import make_inputs, variant_of
+from faverify.cases.inputs import variant_of
 from faverify.cases.large import judged_entries
 from faverify.cases.vocabulary import FP8_OWN_REGIMES
-from faverify.dtypes import TORCH
-from faverify.errors import Unsupported, printable
+from faverify.errors import printable
 from faverify.judge.reference import naive, reference
-from faverify.subjects.base import Subject
 
 # step h, clamp |x| so that x +- h is exact in the dtype, allowed relative discrepancy
-_SETTINGS = {"fp32": (2.0**-10, 64.0, 1e-3), "fp16": (2.0**-6, 16.0, 0.05), "bf16": (2.0**-5, 3.9, 0.25)}
+SETTINGS = {"fp32": (2.0**-10, 64.0, 1e-3), "fp16": (2.0**-6, 16.0, 0.05), "bf16": (2.0**-5, 3.9, 0.25)}
 
 
 @dataclass
@@ -64,68 +63,16 @@ class GradCheck:
         return dataclasses.asdict(self)
 
 
-def dtype_for(subject: Subject) -> str | None:
-    """The dtype the check runs the subject in: the most precise it supports."""
-    return next((d for d in ("fp32", "fp16", "bf16") if d in subject.caps.dtypes), None)
+def dtype_for(dtypes: tuple) -> str | None:
+    """The dtype the check runs a subject in: the most precise of those it supports."""
+    return next((d for d in ("fp32", "fp16", "bf16") if d in dtypes), None)
 
 
-def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck:
-    dtype = dtype_for(subject)
-    if dtype is None or not subject.caps.backward_on(torch.device(device).type):
-        return _skip(dtype or "-", "subject has no backward here or no supported dtype")
-    if _dense_form(case) and not subject.caps.dense:
-        return _skip(dtype, "the finite-difference check runs on dense cases; the subject takes none")
-    h, clamp, allowed = _SETTINGS[dtype]
-    c = checked_case(case, dtype)
-    why = subject.unsupported(c, device)
-    if why:
-        return _skip(dtype, why)
-    x = make_inputs(c, device)
-    tdtype = TORCH[dtype]
-    g = torch.Generator(device=device).manual_seed(case.seed + 1)
-    base = [_quantize(t, h, clamp).to(tdtype) for t in x.tensors()]
-    w = x.dout.to(torch.float64)
-    # the case's slopes, sinks and bias held fixed (a mask_mod or score_mod is a function: as it is)
-    extras = {name: t.detach() if isinstance(t, torch.Tensor) else t for name, t in x.extras().items()}
-
-    def loss(tensors, grad=False):
-        ins = [t.clone().requires_grad_(grad) for t in tensors]
-        out, _ = subject(*ins, c, extras)
-        value = (out.to(torch.float64) * w).sum()
-        return value, ins, out
-
-    try:
-        _, ins, out = loss(base, grad=True)
-        if not out.requires_grad:  # as the case itself was: judged on its forward alone
-            return _skip(dtype, "the subject's output has no autograd graph")
-        grads = torch.autograd.grad(out, ins, x.dout.to(tdtype), allow_unused=True)
-        grads = [torch.zeros_like(t) if gr is None else gr for gr, t in zip(grads, base)]
-        direction = [_signs(gr, g) for gr in grads]
-        total = sum((gr.double().abs()).sum() for gr in grads)
-        quotients = []  # (what a correct subject may err by, step, fd, analytic, truncation, rounding)
-        for step in (h, h / 4, h / 16):  # shorter steps cut the truncation by 16 and let the rounding grow by 4
-            ends = [[t + sign * step * e for t, e in zip(base, direction)] for sign in (1, -1)]
-            with torch.no_grad():
-                plus, minus = (loss(end)[0] for end in ends)
-            # what the step's verdict reads from the device, in one transfer
-            read = [total, (plus - minus) / (2 * step), _along(grads, ends, step),
-                    *_quotient_errors(subject, c, x, base, ends, w, step)]
-            magnitude, fd, analytic, *raw = torch.stack(read).tolist()
-            errors = [e / magnitude if magnitude > 0 else 0.0 for e in raw]
-            quotients.append((sum(errors), step, fd, analytic, *errors))
-            if sum(errors) <= allowed / 8:  # resolved well enough: the shorter steps cost calls and add nothing
-                break
-        _, step, fd, analytic, truncation, rounding = min(quotients)  # the best-resolved quotient
-    except (Unsupported, ValueError, NotImplementedError) as e:
-        return _skip(dtype, f"{type(e).__name__}: {e}")
-    except (MemoryError, torch.OutOfMemoryError) as e:  # workers beside this one took it, as in evaluate._evaluate
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        return _skip(dtype, f"out of memory for the check ({type(e).__name__})")
-    except Exception as e:  # the subject's failure in the check's dtype (flex: no kernel fits in fp32 at d192)
-        return GradCheck(dtype, h, 0.0, 0.0, math.inf, allowed, False, False,
-                         f"{dtype}: the subject raised {type(e).__name__}: {e}", error=type(e).__name__)
-    allowed = allowed + 2 * truncation + 2 * rounding
+def verdict(dtype: str, step: float, fd: float, analytic: float, magnitude: float, truncation: float,
+            rounding: float) -> GradCheck:
+    """The check's verdict on the best-resolved quotient: |fd - analytic| relative to sum |grad| |e|
+    (magnitude), within the dtype's allowance plus twice the truncation and twice the rounding."""
+    allowed = SETTINGS[dtype][2] + 2 * truncation + 2 * rounding
     rel = abs(fd - analytic) / magnitude if magnitude > 0 else (0.0 if abs(fd) < 1e-12 else math.inf)
     passed = math.isfinite(rel) and rel <= allowed
     reason = "" if passed else (f"{dtype}: directional derivative of the forward {fd:.6g} vs backward "
@@ -136,7 +83,7 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
                      rounding=rounding)
 
 
-def _dense_form(case: Case) -> bool:
+def dense_form(case: Case) -> bool:
     """Whether the check runs on another case than this one: the dense case of its longest sequences, a
     large case's first batch entry."""
     return case.kind != "dense" or case.splits > 1 or judged_entries(case) is not None
@@ -146,7 +93,7 @@ def checked_case(case: Case, dtype: str) -> Case:
     """The case the check runs the subject on, in `dtype`: a ragged, split or large case's dense form over its
     longest sequences (and first batch entry), an FP8 case unquantized, in the contiguous layout, with normal
     values."""
-    if _dense_form(case):
+    if dense_form(case):
         case = dataclasses.replace(case, batch=1, seqlens=None, tail=0, cache_seqlens=None, page_size=0,
                                    pages="in-order", pool=0, splits=1)
     if case.fp8 != "off":  # FP8 inputs are forward-only: the backward is checked on the same case unquantized
@@ -163,14 +110,14 @@ def checked_case(case: Case, dtype: str) -> Case:
                                sinks="around" if case.sinks == "above" else case.sinks)
 
 
-def _signs(grad: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+def signs(grad: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     """+-1 per element: the gradient's sign, a random one where it is 0 (or not finite)."""
     coin = torch.randint(0, 2, grad.shape, generator=g, device=grad.device) * 2 - 1
     sign = torch.sign(grad.detach().float()).nan_to_num(nan=0.0)
     return torch.where(sign != 0, sign, coin.float()).to(grad.dtype)
 
 
-def _along(grads: list, ends: list, h: float) -> torch.Tensor:
+def along(grads: list, ends: list, h: float) -> torch.Tensor:
     """<grad, x+ - x-> / 2h: the directional derivative along the step the quotient took. Where x +- h e is
     not exact in the dtype (|x| past 2^p h at the shorter steps) that step is not 2h e, and comparing the
     quotient with <grad, e> would count the rounding of the inputs as the backward's error."""
@@ -179,18 +126,18 @@ def _along(grads: list, ends: list, h: float) -> torch.Tensor:
     return along / (2 * h)
 
 
-def _quotient_errors(subject: Subject, case: Case, x, base: list, ends: list, w, h: float) -> tuple:
+def quotient_errors(conventions, case: Case, x, base: list, ends: list, w, h: float) -> tuple:
     """(truncation, rounding) of the quotient between the two points, under the subject's conventions, as
     FP64 scalars on the device.
     truncation: |fd64 - analytic64|, how far the FP64 reference's own quotient lies from its exact
     derivative at the same inputs along the same step (the points sit off centre where an end rounded).
     rounding: sum |w| |naive - ref| at each end, over 2h: what a correct forward in the dtype (the naive
     baseline, rounding after every operation) may add to the quotient. It grows as the step shrinks."""
-    variant = variant_of(case, x, subject.caps.conventions)
+    variant = variant_of(case, x, conventions)
     kwargs = dict(causal=case.causal, scale=case.scale, variant=variant)
     with torch.no_grad():
         ref, _ = reference(*(t.to(torch.float64) for t in base), w, **kwargs)
-        exact = _along([ref[n] for n in ("dq", "dk", "dv")], ends, h)
+        exact = along([ref[n] for n in ("dq", "dk", "dv")], ends, h)
         values, rounding = [], 0.0
         for end in ends:
             out = reference(*(t.to(torch.float64) for t in end), **kwargs)[0]["out"]
@@ -200,9 +147,9 @@ def _quotient_errors(subject: Subject, case: Case, x, base: list, ends: list, w,
     return (quotient - exact).abs(), rounding / (2 * h)
 
 
-def _quantize(t: torch.Tensor, h: float, clamp: float) -> torch.Tensor:
+def quantize(t: torch.Tensor, h: float, clamp: float) -> torch.Tensor:
     return (t.float() / h).round().clamp(-(clamp / h) + 1, clamp / h - 1) * h
 
 
-def _skip(dtype: str, reason: str) -> GradCheck:
+def skip(dtype: str, reason: str) -> GradCheck:
     return GradCheck(dtype, 0.0, 0.0, 0.0, 0.0, 0.0, True, True, reason)

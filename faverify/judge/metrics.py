@@ -30,7 +30,7 @@ class TensorMetrics:
     inf: int
     masked_bad: int  # entries of rows that see no key that are not (out 0, lse -inf, dq 0)
     baseline_max_abs: float
-    ratio: float  # max_abs / max(baseline_max_abs, one rounding of scale): verdict.judge
+    ratio: float  # max_abs / max(baseline_max_abs, one rounding of scale): verdict.judge_tensor
     scale: float
     allowed: float
     floor: float  # the part of allowed that is not factor * baseline_max_abs (verdict.Tolerance.terms)

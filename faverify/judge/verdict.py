@@ -150,7 +150,14 @@ def parse_overrides(text: str | None, defaults: dict, argument: str) -> dict:
     return values
 
 
-def judge(stats: ErrorStats, dtype: str, tolerance: Tolerance) -> TensorMetrics:
+def parse_tolerance(factor: str | None, atol: str | None, tight: str | None = None) -> Tolerance:
+    """The tolerance of --factor, --atol and --tight (each parse_overrides' text, None for the defaults)."""
+    return Tolerance(factor=parse_overrides(factor, DEFAULT_FACTOR, "--factor"),
+                     atol=parse_overrides(atol, DEFAULT_ATOL, "--atol"),
+                     tight=parse_overrides(tight, DEFAULT_TIGHT, "--tight"))
+
+
+def judge_tensor(stats: ErrorStats, dtype: str, tolerance: Tolerance) -> TensorMetrics:
     """The verdict on one tensor: its statistics, the error allowed, and why it fails (if it does)."""
     name, s, scale, logit = stats.tensor, stats.values, stats.scale, stats.logit
     # lse is float32, but its floor follows the inputs' dtype, as its baseline does
@@ -199,8 +206,8 @@ def judge(stats: ErrorStats, dtype: str, tolerance: Tolerance) -> TensorMetrics:
 
 
 def judge_all(stats: dict, dtype: str, tolerance: Tolerance) -> dict:
-    """judge() for every tensor of error_stats' result, by name."""
-    return {name: judge(s, dtype, tolerance) for name, s in stats.items()}
+    """judge_tensor() for every tensor of error_stats' result, by name."""
+    return {name: judge_tensor(s, dtype, tolerance) for name, s in stats.items()}
 
 
 def kind(m: TensorMetrics) -> str:

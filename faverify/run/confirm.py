@@ -15,50 +15,26 @@ from dataclasses import replace
 
 from faverify.cases.case import Case
 from faverify.cases.checks import MAX_CALLS
-from faverify.judge.verdict import DEFAULT_ATOL, DEFAULT_FACTOR, DEFAULT_TIGHT, Tolerance
 from faverify.reports.collector import REPLAY_FAILED, REPLAY_PASSED, Failure
 from faverify.run.isolation import Worker
+from faverify.run.plan import Judging
 
-DEFAULT_TIMEOUT = 300.0  # faverify repro's own --timeout
 # what the report says of a failure whose minimal case passed alone
 PASSED_ALONE = ("its minimal case passed when replayed by itself in a fresh process: it fails only after "
                 "earlier calls in the same process")
 
 
-def repro_flags(signature: str, mode: str, tolerance: Tolerance, timeout: float, repeat: int) -> tuple:
-    """The options of `faverify repro` that replay a failure of this signature under the run's settings."""
-    flags: list = []
-    if mode != "both":
-        flags += ["--mode", mode]
-    for option, values, defaults in (("--factor", tolerance.factor, DEFAULT_FACTOR),
-                                     ("--atol", tolerance.atol, DEFAULT_ATOL),
-                                     ("--tight", tolerance.tight, DEFAULT_TIGHT)):
-        changed = [f"{t}={values[t]:g}" for t in defaults if values.get(t, defaults[t]) != defaults[t]]
-        if changed:
-            flags += [option, ",".join(changed)]
-    if signature.startswith("gradcheck"):
-        flags.append("--gradcheck")
-    if repeat > 1:
-        flags += ["--repeat", str(repeat)]
-    if timeout != DEFAULT_TIMEOUT:
-        flags += ["--timeout", f"{timeout:g}"]
-    return tuple(flags)
-
-
-def confirm(failures: list, kernel: str, device, *, mode: str, tolerance: Tolerance, timeout: float,
-            repeat: int) -> None:
-    """Set each failure's flags, and replay it: Failure.replayed and replay_reason. A KeyboardInterrupt
-    stops the replays; those not done stay not replayed, and it propagates."""
+def confirm(failures: list, kernel: str, device, judging: Judging) -> None:
+    """Replay each failure: Failure.replayed and replay_reason. A KeyboardInterrupt stops the replays; those
+    not done stay not replayed, and it propagates."""
+    judging = replace(judging, measure=())  # as the reproducer judges: it measures no relation
     for f in failures:
-        f.flags = repro_flags(f.signature, mode, tolerance, timeout, repeat)
-    settings = dict(mode=mode, tolerance=tolerance, timeout=timeout, repeat=repeat)
-    for f in failures:
-        _without_needless_calls(f, kernel, device, **settings)
-        result = replay(f, kernel, device, **settings)
+        _without_needless_calls(f, kernel, device, judging)
+        result = replay(f, kernel, device, judging)
         f.replayed = REPLAY_FAILED if result.failed else REPLAY_PASSED
         f.replay_reason = result.reason if result.failed else PASSED_ALONE
         if not result.failed and (f.first.history or f.first.case.before):
-            found = earlier_calls(f, kernel, device, **settings)
+            found = earlier_calls(f, kernel, device, judging)
             if found is not None:
                 f.sequence = found.to_json()
                 f.replayed = REPLAY_FAILED
@@ -66,17 +42,17 @@ def confirm(failures: list, kernel: str, device, *, mode: str, tolerance: Tolera
                                    "a state carried from call to call")
 
 
-def _without_needless_calls(f: Failure, kernel: str, device, **settings) -> None:
+def _without_needless_calls(f: Failure, kernel: str, device, judging: Judging) -> None:
     """A minimal case that is a call sequence, made its last call alone where that fails as it did: the
     shrink keeps earlier calls whenever dropping them would change the last call (a sequence draws each
     call from the one before), and a failure that needs none has its smallest input without them."""
     if f.minimal.case.before:
-        f.minimal = _failing(replace(f.minimal.case, before=()), f, kernel, device, **settings) or f.minimal
+        f.minimal = _failing(replace(f.minimal.case, before=()), f, kernel, device, judging) or f.minimal
 
 
-def replay(f: Failure, kernel: str, device, *, mode: str, tolerance: Tolerance, timeout: float, repeat: int):
+def replay(f: Failure, kernel: str, device, judging: Judging):
     """The failure's minimal case in a fresh worker, as its reproducer runs it."""
-    worker = Worker(kernel, str(device), mode, tolerance.to_dict(), timeout, repeat)
+    worker = Worker(kernel, str(device), judging)
     try:
         return worker.evaluate(f.minimal.case, f.signature.startswith("gradcheck"))
     finally:
@@ -87,11 +63,10 @@ def replay(f: Failure, kernel: str, device, *, mode: str, tolerance: Tolerance, 
 SEQUENCE_TRIALS = 24
 
 
-def _failing(case, f: Failure, kernel: str, device, **settings):
+def _failing(case, f: Failure, kernel: str, device, judging: Judging):
     """`case` (a call sequence) in one fresh worker: its result where it fails as `f` did (its signature, or
     a crash or timeout where it was one), else None."""
-    worker = Worker(kernel, str(device), settings["mode"], settings["tolerance"].to_dict(), settings["timeout"],
-                    settings["repeat"])
+    worker = Worker(kernel, str(device), judging)
     try:
         r = worker.evaluate(case, f.signature.startswith("gradcheck"))
     finally:
@@ -99,11 +74,11 @@ def _failing(case, f: Failure, kernel: str, device, **settings):
     return r if r.failed and (f.signature in r.signatures or f.signature == r.status) else None
 
 
-def _fails(case, f: Failure, kernel: str, device, **settings) -> bool:
-    return _failing(case, f, kernel, device, **settings) is not None
+def _fails(case, f: Failure, kernel: str, device, judging: Judging) -> bool:
+    return _failing(case, f, kernel, device, judging) is not None
 
 
-def earlier_calls(f: Failure, kernel: str, device, **settings) -> Case | None:
+def earlier_calls(f: Failure, kernel: str, device, judging: Judging) -> Case | None:
     """The fewest earlier calls before a failing case that make it fail again in one fresh worker, as a call
     sequence (Case.before): those before the minimal case in its worker first, then those before the first
     failing case (the minimal one, shrunk in a worker that kept state from other cases, may fail after none of
@@ -114,13 +89,13 @@ def earlier_calls(f: Failure, kernel: str, device, **settings) -> Case | None:
         sequence = replace(result.case, before=tuple((earlier + list(result.case.before))[-(MAX_CALLS - 1):]))
         if sequence not in seen:
             seen.append(sequence)
-            found = _cut(sequence, f, kernel, device, **settings)
+            found = _cut(sequence, f, kernel, device, judging)
             if found is not None:
                 return found
     return None
 
 
-def _cut(sequence: Case, f: Failure, kernel: str, device, **settings) -> Case | None:
+def _cut(sequence: Case, f: Failure, kernel: str, device, judging: Judging) -> Case | None:
     """The sequence with the fewest earlier calls that still fails as f did: cut by halves, then one by one
     (at most SEQUENCE_TRIALS sequences); None where the whole of it passes."""
     earlier, target, trials = list(sequence.before), replace(sequence, before=()), 1
@@ -128,9 +103,9 @@ def _cut(sequence: Case, f: Failure, kernel: str, device, **settings) -> Case | 
     def fails(cases: list) -> bool:
         nonlocal trials
         trials += 1
-        return _fails(replace(target, before=tuple(cases)), f, kernel, device, **settings)
+        return _fails(replace(target, before=tuple(cases)), f, kernel, device, judging)
 
-    if not _fails(sequence, f, kernel, device, **settings):
+    if not _fails(sequence, f, kernel, device, judging):
         return None
     size = max(1, len(earlier) // 2)
     while earlier and trials < SEQUENCE_TRIALS:
@@ -148,7 +123,7 @@ def _cut(sequence: Case, f: Failure, kernel: str, device, **settings) -> Case | 
 
 
 def unconfirmed(failures: list, why: str) -> None:
-    """Failures left without a replay (the run was interrupted first): their flags still set by the caller."""
+    """Failures left without a replay (the run was interrupted first)."""
     for f in failures:
         if not f.replayed:
             f.replay_reason = why

@@ -16,7 +16,6 @@ from faverify.cases.margins import written_outside
 from faverify.cases.ragged import tail_gradients
 from faverify.cases.splits import combine
 from faverify.errors import Unsupported
-from faverify.judge.gradcheck import directional
 from faverify.judge.judging import judge, judge_splits
 from faverify.judge.sequences import split_yardsticks
 from faverify.judge.verdict import Tolerance, kind
@@ -33,6 +32,7 @@ from faverify.run.contract import (
     split_shape,
     unwritten,
 )
+from faverify.run.gradcheck import directional
 from faverify.run.guard import SubjectRaised, subject_code
 from faverify.run.memory import gives_back, too_big
 from faverify.run.relations import RELATION_CHECKS
@@ -64,20 +64,18 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
                                                      in_worker=in_worker, repeat=repeat, tell=tell, measure=measure))
     start = time.perf_counter()
     clock = _Clock(device, tell)
-    subject.take_paths()  # whatever ran (or compiled: a warm-up) before this case is not its
-    subject.take_compile_seconds()
-    subject.take_compiles()
+    subject.take()  # whatever ran (or compiled: a warm-up) before this case is not its
     relations: dict = {}  # the records _evaluate leaves, relation by relation
     result = _evaluate(subject, case, device, mode, tolerance, clock, stored, in_worker, repeat, relations, measure,
                        keep)
     result.relations = relations
     if gives_back(case, device):
         torch.cuda.empty_cache()
-    result.paths = subject.take_paths()
-    result.compiles = subject.take_compiles()
+    taken = subject.take()
+    result.paths, result.compiles = list(taken.paths), taken.compiles
     if subject.compile_key is not None:
         result.compile_keys = [repr(k) for k in subject.compile_key(case, device.type)]
-    compiling = subject.take_compile_seconds()
+    compiling = taken.compile_seconds
     if compiling:  # the compiler's time (or the JIT cache's), not the kernel's: phases of their own
         clock.laps.update(compiling)
         clock.laps["subject"] = max(0.0, clock.laps.get("subject", 0.0) - sum(compiling.values()))
@@ -90,8 +88,7 @@ def evaluate(subject: Subject, case: Case, device: torch.device | str, *, mode: 
         clock.lap("gradcheck")
         # what the check's own calls compiled (its fp32 and fp64 configurations) is the check's time, not the
         # case's compiles: those count the configurations of the case's own calls (Subject.compile_key)
-        subject.take_compiles()
-        subject.take_compile_seconds()
+        subject.take()
         if not result.gradcheck["passed"] and not result.gradcheck["skipped"]:
             result.status = "fail"
             result.reason = "gradient check: " + result.gradcheck["reason"]

@@ -19,6 +19,7 @@ from pathlib import Path
 from faverify.cases.case import Case
 from faverify.errors import EnvironmentProblem
 from faverify.files import Unreadable, describe, read_bounded, replace_whole
+from faverify.reports.collector import Failure, KernelStats
 from faverify.streams import say
 
 MAX_KEPT = 64  # per kernel: the newest failures; a store is a reminder, not an archive
@@ -72,6 +73,21 @@ def save(directory: Path | None, kernel: str, cases: list, passed: list = ()) ->
     except (OSError, EnvironmentProblem) as e:  # the run's results matter more than the reminder: say so
         why = describe(e) if isinstance(e, OSError) else e
         say(f"faverify: the example store {directory} could not be written ({why})")
+
+
+def replay(kernel: str, cases: list, evaluate, stats: KernelStats) -> None:
+    """The store's cases for this kernel, each once, before the seeded draw and apart from it: their results
+    count in stats.replay, not in the run's cases or statistics."""
+    for case in cases:
+        result = evaluate(case, False)
+        stats.replay["cases"] += 1
+        if result.failed:
+            stats.replay["failed"] += 1
+            stats.still_failing.append(case)
+            for signature in result.signatures:
+                stats.replay["signatures"][signature] = stats.replay["signatures"].get(signature, 0) + 1
+                stats.replayed_failures.append(Failure(kernel=kernel, signature=signature, first=result,
+                                                       minimal=result, note="replayed from the example store"))
 
 
 @contextlib.contextmanager

@@ -1,152 +1,169 @@
-"""A fuzz run over one or more subjects: for each, the mode that fits (sequential.py with one worker,
-parallel.py with several), the worker pool, and the Run document they make together.
+"""A fuzz run (request.FuzzRun) over its subjects, one after another, each in the same stages:
+
+1. start: the warm-up (warmup.py) and the workers (isolation.py), or this process (--no-isolate);
+2. replay: the example store's cases (examples.py), apart from the seeded draw;
+3. draw and evaluate: the seed's cases over the workers (parallel.py), or one worker's, Hypothesis drawing,
+   steering and shrinking as it goes (sequential.py);
+4. group: the failures, one per root (collector.Roots);
+5. shrink: each group's first case, replaying the draw (shrink.py);
+6. confirm: each minimal case alone, in a fresh worker (confirm.py);
+7. save: the failures' minimal cases into the example store.
+
+Then the Run document. A stop (Ctrl-C, SIGTERM, SIGHUP) ends the stage in progress and skips those that
+measure; what keeps what was found (the workers' results, the failures, the store, the document) still runs.
 """
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+import time
+from dataclasses import dataclass
 from typing import Callable
-
-import torch
 
 from faverify import devices
 from faverify import env as environment
-from faverify.cases.case import Case
-from faverify.cases.conventions import DEFAULT as DEFAULT_CONVENTIONS
 from faverify.cases.edges import listed
-from faverify.cases.strategies import shape_pool
-from faverify.reports.case_result import CaseResult, own_error
-from faverify.reports.collector import Failure, KernelStats
+from faverify.reports.case_result import CaseResult
+from faverify.reports.collector import KernelStats
 from faverify.reports.results import Run
 from faverify.run import examples, warmup
-from faverify.run.confirm import confirm, repro_flags, unconfirmed
-from faverify.run.evaluate import evaluate as evaluate_case
-from faverify.run.guard import blame_lost_context
-from faverify.run.isolation import HISTORY, case_workers
-from faverify.run.parallel import draw_cases, fuzz_parallel
-from faverify.run.plan import COMPILE_SHAPES, FuzzPlan
+from faverify.run.confirm import confirm, unconfirmed
+from faverify.run.isolation import case_workers, in_process
+from faverify.run.parallel import Found, evaluate_drawn
+from faverify.run.request import FuzzRun, SubjectPlan
 from faverify.run.scheduler import Pool, cores
 from faverify.run.sequential import fuzz_subject
+from faverify.run.shrink import shrink_all
 from faverify.run.signals import held, requested, stop_if_requested
-from faverify.subjects import resolve
 
-__all__ = ["FuzzPlan", "run"]
+# progress(name): the function each result of the subject of that name is given, as it comes
+Progress = Callable[[str], Callable[[CaseResult], None]]
 
 
-def run(kernels: list, plan: FuzzPlan, devices: list, *, mode: str, tolerance, command: str,
-        workers: int = 1, isolate: bool = True, timeout: float = 300.0,
-        progress_factory: Callable[[str], Callable[[CaseResult], None]] = lambda name: (lambda r: None),
-        features: dict | None = None, conventions: dict | None = None, repeat: int = 1,
-        narrow_for: dict | None = None, measure: tuple = (), compile_keys: dict | None = None):
-    """Fuzz each kernel in turn; returns the Run document.
+def quiet(name: str) -> Callable[[CaseResult], None]:
+    return lambda result: None
 
-    features: kernel -> the variant features its cases draw (default: the plan's for every kernel).
-    conventions: kernel -> the conventions its subject declares, in words, for the reports.
-    repeat: run each case that many times; outputs that differ in any bit fail it ("nondeterministic").
-    narrow_for: kernel -> what every case of it needs (Capabilities.draw: splits for a combine).
-    measure: relations (run/relations.py) checked on every subject beside those it promises, failing nothing.
-    compile_keys: kernel -> its Subject.compile_key, where it declares one: a parallel run sends each
-    configuration's cases to one worker.
 
-    workers: processes per device (several: the parallel mode above). isolate=False evaluates in this
-    process (one device, sequential), for speed where no subject can crash the process.
-    KeyboardInterrupt (and SIGTERM, turned into one by the CLI) stops the run early: what was measured
-    so far is still returned, so nothing the user asked to write is lost.
-    """
-    devices = [torch.device(d) for d in devices]
-    # a shard runs its part of the seed's up-front draw: the parallel mode's, even on one worker
-    parallel = isolate and (workers * len(devices) > 1 or plan.shard is not None)
-    all_stats, interrupted = [], False
-    base_plan = plan
-    for name in kernels:
-        plan = _plan_for(name, base_plan, features, narrow_for, name in (compile_keys or {}))
-        stats = KernelStats(kernel=name, conventions=(conventions or {}).get(name, DEFAULT_CONVENTIONS.describe()),
-                            keep_series=plan.shard is not None,  # merge.py recomputes statistics from them
-                            edges_listed=() if plan.scale == "large" else tuple(listed(plan.case_args()["features"])),
-                            shapes=plan.shapes)
-        all_stats.append(stats)
-        pool, stored, warm = None, [], None
-        declared = (compile_keys or {}).get(name)
-        try:
-            # the Triton builds compile across the cores in a process of their own from now on (warmup.py)
-            warm = warmup.start(name, resolve(name), plan, devices[0], mode)
-            if isolate:
-                # a warm-up in the workers compiles on every core (one worker each), then the run keeps `workers`
-                per_device = workers if parallel else 1
-                many = parallel and (warm.cases or declared is not None)
-                pool = Pool(case_workers(name, devices, max(per_device, cores() // len(devices)) if many
-                                         else per_device, mode, tolerance.to_dict(), timeout, repeat, measure))
-            evaluate = pool.workers[0].evaluate if pool is not None else _in_process(name, devices[0], mode,
-                                                                                      tolerance, repeat, measure)
-            stored = examples.load(plan.database, name)
-            replay(name, stored, evaluate, stats)
-            progress = _stopping(progress_factory(name))
-            if parallel:
-                key = (lambda case, f=declared, kind=devices[0].type: f(case, kind)) if declared else None
-                fuzz_parallel(name, plan, pool, stats, progress, warm, keep=workers, key=key)
-            else:
-                warm.compiled(stats)  # one worker: it meets each build as it goes, loading what was compiled
-                fuzz_subject(name, plan, evaluate, stats, progress)
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            # held: an interrupt while the workers stop must not lose what they measured
-            with held() as late:
-                if warm is not None:
-                    warm.stop()
-                if pool is not None:
-                    stats.restarts = pool.restarts
-                    pool.close()
-                stats.merge_replayed()
-            interrupted = interrupted or bool(late) or requested()
-        interrupted = _confirmed(stats, name, devices[0], interrupted, mode=mode, tolerance=tolerance,
-                                 timeout=timeout, repeat=repeat)
-        with held() as late:
-            examples.save(plan.database, name, stats.still_failing + [f.minimal.case for f in stats.failures],
-                          passed=[c for c in stored[:stats.replay["cases"]] if c not in stats.still_failing])
-        interrupted = interrupted or bool(late)
-        if interrupted:
+def run(fuzz: FuzzRun, progress: Progress = quiet) -> Run:
+    """Each subject through the stages, in turn, until a stop; the Run document of what ran."""
+    stop, kernels = Stop(), []
+    for subject in fuzz.subjects:
+        kernels.append(_stages(fuzz, subject, progress, stop))
+        if stop.stopped:
             break
-    with held() as late:  # the same while the results are put together
-        return _document(kernels, base_plan, devices, mode, tolerance, command, workers, parallel, isolate,
-                         all_stats, interrupted, late)
+    with stop.holding():  # a signal while the results are put together waits, and marks them interrupted
+        return _document(fuzz, kernels, stop.stopped)
 
 
-def _plan_for(name: str, base_plan: FuzzPlan, features: dict | None, narrow_for: dict | None,
-              compiles: bool = False) -> FuzzPlan:
-    """One kernel's plan: its features, what every case of it needs, its shape budget (COMPILE_SHAPES for a
-    subject that compiles per configuration, where the run named none)."""
-    shapes = base_plan.shapes if base_plan.shapes is not None else COMPILE_SHAPES if compiles else 0
-    plan = dataclasses.replace(base_plan, features=(features or {}).get(name, base_plan.features), shapes=shapes)
-    if (narrow_for or {}).get(name):
-        plan = dataclasses.replace(plan, narrow={**(plan.narrow or {}), **narrow_for[name]})
-    if plan.shapes:
-        plan = dataclasses.replace(plan, narrow={**(plan.narrow or {}), "shapes": budget_pool(plan)})
-    return plan
+@dataclass
+class Stop:
+    """Whether the run was stopped: a KeyboardInterrupt (a signal turned into one) in a stage, a signal held
+    while results were kept, or a stop whose KeyboardInterrupt was lost (signals.requested). The run owns it:
+    once set, the stages that measure are skipped."""
+    stopped: bool = False
 
-
-def _in_process(name: str, device, mode: str, tolerance, repeat: int,
-                measure: tuple = ()) -> Callable[[Case, bool], CaseResult]:
-    """Evaluate cases in this process (--no-isolate): faverify's own error on a case is that case's result."""
-    subject = resolve(name)
-    history: list = []  # the cases this process ran, as a worker keeps them (isolation.Worker.history)
-    lost: list = []  # the case on which this process's CUDA context was lost: nothing after it can run here
-
-    def evaluate(case: Case, gradcheck: bool) -> CaseResult:
-        if lost:
-            return CaseResult(name, case, "skip", "not run: this process's CUDA context was lost on an earlier "
-                              "case (" + lost[0].short() + "); without --no-isolate each case after a crash "
-                              "runs in a fresh worker", device=str(device))
+    def stage(self, step: Callable, *args):
+        """step(*args), unless the run was stopped: its value, or None."""
+        if self.stopped:
+            return None
         try:
-            result = evaluate_case(subject, case, device, mode=mode, tolerance=tolerance, gradcheck=gradcheck,
-                                   repeat=repeat, measure=measure)
-        except Exception as e:  # faverify's own bug: this case's error, and the run goes on
-            result = own_error(name, case, e, str(device))
-        if blame_lost_context(result):
-            lost.append(case)
-        result.history = tuple(history)
-        history[:] = (history + [case])[-HISTORY:]
-        return result
-    return evaluate
+            return step(*args)
+        except KeyboardInterrupt:
+            self.stopped = True
+            return None
+
+    @contextlib.contextmanager
+    def holding(self):
+        """Signals wait until the block ends (signals.held), and stop the run."""
+        with held() as late:
+            yield
+        self.stopped = self.stopped or bool(late)
+
+
+def _stages(fuzz: FuzzRun, subject: SubjectPlan, progress: Progress, stop: Stop) -> KernelStats:
+    """One subject's run, stage by stage; its statistics and failures."""
+    stats = _new_stats(subject)
+    stored = examples.load(subject.plan.database, subject.name)
+    found, lane = Found(subject.plan.all_failures), Lane(fuzz, subject)
+    try:
+        stop.stage(lane.start)
+        stop.stage(examples.replay, subject.name, stored, lane.evaluate, stats)
+        start = time.perf_counter()
+        stop.stage(lane.draw_and_evaluate, stats, found, progress)
+        pending = stop.stage(found.group)
+        stop.stage(lane.shrink, pending, found)
+        stats.seconds += time.perf_counter() - start
+    except KeyboardInterrupt:  # between two stages
+        stop.stopped = True
+    finally:
+        with stop.holding():  # a stop while the workers end must not lose what they measured
+            lane.stop(stats)
+            stats.merge_replayed()
+            stats.failures += found.failures(subject.name)
+        stop.stopped = stop.stopped or requested()
+    for f in stats.failures:
+        f.flags = fuzz.judging.flags(f.signature)
+    stop.stage(confirm, stats.failures, subject.name, devices.resolve(fuzz.devices[0].type)[0], fuzz.judging)
+    unconfirmed(stats.failures, "not replayed: the run was interrupted first")
+    with stop.holding():
+        examples.save(subject.plan.database, subject.name,
+                      stats.still_failing + [f.minimal.case for f in stats.failures],
+                      passed=[c for c in stored[:stats.replay["cases"]] if c not in stats.still_failing])
+    return stats
+
+
+class Lane:
+    """Where one subject's cases run: its warm-up, its workers or this process, and the mode that draws and
+    evaluates them (parallel.py with several workers, sequential.py with one)."""
+
+    def __init__(self, fuzz: FuzzRun, subject: SubjectPlan):
+        self.fuzz, self.subject = fuzz, subject
+        self.warm, self.pool, self.evaluate = None, None, None
+
+    def start(self) -> None:
+        """The warm-up and the workers started: the Triton builds compile across the cores in a process of
+        their own from now on (warmup.py); a warm-up in the workers compiles on every core, one worker each,
+        and the run then keeps FuzzRun.workers."""
+        fuzz, subject = self.fuzz, self.subject
+        self.warm = warmup.start(subject, fuzz.devices[0], fuzz.judging.mode)
+        if not fuzz.isolate:
+            self.evaluate = in_process(subject.subject, fuzz.devices[0], fuzz.judging)
+            return
+        per_device = fuzz.workers if fuzz.parallel else 1
+        many = fuzz.parallel and (self.warm.cases or subject.compile_key is not None)
+        self.pool = Pool(case_workers(subject.name, fuzz.devices, max(per_device, cores() // len(fuzz.devices))
+                                      if many else per_device, fuzz.judging))
+        self.evaluate = self.pool.workers[0].evaluate
+
+    def draw_and_evaluate(self, stats: KernelStats, found: Found, progress: Progress) -> None:
+        plan, declared = self.subject.plan, self.subject.compile_key
+        progress = _stopping(progress(self.subject.name))
+        if self.fuzz.parallel:
+            kind = self.fuzz.devices[0].type
+            key = (lambda case: declared(case, kind)) if declared else None
+            evaluate_drawn(plan, self.pool, stats, found, progress, self.warm, keep=self.fuzz.workers, key=key)
+        else:
+            self.warm.compiled(stats)  # one worker: it meets each build as it goes, loading what was compiled
+            fuzz_subject(self.subject.name, plan, self.evaluate, stats, progress)
+
+    def shrink(self, pending: list, found: Found) -> None:
+        """Each group's failure shrunk on the workers, at once (the sequential mode shrank its own)."""
+        if pending:
+            shrink_all(self.subject.plan, pending, self.pool.workers, found.shrunk)
+
+    def stop(self, stats: KernelStats) -> None:
+        if self.warm is not None:
+            self.warm.stop()
+        if self.pool is not None:
+            stats.restarts = self.pool.restarts
+            self.pool.close()
+
+
+def _new_stats(subject: SubjectPlan) -> KernelStats:
+    plan = subject.plan
+    return KernelStats(kernel=subject.name, conventions=subject.conventions,
+                       keep_series=plan.shard is not None,  # merge.py recomputes statistics from them
+                       edges_listed=() if plan.scale == "large" else tuple(listed(plan.case_args()["features"])),
+                       shapes=plan.shapes)
 
 
 def _stopping(progress: Callable[[CaseResult], None]) -> Callable[[CaseResult], None]:
@@ -157,62 +174,18 @@ def _stopping(progress: Callable[[CaseResult], None]) -> Callable[[CaseResult], 
     return after_each_case
 
 
-def _confirmed(stats: KernelStats, name: str, device, interrupted: bool, **settings) -> bool:
-    """Replay each failure alone before it is reported (confirm.py); an interrupt stops the replays, and
-    the failures not replayed say so. Returns whether the run was interrupted."""
-    if not interrupted:
-        try:
-            confirm(stats.failures, name, _replay_device(device), **settings)
-        except KeyboardInterrupt:
-            interrupted = True
-    for f in stats.failures:
-        if not f.flags:
-            f.flags = repro_flags(f.signature, settings["mode"], settings["tolerance"], settings["timeout"],
-                                  settings["repeat"])
-    unconfirmed(stats.failures, "not replayed: the run was interrupted first")
-    return interrupted
-
-
-def _replay_device(device):
-    """The device a reproducer line names resolves to: its type alone is printed (`--device cuda`)."""
-    return devices.resolve(device.type)[0]
-
-
-def budget_pool(plan: FuzzPlan) -> tuple:
-    """The shape budget's pool for a kernel's plan: plan.shapes distinct shapes of the seed's draw without a
-    budget (strategies.shape_pool), the same for every shard and worker. The draw is 10 cases a shape: a
-    few milliseconds each."""
-    drawn = draw_cases(dataclasses.replace(plan, iters=10 * plan.shapes + 20, shapes=0, shard=None))
-    return shape_pool(drawn, plan.shapes)
-
-
-def replay(kernel: str, cases: list, evaluate, stats: KernelStats) -> None:
-    """The example store's cases for this kernel (examples.py), each once, before the seeded draw and
-    apart from it: their results count in stats.replay, not in the run's cases or statistics."""
-    for case in cases:
-        result = evaluate(case, False)
-        stats.replay["cases"] += 1
-        if result.failed:
-            stats.replay["failed"] += 1
-            stats.still_failing.append(case)
-            for signature in result.signatures:
-                stats.replay["signatures"][signature] = stats.replay["signatures"].get(signature, 0) + 1
-                stats.replayed_failures.append(Failure(kernel=kernel, signature=signature, first=result,
-                                                       minimal=result, note="replayed from the example store"))
-
-
-def _document(kernels, plan, devices, mode, tolerance, command, workers, parallel, isolate, all_stats,
-              interrupted, late):
-
-    settings_doc = {"kernels": ",".join(kernels), "iters": plan.iters, "seed": plan.seed,
-                    "dtypes": ",".join(plan.dtypes), "mode": mode, "devices": ",".join(str(d) for d in devices),
-                    "workers_per_device": workers if parallel else 1, "isolated": isolate,
-                    "max_seqlen": plan.limits.max_seqlen, "gradcheck_every": plan.gradcheck_every,
-                    "interrupted": interrupted or bool(late)}
+def _document(fuzz: FuzzRun, kernels: list, interrupted: bool) -> Run:
+    plan = fuzz.plan
+    settings = {"kernels": ",".join(s.name for s in fuzz.subjects), "iters": plan.iters, "seed": plan.seed,
+                "dtypes": ",".join(plan.dtypes), "mode": fuzz.judging.mode,
+                "devices": ",".join(str(d) for d in fuzz.devices),
+                "workers_per_device": fuzz.workers if fuzz.parallel else 1, "isolated": fuzz.isolate,
+                "max_seqlen": plan.limits.max_seqlen, "gradcheck_every": plan.gradcheck_every,
+                "interrupted": interrupted}
     if plan.shard is not None:
-        settings_doc["shard"] = f"{plan.shard[0]}/{plan.shard[1]}"
+        settings["shard"] = f"{plan.shard[0]}/{plan.shard[1]}"
     if plan.shapes:
-        settings_doc["shapes"] = plan.shapes
+        settings["shapes"] = plan.shapes
     if plan.sequence:
-        settings_doc["sequence"] = plan.sequence
-    return Run.from_stats(command, environment.collect(), settings_doc, tolerance.to_dict(), all_stats)
+        settings["sequence"] = plan.sequence
+    return Run.from_stats(fuzz.command, environment.collect(), settings, fuzz.judging.tolerance.to_dict(), kernels)

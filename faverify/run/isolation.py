@@ -12,18 +12,18 @@ import os
 import signal
 import time
 from multiprocessing.connection import wait
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
 from faverify.cases import golden_files
 from faverify.cases.case import Case
 from faverify.errors import EnvironmentProblem, UsageError
-from faverify.judge.verdict import Tolerance
 from faverify.reports.case_result import CaseResult, failure, own_error
 from faverify.run import processes
 from faverify.run.evaluate import evaluate, exercise
 from faverify.run.guard import blame_lost_context
+from faverify.run.plan import Judging
 from faverify.run.scheduler import POLL_SECONDS, cores
 from faverify.subjects import resolve
 
@@ -44,8 +44,7 @@ class Task(NamedTuple):
     warm: bool = False
 
 
-def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1, threads: int = 0,
-           measure: tuple = ()) -> None:
+def _serve(conn, kernel: str, device: str, judging: dict, threads: int = 0) -> None:
     """The worker process: its own process group and orphans, then _work until told to stop; when its parent
     is gone (a stop while it started, a killed run) it leaves quietly, since nobody reads what it would say.
     The worker has this one's environment (TRITON_INTERPRET among it): processes.start.
@@ -62,19 +61,18 @@ def _serve(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: i
     # as its failure.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        _work(conn, kernel, device, mode, tolerance, repeat, measure)
+        _work(conn, kernel, device, Judging.from_dict(judging))
     except (BrokenPipeError, ConnectionResetError, EOFError):
         return
     finally:  # what the subject started ends with the worker, daemons that left its process group too
         processes.end_descendants(os.getpid())
 
 
-def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: int = 1, measure: tuple = ()) -> None:
+def _work(conn, kernel: str, device: str, judging: Judging) -> None:
     """The worker's loop: (case, gradcheck, golden) in, CaseResult dict out, until None or a poisoned
     context. It changes nothing of its process, so a test can run it in its own."""
     try:
         subject = resolve(kernel)
-        tol = Tolerance.from_dict(tolerance)
         conn.send(("ready", None))
     except BaseException as e:  # a subject that cannot load: told to the parent, which reports it
         # a missing toolchain (EnvironmentProblem) or a module that will not import (UsageError) is no crash
@@ -93,15 +91,15 @@ def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: in
         case = Case.from_dict(case_dict)
         try:
             if warm:  # run it only for what it compiles (parallel.warm_up); a failure here is the cases' to find
-                result = _warm(subject, case, device, mode)
+                result = _warm(subject, case, device, judging.mode)
             else:
                 stored = None
                 if golden is not None:  # (directory, golden_files.Entry): a stored case, its reference from the file
                     directory, entry = golden
                     stored = golden_files.load(directory, entry, device)
-                result = evaluate(subject, case, device, mode=mode, tolerance=tol, gradcheck=gradcheck,
-                                  stored=stored, in_worker=True, repeat=repeat, measure=measure,
-                                  tell=lambda phase: conn.send((phase, None)))
+                result = evaluate(subject, case, device, mode=judging.mode, tolerance=judging.tolerance,
+                                  gradcheck=gradcheck, stored=stored, in_worker=True, repeat=judging.repeat,
+                                  measure=judging.measure, tell=lambda phase: conn.send((phase, None)))
         except BaseException as e:  # faverify's own bug while judging: its error, not the subject's failure
             result = own_error(kernel, case, e, device)
         poisoned = blame_lost_context(result)  # the subject's crash, and this process cannot go on
@@ -112,12 +110,12 @@ def _work(conn, kernel: str, device: str, mode: str, tolerance: dict, repeat: in
 
 def _warm(subject, case: Case, device: str, mode: str) -> CaseResult:
     """The case's calls alone, unjudged, with what they compiled (Subject.compiles)."""
-    subject.take_compiles()
+    subject.take()
     try:
         exercise(subject, case, device, mode)
     except Exception as e:  # not judged: the drawn cases that need this variant will fail and report it
         return failure(subject.name, case, "fail", f"warm-up raised {type(e).__name__}: {e}", "warmup", device)
-    return CaseResult(subject.name, case, "skip", "warm-up", device=device, compiles=subject.take_compiles())
+    return CaseResult(subject.name, case, "skip", "warm-up", device=device, compiles=subject.take().compiles)
 
 
 class Worker:
@@ -126,15 +124,14 @@ class Worker:
     Starting does not wait: the worker spends seconds importing torch and initializing CUDA, and a pool
     starts all of its workers at once. A case's timeout counts from when its worker is ready."""
 
-    def __init__(self, kernel: str, device: str, mode: str, tolerance: dict, timeout: float, repeat: int = 1,
-                 threads: int = 0, measure: tuple = ()):
-        self.kernel, self.device, self.mode, self.tolerance = kernel, device, mode, tolerance
-        self.timeout, self.repeat, self.threads, self.measure = timeout, repeat, threads, tuple(measure)
+    def __init__(self, kernel: str, device: str, judging: Judging, threads: int = 0):
+        self.kernel, self.device, self.judging, self.threads = kernel, device, judging, threads
+        self.timeout = judging.timeout
         self.process = None
         self.conn = None
         self.ready = False
         self.pending: Case | None = None
-        self.judging = False  # the pending case's subject has returned: faverify judges it (JUDGING_SECONDS)
+        self.returned = False  # the pending case's subject has returned: faverify judges it (JUDGING_SECONDS)
         self.sent_at = 0.0  # when the time the pending case is allowed began (its subject's, or faverify's)
         self.submitted = 0.0  # when the pending case was sent, for its round trip
         self.restarts = 0
@@ -143,8 +140,8 @@ class Worker:
 
     def start(self) -> None:
         parent, child = mp.Pipe()
-        self.process = processes.start(_serve, (child, self.kernel, self.device, self.mode, self.tolerance,
-                                                self.repeat, self.threads, self.measure), daemon=True)
+        self.process = processes.start(_serve, (child, self.kernel, self.device, self.judging.to_dict(),
+                                                self.threads), daemon=True)
         child.close()
         self.conn, self.ready, self.sent_at = parent, False, time.monotonic()
         self.history = []  # a fresh process carries nothing over
@@ -200,7 +197,7 @@ class Worker:
             self.start()
         self._before = tuple(self.history)
         self.history = (self.history + [task.case])[-HISTORY:]
-        self.pending, self.judging = task.case, False
+        self.pending, self.returned = task.case, False
         if self.ready:
             self.sent_at = self.submitted = time.monotonic()
         self.conn.send((task.case.to_dict(), task.gradcheck, task.golden, task.warm))
@@ -223,7 +220,7 @@ class Worker:
                     self.submitted = self.sent_at
                     continue
                 if kind in ("judging", "subject"):  # whose time runs from here: faverify's, or the subject's again
-                    self.judging, self.sent_at = kind == "judging", time.monotonic()
+                    self.returned, self.sent_at = kind == "judging", time.monotonic()
                     continue
                 self.pending = None
                 if kind == "environment":  # this machine cannot run the subject: exit 2, as in this process
@@ -245,13 +242,13 @@ class Worker:
             pass
         else:
             if self.process.is_alive():
-                limit = (JUDGING_SECONDS + self.timeout if self.judging else self.timeout if self.ready
+                limit = (JUDGING_SECONDS + self.timeout if self.returned else self.timeout if self.ready
                          else STARTUP_SECONDS + self.timeout)
                 if time.monotonic() - self.sent_at <= limit:
                     return None
                 self.stop()
                 self.pending = None
-                if self.judging:  # the subject had returned: the time was faverify's, not the kernel's
+                if self.returned:  # the subject had returned: the time was faverify's, not the kernel's
                     return own_error(self.kernel, case, TimeoutError(
                         f"faverify's judging of the case took more than {limit:g} s after the subject returned"),
                         self.device)
@@ -279,6 +276,31 @@ class Worker:
                 return result
 
 
+def in_process(subject, device, judging: Judging) -> Callable[[Case, bool], CaseResult]:
+    """Evaluate cases in this process (--no-isolate), as a Worker would: faverify's own error on a case is that
+    case's result, and each result carries the cases this process ran before it."""
+    name = subject.name
+    history: list = []  # the cases this process ran, as a worker keeps them (isolation.Worker.history)
+    lost: list = []  # the case on which this process's CUDA context was lost: nothing after it can run here
+
+    def evaluate_here(case: Case, gradcheck: bool) -> CaseResult:
+        if lost:
+            return CaseResult(name, case, "skip", "not run: this process's CUDA context was lost on an earlier "
+                              "case (" + lost[0].short() + "); without --no-isolate each case after a crash "
+                              "runs in a fresh worker", device=str(device))
+        try:
+            result = evaluate(subject, case, device, mode=judging.mode, tolerance=judging.tolerance,
+                                   gradcheck=gradcheck, repeat=judging.repeat, measure=judging.measure)
+        except Exception as e:  # faverify's own bug: this case's error, and the run goes on
+            result = own_error(name, case, e, str(device))
+        if blame_lost_context(result):
+            lost.append(case)
+        result.history = tuple(history)
+        history[:] = (history + [case])[-HISTORY:]
+        return result
+    return evaluate_here
+
+
 def _end_group(pid: int) -> None:
     """Kill what is left of a worker's process group: processes the subject started, which would otherwise
     outlive the run and hold its output open (a `| cat` after it waits for them)."""
@@ -292,12 +314,11 @@ def _end_group(pid: int) -> None:
             pass
 
 
-def case_workers(kernel: str, devices: list, per_device: int, mode: str, tolerance: dict, timeout: float,
-                 repeat: int = 1, measure: tuple = ()) -> list:
+def case_workers(kernel: str, devices: list, per_device: int, judging: Judging) -> list:
     """`per_device` workers of one subject on each device, in device order (scheduler.Pool's lane), sharing
     the cores (thread_share)."""
     threads = thread_share(per_device * len(devices))
-    return [Worker(kernel, str(d), mode, tolerance, timeout, repeat, threads, measure) for d in devices
+    return [Worker(kernel, str(d), judging, threads) for d in devices
             for _ in range(per_device)]
 
 
@@ -317,4 +338,4 @@ def check_imports(kernels: str, timeout: float) -> None:
     rather than ending faverify with its exit status (0: a pass for nothing)."""
     for name in dict.fromkeys(n.strip() for n in kernels.split(",")):
         if ":" in name and not name.startswith("mutant:"):
-            Worker(name, "cpu", "fwd", Tolerance().to_dict(), timeout).load()
+            Worker(name, "cpu", Judging(mode="fwd", timeout=timeout)).load()

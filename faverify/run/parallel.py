@@ -1,151 +1,78 @@
 """The parallel mode of a fuzz: the cases a seed gives are drawn up front (in a thread, while the workers
 start), spread over worker processes on one or more devices, and each distinct failure is then shrunk by
-replaying the same draw up to it. Cases depend on the seed only, not on the number of workers or GPUs.
-A JIT-compiled subject first runs its warm-up cases, so each compiled variant compiles once.
+replaying the same draw up to it (shrink.py). Cases depend on the seed only, not on the number of workers or
+GPUs. A JIT-compiled subject first runs its warm-up cases, so each compiled variant compiles once.
 """
 from __future__ import annotations
 
-import queue
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Callable
-
-from hypothesis import Phase, given, seed
-from hypothesis.errors import Flaky
 
 from faverify.cases.case import Case
 from faverify.reports.case_result import CaseResult, skipped_for_memory
 from faverify.reports.collector import Failure, KernelStats, Roots
+from faverify.run.draw import stream_cases
 from faverify.run.isolation import Task
-from faverify.run.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings, seed_only
-from faverify.run.scheduler import Pool, cores
+from faverify.run.plan import FuzzPlan
+from faverify.run.scheduler import Pool
 from faverify.run.warmup import warm_up
-from faverify.run.warmup import warmup_cases as _warmup_cases
-from faverify.subjects import resolve
-
-# The draw and its replay must use the very same settings: Hypothesis's choices depend on max_examples.
-_REPLAYABLE = (Phase.generate, Phase.shrink)
 
 
-def _replayable(plan: FuzzPlan, body: Callable[[Case], None]):
-    """The plan's seeded Hypothesis test around body: the draw and every replay of it are built here."""
-    return hypothesis_settings(plan, examples=plan.iters, database=None, phases=_REPLAYABLE)(
-        seed(plan.seed)(given(plan.strategy())(body)))
+@dataclass
+class Found:
+    """The failing cases of a parallel run as the workers return them: for each signature the first case that
+    showed it (its index in the draw, its result), and the signatures each failing case showed together
+    (collector.Roots). shrunk: signature -> (minimal result, evaluations spent, note), as each shrink ends."""
+    all_failures: bool = False
+    first: dict = field(default_factory=dict)
+    together: dict = field(default_factory=dict)
+    shrunk: dict = field(default_factory=dict)
+    grouped: bool = False  # the draw ended and the failures were grouped: what an interrupt leaves is unshrunk
+
+    def add(self, index: int, result: CaseResult) -> None:
+        if result.signatures:
+            self.together[index] = result.signatures
+        for s in result.signatures:
+            if s not in self.first or index < self.first[s][0]:
+                self.first[s] = (index, result)
+
+    def _roots(self) -> tuple:
+        """(the roots of the failing cases' signatures, met in drawing order; each root signature with its
+        first case, in the order they were found)."""
+        roots = Roots(self.all_failures)
+        for index in sorted(self.together):
+            roots.add(self.together[index])
+        # the order the cases were drawn in, then the tensors' order within one case: the workers return
+        # cases in the order they finish, so the insertion order of `first` is not the drawing's
+        ordered = sorted(self.first.items(), key=lambda item: (item[1][0], item[1][1].signatures.index(item[0])))
+        return roots, [(s, i, r) for s, (i, r) in ordered if s in roots.started and roots.primary(s)]
+
+    def group(self) -> list:
+        """One failure per root (collector.Roots): (signature, index, first result) of each, to shrink."""
+        self.grouped = True
+        return self._roots()[1]
+
+    def failures(self, kernel: str) -> list:
+        """The failures, in the order they were found, each shrunk or, where an interrupt came first, as
+        found; the other signatures of a root's group are its companions."""
+        roots, pending = self._roots()
+        note = "not shrunk: the run was interrupted" + (" while shrinking" if self.grouped else "")
+        return [Failure(kernel=kernel, signature=s, first=found, minimal=minimal, shrink_steps=steps, note=why,
+                        companions=roots.companions(s))
+                for s, _, found in pending for minimal, steps, why in [self.shrunk.get(s, (found, 0, note))]]
 
 
-def _draw(plan: FuzzPlan, keep: Callable[[Case], None]) -> None:
-    with seed_only():
-        _replayable(plan, keep)()
-
-
-def draw_cases(plan: FuzzPlan) -> list:
-    """The cases a seed gives, without evaluating any: the same list for the same plan, on any machine."""
-    drawn: list = []
-
-    def keep(case: Case) -> None:
-        drawn.append(case)
-
-    _draw(plan, keep)
-    return drawn[:plan.iters]
-
-
-def stream_cases(plan: FuzzPlan, timing: dict | None = None):
-    """draw_cases as they come: Hypothesis draws in a thread of its own (about 1.5 ms a case, 15 s for
-    10000) while the workers already evaluate the first ones, or compile during a warm-up. The same
-    cases in the same order. If the consumer stops early (an interrupt) the draw stops at its next case:
-    left drawing, it would hold the interpreter's lock while the run stops its workers and writes.
-    timing["draw"]: the drawing thread's CPU seconds so far."""
-
-    q: queue.Queue = queue.Queue()
-    done, stopped = object(), threading.Event()
-    timing = {} if timing is None else timing
-
-    def keep(case: Case) -> None:
-        if stopped.is_set():
-            raise _Abandoned  # a BaseException: Hypothesis lets it through at once, without shrinking
-        timing["draw"] = time.thread_time() - timing["start"]
-        q.put(case)
-
-    def draw() -> None:
-        timing["start"] = time.thread_time()
-        try:
-            _draw(plan, keep)
-            q.put(done)
-        except _Abandoned:
-            pass
-        except BaseException as e:  # handed to the consumer
-            q.put(e)
-
-    threading.Thread(target=draw, name="faverify-draw", daemon=True).start()
-    try:
-        for _ in range(plan.iters):
-            item = q.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stopped.set()
-
-
-class _Abandoned(BaseException):
-    """Ends a draw nobody reads any more."""
-
-
-def shrink_by_replay(plan: FuzzPlan, index: int, first: CaseResult, signature: str, evaluate: Evaluate):
-    """Hypothesis draws the plan's sequence again, skips to case `index` (known to fail with `signature`)
-    and shrinks from there. Returns (minimal result, evaluations spent, note)."""
-    shrinker = Shrinker(plan, signature, first, evaluate)
-    state = {"calls": 0, "armed": False}
-
-    def interesting(case: Case) -> bool:
-        if state["armed"]:
-            return shrinker.still_fails(case)
-        state["calls"] += 1
-        if state["calls"] <= index:
-            return False
-        state["armed"] = True
-        return case == first.case  # the replayed draw reaches the same failing case
-
-    def body(case: Case) -> None:
-        if interesting(case):
-            raise Interesting(signature)
-
-    test = _replayable(plan, body)
-    note = ""
-    try:
-        with seed_only():
-            test()
-        note = "not shrunk: drawing the sequence again did not reach the failing case"
-    except Interesting:
-        pass
-    except Flaky:
-        note = "flaky: the shrunk case did not fail again when replayed"
-    return shrinker.best, shrinker.steps, note
-
-
-def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
-                  progress: Callable[[CaseResult], None] = lambda r: None, warmup: list = (),
-                  keep: int | None = None, key: Callable[[Case], tuple] | None = None) -> KernelStats:
-    """warmup: the subject's warm-up (warmup.Warmup, or its cases). keep: workers per device after the
-    warm-up (the pool may have started more, to compile on every core). key: the subject's compile key
+def evaluate_drawn(plan: FuzzPlan, pool, stats: KernelStats, found: Found,
+                   progress: Callable[[CaseResult], None] = lambda r: None, warmup: list = (),
+                   keep: int | None = None, key: Callable[[Case], tuple] | None = None) -> None:
+    """The seed's draw evaluated over the pool's workers, each result in stats and its failures in `found`.
+    warmup: the subject's warm-up (warmup.Warmup, or its cases). keep: workers per device after the warm-up
+    (the pool may have started more, to compile on every core). key: the subject's compile key
     (Subject.compile_key): each configuration's cases go to the worker that compiled it (scheduler.Affinity)."""
-    start = time.perf_counter()
     timing: dict = {}
     drawn = stream_cases(plan, timing)  # drawing while the warm-up compiles
     every = plan.gradcheck_every
-    first: dict = {}  # signature -> (index, result) of the first case that showed it
-
-    def found_order(item) -> tuple:
-        """The order the cases were drawn in, then the tensors' order within one case: the workers return
-        cases in the order they finish, so the insertion order of `first` is not the drawing's."""
-        signature, (index, result) = item
-        return index, result.signatures.index(signature)
-
     held: dict = {}  # index -> the skip of a case skipped for memory beside other workers
-    together: dict = {}  # index -> the signatures a failing case showed together (collector.Roots)
 
     def task(index: int, case: Case) -> Task:
         return Task(case, every > 0 and index % every == 0)
@@ -157,14 +84,8 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
         held.pop(index, None)
         stats.add(result)
         progress(result)
-        if result.signatures:
-            together[index] = result.signatures
-        for s in result.signatures:
-            if s not in first or index < first[s][0]:
-                first[s] = (index, result)
+        found.add(index, result)
 
-    shrinking = False
-    shrunk: dict = {}  # signature -> (minimal, steps, note)
     try:
         index, count = plan.shard or (0, 1)
         items = ((i, task(i, c)) for i, c in enumerate(drawn) if i % count == index)
@@ -175,82 +96,7 @@ def fuzz_parallel(kernel: str, plan: FuzzPlan, pool, stats: KernelStats,
             stats.memory_retried = len(held)
             alone = {w.device: w for w in reversed(pool.workers)}
             Pool(list(alone.values())).map([(i, task(i, held[i].case)) for i in sorted(held)], record)
-        shrinking = True
-        roots = _roots(plan, together)
-        pending = [(sig, index, found) for sig, (index, found) in sorted(first.items(), key=found_order)
-                   if sig in roots.started and roots.primary(sig)]
-        if pending:
-            shrink_all(plan, pending, pool.workers[:min(MAX_PARALLEL_SHRINKS, max(1, cores() // 2))], shrunk)
     finally:
         for i in sorted(held):  # interrupted before they ran again: their first verdict
             stats.add(held[i])
-        # in the order the failures were found; interrupted: those not shrunk are reported as found
-        note = "not shrunk: the run was interrupted" + (" while shrinking" if shrinking else "")
-        ordered = sorted(first.items(), key=found_order)
-        roots = _roots(plan, together)
-        for signature, (index, found) in ordered:
-            if signature not in roots.started or not roots.primary(signature):
-                continue  # a companion: reported with its root
-            minimal, steps, why = shrunk.get(signature, (found, 0, note))
-            stats.failures.append(Failure(kernel=kernel, signature=signature, first=found, minimal=minimal,
-                                          shrink_steps=steps, note=why, companions=roots.companions(signature)))
-        stats.seconds += time.perf_counter() - start
         stats.phases["draw"] += timing.get("draw", 0.0)
-    return stats
-
-
-def _roots(plan: FuzzPlan, together: dict) -> Roots:
-    """The roots of the failing cases' signatures (collector.Roots), met in drawing order."""
-    roots = Roots(plan.all_failures)
-    for index in sorted(together):
-        roots.add(together[index])
-    return roots
-
-
-# Distinct failures shrunk at once, each on a worker of its own: at most the pool's workers and half the
-# cores. It pays only with cores to spare: on the 2-core CPU machine, three workers shrinking 4 failures
-# at once took 10.8 s against 7.0 s one after another.
-MAX_PARALLEL_SHRINKS = 64
-
-
-def shrink_all(plan: FuzzPlan, pending: list, workers: list, shrunk: dict) -> None:
-    """Shrink each distinct failure (signature, index, first result) at the same time, each in a thread
-    with a worker of its own: a subject with several defects spent most of a 10000-case run shrinking them
-    one after another (Hypothesis runs tests from several threads since 6.136). shrunk[signature] =
-    (minimal, steps, note) as each ends. On an interrupt the running shrinks stop at their next step and
-    are left out of `shrunk`."""
-
-    if not pending:
-        return
-    free: queue.Queue = queue.Queue()
-    for w in workers:
-        free.put(w)
-    stopped = threading.Event()
-
-    def shrink(signature: str, index: int, found: CaseResult) -> None:
-        worker = free.get()
-        try:
-            def evaluate(case: Case, gradcheck: bool) -> CaseResult:
-                if stopped.is_set():  # not failing: Hypothesis ends the shrink at once
-                    return CaseResult(found.kernel, case, "skip", "interrupted")
-                return worker.evaluate(case, gradcheck)
-
-            result = shrink_by_replay(plan, index, found, signature, evaluate)
-            if not stopped.is_set():
-                shrunk[signature] = result
-        finally:
-            free.put(worker)
-
-    executor = ThreadPoolExecutor(max_workers=min(len(pending), len(workers)), thread_name_prefix="faverify-shrink")
-    futures = [executor.submit(shrink, *p) for p in pending]
-    try:
-        for f in futures:
-            f.result()
-    finally:
-        stopped.set()
-        executor.shutdown(wait=False, cancel_futures=True)
-
-
-def warmup_cases(name: str, plan: FuzzPlan) -> list:
-    """The subject's warm-up cases for the plan's dtypes, features and gradient check (warmup.warmup_cases)."""
-    return _warmup_cases(resolve(name), plan.dtypes, tuple(plan.case_args()["features"]), plan.gradcheck_every > 0)

@@ -1,14 +1,13 @@
-"""What a fuzz of one subject is asked to do (FuzzPlan), and the pieces both of its modes share: the
-Hypothesis settings every draw is made under, and the shrinker that tells whether a smaller case still
-fails the same way. The sequential mode (sequential.py) and the parallel one (parallel.py) build on this
-module; neither imports the other.
+"""What a fuzz of one subject is asked to do: the cases it draws (FuzzPlan) and how each is judged, in this
+process and in every worker alike (Judging); and the Hypothesis settings every draw of it is made under
+(hypothesis_settings, seed_only). The draw (draw.py), the shrink (shrink.py) and both modes (sequential.py,
+parallel.py) build on this module.
 """
 from __future__ import annotations
 
 import threading
-import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +17,7 @@ from faverify.cases import large
 from faverify.cases.calls import sequences
 from faverify.cases.case import Case
 from faverify.cases.strategies import Limits, cases
+from faverify.judge.verdict import DEFAULT_ATOL, DEFAULT_FACTOR, DEFAULT_TIGHT, Tolerance
 from faverify.reports.case_result import CaseResult
 
 Evaluate = Callable[[Case, bool], CaseResult]  # (case, with gradient check) -> result
@@ -73,33 +73,51 @@ class FuzzPlan:
         return args
 
 
-class Interesting(Exception):
-    """Raised inside the Hypothesis test for the failure being found or shrunk."""
+DEFAULT_TIMEOUT = 300.0  # seconds: fuzz's and repro's own --timeout
 
 
-class Shrinker:
-    """One shrink step: is this smaller case still failing with the same signature? Past the budget
-    (evaluations or seconds) nothing new is evaluated and only the best case found replays, so Hypothesis
-    ends its shrink on it."""
+@dataclass(frozen=True)
+class Judging:
+    """How each case is judged. mode: fwd, bwd or both; tolerance: the rule of judge/verdict.py; repeat: each
+    case that many times, bit for bit ("nondeterministic"); measure: relations (run/relations.py) measured on
+    every subject beside those it promises, failing nothing; timeout: the seconds a worker gives the subject's
+    calls of one case."""
+    mode: str = "both"
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    repeat: int = 1
+    measure: tuple = ()
+    timeout: float = DEFAULT_TIMEOUT
 
-    def __init__(self, plan: FuzzPlan, signature: str, first: CaseResult, evaluate: Evaluate):
-        self.plan, self.signature, self.first, self.best, self.evaluate = plan, signature, first, first, evaluate
-        self.steps, self.t0 = 0, time.perf_counter()
+    def to_dict(self) -> dict:
+        """As a worker process is given it."""
+        return {"mode": self.mode, "tolerance": self.tolerance.to_dict(), "repeat": self.repeat,
+                "measure": list(self.measure), "timeout": self.timeout}
 
-    def still_fails(self, case: Case) -> bool:
-        if case == self.best.case:
-            return True
-        if self.steps >= self.plan.shrink_budget or time.perf_counter() - self.t0 > self.plan.shrink_seconds:
-            return False
-        self.steps += 1
-        r = self.evaluate(case, self.signature == "gradcheck")
-        if self.signature in r.signatures:
-            self.best = r
-            return True
-        return False
+    @classmethod
+    def from_dict(cls, d: dict) -> "Judging":
+        return cls(d["mode"], Tolerance.from_dict(d["tolerance"]), d["repeat"], tuple(d["measure"]), d["timeout"])
+
+    def flags(self, signature: str) -> tuple:
+        """The options of `faverify repro` that judge a failure of this signature as this judging did: each
+        setting that differs from repro's own default (the relations measured fail nothing: none)."""
+        flags: list = [] if self.mode == "both" else ["--mode", self.mode]
+        for option, values, defaults in (("--factor", self.tolerance.factor, DEFAULT_FACTOR),
+                                         ("--atol", self.tolerance.atol, DEFAULT_ATOL),
+                                         ("--tight", self.tolerance.tight, DEFAULT_TIGHT)):
+            changed = [f"{t}={values[t]:g}" for t in defaults if values.get(t, defaults[t]) != defaults[t]]
+            if changed:
+                flags += [option, ",".join(changed)]
+        if signature.startswith("gradcheck"):
+            flags.append("--gradcheck")
+        if self.repeat > 1:
+            flags += ["--repeat", str(self.repeat)]
+        if self.timeout != DEFAULT_TIMEOUT:
+            flags += ["--timeout", f"{self.timeout:g}"]
+        return tuple(flags)
 
 
-def hypothesis_settings(plan: FuzzPlan, *, examples: int, database, phases) -> settings:
+def hypothesis_settings(*, examples: int, database, phases) -> settings:
+    """The settings of every draw of a fuzz: `examples` cases, no health check, quiet."""
     return settings(max_examples=max(1, examples), deadline=None, database=database, phases=phases,
                     suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
                     report_multiple_bugs=False, print_blob=False)

@@ -68,8 +68,8 @@ def _trace(index: int) -> tuple:
     """(index, the error its calls raised or "", the builds they met first in this process, as dicts)."""
     import torch
 
-    from faverify.judge.gradcheck import directional
     from faverify.run.evaluate import evaluate, exercise
+    from faverify.run.gradcheck import directional
     subject, request, case = _STATE["subject"], _STATE["request"], _STATE["cases"][index]
     lister = _STATE["lister"]
     try:

@@ -8,7 +8,6 @@ signature is recorded and counted, but no longer stops the run. Distinct failure
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 from hypothesis import Phase, given, seed, target
@@ -17,21 +16,16 @@ from hypothesis.errors import Flaky
 from faverify.cases.case import Case
 from faverify.reports.case_result import CaseResult
 from faverify.reports.collector import Failure, KernelStats, Roots
-from faverify.run.plan import Evaluate, FuzzPlan, Interesting, Shrinker, hypothesis_settings, seed_only
+from faverify.run.plan import Evaluate, FuzzPlan, hypothesis_settings, seed_only
+from faverify.run.shrink import Interesting, Shrinker
 
 STEERED = 0.2  # the share of the cases drawn under Hypothesis's steering toward the tolerance edge
 
 
 def fuzz_subject(kernel: str, plan: FuzzPlan, evaluate: Evaluate, stats: KernelStats,
                  progress: Callable[[CaseResult], None] = lambda r: None) -> KernelStats:
-    start = time.perf_counter()
-    try:
-        return _fuzz_sequential(kernel, plan, evaluate, stats, progress)
-    finally:
-        stats.seconds += time.perf_counter() - start
-
-
-def _fuzz_sequential(kernel, plan, evaluate, stats, progress) -> KernelStats:
+    """Draw, evaluate, group and shrink as Hypothesis goes, until --iters cases have run: each result in
+    stats, each root's failure, shrunk, in stats.failures (its companions with it)."""
     roots = Roots(plan.all_failures)
     generated = 0
     rounds = 0
@@ -73,7 +67,7 @@ def _fuzz_sequential(kernel, plan, evaluate, stats, progress) -> KernelStats:
         # optimises once, at half of max_examples, for as long as it improves), and 150 CPU cases of
         # sdpa-math left up to 9 of the edges edges.py lists under 3 cases
         phases = (Phase.explicit, Phase.generate) + ((Phase.target,) if steer else ()) + (Phase.shrink,)
-        test = hypothesis_settings(plan, examples=end - generated, database=None, phases=phases)(
+        test = hypothesis_settings(examples=end - generated, database=None, phases=phases)(
             seed(plan.seed + rounds)(given(plan.strategy())(run_one)))
         before = generated
         note = ""

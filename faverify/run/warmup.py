@@ -182,13 +182,13 @@ class Warmup:
             self.ahead.stop()
 
 
-def start(kernel: str, subject, plan, device, mode: str) -> Warmup:
-    """The warm-up of a fuzz of `subject` on `device` (its first): the warm-up cases, and on a GPU the process
-    that compiles their Triton builds across every core, started now."""
-    cases = warmup_cases(subject, plan.dtypes, tuple(plan.case_args()["features"]), plan.gradcheck_every > 0)
+def start(subject, device, mode: str) -> Warmup:
+    """The warm-up of a fuzz of one subject (request.SubjectPlan) on `device` (its first): the warm-up cases,
+    and on a GPU the process that compiles their Triton builds across every core, started now."""
+    cases = subject.warmup_cases()
     if not cases or device.type != "cuda":
         return Warmup(cases)
-    request = Request(kernel, mode, cases=tuple(c.to_dict() for c in cases),
+    request = Request(subject.name, mode, cases=tuple(c.to_dict() for c in cases),
                       device=f"cuda:{device.index or 0}")
     return Warmup(cases, Ahead(request))
 
@@ -201,7 +201,8 @@ def warmup_cases(subject, dtypes: tuple, features: tuple, gradcheck: bool) -> li
     if subject.warmup is None:
         return []
     cases = list(subject.warmup(tuple(dtypes), tuple(features)))
-    check = dtype_for(subject) if gradcheck and subject.caps.backward_on("cuda") and subject.caps.dense else None
+    checked = gradcheck and subject.caps.backward_on("cuda") and subject.caps.dense
+    check = dtype_for(subject.caps.dtypes) if checked else None
     if check is not None:
         cases += [checked_case(c, check) for c in subject.warmup((check,), tuple(features))]
     return list(dict.fromkeys(cases))

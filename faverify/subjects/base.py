@@ -8,7 +8,7 @@ autograd gives through it (dsinks too, when sinks require grad).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
@@ -257,6 +257,15 @@ class Capabilities:
         return d
 
 
+@dataclass(frozen=True)
+class Since:
+    """What a subject's calls did since the last Subject.take: the code paths its kernels took, the compiles
+    they made, and the seconds they spent compiling by phase ("compile", "load")."""
+    paths: tuple = ()
+    compiles: int = 0
+    compile_seconds: dict = field(default_factory=dict)
+
+
 @dataclass
 class Subject:
     name: str
@@ -286,16 +295,12 @@ class Subject:
     # without faverify (commands/standalone.py). "": the subject has none.
     standalone: str = ""
 
-    def take_paths(self) -> list:
-        return self.paths() if self.paths is not None else []
-
-    def take_compiles(self) -> int:
-        return self.compiles() if self.compiles is not None else 0
-
-    def take_compile_seconds(self) -> dict:
-        """Phase -> seconds spent compiling since the last take (compile_seconds)."""
+    def take(self) -> "Since":
+        """What its calls did since the last take (paths, compiles, compile_seconds), each hook emptied."""
         spent = self.compile_seconds() if self.compile_seconds is not None else {}
-        return spent if isinstance(spent, dict) else {"compile": spent} if spent else {}
+        return Since(paths=tuple(self.paths()) if self.paths is not None else (),
+                     compiles=self.compiles() if self.compiles is not None else 0,
+                     compile_seconds=spent if isinstance(spent, dict) else {"compile": spent} if spent else {})
 
     def unsupported(self, case: Case, device: torch.device) -> str | None:
         return self.caps.reason_unsupported(case, device)
@@ -353,4 +358,5 @@ def drain(log: list) -> list:
     return taken
 
 
-__all__ = ["Capabilities", "Subject", "Unsupported", "INITS", "KEYWORDS", "drain", "missing_keywords", "takes_init"]
+__all__ = ["Capabilities", "Since", "Subject", "Unsupported", "INITS", "KEYWORDS", "drain", "missing_keywords",
+           "takes_init"]

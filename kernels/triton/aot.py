@@ -49,7 +49,7 @@ FP8_KERNEL = "ffwd"  # fp8.py: the FP8 forward, e4m3 tensor cores from sm_89: co
 
 
 @dataclass(frozen=True)
-class Variant:
+class AotBuild:
     kernel: str
     dtype: str
     block_d: int
@@ -102,15 +102,15 @@ def variant_kernel_variants() -> list:
     its absence the generic one."""
     out = []
     for dtype, bd in (("bf16", 64), ("bf16", 128), ("fp32", 64)):
-        out += [Variant(k, dtype, bd, False, even, bd, sw) for k, sets in SWITCH_SETS.items() for sw in sets
+        out += [AotBuild(k, dtype, bd, False, even, bd, sw) for k, sets in SWITCH_SETS.items() for sw in sets
                 for even in ((False, True) if dtype == "bf16" and "bias" not in sw else (False,))]
-    out += [Variant("vfwd", "fp16", 128, False, False, 128, sw) for sw in SWITCH_SETS["vfwd"][:2]]
-    out += [Variant(k, "bf16", 256, False, even, 256, "") for k in SWITCH_SETS for even in (False, True)]
-    out += [Variant("vcombine", "bf16", 0, False, True, bdv, "") for bdv in (64, 128)]
+    out += [AotBuild("vfwd", "fp16", 128, False, False, 128, sw) for sw in SWITCH_SETS["vfwd"][:2]]
+    out += [AotBuild(k, "bf16", 256, False, even, 256, "") for k in SWITCH_SETS for even in (False, True)]
+    out += [AotBuild("vcombine", "bf16", 0, False, True, bdv, "") for bdv in (64, 128)]
     # the paged decode with a GQA group packed in its rows (variant_decode._decode): split, with softcap
-    out += [Variant("vdecode", "bf16", bd, False, even, bd, "split+softcap") for bd in (64, 128, 256)
+    out += [AotBuild("vdecode", "bf16", bd, False, even, bd, "split+softcap") for bd in (64, 128, 256)
             for even in (False, True)]
-    out += [Variant("vdecode", "fp32", 64, False, False, 64, "split")]
+    out += [AotBuild("vdecode", "fp32", 64, False, False, 64, "split")]
     return out
 
 
@@ -119,19 +119,19 @@ def variants(capability: int = 80) -> list:
     forward's, whose tile is configs.HOPPER's (what the launcher takes there)."""
     out = []
     if capability == 90:
-        out += [Variant(HOPPER_KERNEL, dtype, block_d, causal, True)
+        out += [AotBuild(HOPPER_KERNEL, dtype, block_d, causal, True)
                 for dtype in ("bf16", "fp16") for block_d in (64, 128) for causal in (False, True)]
         # the variants it takes (interface._hopper_variant): a window (both bounds), softcap, both
-        out += [Variant(HOPPER_KERNEL, "bf16", block_d, False, True, switches=sw)
+        out += [AotBuild(HOPPER_KERNEL, "bf16", block_d, False, True, switches=sw)
                 for block_d in (64, 128) for sw in HOPPER_SWITCH_SETS]
         out += hopper_mutant_variants()
-        out += [Variant(HOPPER_BWD_KERNEL, dtype, block_d, causal, True, switches=fused)
+        out += [AotBuild(HOPPER_BWD_KERNEL, dtype, block_d, causal, True, switches=fused)
                 for fused in ("", "fused-dq") for dtype in ("bf16", "fp16") for block_d in (64, 128)
                 for causal in (False, True)]
-        out += [Variant(FUSED_BWD_KERNEL, dtype, block_d, causal, True) for dtype in ("bf16", "fp16")
+        out += [AotBuild(FUSED_BWD_KERNEL, dtype, block_d, causal, True) for dtype in ("bf16", "fp16")
                 for block_d in (64, 128) for causal in (False, True)]
         out += hopper_bwd_mutant_variants()
-        out += [Variant(FP8_KERNEL, "fp8e4nv", block_d, causal, True) for block_d in (64, 128, 256)
+        out += [AotBuild(FP8_KERNEL, "fp8e4nv", block_d, causal, True) for block_d in (64, 128, 256)
                 for causal in (False, True)]
     for kernel in KERNELS:
         for dtype in ("bf16", "fp16", "fp32"):
@@ -140,11 +140,11 @@ def variants(capability: int = 80) -> list:
                 for causal in ((False,) if kernel == "preprocess" else (False, True)):
                     for even_d in ((True, False) if dtype == "bf16" else (True,)):
                         if _compiled(dtype, block_d, even_d, capability):
-                            out.append(Variant(kernel, dtype, block_d, causal, even_d))
+                            out.append(AotBuild(kernel, dtype, block_d, causal, even_d))
     # the dense backward's ALiBi build (backward.py's ALIBI: what ALiBi alone, or with sinks, takes)
-    out += [Variant(kernel, "bf16", block_d, causal, True, switches="alibi") for kernel in ("dkdv", "dq")
+    out += [AotBuild(kernel, "bf16", block_d, causal, True, switches="alibi") for kernel in ("dkdv", "dq")
             for block_d in (64, 128) for causal in (False, True)]
-    out += [Variant(kernel, dtype, block_d, False, True, block_d) for kernel in SPARSE_KERNELS
+    out += [AotBuild(kernel, dtype, block_d, False, True, block_d) for kernel in SPARSE_KERNELS
             for dtype, block_d in (("bf16", 64), ("bf16", 128), ("fp16", 128), ("fp32", 64))]
     return out + [v for v in variant_kernel_variants() if _compiled(v.dtype, v.block_d, True, capability)]
 
@@ -162,8 +162,8 @@ def hopper_bwd_mutant_variants() -> list:
     """Each Hopper backward mutant's causal build: the Hopper dK/dV's with dQ fused (its subject's mode; every
     marked statement is compiled there), the fused backward's (kernel FUSED_BWD_KERNEL)."""
     from faverify.kernels.mutants.catalog import FUSED_BWD_MUTANTS, HOPPER_BWD_MUTANTS
-    return [Variant(HOPPER_BWD_KERNEL, "bf16", 128, True, True, switches="fused-dq", mutant=m.name)
-            for m in HOPPER_BWD_MUTANTS] + [Variant(FUSED_BWD_KERNEL, "bf16", 128, True, True, mutant=m.name)
+    return [AotBuild(HOPPER_BWD_KERNEL, "bf16", 128, True, True, switches="fused-dq", mutant=m.name)
+            for m in HOPPER_BWD_MUTANTS] + [AotBuild(FUSED_BWD_KERNEL, "bf16", 128, True, True, mutant=m.name)
                                             for m in FUSED_BWD_MUTANTS]
 
 
@@ -171,7 +171,7 @@ def hopper_mutant_variants() -> list:
     """Each Hopper mutant's causal forward (the non-causal one's loop and more: the masked diagonal), with
     the switches of the features it is fuzzed with (a statement under a switch that is off is not compiled)."""
     from faverify.kernels.mutants.catalog import HOPPER_MUTANTS
-    return [Variant(HOPPER_MUTANT_KERNEL, "bf16", 128, True, True, switches="+".join(m.cases.get("features", ())),
+    return [AotBuild(HOPPER_MUTANT_KERNEL, "bf16", 128, True, True, switches="+".join(m.cases.get("features", ())),
                     mutant=m.name) for m in HOPPER_MUTANTS]
 
 
@@ -184,7 +184,7 @@ def ptx_digest(ptx: str) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
-def compile_variant(v: Variant, capability: int) -> dict:
+def compile_variant(v: AotBuild, capability: int) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
 

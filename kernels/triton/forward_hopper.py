@@ -262,7 +262,7 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
         # are skipped too, which leaves the SM's tensor cores to the consumers with rows
         n_mine = gl.where(first < seqlen_q, n_mine, 0)  # [mutant site: idle-consumer]
         slope = 0.0
-        if ALIBI:  # the head's slope in raw units (variant_args.Variant.runtime's bias_unit: 1 / scale)
+        if ALIBI:  # the head's slope in raw units (variant_args.KernelVariant.runtime's bias_unit: 1 / scale)
             slope = gl.load(Alibi + (bh // nheads) * stride_ab + bh % nheads) * bias_unit
         offs_m = first + gl.arange(0, HALF, layout=s_rows)
         m_i = gl.zeros([HALF], gl.float32, s_rows) + init

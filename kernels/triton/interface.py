@@ -128,8 +128,8 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
         tile = configs.default("fwd", c["BLOCK_D"], q.element_size(), causal, tma)
     if tile.hopper:
         _LAUNCHED.append("fwd hopper")
-        _hopper(q, k, v, out, lse, (rowmax, log2l), tile, _var.Variant.of(scale, causal, (-1, -1), 0.0, None, None,
-                                                                          init), launch)
+        dense = _var.KernelVariant.of(scale, causal, (-1, -1), 0.0, None, None, init)
+        _hopper(q, k, v, out, lse, (rowmax, log2l), tile, dense, launch)
         return out, lse, (rowmax, log2l)
     if tma and not INTERPRET:
         triton.set_allocator(_scratch)  # a context variable: set on the launching thread, every launch
@@ -189,7 +189,7 @@ def _hopper_variant(launch: Launch):
 def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles: dict | None = None,
              launch: Launch = DEFAULT, alibi: tuple | None = None, dlse=None):
     """rows: the forward's (row max, log2 l) per [b, h, seqlen_q] row. alibi: (fp32 slopes [h] or [b, h],
-    their batch stride), the bias the forward added (variant_args.Variant.backward_is_dense). dlse: a loss's
+    their batch stride), the bias the forward added (variant_args.KernelVariant.backward_is_dense). dlse: a loss's
     gradient on lse [b, h, seqlen_q] or None."""
     rowmax, log2l = rows
     b, sq, h, d = q.shape
@@ -308,7 +308,7 @@ def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None =
         raw = scale
     elif tuple(window_size) != (-1, -1) or softcap or alibi_slopes is not None or sinks is not None \
             or v.shape[-1] != q.shape[-1] or attn_mask is not None or block_mask is not None:
-        var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, sinks, init, attn_mask,
+        var = _var.KernelVariant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, sinks, init, attn_mask,
                               block_mask, block_size or 0)
         out, lse, rowmax, log2l = _var.attention(q, k, v, var, launch=launch,
                                                  launcher=None if INTERPRET else _hopper_variant(launch),
@@ -337,7 +337,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: in
     batch = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, torch.Tensor) and cu_seqlens_q.dim() == 1 else 0
     check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     check_variant(q, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, batch=batch)
-    var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, sinks, init)
+    var = _var.KernelVariant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, sinks, init)
     ragged = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                   max_seqlen_k=max_seqlen_k)
     out, lse = _var.attention(q, k, v, var, ragged, launch=launch or DEFAULT)[:2]
@@ -388,7 +388,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cau
         # (a call stays free of host syncs, and capturable in a CUDA graph)
         num_splits = num_splits_for(q.shape[0], q.shape[2], q.shape[1], block_table.shape[1] * k_cache.shape[1],
                                     sms, k_cache.shape[2], launch or DEFAULT)
-    var = _var.Variant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, None)
+    var = _var.KernelVariant.of(scale, causal, tuple(window_size), softcap, alibi_slopes, None)
     with torch.no_grad():
         out, lse, _, splits = _var.forward(q, k_cache, v_cache, var, block_table=block_table,
                                            cache_seqlens=cache_seqlens, num_splits=num_splits, stats=False,

@@ -93,7 +93,7 @@ def warmup_cases(dtypes: tuple) -> list:
 
     variants = [(layout, head_dim) for layout in ("contiguous", "strided")
                 for bd in BLOCK_DS for head_dim in head_dims(bd, layout)]
-    # ALiBi alone (or with sinks) takes the dense backward's ALIBI build (Variant.backward_is_dense): the same
+    # ALiBi alone (or with sinks) takes the dense backward's ALIBI build (KernelVariant.backward_is_dense): the same
     # builds again with it; a fuzz that draws no ALiBi drops them (for_features)
     cases = [Case(batch=1, seqlen_q=97, seqlen_k=97, nheads=2, nheads_k=1, head_dim=head_dim, dtype=dtype,
                   causal=causal, layout=layout, alibi=alibi)

@@ -1,4 +1,4 @@
-"""A variant's arguments in the kernels' terms: Variant (the window, softcap, ALiBi, sinks, bias and block
+"""A variant's arguments in the kernels' terms: KernelVariant (the window, softcap, ALiBi, sinks, bias and block
 mask of a launch, and what each kernel argument is made of), with its mask tensors' pointers and strides."""
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ _KEPT: dict = {}  # the filled tensors _filled keeps, per (n, value, device)
 @dataclasses.dataclass(frozen=True)
 class MaskArgs:
     """pointers: (bias, blocks); scalars: the bias's 4 strides, the blocks' 4 (0 where a tensor broadcasts),
-    the block size, and what turns raw q.k into the logits' unit (Variant.raw): in the kernels' argument
+    the block size, and what turns raw q.k into the logits' unit (KernelVariant.raw): in the kernels' argument
     order."""
     pointers: tuple
     scalars: tuple
 
 
 @dataclasses.dataclass(frozen=True)
-class Variant:
+class KernelVariant:
     """What a launch adds to dense attention, in the kernels' terms."""
     scale: float
     left: int = NO_BOUND  # keys j >= i + diag - left

@@ -53,7 +53,7 @@ def extra_scores(s, i, j, seqlen_q, seqlen_k, bias, stride_bm, stride_bn, bias_s
                  mask_block, BIAS: tl.constexpr, BLOCKS: tl.constexpr):
     """The bias and the block mask on logits s (i, j: query and key indices broadcast to s's shape; bias and
     blocks: their (batch, head)'s base pointers). With a bias the raw logits are scaled first (bias_scale is
-    the softmax scale; variant_args.Variant.raw says why), and every later step works in those units."""
+    the softmax scale; variant_args.KernelVariant.raw says why), and every later step works in those units."""
     if BIAS:
         ok = (i < seqlen_q) & (j < seqlen_k)
         add = tl.load(bias + i.to(tl.int64) * stride_bm + j * stride_bn, mask=ok, other=0.0).to(tl.float32)

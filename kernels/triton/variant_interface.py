@@ -17,7 +17,11 @@ from faverify.kernels.triton.common import LAUNCHED as _LAUNCHED
 from faverify.kernels.triton.common import seq_strides as _qstrides
 from faverify.kernels.triton.launch import DEFAULT, Launch
 from faverify.kernels.triton.target import capability
-from faverify.kernels.triton.variant_args import MaskArgs, Variant, broadcast_strides  # noqa: F401  (_var.Variant)
+from faverify.kernels.triton.variant_args import (  # noqa: F401  (_var.KernelVariant)
+    KernelVariant,
+    MaskArgs,
+    broadcast_strides,
+)
 
 # Split-KV cuts the keys into whole blocks of this many (case.split_ranges' block): a multiple of every
 # key tile the forward takes, so that a split boundary is a tile boundary. Under the interpreter the tiles
@@ -53,7 +57,7 @@ def padding(d: int, dv: int) -> tuple:
     return block_d(d), block_d(dv)
 
 
-def fast_build(var: Variant, q, v, *tensors) -> bool:
+def fast_build(var: KernelVariant, q, v, *tensors) -> bool:
     """Whether a launch takes the kernels' fast build (common.streamed_args): head dims that fill their
     padding (q/k's and v's: EVEN_D, no head-dim mask), the streamed tensors aligned, and no bias or block
     mask (whose builds keep small tiles of their own, configs._MASKED). Anything else takes the generic
@@ -85,7 +89,7 @@ def _lse_strides(lse: torch.Tensor, varlen: bool) -> tuple:
     return (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
 
 
-def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+def forward(q, k, v, var: KernelVariant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
             block_table=None, cache_seqlens=None, num_splits: int = 0, stats: bool = True,
             launch: Launch = DEFAULT):
     """out, lse, (rowmax, log2l) or None, and (out_splits, lse_splits) when split (num_splits > 0).
@@ -166,8 +170,8 @@ def forward(q, k, v, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None, max_
     return out, lse, rows, splits
 
 
-def _decode(q, k, v, var: Variant, block_table, cache_seqlens, out, lse, strides: tuple, num_splits: int, fast: bool,
-            launch: Launch) -> None:
+def _decode(q, k, v, var: KernelVariant, block_table, cache_seqlens, out, lse, strides: tuple, num_splits: int,
+            fast: bool, launch: Launch) -> None:
     """Launch variant_decode._decode: q [b, sq, h, d] against pools [pages, page_size, hk, d]; out and lse
     are the outputs' (num_splits 0) or the split partials' ([splits, b, sq, h, dv], [splits, b, h, sq]),
     strides theirs as forward() passes them to _fwd."""
@@ -202,13 +206,13 @@ def combine(out_splits, lse_splits, out, lse, launch: Launch = DEFAULT) -> None:
             INTERPRETED=INTERPRET if launch.emulate is None else launch.emulate)
 
 
-def backward(dout, q, k, v, out, lse, rows, var: Variant, *, cu_seqlens_q=None, cu_seqlens_k=None,
+def backward(dout, q, k, v, out, lse, rows, var: KernelVariant, *, cu_seqlens_q=None, cu_seqlens_k=None,
              max_seqlen_q=None, max_seqlen_k=None, sinks_grad: bool = False, bias_grad: bool = False,
              launch: Launch = DEFAULT, dense_backward=None, dlse=None):
     """dq, dk, dv, dsinks (None unless sinks_grad) and dbias (None unless bias_grad). dlse: a loss's gradient
     on lse, lse's shape, or None (interface.with_dlse). dense_backward: the
     dense kernels' (dout, q, k, v, out, rows, scale, causal, alibi=(slopes, batch stride)) -> (dq, dk, dv),
-    interface.backward, for a variant whose backward is dense attention's (Variant.backward_is_dense); None:
+    interface.backward, for a variant whose backward is dense attention's (KernelVariant.backward_is_dense); None:
     these kernels always."""
     varlen = cu_seqlens_q is not None
     rowmax, log2l = rows
@@ -309,7 +313,7 @@ class VariantFunction(torch.autograd.Function):
         return dq, dk, dv, dsinks, dbias, None, None, None, None, None
 
 
-def attention(q, k, v, var: Variant, ragged: dict | None = None, launch: Launch = DEFAULT, launcher=None,
+def attention(q, k, v, var: KernelVariant, ragged: dict | None = None, launch: Launch = DEFAULT, launcher=None,
               dense_backward=None):
     """out, lse through autograd (the sinks a leaf of their own when they require grad), and the rows' statistics
     (row max, log2 l; no gradient). launcher: a forward
