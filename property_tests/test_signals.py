@@ -27,6 +27,21 @@ def _wait_for(path, seconds=60.0) -> bool:
     return path.exists()
 
 
+def _catches(pid: int, signum: int, seconds: float = 60.0) -> bool:
+    """Wait until the process has a handler for `signum` (its SigCgt mask in /proc), at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+        except (OSError, StopIteration):
+            return False
+        if caught >> (signum - 1) & 1:
+            return True
+        time.sleep(0.001)
+    return False
+
+
 def test_sighup_stops_a_fuzz_and_its_run_is_written(tmp_path):
     out = tmp_path / "run.json"
     p = _start("fuzz", "--kernel", "sdpa-math", "--iters", "100000", "--device", "cpu", "--no-db", "--json", str(out),
@@ -43,7 +58,9 @@ def test_a_stop_in_the_first_moment_still_writes_the_run(tmp_path):
     out = tmp_path / "run.json"
     p = _start("fuzz", "--kernel", "sdpa-math", "--iters", "5", "--device", "cpu", "--no-db", "--json", str(out),
                cwd=tmp_path)
-    time.sleep(1.5)
+    # as soon as it catches SIGTERM (record_early, its first step): before that no Python program can, and a
+    # fixed delay lands there when a loaded machine starts the interpreter slowly
+    assert _catches(p.pid, signal.SIGTERM), "faverify never set a SIGTERM handler"
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=60)
     stderr = p.stderr.read()
