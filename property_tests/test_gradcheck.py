@@ -185,3 +185,14 @@ def test_the_forwards_rounding_allowance_leaves_a_fifth_off_backward_caught():
     caught = sum(not directional(s, dataclasses.replace(PEAKED_ROW, seed=seed), torch.device("cpu")).passed
                  for seed in range(40))
     assert caught >= 24, caught
+
+
+def test_the_row_of_checks_names_the_closest_check_and_how_close_it_came():
+    """Each check's allowance adds its own truncation and rounding: the table's row reports the check that
+    came closest to its allowance, not the largest error beside some other check's allowance."""
+    from faverify.reports.collector import KernelStats
+    stats = KernelStats("k")
+    stats.gradchecks["fp32"] += [dict(rel_err=8e-4, allowed=4e-3, passed=True),  # the largest error, far within
+                                 dict(rel_err=9e-4 / 2, allowed=1e-3, passed=True)]  # the closest, at 0.45
+    row = stats.gradcheck_rows()[0]
+    assert row["rel_err_max"] == 8e-4 and row["allowed"] == 1e-3 and row["usage_max"] == pytest.approx(0.45)

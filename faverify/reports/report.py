@@ -256,8 +256,10 @@ def tail_blocks(run: Run, st: Style) -> list:
     out.extend(fp8_blocks(run, st))
     out.append(st.heading("Gradient checks (finite differences of the subject's own forward)"))
     rows = [[r["kernel"], r["dtype"], str(r["checks"]), str(r["failed"]), fmt(r["rel_err_p50"]),
-             fmt(r["rel_err_max"]), fmt(r["allowed"])] for k in run.kernels for r in k["gradcheck"]]
-    out.append(table(rows, ["kernel", "dtype", "checks", "failed", "rel err p50", "rel err max", "allowed"], st.name))
+             fmt(r["rel_err_max"]), fmt(r["usage_max"], ".2f") if "usage_max" in r else "-"]
+            for k in run.kernels for r in k["gradcheck"]]
+    out.append(table(rows, ["kernel", "dtype", "checks", "failed", "rel err p50", "rel err max", "err/allowed max"],
+                     st.name))
     skipped = [[k["summary"]["kernel"], str(n), reason] for k in run.kernels
                for reason, n in k["summary"]["skip_reasons"].items()]
     if skipped:

@@ -48,7 +48,7 @@ STATS_ROW = {"kernel": TEXT, "dtype": TEXT, "tensor": TEXT, "outcome?": TEXT, "c
              **{f"{name}?": NUMBER for name in ("rmse_max", "ref_max", "usage_p50", "usage_p99", "usage_max",
                                                 "floor_share_p50")}}
 GRADCHECK_ROW = {"kernel": TEXT, "dtype": TEXT, "checks": COUNT, "failed": COUNT, "rel_err_p50": NUMBER,
-                 "rel_err_max": NUMBER, "allowed": NUMBER}
+                 "rel_err_max": NUMBER, "allowed": NUMBER, "usage_max?": NUMBER}
 _RESULT = {"kernel": TEXT, "status": TEXT, "reason": TEXT, "signatures": Items(TEXT), "seconds": NUMBER,
            "metrics": Each(ANY)}
 FAILURE = {"kernel": TEXT, "signature": TEXT, "occurrences": COUNT, "shrink_steps": COUNT, "note?": TEXT,
