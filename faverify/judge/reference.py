@@ -129,8 +129,8 @@ def _setup(q, k, v, dout, variant, compute, round_to, with_scales, scale, dot) -
 
 
 def _logits(st: SimpleNamespace, variant: Variant, i0: int, i1: int) -> tuple:
-    """Rows i0..i1's logits after the softcap, ALiBi, bias and score_mod, hidden keys at -inf; with the
-    slopes softcap and score_mod leave on their gradient, and each row's diagonal key."""
+    """Rows i0..i1's logits after the softcap, ALiBi, bias, score_mod and the keys' multiplicity, hidden keys
+    at -inf; with the slopes softcap and score_mod leave on their gradient, and the multiplicity's log n."""
     rnd = st.rnd
     s = rnd(rnd(st.Q[:, :, :, i0:i1] @ st.K.transpose(-1, -2)) * st.scale)  # [b, hk, g, c, sk]
     cap_slope = mod_slope = None
@@ -154,14 +154,16 @@ def _logits(st: SimpleNamespace, variant: Variant, i0: int, i1: int) -> tuple:
     s = s.masked_fill(_hidden(variant, st.mask, i0, i1, st.cols, diag), float("-inf"))
     if st.max_logit is not None:  # the logits a row sees, before any key's multiplicity
         st.max_logit[:, :, :, i0:i1] = s.amax(dim=-1)
+    multiplicity = None
     if st.mult is not None:  # a key listed n times weighs n exp(s) = exp(s + log n); a hidden key stays -inf
-        s = s + _rows(st.mult.to(s.dtype), i0, i1)
-    return s, cap_slope, mod_slope
+        multiplicity = _rows(st.mult.to(s.dtype), i0, i1)
+        s = s + multiplicity
+    return s, cap_slope, mod_slope, multiplicity
 
 
 def _rows_of(st: SimpleNamespace, variant: Variant, i0: int, i1: int) -> None:
     """Rows i0..i1: their softmax, out and lse, and their part of every gradient."""
-    s, cap_slope, mod_slope = _logits(st, variant, i0, i1)
+    s, cap_slope, mod_slope, multiplicity = _logits(st, variant, i0, i1)
     m = s.amax(dim=-1, keepdim=True)
     if st.sink is not None:
         m = torch.maximum(m, st.sink.expand_as(m))
@@ -179,7 +181,6 @@ def _rows_of(st: SimpleNamespace, variant: Variant, i0: int, i1: int) -> None:
     o = st.rnd(p @ st.V)
     st.out[:, :, :, i0:i1] = o
     if st.acc is not None:
-        multiplicity = _rows(st.mult.to(s.dtype), i0, i1) if st.mult is not None else None
         st.acc.add_forward(i0, i1, s, p, m, st.lse[:, :, :, i0:i1], _slope(cap_slope, mod_slope), multiplicity)
     if st.backward:
         sink_weight = p_sink / torch.where(seen, l, ones) if p_sink is not None else None
