@@ -1,4 +1,5 @@
 """faverify mutants: every seeded bug is caught, and the unmutated kernels pass under the same settings."""
+import dataclasses
 import os
 import subprocess
 import sys
@@ -154,7 +155,24 @@ def test_every_mutant_is_killed_and_the_control_passes(mutants_run):
     assert controls == ["triton", "triton-fp8"], report["control"]
     assert report["control"]["failed"] == 0 and report["control"]["cases"] == 20 * len(controls), report["control"]
     assert report["median_cases_to_kill"] <= 50
+    # a mutant with a cap on its lengths (catalog.Mutant.max_seqlen) was drawn under it, the others under the
+    # run's own limit, and the run says which
+    caps = {m.name: m.max_seqlen for m in MUTANTS if m.max_seqlen}
+    assert caps and {m["mutant"]: m["max_seqlen"] for m in report["mutants"] if m["mutant"] in caps} == caps
+    from faverify.cases.strategies import limits_for
+    assert {m["max_seqlen"] for m in report["mutants"] if m["mutant"] not in caps} == {limits_for(DEVICE).max_seqlen}
+    assert "(catalog.Mutant.max_seqlen): " + ", ".join(f"{n} ({c})" for n, c in caps.items()) in out, out[-3000:]
     assert returncode == 0, out[-3000:] + err[-3000:]
+
+
+def test_a_mutants_cap_lowers_the_limits_and_never_raises_them():
+    from faverify.cases.strategies import CPU_LIMITS, GPU_LIMITS
+    from faverify.commands.mutants import capped
+    mutant = next(m for m in MUTANTS if m.max_seqlen == 64)
+    assert (capped(CPU_LIMITS, mutant).max_seqlen, capped(CPU_LIMITS, mutant).max_cache) == (64, 0)
+    assert (capped(GPU_LIMITS, mutant).max_seqlen, capped(GPU_LIMITS, mutant).max_cache) == (64, 64)
+    short = dataclasses.replace(CPU_LIMITS, max_seqlen=32)
+    assert capped(short, mutant) == short and capped(CPU_LIMITS, MUTANTS[0]) == CPU_LIMITS
 
 
 def test_a_mutant_reaches_only_the_paths_of_its_file():

@@ -125,6 +125,12 @@ def _show(report: dict, elsewhere: dict) -> None:
     narrowed = [r["mutant"] for r in report["mutants"] if r.get("cases_narrowed_to")]
     if narrowed:
         show(f"\ndrawn only from cases that run the mutated code (catalog.Mutant.cases): {', '.join(narrowed)}")
+    longest = max((r.get("max_seqlen") or 0 for r in report["mutants"]), default=0)
+    capped = [f'{r["mutant"]} ({r["max_seqlen"]})' for r in report["mutants"]
+              if 0 < (r.get("max_seqlen") or 0) < longest]
+    if capped:
+        show(f"\ndrawn with shorter sequences, where longer ones only cost time (catalog.Mutant.max_seqlen): "
+             f"{', '.join(capped)}")
     if elsewhere:
         show("\nnot run here: " + "; ".join(f"{n} ({why})" for n, why in elsewhere.items()))
     c = report["control"]

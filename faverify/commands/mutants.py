@@ -20,6 +20,7 @@ import torch
 
 from faverify import env as environment
 from faverify.cases.case import Case
+from faverify.cases.strategies import Limits
 from faverify.run import processes
 from faverify.run.evaluate import MODES, evaluate
 from faverify.run.fuzz import run
@@ -57,7 +58,8 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, judging: Judging, isolate:
     except RuntimeError as e:
         return _error_row(name, str(e))
     start = time.perf_counter()
-    plan = dataclasses.replace(plan, stop_at_first_failure=True, narrow=mutant.cases)
+    plan = dataclasses.replace(plan, stop_at_first_failure=True, narrow=mutant.cases,
+                               limits=capped(plan.limits, mutant))
     # the cases that ran the mutated code, counted per case: one case can take several of the file's paths
     # (forward and backward), so the per-path counts of the summary would count it more than once
     reached = 0
@@ -85,7 +87,7 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, judging: Judging, isolate:
         "mutant": name, "bug": mutant.bug, "why": mutant.why, "killed": killed,
         "cases_to_kill": kernel["summary"]["cases"] if killed else None,
         "cases": kernel["summary"]["cases"], "reached": reached, "paths": kernel["summary"].get("paths", {}),
-        "cases_narrowed_to": mutant.cases,
+        "cases_narrowed_to": mutant.cases, "max_seqlen": plan.limits.max_seqlen,
         "skipped": kernel["summary"]["skipped"], "signature": failures[0]["signature"] if failures else "",
         "minimal_case": minimal["case"] if minimal else None,
         "reason": minimal["reason"][:300] if minimal else "",
@@ -94,6 +96,14 @@ def kill(name: str, plan: FuzzPlan, devices: list, *, judging: Judging, isolate:
         "seconds": round(time.perf_counter() - start, 1),
         "interrupted": bool(result.settings.get("interrupted")),
     }
+
+
+def capped(limits: Limits, mutant) -> Limits:
+    """The run's limits with the mutant's own cap on sequence and cache lengths (catalog.Mutant.max_seqlen)."""
+    cap = mutant.max_seqlen
+    if cap is None or limits.max_seqlen <= cap:
+        return limits
+    return dataclasses.replace(limits, max_seqlen=cap, max_cache=min(limits.max_cache, cap))  # 0: max_seqlen
 
 
 def _kill_job(conn, name, plan, device, judging: dict, isolate) -> None:

@@ -25,6 +25,10 @@ class Mutant:
     cases: dict | None = None
     # the code paths that run the mutated code, where that is not every path of the file (_PATH_OF)
     paths: tuple | None = None
+    # the longest sequence (and paged cache) drawn for it, where the bug shows on short ones and long ones
+    # cost minutes: on the CPU, the paged mutants' 100-case runs took 99-115 s at 256 keys and 4-7 s at
+    # 64, killed by their third case either way (2026-12-07); None: the run's own limit
+    max_seqlen: int | None = None
 
     def reaches(self, path: str) -> bool:
         """Whether a case that took this code path (interface.PATHS) ran the mutated code."""
@@ -205,10 +209,10 @@ HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, ru
 # The variant kernels (variant_forward.py, variant_backward.py, variant_interface.py): a bug of each class the
 # trackers of flash-attn, FlashInfer and vLLM show for the features, each fuzzed on cases that draw its feature.
 def _variant(name, file, site, new, bug, why, features, subject="triton", always_split=False, paths=None,
-             speculative=False):
+             speculative=False, max_seqlen=None):
     ragged = subject != "triton"
     # mixes ("one",): every case uses one of the features (strategies.FEATURE_MIXES), none is spent elsewhere
-    return Mutant(name, file, site, new, bug, why, subject=subject, paths=paths,
+    return Mutant(name, file, site, new, bug, why, subject=subject, paths=paths, max_seqlen=max_seqlen,
                   cases=dict(features=features, mixes=("one",), **({"ragged_only": True} if ragged else {}),
                              **({"always_split": True} if always_split else {}),
                              **({"speculative": True} if speculative else {})))
@@ -269,12 +273,12 @@ VARIANT_MUTANTS = (
     _variant("paged-ignores-block-table", "variant_forward.py", "page-gather",
              "page = (cols // page_size).to(tl.int64)",
              "the paged gather reads pages in pool order, ignoring the block table",
-             "caches filled in order make the block table the identity", ("paged",), "triton-paged"),
+             "caches filled in order make the block table the identity", ("paged",), "triton-paged", max_seqlen=64),
     _variant("combine-nan-on-empty", "variant_forward.py", "combine-empty",
              "out = acc / weight",
              "the split combine divides 0 by 0 for a row that no split saw",
              "empty partials need more splits than key blocks, or a window, to appear", ("paged", "splits"),
-             "triton-paged"),
+             "triton-paged", max_seqlen=64),
     _variant("split-count-floor", "variant_forward.py", "split-cut",
              "per = tl.maximum(1, tl.cdiv(seqlen_k, SPLIT_BLOCK) // num_splits) * SPLIT_BLOCK",
              "keys per split rounded down: the last split stops before the cache's end",
