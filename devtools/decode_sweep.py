@@ -1,4 +1,4 @@
-"""Time the packed decode kernel (variant_decode._decode) over tile candidates and split counts on
+"""Time the packed decode kernel (variant.decode._decode) over tile candidates and split counts on
 `faverify bench --decode`'s configurations (GQA 8, batch x cache = 131072 tokens, pages in a random order),
 in one process, next to the default tile (configs.decode) and the split rule's count (num_splits_for).
 GPU only: under the interpreter it runs, slowly, with --tokens small.
@@ -25,12 +25,13 @@ from faverify.cases.inputs import make_inputs
 from faverify.cases.vocabulary import MAX_SPLITS
 from faverify.commands import bench_decode
 from faverify.commands.bench import time_forward
-from faverify.kernels.triton import configs, variant_interface
+from faverify.kernels.triton import configs
 from faverify.kernels.triton.configs import Tile
 from faverify.kernels.triton.launch import Launch
+from faverify.kernels.triton.variant import interface as vinterface
 from faverify.subjects import resolve
 
-# keys a step must divide the split block (variant_interface.SPLIT_BLOCK: a split boundary is a tile's)
+# keys a step must divide the split block (variant.interface.SPLIT_BLOCK: a split boundary is a tile's)
 KEYS = (16, 32, 64)
 WARPS = (2, 4, 8)
 STAGES = (1, 2, 3)
@@ -38,7 +39,7 @@ STAGES = (1, 2, 3)
 
 def candidates() -> list:
     return [Tile(configs.DECODE_TILE, n, w, s) for n, w, s in itertools.product(KEYS, WARPS, STAGES)
-            if variant_interface.SPLIT_BLOCK % n == 0]
+            if vinterface.SPLIT_BLOCK % n == 0]
 
 
 def run(cfg, x, splits: int, tile, device):

@@ -68,14 +68,14 @@
 #                    flashinfer subject reaches, in one ninja run (the wheel set from devtools/wheelset.py)
 #   fuzz-flashinfer [560] faverify fuzz --kernel flashinfer --iters 10000 --dtype bf16 --mode fwd (after the
 #                    prebuild, on the same warm machine: the modules stay in ~/.cache/flashinfer)
-#   hopper-bwd [300] the Hopper dK/dV (backward_hopper.py, opt-in): its FP64 test and bit-equality on 40 drawn
+#   hopper-bwd [300] the Hopper dK/dV (hopper/backward.py, opt-in): its FP64 test and bit-equality on 40 drawn
 #                    cases, then devtools/hopper_bwd_ab.py (against the Triton backward and sdpa-cudnn's)
 #   hopper-bwd-fast [570] the Hopper backward's two modes as subjects: 1000-case fuzzes of triton-hopper-bwd-fast
 #                    and triton-hopper-bwd (path counts: "bwd hopper fused-dq", "bwd hopper"), the deterministic
 #                    mode's bits over 3 runs of 40 cases, the fast mode's 4 mutants at 300 cases (and the
 #                    stage-reuse mutant's own fuzz: its cases' statuses and paths), and the backward's bench
 #                    rows of both beside triton's, sdpa-flash's and sdpa-cudnn's
-#   fused-bwd  [570] the fused Hopper backward (backward_fused_hopper.py, opt-in): a 10000-case fuzz of
+#   fused-bwd  [570] the fused Hopper backward (hopper/backward_fused.py, opt-in): a 10000-case fuzz of
 #                    triton-hopper-bwd-fused (first: its warm-up compiles, over every core, the builds the
 #                    steps after it load from Triton's cache), its GPU tests (FP64 on 40 drawn cases, dK and dV
 #                    the same bits twice; against the Hopper dK/dV and the Triton dQ at each build), its two

@@ -1,6 +1,6 @@
-"""The Hopper forward as it is against another version of forward_hopper.py (a file, e.g. from
-`git show REV:kernels/triton/forward_hopper.py`), in one process: each launches in place of
-forward_hopper.kernel's choice (Launch.hopper_build). First the bits: out and lse of every valid row must be
+"""The Hopper forward as it is against another version of hopper/forward.py (a file, e.g. from
+`git show REV:kernels/triton/hopper/forward.py`), in one process: each launches in place of
+hopper.forward.kernel's choice (Launch.hopper_build). First the bits: out and lse of every valid row must be
 equal (the numerics are meant not to change), at bench's shapes and at ragged ones. Then the speed at
 bench's shapes, the two alternating, with sdpa-cudnn in the same process; the spread between repeats is
 the noise. GPU (sm_90).
@@ -14,7 +14,8 @@ import torch
 import triton.testing
 
 from faverify.commands.bench import Config
-from faverify.kernels.triton import forward_hopper, interface
+from faverify.kernels.triton import interface
+from faverify.kernels.triton.hopper import forward as hopper_forward
 
 ROWS = ((64, True, 4096), (64, True, 16384), (64, False, 4096), (128, True, 4096), (128, False, 4096))
 RAGGED = ((1, 777, 1000, 4, 64, True), (2, 1000, 777, 4, 64, True), (1, 193, 193, 3, 128, True),
@@ -41,7 +42,7 @@ def bench_row(dtype: str, d: int, causal: bool, n: int) -> tuple:
 
 
 def load(path):
-    spec = importlib.util.spec_from_file_location("forward_hopper_other", path)
+    spec = importlib.util.spec_from_file_location("hopper_forward_other", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.kernel
@@ -55,7 +56,7 @@ def main():
     p.add_argument("--bits-only", action="store_true", help="compare the bits, time nothing")
     a = p.parse_args()
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
-    builds = {"new": forward_hopper.kernel, "old": load(a.old)}
+    builds = {"new": hopper_forward.kernel, "old": load(a.old)}
 
     def run(name, q, k, v, causal):
         return interface.forward(q, k, v, q.shape[-1] ** -0.5, causal, "-inf",

@@ -1,4 +1,4 @@
-"""The Hopper dK/dV (backward_hopper.py, Launch(hopper_backward=True)) against the Triton backward and
+"""The Hopper dK/dV (hopper/backward.py, Launch(hopper_backward=True)) against the Triton backward and
 sdpa-cudnn's, in one process at faverify bench's shapes: first the numbers (dq, dk and dv of the two
 Triton paths within bf16/fp16 rounding of each other, and the Hopper one's dk and dv the same bits on a
 second run), then the whole backward's TF/s, the two alternating, three repeats each (the spread is the

@@ -1,8 +1,8 @@
 """Time the forward over tile candidates: the warp-specialized Hopper forward (hopper: sm_90, one program per
 query block, the launcher's default; hopperp: persistent, one program per SM; hopper-g<N>: heads in groups
-of N in the schedule instead of hopper.HEAD_GROUP: Launch.head_group), the Triton one through tensor descriptors (tma:
-every tile; tma1: the default tile) and through pointers (ptr: the default tile), next to sdpa-cudnn and
-sdpa-flash in the same process, as ratios to cuDNN. GPU only.
+of N in the schedule instead of hopper.layouts.HEAD_GROUP: Launch.head_group), the Triton one through
+tensor descriptors (tma: every tile; tma1: the default tile) and through pointers (ptr: the default tile),
+next to sdpa-cudnn and sdpa-flash in the same process, as ratios to cuDNN. GPU only.
 
     python3 devtools/triton_fwd_sweep.py [--dtype bf16] [--seqlens 4096,16384] [--headdims 64,128]
                                          [--paths hopper,tma,ptr] [--json F]

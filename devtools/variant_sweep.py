@@ -1,4 +1,4 @@
-"""Time the Triton variant kernels (variant_forward.py, variant_backward.py) over tile candidates of their
+"""Time the Triton variant kernels (variant/forward.py, variant/backward.py) over tile candidates of their
 fast build, next to their generic build, the dense Triton kernels and sdpa-cudnn in the same process, on
 faverify bench's shapes (16384 tokens, nheads * head_dim = 2048). GPU only.
 
@@ -18,8 +18,9 @@ import torch
 import triton.testing
 
 from faverify.commands.bench import Config
-from faverify.kernels.triton import configs, variant_interface
+from faverify.kernels.triton import configs
 from faverify.kernels.triton.configs import Tile
+from faverify.kernels.triton.variant import interface as vinterface
 
 CANDIDATES = {
     64: {"fwd": [Tile(128, 64, 8, 2), Tile(128, 64, 4, 2), Tile(128, 64, 8, 3), Tile(64, 64, 4, 2)],
@@ -47,12 +48,12 @@ def inputs(cfg: Config, dt):
     window = fields.get("window", (-1, -1))
     alibi = (torch.rand(h, device="cuda", generator=g) * 0.1) if "alibi" in fields else None
     sinks = torch.randn(h, device="cuda", generator=g).requires_grad_(True) if "sinks" in fields else None
-    var = variant_interface.KernelVariant.of(d ** -0.5, cfg.causal, window, fields.get("softcap", 0.0), alibi, sinks)
+    var = vinterface.KernelVariant.of(d ** -0.5, cfg.causal, window, fields.get("softcap", 0.0), alibi, sinks)
     return q, k, v, do, var
 
 
 def run_once(q, k, v, do, var):
-    out = variant_interface.attention(q, k, v, var)[0]
+    out = vinterface.attention(q, k, v, var)[0]
     return out, torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
 
 
@@ -66,7 +67,7 @@ def main():
     a = p.parse_args()
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
     rows = []
-    fast_build = variant_interface.fast_build
+    fast_build = vinterface.fast_build
     for d in map(int, a.headdims.split(",")):
         # the cuDNN and dense Triton yardsticks of this shape
         cfg = Config(a.dtype, d, True, a.seqlen)
@@ -82,11 +83,11 @@ def main():
         for name in a.variants.split(","):
             cfg = Config(a.dtype, d, True, a.seqlen, name)
             q, k, v, do, var = inputs(cfg, dt)
-            variant_interface.fast_build = lambda *t: False
+            vinterface.fast_build = lambda *t: False
             ref_out, ref_grads = run_once(q, k, v, do, var)
-            generic = (bench(lambda: variant_interface.attention(q, k, v, var)),
+            generic = (bench(lambda: vinterface.attention(q, k, v, var)),
                        bench(lambda: torch.autograd.grad(ref_out, (q, k, v), do, retain_graph=True)))
-            variant_interface.fast_build = fast_build
+            vinterface.fast_build = fast_build
             print(f"d{d} {name}: generic fwd {cfg.flops('fwd') / generic[0] * 1e-9:.1f} bwd "
                   f"{cfg.flops('bwd') / generic[1] * 1e-9:.1f} TF/s", flush=True)
             rows.append({"d": d, "variant": name, "kind": "generic", "fwd_ms": generic[0], "bwd_ms": generic[1]})
@@ -99,7 +100,7 @@ def main():
                         diff = max(float((x.float() - y.float()).abs().max()) for x, y in
                                    zip((out, *grads), (ref_out, *ref_grads)))
                         if kind == "fwd":
-                            ms = bench(lambda: variant_interface.attention(q, k, v, var))
+                            ms = bench(lambda: vinterface.attention(q, k, v, var))
                             tflops = cfg.flops("fwd") / ms * 1e-9
                         else:
                             ms = bench(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True))

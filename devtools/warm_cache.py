@@ -33,7 +33,7 @@ from triton import knobs  # noqa: E402
 
 from faverify.cases.strategies import limits_for  # noqa: E402
 from faverify.commands.fuzz import parse_features  # noqa: E402
-from faverify.kernels.triton import builds, target  # noqa: E402
+from faverify.kernels.triton.build import builds, target  # noqa: E402
 from faverify.run.draw import draw_cases  # noqa: E402
 from faverify.run.evaluate import evaluate  # noqa: E402
 from faverify.run.plan import FuzzPlan  # noqa: E402

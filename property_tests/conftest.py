@@ -42,7 +42,8 @@ def pytest_collection_modifyitems(config, items):
     names = {item.name for item in items}
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     if AOT_TEST in names:
-        config._faverify_aot = _background(["faverify.kernels.triton.aot", "--jobs", str(os.cpu_count() or 2)], env)
+        jobs = str(os.cpu_count() or 2)
+        config._faverify_aot = _background(["faverify.kernels.triton.build.aot", "--jobs", jobs], env)
     if CUDA_COMPILE_TEST in names:
         config._faverify_cuda = _background(["faverify.kernels.cuda.compile_report"], env)
     if MUTANTS_TEST in names:

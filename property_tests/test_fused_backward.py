@@ -1,4 +1,4 @@
-"""The fused Hopper backward (kernels/triton/backward_fused_hopper.py): its machine code read on the CPU
+"""The fused Hopper backward (kernels/triton/hopper/backward_fused.py): its machine code read on the CPU
 (compiled for sm_90a, disassembled), where it is chosen, and on an sm_90 GPU its gradients against FP64
 and against the Hopper dK/dV (marked gpu)."""
 import json
@@ -24,9 +24,9 @@ _COMPILE = """
 import json, sys, triton
 from concurrent.futures import ProcessPoolExecutor
 from triton.backends.compiler import GPUTarget
-from faverify.kernels.triton import sass
-from faverify.kernels.triton.aot import FUSED_BWD_KERNEL, AotBuild
-from faverify.kernels.triton.aot_sources import _hopper_bwd_source
+from faverify.kernels.triton.build import sass
+from faverify.kernels.triton.build.aot import FUSED_BWD_KERNEL, AotBuild
+from faverify.kernels.triton.build.sources import _hopper_bwd_source
 
 def build(args):
     source, options, _ = _hopper_bwd_source(AotBuild(FUSED_BWD_KERNEL, *args, True), 90)
@@ -60,8 +60,8 @@ def test_five_wgmmas_a_tile_pair_dq_by_the_bulk_reduce_no_spills(compiled, varia
     no LDL or STL. Registers: 168 a thread at launch, 12 warps x 32 x 168 <= the SM's 65536, one block per
     SM; setmaxnreg then gives each of the 2 consumer warpgroups 240 and the producer's warpgroup 24 (2 x 240
     + 24 <= 65536 / 128), and no instruction names a register past R239."""
-    from faverify.kernels.triton import backward_fused_hopper as fused
-    from faverify.kernels.triton.sass import Listing
+    from faverify.kernels.triton.build.sass import Listing
+    from faverify.kernels.triton.hopper import backward_fused as fused
     _, block_d, _ = variant
     got = compiled[variant]
     listing = Listing.of(got["code"])
@@ -89,7 +89,7 @@ def test_five_wgmmas_a_tile_pair_dq_by_the_bulk_reduce_no_spills(compiled, varia
 def test_the_listing_reader_finds_loops_groups_and_spills():
     """Listing on a hand-written listing: a loop is a conditional branch back (an unconditional one is a way
     home), a group ends at its gsb0, and the opcodes keep their modifiers without the predicate."""
-    from faverify.kernels.triton.sass import Listing
+    from faverify.kernels.triton.build.sass import Listing
     code = "\n".join([
         "        /*0000*/                   MOV R1, c[0x0][0x28] ;",
         ".L_x_0:",
@@ -138,7 +138,7 @@ def test_the_dq_buffer_is_seen_as_head_rows_by_padded_columns():
     """The reducer adds a box of 64 rows by half the padded head dim at [batch x head, row, column] of the dQ
     buffer: the descriptor's view must be dq_buffer's [b, h, s, padded d] memory, rows of one head after
     another, which finish_dq reads."""
-    from faverify.kernels.triton import backward_fused_hopper as fused
+    from faverify.kernels.triton.hopper import backward_fused as fused
     q = torch.zeros(2, 5, 3, 40, dtype=torch.bfloat16)
     total = fused.dq_buffer(q, 64)
     dq_desc = fused.descriptors(q, q, q, q, q, q, total, 64)[-1]
@@ -155,7 +155,7 @@ def test_k_is_one_tile_of_the_key_tile_swizzled_in_spans_of_a_consumers_dq_colum
     its swizzle span is those columns' bytes, so that the second consumer's half starts a span."""
     from triton.experimental.gluon import language as gl
 
-    from faverify.kernels.triton import backward_fused_hopper as fused
+    from faverify.kernels.triton.hopper import backward_fused as fused
     q = torch.zeros(1, 200, 2, block_d, dtype=torch.float16)
     k_desc = fused.descriptors(q, q, q, q, q, q, fused.dq_buffer(q, block_d), block_d)[1]
     assert list(k_desc.block_shape) == [1, fused.CONSUMERS.value * fused.HALF.value, 1, block_d]

@@ -75,8 +75,8 @@ def cycles(graph: dict) -> list:
 # and their mutants, beside the commands.
 LAYERS = {
     "cli": (9, ("faverify.cli", "faverify.__main__")),
-    "commands": (8, ("faverify.commands", "faverify.testing", "faverify.kernels.triton.aot",
-                     "faverify.kernels.triton.aot_sources", "faverify.kernels.cuda.compile_report")),
+    "commands": (8, ("faverify.commands", "faverify.testing", "faverify.kernels.triton.build.aot",
+                     "faverify.kernels.triton.build.sources", "faverify.kernels.cuda.compile_report")),
     "run": (7, ("faverify.run",)),
     "reports": (6, ("faverify.reports",)),
     "subjects": (5, ("faverify.subjects", "faverify.kernels.triton.subject", "faverify.kernels.cuda.subject",
@@ -129,12 +129,13 @@ def test_an_import_against_the_layers_is_caught():
     graph["faverify.reports.collector"] = graph["faverify.reports.collector"] | {"faverify.run.evaluate"}
     graph["faverify.cases.inputs"] = graph["faverify.cases.inputs"] | {"faverify.judge.reference"}
     graph["faverify.judge.verdict"] = graph["faverify.judge.verdict"] | {"faverify.reports.results"}
-    graph["faverify.kernels.triton.forward"] = {"faverify.kernels.mutants.catalog"}
+    graph["faverify.kernels.triton.dense.forward"] = {"faverify.kernels.mutants.catalog"}
     graph["faverify.kernels.triton.subject"] = {"faverify.kernels.mutants.build"}
     assert against_the_layers(graph) == [
         "faverify.cases.inputs (cases) imports faverify.judge.reference (judge)",
         "faverify.judge.verdict (judge) imports faverify.reports.results (reports)",
-        "faverify.kernels.triton.forward imports faverify.kernels.mutants.catalog: kernels never import their mutants",
+        "faverify.kernels.triton.dense.forward imports faverify.kernels.mutants.catalog: kernels never import their "
+        "mutants",
         "faverify.kernels.triton.subject imports faverify.kernels.mutants.build: kernels never import their mutants",
         "faverify.reports.collector (reports) imports faverify.run.evaluate (run)"]
 

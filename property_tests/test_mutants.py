@@ -30,8 +30,7 @@ def test_each_mutant_replaces_its_marked_statement_and_nothing_else(mutant):
             removed.append(line[2:])
         elif line.startswith("+ "):
             added.append(line[2:])
-    imports = [line for line in removed if line.startswith(("from faverify.kernels.triton import",
-                                                            "from faverify.kernels.triton.variant_forward import"))]
+    imports = [line for line in removed if line.startswith("from faverify.kernels.triton")]
     marked = [line for line in removed if line not in imports]
     assert len(marked) == 1, removed
     # the marker is on the statement's line, or alone on the comment line just above it
@@ -46,9 +45,30 @@ def test_each_mutant_replaces_its_marked_statement_and_nothing_else(mutant):
 def test_every_marked_site_has_a_mutant():
     """A site marked in the kernels but used by no mutant is a claim of coverage nobody tests."""
     import re
-    marked = {(f.name, site) for f in KERNELS.glob("*.py")
+    marked = {(f.relative_to(KERNELS).as_posix(), site) for f in KERNELS.rglob("*.py")
               for site in re.findall(r"\[mutant site: ([a-z0-9-]+)\]", f.read_text())}
     assert marked == {(m.file, m.site) for m in MUTANTS}
+
+
+def test_the_copy_imports_its_copied_modules_from_itself_and_the_others_from_the_kernels():
+    """A mutant's copy (build.py, _FILES) must run its own modules: an import of a copied module left to the
+    real kernels would run the unmutated code, and the mutant would survive for nothing."""
+    from faverify.kernels.mutants.build import _imports_of_the_copy
+    text = ("from faverify.kernels.triton import configs\n"
+            "from faverify.kernels.triton import sparse as _sparse\n"
+            "from faverify.kernels.triton.dense import forward as _fwd\n"
+            "from faverify.kernels.triton.hopper import layouts as _layouts\n"
+            "    from faverify.kernels.triton.variant.forward import (  # a note (in parentheses)\n"
+            "        extra_scores,\n    )\n")
+    assert _imports_of_the_copy(text, "copy") == (
+        "from faverify.kernels.triton import configs\n"
+        "from copy import sparse as _sparse\n"
+        "from copy.dense import forward as _fwd\n"
+        "from faverify.kernels.triton.hopper import layouts as _layouts\n"
+        "    from copy.variant.forward import (  # a note (in parentheses)\n"
+        "        extra_scores,\n    )\n")
+    with pytest.raises(RuntimeError, match="imports copied and shared modules together"):
+        _imports_of_the_copy("from faverify.kernels.triton import configs, sparse\n", "copy")
 
 
 def test_a_mutant_survives_reformatting_of_its_statement(tmp_path):
@@ -66,9 +86,9 @@ def test_a_mutant_survives_reformatting_of_its_statement(tmp_path):
 
 def test_a_stale_mutant_is_an_error_not_a_silent_survivor():
     with pytest.raises(RuntimeError, match="marks 0 lines"):
-        source(Mutant("stale", "forward.py", "no-such-site", "x", "bug", "why"))
+        source(Mutant("stale", "dense/forward.py", "no-such-site", "x", "bug", "why"))
     with pytest.raises(RuntimeError, match="would change nothing"):
-        source(Mutant("same", "forward.py", "qk", "qk = mm(q, k, INTERPRETED, IEEE)", "bug", "why"))
+        source(Mutant("same", "dense/forward.py", "qk", "qk = mm(q, k, INTERPRETED, IEEE)", "bug", "why"))
 
 
 def test_unknown_mutant_is_a_usage_error():
@@ -121,7 +141,7 @@ def test_mutants_in_parallel_jobs(tmp_path):
     assert report["settings"]["jobs"] == 2
     assert [(m["mutant"], m["killed"]) for m in report["mutants"]] == [("no-final-division", True),
                                                                        ("scale-inverse-d", True)]
-    # the job process hands back how many cases ran the mutated code: forward.py's and interface.py's, every
+    # the job process hands back how many cases ran the mutated code: dense/forward.py's and interface.py's, every
     # case here. Counted per case: an interface.py case takes a forward and a backward path, and a sum of
     # the per-path counts would say 2 of 1
     assert all(m["reached"] == m["cases"] >= 1 for m in report["mutants"]), report["mutants"]
@@ -179,10 +199,10 @@ def test_a_mutant_reaches_only_the_paths_of_its_file():
     """A case reaches a mutant's code if it took a code path of the mutated file (interface.PATHS)."""
     from faverify.kernels.triton.interface import PATHS
     by_file = {m.file: m for m in MUTANTS}
-    assert [p for p in PATHS if by_file["forward_hopper.py"].reaches(p)] == ["fwd hopper", "fwd hopper variant"]
-    assert [p for p in PATHS if by_file["forward.py"].reaches(p)] == ["fwd triton-tma", "fwd triton",
+    assert [p for p in PATHS if by_file["hopper/forward.py"].reaches(p)] == ["fwd hopper", "fwd hopper variant"]
+    assert [p for p in PATHS if by_file["dense/forward.py"].reaches(p)] == ["fwd triton-tma", "fwd triton",
                                                                       "fwd triton generic"]
-    assert [p for p in PATHS if by_file["backward.py"].reaches(p)] == ["bwd triton", "bwd triton generic",
+    assert [p for p in PATHS if by_file["dense/backward.py"].reaches(p)] == ["bwd triton", "bwd triton generic",
                                                                        "bwd triton alibi", "bwd triton generic alibi"]
     assert all(by_file["interface.py"].reaches(p) for p in PATHS)
     decode = next(m for m in MUTANTS if m.site == "decode-rows")  # a mutant of one kernel of its file
@@ -241,7 +261,7 @@ def test_a_hopper_mutant_is_fuzzed_only_with_cases_that_reach_the_hopper_forward
 
 def test_a_mutant_whose_dtypes_were_not_asked_for_is_left_out_with_the_rule():
     from faverify.kernels.mutants.catalog import left_out
-    m = Mutant("bf16-only", "forward.py", "x", "y", "bug", "why", cases={"dtypes": ("bf16",)})
+    m = Mutant("bf16-only", "dense/forward.py", "x", "y", "bug", "why", cases={"dtypes": ("bf16",)})
     assert left_out(m, torch.device("cpu"), ("bf16", "fp32")) is None
     assert left_out(m, torch.device("cpu"), ("fp32",)) == "its code runs only for bf16, not for fp32"
     assert "runs only on sm_90 GPUs" in left_out(HOPPER_MUTANTS[0], torch.device("cpu"), ("bf16",))
@@ -254,7 +274,7 @@ def test_a_mutant_that_does_not_parse_is_an_error_row_not_a_kill():
     from faverify.commands.mutants import kill
     from faverify.kernels.mutants import catalog
     from faverify.run.plan import FuzzPlan, Judging
-    broken = Mutant("broken-indent", "forward.py", "causal-diagonal", "    diag = 0", "bug", "why")
+    broken = Mutant("broken-indent", "dense/forward.py", "causal-diagonal", "    diag = 0", "bug", "why")
     with pytest.raises(RuntimeError, match="no longer parses"):
         source(broken)
     catalog.BY_NAME["broken-indent"] = broken

@@ -89,8 +89,8 @@ def test_it_compiles_to_wgmma_on_e4m3_for_sm_90_and_is_refused_for_sm_80():
     code = """
 import re, triton
 from triton.backends.compiler import GPUTarget
-from faverify.kernels.triton.aot import FP8_KERNEL, AotBuild, compile_variant
-from faverify.kernels.triton.aot_sources import _fp8_source
+from faverify.kernels.triton.build.aot import FP8_KERNEL, AotBuild, compile_variant
+from faverify.kernels.triton.build.sources import _fp8_source
 src, opts, _ = _fp8_source(AotBuild(FP8_KERNEL, "fp8e4nv", 128, True, True), 90)
 ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
 print(sorted(set(re.findall(r"wgmma\\.mma_async\\S*e4m3\\.e4m3", ptx))), "cvt.rn.satfinite.e4m3x2.f32" in ptx)

@@ -80,15 +80,16 @@ def test_one_compile_per_variant_whatever_the_sizes():
     did, and halved the GPU fuzz throughput), beyond the one of each build."""
     import triton
 
-    from faverify.kernels.triton import backward, forward, forward_hopper
-    kernels = {f"{m.__name__}.{n}": f for m in (forward, forward_hopper, backward) for n, f in vars(m).items()
+    from faverify.kernels.triton.dense import backward, forward
+    from faverify.kernels.triton.hopper import forward as hopper_forward
+    kernels = {f"{m.__name__}.{n}": f for m in (forward, hopper_forward, backward) for n, f in vars(m).items()
                if isinstance(f, triton.runtime.JITFunction)}
     device = torch.cuda.current_device()
     for f in kernels.values():
         if device in f.device_caches:
             f.device_caches[device][0].clear()
     subject = resolve("triton")
-    # the Hopper forward's two builds (forward_hopper.kernel): seqlens both multiples of 16, or not
+    # the Hopper forward's two builds (hopper.forward.kernel): seqlens both multiples of 16, or not
     sizes = [(1, 1, 1, 1, 1), (2, 16, 32, 16, 16), (3, 97, 200, 6, 2), (1, 256, 1, 4, 4), (4, 33, 48, 8, 1),
              (3, 64, 16, 6, 2), (1, 1, 16, 1, 1)]
     paths = set()
@@ -146,7 +147,7 @@ def _is_hopper() -> bool:
 @given(cases(limits=Limits(max_seqlen=400, max_batch=2, max_heads=4, max_elements=1 << 17),
              dtypes=("bf16", "fp16"), head_dims=(48, 64, 80, 128), layouts=("contiguous", "transposed", "packed")))
 def test_hopper_forward_is_right_against_fp64(case):
-    """The Hopper forward (forward_hopper.py) takes 16-bit inputs with padded head dim 64 or 128 on sm_90:
+    """The Hopper forward (hopper/forward.py) takes 16-bit inputs with padded head dim 64 or 128 on sm_90:
     its outputs pass the verdict against FP64 on random cases (tails at 64 and 128 rows, causal with
     seqlen_q != seqlen_k, fully masked rows, GQA, both inits, large logits), and its row max and log2 l,
     which the backward reads, equal the Triton forward's up to summation order. The kernel is persistent:
@@ -181,7 +182,7 @@ def test_hopper_forward_is_right_against_fp64(case):
 @given(cases(limits=Limits(max_seqlen=400, max_batch=2, max_heads=4, max_elements=1 << 17),
              dtypes=("bf16", "fp16"), head_dims=(48, 64, 80, 128), layouts=("contiguous", "transposed", "packed")))
 def test_hopper_backward_is_right_against_fp64(case):
-    """The Hopper dK/dV (backward_hopper.py, asked for with Launch(hopper_backward=True)) passes the verdict
+    """The Hopper dK/dV (hopper/backward.py, asked for with Launch(hopper_backward=True)) passes the verdict
     against FP64 on random cases (key tails at 64 and 128, causal with seqlen_q != seqlen_k, rows that see
     no key, GQA summed over the group, large logits) in both of its modes: dQ from the Triton kernel, the
     same bits twice (no atomics); and dQ fused into it (deterministic=False), whose dK and dV are the
@@ -228,17 +229,17 @@ def test_the_hopper_backward_subjects_ask_for_it_in_their_mode(monkeypatch):
 
 
 def test_the_fused_dq_accumulator_holds_rows_by_head_and_pads_the_head_dim():
-    """backward_hopper's fused dQ adds into dq_buffer at [b, h, s, padded d] (the kernel's offsets: rows of
+    """hopper/backward.py's fused dQ adds into dq_buffer at [b, h, s, padded d] (the kernel's offsets: rows of
     (b * h + head) * s + query, BLOCK_D apart) and finish_dq scales that sum and lays it out as dq [b, s, h,
     d] in the input dtype, ignoring the padding."""
-    from faverify.kernels.triton import backward_hopper
+    from faverify.kernels.triton.hopper import backward as hopper_backward
     q = torch.zeros(2, 5, 3, 40, dtype=torch.bfloat16)
-    total = backward_hopper.dq_buffer(q, 64)
+    total = hopper_backward.dq_buffer(q, 64)
     assert total.shape == (2, 3, 5, 64) and total.dtype == torch.float32 and not total.any()
     flat = total.view(-1)  # the kernel's addressing: ((b * h + head) * s + query) * BLOCK_D + column
     for b, head, query, col in ((0, 0, 0, 0), (1, 2, 4, 39), (1, 0, 3, 17), (0, 1, 2, 63)):
         flat[((b * 3 + head) * 5 + query) * 64 + col] = 1.0 + b + head + query + col
-    dq = backward_hopper.finish_dq(total, torch.full_like(q, float("nan")), 0.5)
+    dq = hopper_backward.finish_dq(total, torch.full_like(q, float("nan")), 0.5)
     expected = torch.zeros(2, 5, 3, 40)
     for b, head, query, col in ((0, 0, 0, 0), (1, 2, 4, 39), (1, 0, 3, 17)):  # column 63 is padding
         expected[b, query, head, col] = 0.5 * (1.0 + b + head + query + col)
@@ -274,10 +275,10 @@ def test_hopper_forward_only_where_it_can_run():
 
 
 def test_hopper_grid_is_one_program_per_block_or_the_persistent_count():
-    """hopper.grid: the GPU test's 3 persistent programs must really be 3 (else it would compare the
+    """hopper.layouts.grid: the GPU test's 3 persistent programs must really be 3 (else it would compare the
     default launch with itself), and never more programs than blocks."""
     from faverify.kernels.triton import configs
-    from faverify.kernels.triton.hopper import grid
+    from faverify.kernels.triton.hopper.layouts import grid
     tile = configs.HOPPER[64]  # 192 query rows per block
     assert grid(tile, 1000, 6, None) == (6 * 6,)
     assert grid(tile, 1000, 6, 3) == (3,)
@@ -328,7 +329,7 @@ def test_fuzz_30_cases_every_dtype_on_this_machine(tmp_path):
 
 @pytest.mark.slow
 def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
-    """python -m faverify.kernels.triton.aot, started at collection (conftest.py) to overlap the suite."""
+    """python -m faverify.kernels.triton.build.aot, started at collection (conftest.py) to overlap the suite."""
     returncode, out, err = aot_compile
     with capsys.disabled():  # the table of shared memory per variant belongs in the CI log
         print("\n" + out[-20000:])
@@ -342,13 +343,13 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
     # element by element and 32 bytes, 1.61x with integer distances and no spill), and the build with every
     # switch at d128 128 (the split bias beside softcap's tanh; that build is not timed); a spill anywhere
     # else is new, the window and softcap builds' among them (configs.HOPPER_SOFTCAP)
-    from faverify.kernels.triton.aot import HOPPER_SWITCH_SETS
+    from faverify.kernels.triton.build.aot import HOPPER_SWITCH_SETS
     assert len(hopper) == 8 + 2 * len(HOPPER_SWITCH_SETS), hopper  # dense, and each switch set at d64 and d128
     assert all(row[1] == "sm_90" and row[-1].startswith("ok") for row in hopper), hopper
     spills = {" D64 causal": 24, " D64 alibi": 96, " D128 window+softcap+alibi+sinks": 128}
     allowed = {row[0]: next((n for end, n in spills.items() if row[0].endswith(end)), 0) for row in hopper}
     assert all(int(row[5]) <= allowed[row[0]] for row in hopper), [row[:6] for row in hopper]
-    # the Hopper dK/dV (backward_hopper.py), opt-in: its 8 builds compile for sm_90, and the 8 that fuse dQ
+    # the Hopper dK/dV (hopper/backward.py), opt-in: its 8 builds compile for sm_90, and the 8 that fuse dQ
     # (at d128 with 128-208 bytes of stack, fused 208-368; at d64 fused and causal 32)
     bwd = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith("bwd-hopper ")]
     assert len(bwd) == 16 and all(row[1] == "sm_90" and row[-1].startswith("ok") for row in bwd), bwd
@@ -357,7 +358,7 @@ def test_every_variant_compiles_for_sm80_and_sm90(capsys, aot_compile):
     mutants = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith("bwd-hopper-mutant ")]
     assert {row[0].split()[1] for row in mutants} == {m.name for m in HOPPER_BWD_MUTANTS}, mutants
     assert all(row[-1].startswith("ok") for row in mutants), mutants
-    # the fused Hopper backward (backward_fused_hopper.py), opt-in: its 8 builds and its mutants compile for
+    # the fused Hopper backward (hopper/backward_fused.py), opt-in: its 8 builds and its mutants compile for
     # sm_90 with no stack (property_tests/test_fused_backward.py reads their machine code)
     fused = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith("bwd-fused-hopper")]
     from faverify.kernels.mutants.catalog import FUSED_BWD_MUTANTS
@@ -454,7 +455,7 @@ def test_interpreter_overflow_warnings_are_silenced_forward_and_backward(kernel,
 
 
 def test_compile_time_is_the_cases_compile_phase_not_its_subjects(monkeypatch):
-    """The Triton subjects time Triton's compiles through its hooks (compile_clock) and the runner reports
+    """The Triton subjects time Triton's compiles through its hooks (build/clock.py) and the runner reports
     them as the case's "compile" phase, taken out of "subject"; what a warm-up compiled before the case is
     not charged to it. The interpreter compiles nothing, so the hooks are fired here by hand around a
     launch, as Triton fires them around a compile."""
@@ -462,10 +463,11 @@ def test_compile_time_is_the_cases_compile_phase_not_its_subjects(monkeypatch):
 
     from triton import knobs
 
-    from faverify.kernels.triton import compile_clock, interface
+    from faverify.kernels.triton import interface
+    from faverify.kernels.triton.build import clock
 
     subject = resolve("triton")
-    assert knobs.runtime.jit_cache_hook is compile_clock._before
+    assert knobs.runtime.jit_cache_hook is clock._before
     real = interface.flash_attn_func
 
     def compile_for(seconds):
@@ -484,7 +486,7 @@ def test_compile_time_is_the_cases_compile_phase_not_its_subjects(monkeypatch):
     r = evaluate(subject, case, DEVICE, mode="fwd")
     assert r.status == "pass", r.reason
     assert 0.05 <= r.phases["compile"] < 0.5 and r.phases["subject"] < r.seconds, r.phases
-    assert compile_clock.take() == {}
+    assert clock.take() == {}
 
 
 _COMPILE_TWICE = """
@@ -495,7 +497,7 @@ from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
-from faverify.kernels.triton import compile_clock
+from faverify.kernels.triton.build import clock
 
 
 def copy(X, Y, N: tl.constexpr):
@@ -503,8 +505,8 @@ def copy(X, Y, N: tl.constexpr):
     tl.store(Y + offs, tl.load(X + offs))
 
 
-compile_clock.install()
-assert knobs.compilation.listener is compile_clock._listen
+clock.install()
+assert knobs.compilation.listener is clock._listen
 fn = JITFunction(copy)
 hook = dict(key="k", repr="r", fn=fn, compile={}, is_manual_warmup=False, already_compiled=False)
 spent = []
@@ -513,13 +515,13 @@ for _ in range(2):
     triton.compile(ASTSource(fn, {"X": "*fp32", "Y": "*fp32", "N": "constexpr"}, {"N": 16}),
                    target=GPUTarget("cuda", 90, 32))
     knobs.runtime.jit_post_compile_hook(**hook)
-    spent.append(compile_clock.take())
+    spent.append(clock.take())
 print(json.dumps(spent))
 """
 
 
 def test_the_compile_clock_tells_a_compile_from_a_load(tmp_path):
-    """compile_clock charges a build Triton compiles to the "compile" phase and one its on-disk cache holds to
+    """The compile clock charges a build Triton compiles to the "compile" phase and one its on-disk cache holds to
     "load" (a warm-up's build, once per worker): Triton's compilation listener says which from inside the
     compile. A real compile for sm_90 (no GPU needed), then the same from the cache, each between the hooks
     as JITFunction._do_compile fires them; in a process of its own, with a fresh cache and no interpreter

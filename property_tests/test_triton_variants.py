@@ -1,4 +1,4 @@
-"""The bundled Triton kernels' variants (variant_forward.py, variant_backward.py): windows, softcap, ALiBi,
+"""The bundled Triton kernels' variants (variant/forward.py, variant/backward.py): windows, softcap, ALiBi,
 sinks, v's own head dim, varlen batches, paged decode with split-KV. Judged by faverify's own reference and
 verdict (run/evaluate.py), on the CPU through the interpreter, on the GPU compiled."""
 import pytest
@@ -21,7 +21,7 @@ DENSE = {
     "softcap": Case(1, 64, 80, 2, 2, 32, dtype="fp16", softcap=2.0, regime="large", seed=3),
     "alibi": Case(2, 33, 90, 2, 1, 24, dtype="fp32", alibi="batch-head", seed=4),
     # more queries than keys: key tiles after every row's position (the first query tiles), across it and
-    # before it (the last), each a way of computing the bias (variant_forward.alibi_split)
+    # before it (the last), each a way of computing the bias (variant.forward.alibi_split)
     "alibi-tiles-after-across-and-before": Case(1, 200, 70, 2, 1, 32, dtype="fp32", alibi="head", seed=8),
     "sinks": Case(1, 90, 40, 2, 2, 32, dtype="bf16", causal=True, sinks="around", seed=5),
     "head_dim_v": Case(1, 50, 70, 2, 1, 40, dtype="fp32", head_dim_v=72, seed=6),
@@ -71,7 +71,7 @@ def test_a_dense_case_runs_the_dense_kernels_and_a_variant_the_variant_kernels()
 
 def test_sinks_and_alibi_take_the_dense_backward_and_beside_a_variant_the_variant_backward():
     """With nothing but sinks and ALiBi, the sinks are in the forward's log2 l, so the dense backward kernels
-    take the gradients (variant_interface.backward), causal or not, GQA among them, ALiBi through their
+    take the gradients (variant.interface.backward), causal or not, GQA among them, ALiBi through their
     ALIBI build (its tiles after, across and before the diagonal, slopes per head and per batch); dsinks is
     judged as before. A variant beside them keeps the variant kernels."""
     subject = resolve("triton")
@@ -96,13 +96,14 @@ def test_the_variant_kernel_with_no_variant_gives_the_dense_kernels_bits():
     """Same algorithm, same tiles under the interpreter, same order of keys: with no-op variant values the
     variant forward and backward give the dense kernels' bits, so a variant's error is the variant's own."""
     from faverify.cases.inputs import make_inputs
-    from faverify.kernels.triton import interface, variant_interface
+    from faverify.kernels.triton import interface
+    from faverify.kernels.triton.variant import interface as vinterface
     for case in (Case(2, 97, 130, 4, 2, 40, dtype="bf16", causal=True, seed=11),
                  Case(1, 64, 33, 2, 1, 64, dtype="fp16", seed=12)):
         x = make_inputs(case, "cpu", requires_grad=True)
         dense = interface.FlashAttnFunction.apply(x.q, x.k, x.v, case.causal, case.scale, "-inf", interface.DEFAULT)
-        var = variant_interface.KernelVariant.of(case.scale, case.causal, (-1, -1), 0.0, None, None)
-        other = variant_interface.attention(x.q, x.k, x.v, var)
+        var = vinterface.KernelVariant.of(case.scale, case.causal, (-1, -1), 0.0, None, None)
+        other = vinterface.attention(x.q, x.k, x.v, var)
         assert len(dense) == len(other) == 4  # out, lse and the rows' statistics
         for a, b in zip(dense, other):
             assert torch.equal(a, b)
@@ -146,7 +147,7 @@ def test_paged_decode_and_its_split_partials_are_right_against_fp64(name):
 
 def test_the_split_rule_fills_the_sms_and_no_more():
     from faverify.kernels.triton.interface import num_splits_for
-    from faverify.kernels.triton.variant_interface import SPLIT_BLOCK
+    from faverify.kernels.triton.variant.interface import SPLIT_BLOCK
     assert num_splits_for(1, 8, 1, 1 << 15, 132) == 17  # 8 programs: 17 splits fill 132 SMs
     assert num_splits_for(64, 32, 1, 1 << 15, 132) == 1  # 2048 programs fill them already
     assert num_splits_for(1, 1, 1, SPLIT_BLOCK * 3, 132) == 3  # no more splits than blocks of keys
@@ -338,18 +339,21 @@ def test_the_warm_up_launches_every_variant_build_a_fuzz_draws(kind, monkeypatch
     GPU worker that meets it. The tiles are the interpreter's, the decisions that pick a build the GPU's
     (its shared padding of q/k and v too)."""
     from faverify.cases.strategies import CPU_LIMITS
-    from faverify.kernels.triton import variant_backward, variant_decode, variant_forward, variant_interface
     from faverify.kernels.triton.subject import variant_warmup_cases
+    from faverify.kernels.triton.variant import backward as vbackward
+    from faverify.kernels.triton.variant import decode as vdecode
+    from faverify.kernels.triton.variant import forward as vforward
+    from faverify.kernels.triton.variant import interface as vinterface
     from faverify.run.draw import draw_cases
     from faverify.run.evaluate import exercise
     from faverify.run.plan import FuzzPlan
     seen: set = set()
-    monkeypatch.setattr(variant_interface, "SHARED_PADDING", True)
-    for module, name in ((variant_forward, "_fwd_kernel"), (variant_forward, "_combine_kernel"),
-                         (variant_backward, "_dkdv_kernel"), (variant_backward, "_dq_kernel"),
-                         (variant_forward, "_fwd_kernel_fast"), (variant_backward, "_dkdv_kernel_fast"),
-                         (variant_backward, "_dq_kernel_fast"), (variant_decode, "_decode_kernel"),
-                         (variant_decode, "_decode_kernel_fast")):
+    monkeypatch.setattr(vinterface, "SHARED_PADDING", True)
+    for module, name in ((vforward, "_fwd_kernel"), (vforward, "_combine_kernel"),
+                         (vbackward, "_dkdv_kernel"), (vbackward, "_dq_kernel"),
+                         (vforward, "_fwd_kernel_fast"), (vbackward, "_dkdv_kernel_fast"),
+                         (vbackward, "_dq_kernel_fast"), (vdecode, "_decode_kernel"),
+                         (vdecode, "_decode_kernel_fast")):
         monkeypatch.setattr(module, name, _Recorder(name, seen))
     subject = resolve(kind)
     dtypes = ("bf16", "fp16")
@@ -392,9 +396,9 @@ def test_the_softcap_derivative_keeps_its_precision_where_the_cap_saturates(prec
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU or torch.cuda.get_device_capability()[0] != 9,
-                    reason="hopper.tanh_approx is Gluon for sm_90 (PTX's tanh.approx.f32), no interpreter")
+                    reason="hopper.layouts.tanh_approx is Gluon for sm_90 (PTX's tanh.approx.f32), no interpreter")
 def test_the_hopper_forwards_tanh_keeps_its_relative_error_and_saturates():
-    """hopper.tanh_approx (the Hopper forward's softcap) against FP64: a relative error under
+    """hopper.layouts.tanh_approx (the Hopper forward's softcap) against FP64: a relative error under
     2^-10.9 at every x, tiny ones included (a row with one key has its capped logit for lse), +-1 past
     |x| = 10, and the sign of x; a NaN logit stays NaN."""
     from property_tests.triton_probes import tanh_approx_probe
@@ -471,7 +475,7 @@ def test_the_decode_kernel_writes_every_split_partial(monkeypatch):
 
 
 def test_the_no_alibi_and_no_sinks_vectors_are_kept_from_call_to_call():
-    from faverify.kernels.triton.variant_args import _filled
+    from faverify.kernels.triton.variant.args import _filled
     zeros = _filled(6, 0.0, DEVICE)
     assert zeros is _filled(6, 0.0, DEVICE) and (zeros == 0).all() and zeros.dtype == torch.float32
     assert _filled(6, float("-inf"), DEVICE).isneginf().all()
@@ -482,22 +486,22 @@ def test_the_no_alibi_and_no_sinks_vectors_are_kept_from_call_to_call():
 def test_a_vector_first_made_inside_a_cuda_graph_capture_is_not_kept(monkeypatch):
     """Inside a capture the fill is only recorded: kept, the vector would hold nothing for a later eager
     call until the graph were replayed."""
-    from faverify.kernels.triton import variant_args
-    monkeypatch.setattr(variant_args, "_KEPT", {})
+    from faverify.kernels.triton.variant import args as vargs
+    monkeypatch.setattr(vargs, "_KEPT", {})
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        variant_args._filled(8, -1.5, "cuda")
-    assert not variant_args._KEPT
-    outside = variant_args._filled(8, -1.5, "cuda")
-    assert (outside == -1.5).all() and variant_args._filled(8, -1.5, "cuda") is outside
+        vargs._filled(8, -1.5, "cuda")
+    assert not vargs._KEPT
+    outside = vargs._filled(8, -1.5, "cuda")
+    assert (outside == -1.5).all() and vargs._filled(8, -1.5, "cuda") is outside
 
 
 def test_the_warm_up_runs_both_builds_of_each_hopper_forward_it_reaches():
     """The Hopper forward has a build for seqlens that are both multiples of 16 and one for any others
-    (forward_hopper.kernel): the warm-up runs each of its compiled variants (dtype, head dim, causal and
+    (hopper.forward.kernel): the warm-up runs each of its compiled variants (dtype, head dim, causal and
     the switches) at both, so no GPU worker compiles one when a drawn case has seqlens 128 or 1024."""
     from faverify.cases.vocabulary import FEATURES
-    from faverify.kernels.triton import forward_hopper
+    from faverify.kernels.triton.hopper import forward as hopper_forward
     from faverify.kernels.triton.subject import WARMUPS
 
     def hopper(c) -> bool:  # interface._use_hopper and _hopper_variant, off the GPU
@@ -509,10 +513,10 @@ def test_the_warm_up_runs_both_builds_of_each_hopper_forward_it_reaches():
         if hopper(c):
             key = (c.dtype, c.head_dim > 64, c.causal, c.window != (-1, -1), c.softcap > 0, c.alibi != "off",
                    c.sinks != "off")
-            builds.setdefault(key, set()).add(forward_hopper.kernel(c.seqlen_q, c.seqlen_k))
+            builds.setdefault(key, set()).add(hopper_forward.kernel(c.seqlen_q, c.seqlen_k))
     # per dtype and head dim: dense causal or not, the 8 switch sets with a window, the 7 without causal or not
     assert len(builds) == 2 * 2 * (2 + 8 + 7 * 2)
-    both = {forward_hopper._fwd_hopper, forward_hopper._fwd_hopper_aligned}
+    both = {hopper_forward._fwd_hopper, hopper_forward._fwd_hopper_aligned}
     assert all(found == both for found in builds.values()), [k for k, found in builds.items() if found != both]
 
 

@@ -48,12 +48,27 @@ def installed(tmp_path_factory):
 @pytest.mark.slow
 def test_the_wheel_imports_from_its_venv_not_the_clone(installed):
     bin_dir, elsewhere = installed
-    r = _run([bin_dir / "python", "-c", "import faverify, faverify.kernels.triton.forward as f; "
+    r = _run([bin_dir / "python", "-c", "import faverify, faverify.kernels.triton.dense.forward as f; "
               "print(faverify.__file__); print(f.__file__)"], cwd=elsewhere)
     assert r.returncode == 0, r.stderr
     assert all(str(bin_dir.parent) in line and str(ROOT) not in line for line in r.stdout.split()), r.stdout
     r = _run([bin_dir / "faverify", "--version"], cwd=elsewhere)
     assert r.returncode == 0 and r.stdout.startswith("faverify "), r.stdout + r.stderr
+
+
+def test_the_packages_list_names_every_package_of_the_clone():
+    """pyproject.toml lists the packages one by one. setuptools puts a package left out of the list in the
+    wheel only as data files, with a warning that it will leave it out: every folder of faverify/ and
+    kernels/ with an __init__.py must be listed (a new kernel family's too)."""
+    import re
+    text = (ROOT / "pyproject.toml").read_text()
+    start = text.index("packages = [")
+    listed = set(re.findall(r'"([\w.]+)"', text[start:text.index("]", start)]))
+    found = {".".join(("faverify", *p.parent.relative_to(ROOT / "faverify").parts)) for p in
+             (ROOT / "faverify").rglob("__init__.py")} | {
+        ".".join(("faverify", "kernels", *p.parent.relative_to(ROOT / "kernels").parts)) for p in
+        (ROOT / "kernels").rglob("__init__.py")}
+    assert "faverify.kernels.triton.dense" in found and found <= listed, sorted(found - listed)
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from faverify.kernels.triton.common import tanh_slope
-from faverify.kernels.triton.hopper import tanh_approx
+from faverify.kernels.triton.hopper.layouts import tanh_approx
 
 
 @triton.jit

@@ -72,7 +72,7 @@ def warmup(
 
 
 def _check_target(text: str) -> None:
-    from faverify.kernels.triton.target import parse
+    from faverify.kernels.triton.build.target import parse
     try:
         parse(text)
     except ValueError as e:

@@ -75,8 +75,8 @@ def _splits(subject: Subject, case: Case, device) -> int:
     """The split count a split-KV subject is timed with: flash_attn_with_kvcache's rule."""
     if not subject.caps.splits:
         return 1
+    from faverify.kernels.triton.build.target import sm_count
     from faverify.kernels.triton.interface import num_splits_for
-    from faverify.kernels.triton.target import sm_count
     return num_splits_for(case.batch, case.nheads, case.seqlen_q, case.seqlen_k, sm_count(device), case.nheads_k)
 
 

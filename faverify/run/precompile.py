@@ -30,7 +30,7 @@ def run(request: Request) -> Precompiled:
     import torch
 
     from faverify.cases.case import Case
-    from faverify.kernels.triton import builds, target
+    from faverify.kernels.triton.build import builds, target
     from faverify.subjects import resolve
     # the target first: asking the GPU initializes CUDA here, which the forked processes then never use
     named = target.parse(request.target) if request.target else target.of_device(request.device)
@@ -58,7 +58,7 @@ def _cores() -> int:
 
 def _enter() -> None:
     """A forked process: every call it makes from now on is listed (builds.listing), for its life."""
-    from faverify.kernels.triton import builds
+    from faverify.kernels.triton.build import builds
     # kept in _STATE: a context manager collected would leave its block
     _STATE["listing"] = builds.listing(_STATE["target"], _STATE["claims"], _STATE["request"].compile)
     _STATE["lister"] = _STATE["listing"].__enter__()

@@ -36,11 +36,11 @@ class Mutant:
 
 
 # the prefix of interface.PATHS each kernel file's code runs under ("" : the launcher, every path)
-_PATH_OF = {"forward.py": "fwd triton", "forward_hopper.py": "fwd hopper", "backward.py": "bwd triton",
-            "backward_hopper.py": "bwd hopper", "backward_fused_hopper.py": "bwd fused hopper",
-            "interface.py": "", "variant_forward.py": "fwd variant", "variant_decode.py": "fwd variant decode",
-            "variant_backward.py": "bwd variant",
-            "variant_interface.py": ("fwd variant", "bwd variant"), "sparse.py": ("fwd sparse", "bwd sparse"),
+_PATH_OF = {"dense/forward.py": "fwd triton", "hopper/forward.py": "fwd hopper", "dense/backward.py": "bwd triton",
+            "hopper/backward.py": "bwd hopper", "hopper/backward_fused.py": "bwd fused hopper",
+            "interface.py": "", "variant/forward.py": "fwd variant", "variant/decode.py": "fwd variant decode",
+            "variant/backward.py": "bwd variant",
+            "variant/interface.py": ("fwd variant", "bwd variant"), "sparse.py": ("fwd sparse", "bwd sparse"),
             "fp8.py": "fwd fp8"}
 
 
@@ -65,19 +65,19 @@ def applicable(mutant: Mutant, device) -> bool:
 
 
 MUTANTS = (
-    Mutant("rescale-with-block-max", "forward.py", "rescale",
+    Mutant("rescale-with-block-max", "dense/forward.py", "rescale",
            "alpha = tl.math.exp2((m_i - tl.max(qk, 1)) * qk_scale)",
            "the history is rescaled with the block's own max instead of exp(m_old - m_new)",
            "the two maxima look interchangeable in the algebra; they differ whenever a later block's max is "
            "below the running max"),
-    Mutant("no-neg-inf-guard", "forward.py", "neg-inf-guard", "m_use = m_new",
+    Mutant("no-neg-inf-guard", "dense/forward.py", "neg-inf-guard", "m_use = m_new",
            "a running max started at -inf is subtracted unguarded: (-inf) - (-inf) = NaN on a row whose first "
            "block is fully masked",
            "with a -1e30 start it is harmless, and the NaN needs a masked first block to show"),
-    Mutant("no-l-guard", "forward.py", "final-division", "out = acc / l_i[:, None]",
+    Mutant("no-l-guard", "dense/forward.py", "final-division", "out = acc / l_i[:, None]",
            "no l == 0 guard: a row that sees no key divides 0 by 0",
            "no row is ever fully masked without causal masking and seqlen_q > seqlen_k"),
-    Mutant("pv-fp16-accumulation", "forward.py", "pv-accumulate",
+    Mutant("pv-fp16-accumulation", "dense/forward.py", "pv-accumulate",
            "acc = (acc * alpha[:, None] + mm(cast(p, v.dtype, INTERPRETED), v, INTERPRETED, IEEE))"
            ".to(tl.float16).to(tl.float32)",
            "the P V accumulator is kept in fp16",
@@ -85,25 +85,27 @@ MUTANTS = (
            # drawn where the bug shows: values past fp16's range (a normal case's fp16 accumulator is a
            # rounding or two, which the verdict allows the result anyway)
            cases={"regimes": ("bf16-scale", "large", "outliers")}),
-    Mutant("qk-fp16-accumulation", "forward.py", "qk",
+    Mutant("qk-fp16-accumulation", "dense/forward.py", "qk",
            "qk = mm(q, k, INTERPRETED, IEEE).to(tl.float16).to(tl.float32)",
            "the logits q k^T are kept in fp16 (as an fp16 accumulator leaves them)",
            "fp16 accumulation is the fast path on older tensor cores; logits stay small in normal data"),
-    Mutant("causal-top-left", "forward.py", "causal-diagonal", "diag = 0  # top-left alignment, as torch's is_causal",
+    Mutant("causal-top-left", "dense/forward.py", "causal-diagonal",
+           "diag = 0  # top-left alignment, as torch's is_causal",
            "causal mask aligned top-left instead of bottom-right",
            "the two agree whenever seqlen_q == seqlen_k, which is what most tests use"),
-    Mutant("causal-reversed", "forward.py", "mask",  # the shared mask inlined into the forward, comparison flipped
+    # the shared mask inlined into the forward, comparison flipped
+    Mutant("causal-reversed", "dense/forward.py", "mask",
            "keep = cols[None, :] < seqlen_k\n"
            "if CAUSAL:\n"
            "    keep = keep & (cols[None, :] >= offs_m[:, None] + diag)\n"
            "qk = tl.where(keep, qk, float(\"-inf\"))",
            "causal comparison reversed: rows see the future",
            "a sign or an operand order flipped in an index comparison"),
-    Mutant("tail-not-masked", "forward.py", "mask",
+    Mutant("tail-not-masked", "dense/forward.py", "mask",
            "qk = mask_scores(qk, offs_m, cols, 1 << 30, diag, CAUSAL)",
            "the last key block is not masked when seqlen_k is not a multiple of the block",
            "benchmarks and most tests use seqlens that are multiples of 64 or 128"),
-    Mutant("no-final-division", "forward.py", "final-division", "out = acc",
+    Mutant("no-final-division", "dense/forward.py", "final-division", "out = acc",
            "the final division by l is missing",
            "a refactor of the epilogue drops it; with one key (l == 1) nothing changes"),
     Mutant("scale-inverse-d", "interface.py", "apply",
@@ -111,7 +113,7 @@ MUTANTS = (
            "out, lse, rowmax, log2l = FlashAttnFunction.apply(q, k, v, causal, scale, init, launch or DEFAULT)",
            "default softmax scale 1/d instead of 1/sqrt(d)",
            "both forms appear in papers; with an explicit scale the bug hides"),
-    Mutant("lse-log2", "forward.py", "lse",
+    Mutant("lse-log2", "dense/forward.py", "lse",
            "lse = tl.where(seen, m_i * qk_scale + log2l, float(\"-inf\"))",
            "lse returned in log2 units",
            "the kernel works in log2 throughout and the conversion back to natural log is forgotten"),
@@ -144,24 +146,24 @@ MUTANTS = (
            "the FP8 forward applies q's descale to the logits twice",
            "the descales are folded into one factor in several places (the exponent, the lse); one gets it "
            "twice", subject="triton-fp8", cases=dict(fp8_only=True)),
-    Mutant("dk-missing-scale", "backward.py", "dk-scale", "",
+    Mutant("dk-missing-scale", "dense/backward.py", "dk-scale", "",
            "dk misses the softmax scale",
            "dq's scale is applied in one kernel and dk's in another; one gets forgotten"),
-    Mutant("gqa-no-group-sum", "backward.py", "gqa-group", "for g in range(0, 1):",
+    Mutant("gqa-no-group-sum", "dense/backward.py", "gqa-group", "for g in range(0, 1):",
            "GQA backward does not sum dk and dv over the query heads of the group",
            "with nheads == nheads_k (what most tests use) the group has one head"),
-    Mutant("dq-causal-off-by-one", "backward.py", "dq-mask",  # cols <= (i - 1) + diag is cols < i + diag
+    Mutant("dq-causal-off-by-one", "dense/backward.py", "dq-mask",  # cols <= (i - 1) + diag is cols < i + diag
            "s = mask_scores(s, offs_m - 1, cols, seqlen_k, diag, CAUSAL)",
            "the dq kernel's causal mask drops the diagonal (< instead of <=)",
            "an off-by-one in one of three copies of the mask, seen in real kernels' trackers"),
 )
 
-# The Hopper forward (forward_hopper.py), the forward that runs on sm_90 for 16-bit head dims 33..128: the
+# The Hopper forward (hopper/forward.py), the forward that runs on sm_90 for 16-bit head dims 33..128: the
 # same classes of bug in its own code, plus one of its own (the consumer warpgroups' row offsets).
 # Its cases (configs.hopper_forward, interface._use_hopper): 16-bit, padded head dim 64 or 128, every stride
 # a multiple of 16 elements: head dims that are multiples of 16, in the layouts that keep them so ("strided"
 # pads rows by 8).
-HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, runs_on="sm_90", cases=HOPPER_CASES)
+HOPPER_MUTANTS = tuple(Mutant(name, "hopper/forward.py", site, new, bug, why, runs_on="sm_90", cases=HOPPER_CASES)
                        for name, site, new, bug, why in (
     ("hopper-no-neg-inf-guard", "neg-inf-guard", "m_use = m_new",
      "the Hopper forward subtracts an unguarded -inf running max: NaN on a row whose first tile is masked",
@@ -186,7 +188,7 @@ HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, ru
     ("hopper-consumer-rows", "consumer-rows", "first = row0",
      "every consumer warpgroup of the Hopper forward takes the first 64 rows of the block",
      "the per-warpgroup offset is easy to lose when a kernel is split into partitions; blocks of 64 rows hide it"),
-)) + tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, runs_on="sm_90", cases=dict(HOPPER_CASES, features=f))
+)) + tuple(Mutant(name, "hopper/forward.py", site, new, bug, why, runs_on="sm_90", cases=dict(HOPPER_CASES, features=f))
            for name, site, new, bug, why, f in (
     ("hopper-window-left-exclusive", "window-left",
      "keep = (cols[None, :] < seqlen_k) & (cols[None, :] > lower)",
@@ -206,7 +208,7 @@ HOPPER_MUTANTS = tuple(Mutant(name, "forward_hopper.py", site, new, bug, why, ru
      "as sink-not-in-sum, in the Hopper forward's copy of the normalization", ("sinks",)),
 ))
 
-# The variant kernels (variant_forward.py, variant_backward.py, variant_interface.py): a bug of each class the
+# The variant kernels (variant/forward.py, variant/backward.py, variant/interface.py): a bug of each class the
 # trackers of flash-attn, FlashInfer and vLLM show for the features, each fuzzed on cases that draw its feature.
 def _variant(name, file, site, new, bug, why, features, subject="triton", always_split=False, paths=None,
              speculative=False, max_seqlen=None):
@@ -219,83 +221,83 @@ def _variant(name, file, site, new, bug, why, features, subject="triton", always
 
 
 VARIANT_MUTANTS = (
-    _variant("window-left-off-by-one", "variant_forward.py", "window-bound",
+    _variant("window-left-off-by-one", "variant/forward.py", "window-bound",
              "keep = (j < seqlen_k) & (j > i + diag - left) & (j <= i + diag + right)",
              "the window's left bound is exclusive: each row loses the first key of its window",
              "flash-attn's bounds are inclusive, cuDNN's left_bound is left + 1: one of the two gets "
              "translated into the other's form", ("window",)),
-    _variant("window-tiles-rounded-up", "variant_forward.py", "window-tiles",
+    _variant("window-tiles-rounded-up", "variant/forward.py", "window-tiles",
              "lo = (tl.maximum(start + lo_off, 0) + TILE - 1) // TILE * TILE",
              "the first key tile a window reaches is skipped when the window starts inside it",
              "tile counts rounded up where they must round down; windows aligned to the tile hide it",
              ("window",)),
-    _variant("window-dkdv-bounds-swapped", "variant_backward.py", "dkdv-rows",
+    _variant("window-dkdv-bounds-swapped", "variant/backward.py", "dkdv-rows",
              "lo, full_lo, full_hi, hi = visible_tiles(start_n, BLOCK_N, -diag - left, -diag + right, "
              "seqlen_q, BLOCK_M)",
              "dk and dv invert the window with its bounds swapped: the query rows [j - d - left, j - d + right] "
              "instead of [j - d - right, j - d + left]",
              "the backward inverts the forward's key range into a query range, a second place for the bounds; "
              "symmetric windows hide it", ("window",)),
-    _variant("softcap-no-derivative", "variant_backward.py", "softcap-derivative", "dsT = dsT",
+    _variant("softcap-no-derivative", "variant/backward.py", "softcap-derivative", "dsT = dsT",
              "dk and dv treat the capped logits as uncapped: dS lacks the factor 1 - tanh^2",
              "the forward is right, and small logits (tanh ~ identity) hide it", ("softcap",)),
-    _variant("alibi-top-left", "variant_forward.py", "alibi-offset",
+    _variant("alibi-top-left", "variant/forward.py", "alibi-offset",
              "pos = offs_m",
              "the ALiBi bias drops the seqlen_k - seqlen_q offset: distances measured top-left",
              "the two agree when seqlen_q == seqlen_k", ("alibi",)),
-    _variant("dense-bwd-alibi-top-left", "backward.py", "dq-alibi-offset", "pos = offs_m",
+    _variant("dense-bwd-alibi-top-left", "dense/backward.py", "dq-alibi-offset", "pos = offs_m",
              "dq's ALiBi, in the dense backward that ALiBi alone takes, drops the seqlen_k - seqlen_q offset",
              "the backward recomputes the forward's bias in a copy of its own; the two agree when seqlen_q == "
              "seqlen_k", ("alibi",)),
-    _variant("sink-not-in-sum", "variant_forward.py", "sink-in-sum", "total = keys",
+    _variant("sink-not-in-sum", "variant/forward.py", "sink-in-sum", "total = keys",
              "the sink is left out of the softmax's denominator (and of lse)",
              "the sink has no value, so it is easy to forget it still normalizes", ("sinks",)),
-    Mutant("block-mask-read-at-tile-size", "variant_forward.py", "block-size",
+    Mutant("block-mask-read-at-tile-size", "variant/forward.py", "block-size",
            "return tl.load(blocks + (i // 64) * stride_km + (j // 64) * stride_kn, mask=ok, other=0)",
            "the block mask is read at the kernel's own block of 64 rows and keys, not at block_size",
            "block masks are often built at the kernel's tile size, and a mask of 64-blocks hides the bug",
            cases=dict(features=("mask",), masks=("block",))),
-    _variant("dbias-not-summed", "variant_interface.py", "dbias-sum",
+    _variant("dbias-not-summed", "variant/interface.py", "dbias-sum",
              "summed = ds_full[tuple(slice(0, 1) if i in dims else slice(None) for i in range(4))] "
              "if dims else ds_full",
              "dbias of a bias that broadcasts over batch or heads is the first batch element's or head's dS, "
              "not the sum over them", "a full-shape bias (what most tests pass) has nothing to sum",
              ("bias", "bias_grad")),
-    _variant("dsinks-wrong-sign", "variant_interface.py", "dsinks-sign",
+    _variant("dsinks-wrong-sign", "variant/interface.py", "dsinks-sign",
              "dsinks = (p_sink * rows_d).sum(1)",
              "dsinks with the wrong sign",
              "d lse / d z is +p_sink, and the minus of the softmax's Jacobian gets dropped", ("sinks",),
              paths=("bwd triton", "bwd variant")),  # every backward of a case with sinks computes dsinks
-    _variant("varlen-reads-next-key", "variant_forward.py", "varlen-keys",
+    _variant("varlen-reads-next-key", "variant/forward.py", "varlen-keys",
              "seqlen_k = (tl.load(CuK + off_b + 1) - bos_k + 1).to(tl.int32)",
              "each varlen sequence also attends to the first key of the next sequence (or of the tail)",
              "an exclusive end offset read as inclusive", ("varlen",), "triton-varlen"),
-    _variant("paged-ignores-block-table", "variant_forward.py", "page-gather",
+    _variant("paged-ignores-block-table", "variant/forward.py", "page-gather",
              "page = (cols // page_size).to(tl.int64)",
              "the paged gather reads pages in pool order, ignoring the block table",
              "caches filled in order make the block table the identity", ("paged",), "triton-paged", max_seqlen=64),
-    _variant("combine-nan-on-empty", "variant_forward.py", "combine-empty",
+    _variant("combine-nan-on-empty", "variant/forward.py", "combine-empty",
              "out = acc / weight",
              "the split combine divides 0 by 0 for a row that no split saw",
              "empty partials need more splits than key blocks, or a window, to appear", ("paged", "splits"),
              "triton-paged", max_seqlen=64),
-    _variant("split-count-floor", "variant_forward.py", "split-cut",
+    _variant("split-count-floor", "variant/forward.py", "split-cut",
              "per = tl.maximum(1, tl.cdiv(seqlen_k, SPLIT_BLOCK) // num_splits) * SPLIT_BLOCK",
              "keys per split rounded down: the last split stops before the cache's end",
              "cache lengths that are multiples of splits x block hide it", ("paged", "splits"), "triton-paged",
              always_split=True),  # a case without splits never runs the cut
-    _variant("decode-rows-mixed-layouts", "variant_decode.py", "decode-rows", "offs_i = offs_r // group",
+    _variant("decode-rows-mixed-layouts", "variant/decode.py", "decode-rows", "offs_i = offs_r // group",
              "the decode kernel takes a tile row's query index from the layout with a query's heads together "
              "(r // group) and its head from the layout with a head's queries together (r // seqlen_q)",
              "the two layouts agree at seqlen_q 1 and at group 1, the decodes most tests run; speculative "
              "decoding's few query rows under GQA tell them apart", ("paged",), "triton-paged",
              paths=("fwd variant decode",), speculative=True),  # only those run it wrong
 )
-# The Hopper backward (backward_hopper.py, opt-in: Launch.hopper_backward) in its fast mode, dQ fused by
+# The Hopper backward (hopper/backward.py, opt-in: Launch.hopper_backward) in its fast mode, dQ fused by
 # atomics (subject triton-hopper-bwd-fast): the bugs of a warp-specialized pipeline (a shared-memory stage
 # reused while a consumer still reads it, a tile handed to the tensor cores without the fence that makes
 # the threads' writes visible to them) beside those of the arithmetic. Its cases are the Hopper forward's.
-HOPPER_BWD_MUTANTS = tuple(Mutant(name, "backward_hopper.py", site, new, bug, why, subject="triton-hopper-bwd-fast",
+HOPPER_BWD_MUTANTS = tuple(Mutant(name, "hopper/backward.py", site, new, bug, why, subject="triton-hopper-bwd-fast",
                                   runs_on="sm_90", cases=HOPPER_CASES)
                            for name, site, new, bug, why in (
     ("hopper-bwd-stage-reused-early", "bwd-stage-free", "",
@@ -316,10 +318,10 @@ HOPPER_BWD_MUTANTS = tuple(Mutant(name, "backward_hopper.py", site, new, bug, wh
      "a reduction over tiles with its bound one short; only the last tile's share is missing, small where "
      "its keys carry little of the softmax"),
 ))
-# The fused Hopper backward (backward_fused_hopper.py, opt-in: Launch.fused_backward; subject
+# The fused Hopper backward (hopper/backward_fused.py, opt-in: Launch.fused_backward; subject
 # triton-hopper-bwd-fused): a reduce of dQ handed over too early, and an accumulator that loses the query
 # tiles before the last. Its cases are the Hopper forward's.
-FUSED_BWD_MUTANTS = tuple(Mutant(name, "backward_fused_hopper.py", site, new, bug, why,
+FUSED_BWD_MUTANTS = tuple(Mutant(name, "hopper/backward_fused.py", site, new, bug, why,
                                  subject="triton-hopper-bwd-fused", runs_on="sm_90", cases=HOPPER_CASES)
                           for name, site, new, bug, why in (
     ("fused-bwd-reduce-before-dq", "fused-dq-ready",

@@ -270,7 +270,7 @@ NO_BOUND = 1 << 30
 # (1.2e-8 at 3.8e-6, against FP64). The degree-9 polynomial below 0.25 (computed for every logit, then
 # selected) took softcap's backward from 2.22 to 3.16 of dense's time at d64 (seqlen 16384, H200): the
 # softmax's instructions a logit are what these kernels wait on. (The Hopper forward takes tanh.approx,
-# hopper.tanh_approx, relative to 2^-10.99 everywhere.)
+# hopper.layouts.tanh_approx, relative to 2^-10.99 everywhere.)
 TANH_LINEAR = tl.constexpr(0.0122)
 
 
@@ -319,7 +319,7 @@ def alibi_split(slope, pos_first, pos_last, key_first, key_last, left, right):
 @triton.jit
 def alibi_row(signed, key_first, pos, bias_scale, BIAS: tl.constexpr):
     """alibi_split's row term, signed (key_first - pos), in the units the scores are in (scaled with a
-    bias: variant_forward.extra_scores)."""
+    bias: variant.forward.extra_scores)."""
     row = signed * (key_first - pos).to(tl.float32)
     if BIAS:
         row = row * bias_scale

@@ -17,7 +17,7 @@ class Tile:
     block_n: int  # keys per tile
     num_warps: int
     num_stages: int
-    hopper: bool = False  # the warp-specialized Hopper forward (forward_hopper.py) rather than forward.py
+    hopper: bool = False  # the warp-specialized Hopper forward (hopper/forward.py) rather than dense/forward.py
 
     def __str__(self) -> str:
         text = f"M{self.block_m} N{self.block_n} w{self.num_warps} s{self.num_stages}"
@@ -63,7 +63,7 @@ def keep(kind: str, tile: Tile, block_d: int, elem: int, capability_major: int =
         return False
     if fp32_registers(kind, tile, block_d) > 192:
         return False
-    # the Hopper forward's three consumers get 160 registers each (hopper.registers), which a
+    # the Hopper forward's three consumers get 160 registers each (hopper.layouts.registers), which a
     # 64 x 128 accumulator and a 64 x block_n score tile with two copies of p do not fit
     if tile.hopper and tile.block_m > 128 and block_d > 64:
         return False
@@ -109,8 +109,8 @@ DECODE_PROGRAMS_PER_SM = 3
 
 
 def decode(elem: int, fast: bool) -> Tile:
-    """The tile of the paged decode kernel (variant_decode._decode): 16 rows (a GQA group's query heads,
-    packed), keys in tiles that divide the split block (variant_interface.SPLIT_BLOCK). The 16-bit fast
+    """The tile of the paged decode kernel (variant.decode._decode): 16 rows (a GQA group's query heads,
+    packed), keys in tiles that divide the split block (variant.interface.SPLIT_BLOCK). The 16-bit fast
     build takes 64 keys a step over 2 stages (no spill at head dims 64-256 on sm_80 or sm_90); the generic
     build, whose loads are element by element, and fp32 take 16 (at 32 keys the generic build kept 168-272
     bytes of stack at head dims 128 and 256; the AOT report). Not yet timed on a GPU."""
@@ -150,7 +150,7 @@ _FWD = {True: {(64, False): Tile(128, 128, 4, 3), (64, True): Tile(128, 128, 4, 
 
 
 def hopper_forward(elem: int, capability_major: int, block_d: int) -> bool:
-    """Whether the warp-specialized Hopper forward (forward_hopper.py) can run, given tensors that load
+    """Whether the warp-specialized Hopper forward (hopper/forward.py) can run, given tensors that load
     through TMA: 16-bit, sm_90 exactly (wgmma is Hopper's; later GPUs have other matrix instructions),
     padded head dim 64 or 128 (its consumer warpgroups hold 64 x BLOCK_D accumulators; HOPPER's tiles)."""
     return elem == 2 and capability_major == 9 and block_d in (64, 128)
@@ -162,7 +162,7 @@ def hopper_forward(elem: int, capability_major: int, block_d: int) -> bool:
 # consumers (M192: 0.91-1.06x cuDNN at seqlen 4096 and 16384 non-causal, against 0.79-0.92x with two), d128
 # two (M128 N128: 0.92-1.01x; M128 N64 0.80-0.86x).
 HOPPER = {64: Tile(192, 128, 4, 2, hopper=True), 128: Tile(128, 128, 4, 2, hopper=True)}
-# A softcap build's tanh (hopper.tanh_approx, one instruction a logit) fits HOPPER's tiles without
+# A softcap build's tanh (hopper.layouts.tanh_approx, one instruction a logit) fits HOPPER's tiles without
 # spilling but at d64 beside a window or ALiBi (56 and 344 bytes of stack at M192 N128 with the window and
 # with every switch; AOT report, sm_90, 2026-12-04): there two consumers and 64 keys a stage, which keep none
 HOPPER_SOFTCAP = {64: Tile(128, 64, 4, 2, hopper=True)}
@@ -219,9 +219,9 @@ def record(kind: str, block_d: int, elem: int, causal: bool, seqlen: int, tile: 
     _CHOSEN[(kind, block_d, elem, causal, seqlen_bucket(seqlen), tma)] = tile
 
 
-# The variant kernels' tiles (variant_forward.py, variant_backward.py): one per kind, head-dim class and
+# The variant kernels' tiles (variant/forward.py, variant/backward.py): one per kind, head-dim class and
 # varlen or not, whatever the shape, chosen by the AOT report's stack column (python -m
-# faverify.kernels.triton.aot; bf16, sm_80 and sm_90, 2026-12-02) as the largest that spill nothing with
+# faverify.kernels.triton.build.aot; bf16, sm_80 and sm_90, 2026-12-02) as the largest that spill nothing with
 # every switch on: the forward's M128 N32 w8 at head dim 64 (M64 N64 w4 spilled 360 bytes); at 128
 # M64 N32 w8 s1 (M128 N32 8 bytes), and the varlen build M32 N32 w8 (M64 N32 w8 s1 80-208 bytes, M128 N32
 # 320-464); dq M32 N32 w8 at 64 and M16 N32 w8 at 128 (M32 N32 8-24 bytes varlen); dk/dv M32 N32 w8 at 64,
@@ -240,7 +240,7 @@ _MASKED = {(4, "fwd"): Tile(16, 32, 8, 1), (2, 64, "dkdv"): Tile(16, 32, 8, 2), 
            (2, 128, "dkdv"): Tile(16, 16, 8, 1)}
 
 
-# The fast build's tiles (16-bit, variant_interface.fast_build: aligned tensors, head dims that fill their
+# The fast build's tiles (16-bit, variant.interface.fast_build: aligned tensors, head dims that fill their
 # padding, so the streamed loads are vectorized and unmasked; no bias or block mask), by padded head dim:
 # the fastest of devtools/variant_sweep.py's candidates on the H200 with ALiBi and with softcap (bf16, seqlen
 # 16384, causal, 2026-12-03; docs/measurements.md, "Variants"), one tile for both where they

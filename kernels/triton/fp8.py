@@ -11,7 +11,7 @@ out = acc / 448 * v_descale / l, lse = (m c + log2 l) ln 2. A row that saw no ke
 Descales are [batch, nheads_k] fp32 (one value repeated for a tensorwise scale). FP8 tensor cores start
 at sm_89: on older GPUs the launcher raises Unsupported. Causal is bottom-right aligned; key tiles above the
 diagonal are skipped, every other tile is masked (the simple form first: the unmasked fast path of
-forward.py is a speed step not taken yet).
+dense/forward.py is a speed step not taken yet).
 """
 import sys
 
@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from faverify.errors import Unsupported
+from faverify.kernels.triton.build.target import capability
 from faverify.kernels.triton.common import (
     INTERPRET,
     LAUNCHED,
@@ -32,7 +33,6 @@ from faverify.kernels.triton.common import (
     quiet,
     settle_keys,
 )
-from faverify.kernels.triton.target import capability
 
 E4M3_MAX = tl.constexpr(448.0)
 BLOCK_M, BLOCK_N = 64, 64

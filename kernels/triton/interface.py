@@ -9,15 +9,9 @@ import triton
 
 from faverify.kernels.autograd import max_logits, row_stats_function
 from faverify.kernels.constants import INIT_VALUE, MAX_SPLITS
-from faverify.kernels.triton import backward as _bwd
-from faverify.kernels.triton import backward_fused_hopper as _bwd_fused
-from faverify.kernels.triton import backward_hopper as _bwd_hopper
-from faverify.kernels.triton import configs, hopper
-from faverify.kernels.triton import forward as _fwd
-from faverify.kernels.triton import forward_hopper as _fwd_hopper
+from faverify.kernels.triton import configs
 from faverify.kernels.triton import sparse as _sparse
-from faverify.kernels.triton import target as _target
-from faverify.kernels.triton import variant_interface as _var
+from faverify.kernels.triton.build import target as _target
 from faverify.kernels.triton.common import (
     INTERPRET,
     LOG2E,
@@ -30,7 +24,14 @@ from faverify.kernels.triton.common import (
 from faverify.kernels.triton.common import LAUNCHED as _LAUNCHED
 from faverify.kernels.triton.common import aligned as _aligned
 from faverify.kernels.triton.common import seq_strides as _strides
+from faverify.kernels.triton.dense import backward as _bwd
+from faverify.kernels.triton.dense import forward as _fwd
+from faverify.kernels.triton.hopper import backward as _bwd_hopper
+from faverify.kernels.triton.hopper import backward_fused as _bwd_fused
+from faverify.kernels.triton.hopper import forward as _fwd_hopper
+from faverify.kernels.triton.hopper import layouts as _layouts
 from faverify.kernels.triton.launch import DEFAULT, Launch
+from faverify.kernels.triton.variant import interface as _var
 from faverify.kernels.validate import check_inputs, check_kvcache, check_masks, check_variant, check_varlen
 
 # The code paths a launch can take (common.LAUNCHED logs them, take_paths hands them over)
@@ -38,7 +39,7 @@ PATHS = ("fwd hopper", "fwd hopper variant", "fwd triton-tma", "fwd triton", "fw
          "bwd triton", "bwd triton generic", "bwd triton alibi", "bwd triton generic alibi", "bwd hopper",
          "bwd hopper fused-dq", "bwd fused hopper", "fwd sparse", "bwd sparse", "bwd none (empty)",
          "fwd variant none (empty)", "bwd variant none (empty)") + tuple(
-    # the variant kernels' fast and generic builds (variant_interface.fast_build)
+    # the variant kernels' fast and generic builds (variant.interface.fast_build)
     path + build for path in ("fwd variant", "fwd variant varlen", "fwd variant paged", "fwd variant paged split",
                               "fwd variant decode", "fwd variant decode split", "bwd variant", "bwd variant varlen")
     for build in ("", " generic"))
@@ -81,7 +82,7 @@ def _use_tma(*tensors, launch: Launch = DEFAULT) -> bool:
 
 
 def _use_hopper_backward(q, k, v, dout, alibi, launch: Launch = DEFAULT) -> bool:
-    """The Hopper dK/dV (backward_hopper.py) or the fused Hopper backward (backward_fused_hopper.py): asked
+    """The Hopper dK/dV (hopper/backward.py) or the fused Hopper backward (hopper/backward_fused.py): asked
     for (Launch.hopper_backward, Launch.fused_backward), dense attention without ALiBi, 16-bit on sm_90 with
     padded head dim 64 or 128, and q, k, v and dO TMA-aligned."""
     asked = launch.hopper_backward or launch.fused_backward
@@ -112,7 +113,7 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
     sk, hk = k.shape[1], k.shape[2]
     out = torch.empty((b, sq, h, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
-    # the backward's P comes from the row max and log2 l (backward.py says why), kept per row
+    # the backward's P comes from the row max and log2 l (dense/backward.py says why), kept per row
     rowmax, log2l = torch.empty_like(lse), torch.empty_like(lse)
     if sq == 0:
         _LAUNCHED.append("fwd none (empty)")
@@ -144,20 +145,20 @@ def forward(q, k, v, scale: float, causal: bool, init: str, tile: configs.Tile |
 
 
 def _hopper(q, k, v, out, lse, rows, tile, var, launch: Launch) -> None:
-    """Launch the Hopper forward (forward_hopper.py) on dense attention or on the variants it takes: a
+    """Launch the Hopper forward (hopper/forward.py) on dense attention or on the variants it takes: a
     window (WINDOW: both bounds runtime values; causal alone keeps its own tile ranges) and softcap. With a
     window CAUSAL would only order the blocks (whose work a window evens out): it stays off, one build less
     for the warm-up (subject.hopper_variant_warmup_cases) to cover."""
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     bd = block_d(d)
-    constants, options = hopper.launch(tile, launch.head_group or hopper.HEAD_GROUP)
+    constants, options = _layouts.launch(tile, launch.head_group or _layouts.HEAD_GROUP)
     runtime = var.runtime()
     window = var.windowed
     alibi, stride_ab, sinks = var.tensors(q) if var.alibi is not None or var.sinks is not None else (lse, 0, lse)
     build = (launch.hopper_build or _fwd_hopper.kernel)(sq, sk)
-    build[hopper.grid(tile, sq, b * h, launch.programs)](
-        *hopper.descriptors(q, k, v, out, tile, bd), lse, *rows, alibi, sinks, b * h, h, h // hk, sq, sk,
+    build[_layouts.grid(tile, sq, b * h, launch.programs)](
+        *_layouts.descriptors(q, k, v, out, tile, bd), lse, *rows, alibi, sinks, b * h, h, h // hk, sq, sk,
         var.scale * LOG2E, INIT_VALUE[var.init], runtime["left"], runtime["right"], runtime["cap_scale"],
         runtime["inv_cap_scale"], stride_ab, runtime["bias_unit"], CAUSAL=var.right == 0 and not window, BLOCK_D=bd,
         WINDOW=window, SOFTCAP=var.softcap > 0, ALIBI=var.alibi is not None, SINKS=var.sinks is not None,
@@ -165,7 +166,7 @@ def _hopper(q, k, v, out, lse, rows, tile, var, launch: Launch) -> None:
 
 
 def _hopper_variant(launch: Launch):
-    """A forward for variant_interface.attention that runs a variant on the Hopper forward where it can:
+    """A forward for variant.interface.attention that runs a variant on the Hopper forward where it can:
     windows, softcap, ALiBi and sinks, no bias or block mask, v's head dim q's, 16-bit on sm_90 with
     TMA-aligned tensors (_use_hopper); it returns None elsewhere, and the variant forward runs."""
     @_on_their_device
@@ -189,7 +190,7 @@ def _hopper_variant(launch: Launch):
 def backward(dout, q, k, v, out, rows: tuple, scale: float, causal: bool, tiles: dict | None = None,
              launch: Launch = DEFAULT, alibi: tuple | None = None, dlse=None):
     """rows: the forward's (row max, log2 l) per [b, h, seqlen_q] row. alibi: (fp32 slopes [h] or [b, h],
-    their batch stride), the bias the forward added (variant_args.KernelVariant.backward_is_dense). dlse: a loss's
+    their batch stride), the bias the forward added (variant.args.KernelVariant.backward_is_dense). dlse: a loss's
     gradient on lse [b, h, seqlen_q] or None."""
     rowmax, log2l = rows
     b, sq, h, d = q.shape
@@ -288,8 +289,8 @@ def flash_attn_func(q, k, v, causal: bool = False, softmax_scale: float | None =
     indices: int32 [batch, seqlen_q, nheads_k, topk], the keys each row of each kv head's group sees
     (sparse.py; an index < 0 or >= seqlen_k names none, a key listed twice weighs twice); v's own head dim
     goes with it, no other variant or mask.
-    The dense case runs forward.py and backward.py; any variant the variant kernels (variant_forward.py), but
-    for the backward of sinks alone: backward.py's, given the forward's rows (variant_interface.backward).
+    The dense case runs dense/forward.py and backward.py; any variant the variant kernels (variant/forward.py), but
+    for the backward of sinks alone: dense/backward.py's, given the forward's rows (variant.interface.backward).
     """
     scale = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale, init=init,
                          allow_cpu=_target.cpu_tensors(), device_hint=DEVICE_HINT, head_dim_v=True)
@@ -349,7 +350,7 @@ def num_splits_for(batch: int, nheads: int, seqlen_q: int, max_cache: int, sms: 
     """The split count flash_attn_with_kvcache chooses: split the keys only while the programs leave the GPU
     idle, into no more splits than the cache has blocks of SPLIT_BLOCK keys, nor MAX_SPLITS. A program is a
     (batch, head, tile of 64 queries), and the splits fill the SMs (at least one program each); or, where the
-    decode kernel packs a GQA group into its rows (variant_interface.packs_decode; nheads_k given), a (batch,
+    decode kernel packs a GQA group into its rows (variant.interface.packs_decode; nheads_k given), a (batch,
     kv head, tile of configs.DECODE_TILE rows), and the splits fill the slots for them that the SMs hold
     together (configs.DECODE_PROGRAMS_PER_SM) once, with no second wave. On the H200 (132 SMs, bench
     --decode's caches of 4k to 128k keys at GQA 8) that count was the fastest of the counts timed around

@@ -6,7 +6,7 @@ gathered once per token and multiplied by the whole group:
 
     idx = indices[b, t, hk, n0:n0 + BLOCK_N]       an index < 0 or >= seqlen_k names no key: its logit -inf
     K_n = k[b, idx], V_n = v[b, idx]               gathered rows (a key listed twice is gathered twice)
-    S   = q K_n^T (raw units), online softmax over the tiles in base 2, as forward.py's
+    S   = q K_n^T (raw units), online softmax over the tiles in base 2, as dense/forward.py's
 
 The backward recomputes P from the forward's row max and log2 l, adds dq = scale dS K_n in the program, and
 scatters dk = scale dS^T q and dv = P^T dO into fp32 buffers by atomics: the listed keys of different tokens

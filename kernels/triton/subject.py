@@ -28,7 +28,7 @@ KINDS = {"triton": dict(sinks=True, init_modes=("-inf", "-1e30"), mask=True, blo
                         bias_grad=True, lse_grad=True, max_logit=True, sparse=True, kv_shared=True),
          "triton-varlen": dict(sinks=True, init_modes=("-inf", "-1e30"), varlen=True, dense=False),
          "triton-paged": dict(paged=True, dense=False, splits=True, backward=False)}
-# The warp-specialized Hopper backwards (backward_hopper.py, backward_fused_hopper.py) are opt-in
+# The warp-specialized Hopper backwards (hopper/backward.py, hopper/backward_fused.py) are opt-in
 # (Launch.hopper_backward, Launch.fused_backward) until they are faster than the Triton one: these subjects
 # ask for them, so a fuzz and the mutants reach them. Their cases are dense 16-bit attention without ALiBi,
 # head dims that fill 16-byte rows, on sm_90; elsewhere (or in the "strided" layout) the Triton backward
@@ -43,7 +43,7 @@ for _name in HOPPER_BACKWARDS:
 
 
 def _wrap(name: str, interface, description: str, kind: str = "triton") -> Subject:
-    from faverify.kernels.triton import compile_clock
+    from faverify.kernels.triton.build import clock
     from faverify.kernels.triton.common import INTERPRET
 
     if kind == "triton":
@@ -67,10 +67,10 @@ def _wrap(name: str, interface, description: str, kind: str = "triton") -> Subje
     mode = "under the Triton interpreter (CPU)" if INTERPRET else "compiled for the GPU"
     if kind in HOPPER_BACKWARDS:  # GPU only, whatever this machine has
         mode = "compiled for sm_90"
-    compile_clock.install()
+    clock.install()
     return Subject(name=name, fn=fn, caps=caps, description=f"{description}, {mode}",
                    warmup=None if INTERPRET else WARMUPS[kind], paths=interface.take_paths,
-                   compile_seconds=compile_clock.take)
+                   compile_seconds=clock.take)
 
 
 def warmup_cases(dtypes: tuple) -> list:
@@ -100,23 +100,23 @@ def warmup_cases(dtypes: tuple) -> list:
              for alibi in ("off", "head") for layout, head_dim in variants for dtype in dtypes
              for causal in (False, True)]
     # the ones the Hopper forward takes (16-bit, aligned, padded head dim 64 or 128, no ALiBi) once more at
-    # seqlens that are multiples of 16: its other build (forward_hopper.kernel)
+    # seqlens that are multiples of 16: its other build (hopper.forward.kernel)
     return cases + aligned_twins([c for c in cases if c.dtype in HOPPER_CASES["dtypes"] and c.alibi == "off"
                                   and c.layout == "contiguous" and c.head_dim in HOPPER_CASES["head_dims"]])
 
 
 def aligned_twins(cases: list) -> list:
     """Each case again with seqlens 96: the Hopper forward has a build specialized on seqlens that are both
-    multiples of 16 and one specialized on nothing (forward_hopper.kernel); a warm-up that ran only the
+    multiples of 16 and one specialized on nothing (hopper.forward.kernel); a warm-up that ran only the
     second left the first to compile in every GPU worker whose case had such seqlens."""
     return [dataclasses.replace(c, seqlen_q=96, seqlen_k=96) for c in cases]
 
 
 def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
-    """One small case per common build of the variant kernels (variant_forward.py: a build per dtype, padded
+    """One small case per common build of the variant kernels (variant/forward.py: a build per dtype, padded
     head dim and switches SOFTCAP, VARLEN, PAGED, fast or generic; windows, causal, ALiBi and sinks are
     runtime values, q/k and v share one padding): each padded head dim, softcap on or off, the head dim
-    that fills its padding (the fast build, variant_interface.fast_build) and one less (the generic); the
+    that fills its padding (the fast build, variant.interface.fast_build) and one less (the generic); the
     paged decode's tiles of 16 query rows and its prefill's; for triton the bias and block-mask builds
     (generic whatever the head dim). The Hopper forward's builds are hopper_variant_warmup_cases'."""
     from faverify.cases.case import Case
@@ -160,9 +160,9 @@ def sparse_warmup_cases(dtypes: tuple) -> list:
 
 
 def hopper_variant_warmup_cases(dtypes: tuple) -> list:
-    """The Hopper forward's variant builds (forward_hopper.py's WINDOW, SOFTCAP, ALIBI, SINKS, each set of
+    """The Hopper forward's variant builds (hopper/forward.py's WINDOW, SOFTCAP, ALIBI, SINKS, each set of
     them a build a fuzz draws; CAUSAL orders the blocks where no window is set) at its head dims, 16-bit,
-    seqlens that are no multiples of 16 (the build specialized on nothing; forward_hopper.kernel) and their
+    seqlens that are no multiples of 16 (the build specialized on nothing; hopper.forward.kernel) and their
     aligned twins."""
     from faverify.cases.case import Case
     switches = []
@@ -243,7 +243,8 @@ def fp8_subject(name: str = "triton-fp8", attn=None, description: str = "bundled
     """The `triton-fp8` subject: the FP8 forward (fp8.py; attn: a mutant's copy of fp8_attn_func), FP8 cases
     alone, forward only."""
     _choose_interpreter()
-    from faverify.kernels.triton import compile_clock, fp8
+    from faverify.kernels.triton import fp8
+    from faverify.kernels.triton.build import clock
     from faverify.kernels.triton.common import INTERPRET, take_paths
     attn = attn or fp8.fp8_attn_func
 
@@ -255,6 +256,6 @@ def fp8_subject(name: str = "triton-fp8", attn=None, description: str = "bundled
                         fp8=("tensor", "head"), fp8_only=True, window=False, softcap=False, alibi=False,
                         head_dim_v=False, tile=(fp8.BLOCK_M, fp8.BLOCK_N))
     mode = "under the Triton interpreter (CPU)" if INTERPRET else "compiled for the GPU (sm_89 and later)"
-    compile_clock.install()
+    clock.install()
     return Subject(name=name, fn=fn, caps=caps, description=f"{description}, {mode}", paths=take_paths,
-                   compile_seconds=compile_clock.take)
+                   compile_seconds=clock.take)

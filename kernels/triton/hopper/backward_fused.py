@@ -1,17 +1,17 @@
 """The fused backward for Hopper (sm_90) in Gluon: dQ, dK and dV in one pass, five matmuls a tile pair.
 
-backward_hopper.py computes dK and dV, and dQ in a second pass that recomputes S and dP (seven matmuls a
+hopper/backward.py computes dK and dV, and dQ in a second pass that recomputes S and dP (seven matmuls a
 pair of tiles), or adds dQ by per-element atomics. Here a program owns a key tile of CONSUMERS x HALF keys,
 as there, and each pair of it with a query tile of BLOCK_M rows takes five wgmmas a consumer:
     producer   (1 warp):   the key tile's k and v once, then q and dO of each query tile that sees it
-                           (every query head of its GQA group) into a ring of STAGES (backward_hopper's)
+                           (every query head of its GQA group) into a ring of STAGES (hopper/backward.py's)
     consumer c (4 warps):  keys [64 c, 64 c + 64): S = q k^T and dP = dO v^T issued back to back; P into
                            shared memory, dV += P^T dO; dS = P (dP - D) into shared memory, dK += dS^T q;
                            then dQ's columns [c DQ_COLS, (c + 1) DQ_COLS) = dS k over the tile's keys
                            (both consumers' dS), in fp32 into shared memory
     reducer    (1 warp):   each query tile's dQ (both consumers' columns) added into an fp32 buffer in
                            global memory by the copy engine's bulk tensor reduce (cp.reduce.async.bulk
-                           .tensor .add.f32, hopper.reduce_add); at the end dK and dV stored by the copy
+                           .tensor .add.f32, hopper.layouts.reduce_add); at the end dK and dV stored by the copy
                            engine
 S has the queries along its rows, so each thread holds two rows' statistics (S^T would spread 16 a thread,
 and the d128 consumers spilled); P^T and dS^T reach the tensor cores from shared memory. dK and dV stay in
@@ -25,7 +25,7 @@ tile). dS and P have DS_SLOTS slots each: a consumer writes a slot two tiles aft
 wgmmas read it, which its wait on dq_empty the tile before ensures. The dQ tile has one buffer a consumer
 (the bytes of its dK/dV tile), written once the last reduce has read it.
 
-The numerics are backward_hopper.py's: P from the forward's row max and log2 l, dS clamped into fp16's
+The numerics are hopper/backward.py's: P from the forward's row max and log2 l, dS clamped into fp16's
 range before it is rounded, every sum fp32, dK scaled once at the end; dK and dV are the same bits every
 run. dQ is the fp32 sum of each key tile's share, added in an order that varies from run to run, then
 scaled and rounded (finish_dq): its last bits may vary.
@@ -35,7 +35,7 @@ tile of its program, masked ones too: the other consumer's dQ reads its dS, zero
 zero-fills keys past seqlen_k (their dK and dV rows are clipped at the store; they reach dQ through their
 zero rows of k) and queries past seqlen_q (which read log2 l = +inf: P = 0; the reduce clips their rows).
 
-Applies where backward_hopper.py does (16-bit, sm_90, TMA-aligned, padded head dim 64 or 128, dense),
+Applies where hopper/backward.py does (16-bit, sm_90, TMA-aligned, padded head dim 64 or 128, dense),
 only when a Launch asks for it (fused_backward=True). Gluon does not run under the interpreter; CI compiles
 it for sm_90 and reads its machine code (property_tests/test_fused_backward.py).
 """
@@ -49,7 +49,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from faverify.kernels.triton.backward_hopper import (
+from faverify.kernels.triton.common import LOG2E
+from faverify.kernels.triton.hopper.backward import (
     BLOCK_M,
     CONSUMERS,
     STAGES,
@@ -61,9 +62,8 @@ from faverify.kernels.triton.backward_hopper import (
     finish_dq,
     grid,
 )
-from faverify.kernels.triton.backward_hopper import descriptors as _kv_descriptors
-from faverify.kernels.triton.common import LOG2E
-from faverify.kernels.triton.hopper import (
+from faverify.kernels.triton.hopper.backward import descriptors as _kv_descriptors
+from faverify.kernels.triton.hopper.layouts import (
     HALF,
     PRODUCER_REGS,
     _box,
@@ -74,9 +74,9 @@ from faverify.kernels.triton.hopper import (
 )
 
 # globals a kernel reads must be constexpr; BLOCK_M (query rows a tile), CONSUMERS (key rows CONSUMERS x
-# HALF a program) and STAGES (q and dO) are backward_hopper's, whose producer loads the same tiles
+# HALF a program) and STAGES (q and dO) are hopper/backward.py's, whose producer loads the same tiles
 DS_SLOTS = gl.constexpr(2)  # dS (and P) slots: a consumer writes one while the other's dQ may read the other
-# one block per SM (hopper.registers): 168 a thread at launch (12 warps x 32 x 168 <= 64K), then 24 for the
+# one block per SM (hopper.layouts.registers): 168 a thread at launch (12 warps x 32 x 168 <= 64K), then 24 for the
 # producer's and the reducer's warpgroup and 240 for each consumer: dK and dV (128 at d128), S and dP (32
 # each, both in flight), then dQ's columns (32, in S's and dP's registers); what is left (48) holds the
 # addresses, statistics and indices, with little to spare at d128 (test_fused_backward reads the spills)
@@ -91,7 +91,7 @@ def dq_cols(block_d: int) -> int:
 
 
 def descriptors(q, k, v, dout, dk, dv, total, block_d: int) -> tuple:
-    """Host-made TMA descriptors: q, v, dO, dK and dV with boxes of 64 rows (backward_hopper's), k with
+    """Host-made TMA descriptors: q, v, dO, dK and dV with boxes of 64 rows (hopper/backward.py's), k with
     boxes of the whole key tile (k_layout), and the fp32 dQ buffer (dq_buffer, [b, h, s, block_d]) seen as
     [b h, s, block_d], boxes of BLOCK_M rows by one consumer's columns."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -136,7 +136,7 @@ def run(q, k, v, dout, dq, dk, dv, rows: tuple, delta, scale: float, causal: boo
 
 @gluon.jit
 def _producer(load, BLOCK_D: gl.constexpr, CAUSAL: gl.constexpr):
-    """backward_hopper's producer but for k: the key tile's k in one box (k_layout), each consumer's v, then
+    """hopper/backward.py's producer but for k: the key tile's k in one box (k_layout), each consumer's v, then
     the ring of q and dO (_load_queries)."""
     q_desc, k_desc, v_desc, do_desc, smem, bars, seqlen_q, diag, nheads_k, group = load
     q_smem, do_smem, k_smem, v_smem = smem
@@ -317,6 +317,6 @@ def _fused_source(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Ro
                        [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
 
 
-# unspecialized sizes, as backward_hopper's: one build per dtype, head dim and causal
+# unspecialized sizes, as hopper/backward.py's: one build per dtype, head dim and causal
 _SIZES = ["seqlen_q", "seqlen_k", "nheads_k", "group"]
 kernel = gluon.jit(do_not_specialize=_SIZES)(_fused_source)

@@ -19,7 +19,7 @@ Loads: on sm_90 and later, with 16-byte aligned bases and strides, through tenso
 per (batch, head) bounded by the sequence and the head dim, so the copy engine zero-fills the tails and the
 head-dim padding (TMA=True, chosen by interface._use_tma); elsewhere through masked pointer loads. Both give
 the same bits (a test checks it). On sm_90 itself, 16-bit inputs with padded head dim 64 or 128 and
-aligned strides go to the warp-specialized Hopper forward instead (forward_hopper.py, same numerics).
+aligned strides go to the warp-specialized Hopper forward instead (hopper/forward.py, same numerics).
 
 Why subtract before scaling: written as s * c - m' (m' the max of the rounded products s * c), the compiler
 contracts it into fma(s, c, -m'), which is the rounding error of s * c, not 0, for the maximal logit: at

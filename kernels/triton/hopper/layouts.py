@@ -1,4 +1,4 @@
-"""What the Hopper kernels (forward_hopper.py, backward_hopper.py, backward_fused_hopper.py) share, and the
+"""What the Hopper kernels (hopper/forward.py, hopper/backward.py, hopper/backward_fused.py) share, and the
 forward's launch: the shared and wgmma layouts, the boxes of their TMA descriptors, the copy engine's
 reduce, the registers and the grid."""
 from triton._C.libtriton import ir
@@ -9,7 +9,7 @@ from triton.experimental.gluon.language._core import builtin
 # globals a kernel reads must be constexpr
 HALF = gl.constexpr(64)  # query rows per consumer warpgroup: one wgmma M
 PRODUCER_REGS = gl.constexpr(24)  # the fewest setmaxnreg allows: the producer only issues copies
-# Heads per group of the schedule (forward_hopper._schedule): the programs running at once read the key/value tiles of
+# Heads per group of the schedule (hopper.forward._schedule): the programs running at once read the key/value tiles of
 # about HEAD_GROUP heads, from L2 after the first.
 HEAD_GROUP = 8
 
@@ -66,7 +66,7 @@ def _smem_layout(rows, cols, dtype):
 @gluon.constexpr_function
 def box_layout(rows, block_d, dtype):
     """The shared layout of a [1, rows, 1, block_d] box of a [b, s, h, d] tensor (gl dtype): the kernel's
-    view of its tiles, and the host's descriptors' (descriptors, aot.py)."""
+    view of its tiles, and the host's descriptors' (descriptors, build/aot.py)."""
     return gl.NVMMASharedLayout.get_default_for([1, rows, 1, block_d], dtype)
 
 

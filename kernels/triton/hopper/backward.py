@@ -1,6 +1,6 @@
 """dK and dV for Hopper (sm_90) in Gluon: warp-specialized, in FlashAttention-3's backward structure.
 
-backward.py's _bwd_dkdv keeps one warpgroup per key tile and waits on each wgmma. Here the roles get
+dense/backward.py's _bwd_dkdv keeps one warpgroup per key tile and waits on each wgmma. Here the roles get
 warps of their own:
     producer   (1 warp):   TMA loads: the key tile's k and v once, then q and dO of each query tile that
                            sees it (every query head of its GQA group) into a ring of STAGES buffers
@@ -10,10 +10,10 @@ Computing S^T and dP^T (keys along the rows) lets dV and dK take P^T and dS^T as
 straight from registers; dK and dV stay in registers until the end. A q/dO stage is free again when both
 consumers have arrived on its `empty` barrier, after their dK wgmma.
 
-The numerics are backward.py's: P recomputed from the forward's row max and log2 l, P = exp2(min((s - m) c,
+The numerics are dense/backward.py's: P recomputed from the forward's row max and log2 l, P = exp2(min((s - m) c,
 0) - log2 l) (0 on rows that saw no key: log2 l = +inf), dS = P (dP - D) clamped into fp16's range before
 it is rounded (common.saturate), every sum fp32, dK scaled once at the end; no atomics, so the same bits on
-every run. dQ is backward.py's _bwd_dq, which reads the same rows (interface.backward); or, in the fast mode
+every run. dQ is dense/backward.py's _bwd_dq, which reads the same rows (interface.backward); or, in the fast mode
 (FUSED_DQ, Launch(deterministic=False)), each consumer's dS k added into an fp32 buffer by atomics (_add_dq),
 whose order, and so dq's last bits, may vary from run to run.
 
@@ -26,13 +26,13 @@ Applies to 16-bit inputs on sm_90 with 16-byte aligned strides and padded head d
 attention (no variant), and only when a Launch asks for it (hopper_backward=True): on the H200 it gives
 the Triton dK/dV's bits at 0.93-1.10x its speed (docs/measurements.md), not yet the gain that would make it
 the default; the fast mode has not run on a GPU. Gluon does not run under the interpreter; CI compiles both
-modes for sm_90 (aot.py).
+modes for sm_90 (build/aot.py).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 
-from faverify.kernels.triton.hopper import HALF, PRODUCER_REGS, _box, _mma_layout, _smem_layout, box_layout
+from faverify.kernels.triton.hopper.layouts import HALF, PRODUCER_REGS, _box, _mma_layout, _smem_layout, box_layout
 
 # globals a kernel reads must be constexpr
 BLOCK_M = gl.constexpr(64)  # query rows a stage: one wgmma N for S^T and dP^T, one K for dV and dK
@@ -266,7 +266,7 @@ def _dkdv_source(q_desc, k_desc, v_desc, do_desc, DK, DV, DQsum, Rowmax, Log2l, 
                        [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-# Sizes and strides stay unspecialized (as forward_hopper's generic build): one build per dtype, head dim
+# Sizes and strides stay unspecialized (as hopper/forward.py's generic build): one build per dtype, head dim
 # and causal, whatever the shapes a fuzz draws
 _SIZES = ["stride_kb", "stride_ks", "stride_kh", "seqlen_q", "seqlen_k", "nheads_k", "group", "head_dim"]
 kernel = gluon.jit(do_not_specialize=_SIZES)(_dkdv_source)

@@ -10,7 +10,7 @@ one that loads through tensor descriptors (TMA), as it runs there. For each vari
 compiler, registers and stack frame from cuobjdump on the cubin (ptxas puts spilled registers in the
 stack frame; a nonzero one is reported as a spill).
 
-    python -m faverify.kernels.triton.aot [--jobs N] [--arch 80,90]
+    python -m faverify.kernels.triton.build.aot [--jobs N] [--arch 80,90]
 
 Run with TRITON_INTERPRET unset: interpreted kernels cannot be compiled. Exit status 1 on any failure.
 """
@@ -23,8 +23,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
-from faverify.kernels.triton import sass
-from faverify.kernels.triton.aot_sources import (
+from faverify.kernels.triton.build import sass
+from faverify.kernels.triton.build.sources import (
     FUSED_BWD_KERNEL,
     _fp8_source,
     _hopper_bwd_source,
@@ -36,14 +36,14 @@ from faverify.kernels.triton.aot_sources import (
 from faverify.kernels.triton.common import BLOCK_DS
 
 KERNELS = ("fwd", "dkdv", "dq", "preprocess")
-HOPPER_KERNEL = "fwd-hopper"  # the Hopper forward (forward_hopper.py): sm_90 only, 16-bit, head dims 64 and 128
+HOPPER_KERNEL = "fwd-hopper"  # the Hopper forward (hopper/forward.py): sm_90 only, 16-bit, head dims 64 and 128
 # a mutant of it (kernels/mutants/catalog.py, HOPPER_MUTANTS): they run on sm_90 only, so nowhere in CI; that
 # each compiles is what the CPU can check of them
 HOPPER_MUTANT_KERNEL = "fwd-hopper-mutant"
-HOPPER_BWD_KERNEL = "bwd-hopper"  # the Hopper dK/dV (backward_hopper.py): sm_90 only, 16-bit, head dims 64 and 128
+HOPPER_BWD_KERNEL = "bwd-hopper"  # the Hopper dK/dV (hopper/backward.py): sm_90 only, 16-bit, head dims 64 and 128
 
 
-VARIANT_KERNELS = ("vfwd", "vdkdv", "vdq", "vcombine", "vdecode")  # variant_forward.py, variant_backward.py
+VARIANT_KERNELS = ("vfwd", "vdkdv", "vdq", "vcombine", "vdecode")  # variant/forward.py, variant/backward.py
 SPARSE_KERNELS = ("sfwd", "sbwd")  # sparse.py: key indices, forward and backward
 FP8_KERNEL = "ffwd"  # fp8.py: the FP8 forward, e4m3 tensor cores from sm_89: compiled for sm_90 alone
 
@@ -97,8 +97,8 @@ SMALL = (16, 32)
 
 
 def variant_kernel_variants() -> list:
-    """q/k and v padded alike (variant_interface._dims), so block_dv is block_d for all of them; even_d
-    names the fast build (head dims unmasked, the streamed tensors aligned: variant_interface.fast_build),
+    """q/k and v padded alike (variant.interface._dims), so block_dv is block_d for all of them; even_d
+    names the fast build (head dims unmasked, the streamed tensors aligned: variant.interface.fast_build),
     its absence the generic one."""
     out = []
     for dtype, bd in (("bf16", 64), ("bf16", 128), ("fp32", 64)):
@@ -107,7 +107,7 @@ def variant_kernel_variants() -> list:
     out += [AotBuild("vfwd", "fp16", 128, False, False, 128, sw) for sw in SWITCH_SETS["vfwd"][:2]]
     out += [AotBuild(k, "bf16", 256, False, even, 256, "") for k in SWITCH_SETS for even in (False, True)]
     out += [AotBuild("vcombine", "bf16", 0, False, True, bdv, "") for bdv in (64, 128)]
-    # the paged decode with a GQA group packed in its rows (variant_decode._decode): split, with softcap
+    # the paged decode with a GQA group packed in its rows (variant.decode._decode): split, with softcap
     out += [AotBuild("vdecode", "bf16", bd, False, even, bd, "split+softcap") for bd in (64, 128, 256)
             for even in (False, True)]
     out += [AotBuild("vdecode", "fp32", 64, False, False, 64, "split")]
@@ -141,7 +141,7 @@ def variants(capability: int = 80) -> list:
                     for even_d in ((True, False) if dtype == "bf16" else (True,)):
                         if _compiled(dtype, block_d, even_d, capability):
                             out.append(AotBuild(kernel, dtype, block_d, causal, even_d))
-    # the dense backward's ALiBi build (backward.py's ALIBI: what ALiBi alone, or with sinks, takes)
+    # the dense backward's ALiBi build (dense/backward.py's ALIBI: what ALiBi alone, or with sinks, takes)
     out += [AotBuild(kernel, "bf16", block_d, causal, True, switches="alibi") for kernel in ("dkdv", "dq")
             for block_d in (64, 128) for causal in (False, True)]
     out += [AotBuild(kernel, dtype, block_d, False, True, block_d) for kernel in SPARSE_KERNELS

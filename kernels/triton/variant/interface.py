@@ -1,4 +1,4 @@
-"""Launchers and autograd of the variant kernels (variant_forward.py, variant_backward.py), and the public
+"""Launchers and autograd of the variant kernels (variant/forward.py, variant/backward.py), and the public
 flash_attn_varlen_func and flash_attn_with_kvcache; flash_attn_func (interface.py) comes here when a case
 uses a variant."""
 from __future__ import annotations
@@ -9,15 +9,15 @@ import torch
 import triton
 
 from faverify.kernels.triton import configs
-from faverify.kernels.triton import variant_backward as _vbwd
-from faverify.kernels.triton import variant_decode as _vdec
-from faverify.kernels.triton import variant_forward as _vfwd
+from faverify.kernels.triton.build.target import capability
 from faverify.kernels.triton.common import INTERPRET, aligned, block_d, quiet, with_dlse
 from faverify.kernels.triton.common import LAUNCHED as _LAUNCHED
 from faverify.kernels.triton.common import seq_strides as _qstrides
 from faverify.kernels.triton.launch import DEFAULT, Launch
-from faverify.kernels.triton.target import capability
-from faverify.kernels.triton.variant_args import (  # noqa: F401  (_var.KernelVariant)
+from faverify.kernels.triton.variant import backward as _vbwd
+from faverify.kernels.triton.variant import decode as _vdec
+from faverify.kernels.triton.variant import forward as _vfwd
+from faverify.kernels.triton.variant.args import (  # noqa: F401  (_var.KernelVariant)
     KernelVariant,
     MaskArgs,
     broadcast_strides,
@@ -28,8 +28,8 @@ from faverify.kernels.triton.variant_args import (  # noqa: F401  (_var.KernelVa
 # and the CPU's caches are small, and blocks of 32 give the splits of a cache of a few hundred keys
 # several blocks each.
 SPLIT_BLOCK = 32 if INTERPRET else 64
-COMBINE_SPLITS = 16  # the split partials the combine reads at once (variant_forward._combine)
-# A paged cache's few query rows (seqlen_q <= DECODE_ROWS) run the decode kernel (variant_decode._decode),
+COMBINE_SPLITS = 16  # the split partials the combine reads at once (variant.forward._combine)
+# A paged cache's few query rows (seqlen_q <= DECODE_ROWS) run the decode kernel (variant.decode._decode),
 # which packs the query heads of a kv head into one tile and reads each key tile once for them all.
 # Launch(packed_decode=False) sends them to the per-head forward instead (an A/B switch for bench and tests).
 DECODE_ROWS = 16
@@ -172,7 +172,7 @@ def forward(q, k, v, var: KernelVariant, *, cu_seqlens_q=None, cu_seqlens_k=None
 
 def _decode(q, k, v, var: KernelVariant, block_table, cache_seqlens, out, lse, strides: tuple, num_splits: int,
             fast: bool, launch: Launch) -> None:
-    """Launch variant_decode._decode: q [b, sq, h, d] against pools [pages, page_size, hk, d]; out and lse
+    """Launch variant.decode._decode: q [b, sq, h, d] against pools [pages, page_size, hk, d]; out and lse
     are the outputs' (num_splits 0) or the split partials' ([splits, b, sq, h, dv], [splits, b, h, sq]),
     strides theirs as forward() passes them to _fwd."""
     batch, sq, h, d = q.shape

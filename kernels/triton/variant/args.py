@@ -48,7 +48,7 @@ class KernelVariant:
     @property
     def raw(self) -> float:
         """The unit of the kernels' logits and row statistics, in the softmax's: the scale (raw q.k, the max
-        subtracted before the scale, as forward.py does), or 1 with a bias, where the logits are scaled
+        subtracted before the scale, as dense/forward.py does), or 1 with a bias, where the logits are scaled
         before the bias is added: a finfo.min bias divided by a scale below 1 is past fp32's range, and the
         lse of a row of them (finfo.min itself) would be too."""
         return 1.0 if self.bias is not None else self.scale

@@ -1,8 +1,8 @@
 """The GPU the Triton launchers decide for: the one their tensors are on, or a GPU named while the builds a
-fuzz needs are listed on a machine that may have none (builds.py). The launchers choose their paths and
+fuzz needs are listed on a machine that may have none (build/builds.py). The launchers choose their paths and
 tiles by the compute capability (TMA from sm_90, the Hopper kernels on sm_90 alone) and split a paged decode
 by the SM count. Under a named target the tensors are the CPU's and no kernel runs: Triton's cache hook
-(builds.py) takes each launch before it compiles, so nothing a kernel computes depends on the name."""
+(build/builds.py) takes each launch before it compiles, so nothing a kernel computes depends on the name."""
 from __future__ import annotations
 
 import contextlib

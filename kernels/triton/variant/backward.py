@@ -1,10 +1,10 @@
-"""Flash backward of the variants in Triton: backward.py's recomputation (P from the forward's row max and
+"""Flash backward of the variants in Triton: dense/backward.py's recomputation (P from the forward's row max and
 log2 l; dV = P^T dO, dS = P (dP - D), dK = scale dS^T Q, dQ = scale dS K; no atomics), with the
 variant forward's switches:
 - windows: dk/dv visits only the query tiles that see its key tile, dq only the key tiles its query tile
-  sees, and masks only the tiles that cross a bound (variant_forward.visible_tiles);
+  sees, and masks only the tiles that cross a bound (variant.forward.visible_tiles);
 - softcap: dS is taken through the cap, times its derivative 1 - tanh^2;
-- ALiBi: a constant bias, no factor in dS; split as the forward splits it (variant_forward.alibi_split), its row
+- ALiBi: a constant bias, no factor in dS; split as the forward splits it (variant.forward.alibi_split), its row
   term taken off the stored row max;
 - sinks: already in log2 l (the forward's); their own gradient, -sum_i p_sink_i D_i, is a reduction over
   rows the launcher computes from lse and D;
@@ -28,7 +28,7 @@ from faverify.kernels.triton.common import (
     saturate,
     streamed_args,
 )
-from faverify.kernels.triton.variant_forward import extra_scores, variant_scores, visible_tiles
+from faverify.kernels.triton.variant.forward import extra_scores, variant_scores, visible_tiles
 
 
 @triton.jit
@@ -49,7 +49,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, m_ptr, l2_ptr, delta_ptr, stride_
                 MASK: tl.constexpr, SOFTCAP: tl.constexpr, BIAS: tl.constexpr, BLOCKS: tl.constexpr,  #
                 BLOCK_M: tl.constexpr,  #
                 EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
-    key_first = tl.min(offs_n, 0)  # ALiBi's split (variant_forward.alibi_split) about the tile's first key
+    key_first = tl.min(offs_n, 0)  # ALiBi's split (variant.forward.alibi_split) about the tile's first key
     key_local = (offs_n - key_first).to(tl.float32)[:, None]
     for start_m in tl.range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -149,7 +149,7 @@ def _dq_inner(dq, q, do, m, l2, delta, k_base, v_base, stride_ks, stride_vs,  #
               MASK: tl.constexpr, SOFTCAP: tl.constexpr, BIAS: tl.constexpr, BLOCKS: tl.constexpr,  #
               DBIAS: tl.constexpr, BLOCK_N: tl.constexpr,  #
               EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, INTERPRETED: tl.constexpr, IEEE: tl.constexpr):
-    pos = offs_m + diag  # ALiBi's split (variant_forward.alibi_split) about each key tile's first key
+    pos = offs_m + diag  # ALiBi's split (variant.forward.alibi_split) about each key tile's first key
     pos_first, pos_last = tl.min(pos, 0), tl.max(pos, 0)
     key_local = offs_n0.to(tl.float32)[None, :]
     for start_n in tl.range(lo, hi, BLOCK_N):
@@ -236,7 +236,7 @@ def _dq(Q, K, V, DO, Rowmax, Log2l, Delta, DQ, CuQ, CuK, Alibi, Bias, Blocks, DB
                                                                                                                  :])
 
 
-# the generic and the fast build of each (variant_forward.py's two builds)
+# the generic and the fast build of each (variant/forward.py's two builds)
 _dkdv_kernel = triton.jit(do_not_specialize=generic_args(_dkdv))(_dkdv)
 _dq_kernel = triton.jit(do_not_specialize=generic_args(_dq))(_dq)
 _dkdv_kernel_fast = triton.jit(do_not_specialize=streamed_args(_dkdv))(_dkdv)

@@ -4,7 +4,7 @@ A build is a kernel as Triton specializes it: its constants, argument types and 
 (warps, stages), for one target. Triton keys its on-disk cache by a hash of these, of the compiler and of
 the target (triton/runtime/cache.py, get_cache_key), and a launch whose build is in the cache loads it in
 milliseconds. `listing` runs the launchers on CPU tensors with Triton's driver answering for the named GPU
-(target.py makes the launchers decide for it too). Triton's cache hook takes each launch before it
+(build/target.py makes the launchers decide for it too). Triton's cache hook takes each launch before it
 compiles: it computes the build's key, compiles the build into the cache where this process claimed it
 (claims: one process a build, whatever the number of processes listing at once), and skips the launch.
 The compile is the one JITFunction.run would make on that GPU, so a worker there finds it and only loads.
@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from faverify.kernels.triton.target import Target, named
+from faverify.kernels.triton.build.target import Target, named
 
 
 @dataclass(frozen=True)

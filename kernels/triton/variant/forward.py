@@ -1,7 +1,7 @@
 """Flash forward of the variants in Triton: windows, softcap, ALiBi, sinks, v's own head dim, varlen
 batches and paged KV caches with split-KV partials, and the split combine.
 
-The algorithm and its numerics are forward.py's (FlashAttention-2, raw logits, the max subtracted before
+The algorithm and its numerics are dense/forward.py's (FlashAttention-2, raw logits, the max subtracted before
 the scale); this kernel adds, each behind a compile-time switch so that what a launch does not use costs
 it nothing:
 - Masks as one window [i + diag - left, i + diag + right] (diag = seqlen_k - seqlen_q; causal is right
@@ -53,7 +53,7 @@ def extra_scores(s, i, j, seqlen_q, seqlen_k, bias, stride_bm, stride_bn, bias_s
                  mask_block, BIAS: tl.constexpr, BLOCKS: tl.constexpr):
     """The bias and the block mask on logits s (i, j: query and key indices broadcast to s's shape; bias and
     blocks: their (batch, head)'s base pointers). With a bias the raw logits are scaled first (bias_scale is
-    the softmax scale; variant_args.KernelVariant.raw says why), and every later step works in those units."""
+    the softmax scale; variant.args.KernelVariant.raw says why), and every later step works in those units."""
     if BIAS:
         ok = (i < seqlen_q) & (j < seqlen_k)
         add = tl.load(bias + i.to(tl.int64) * stride_bm + j * stride_bn, mask=ok, other=0.0).to(tl.float32)
@@ -102,7 +102,7 @@ def visible_tiles(start, SIZE, lo_off, hi_off, length, TILE: tl.constexpr):
 def variant_scores(qk, i, j, seqlen_k, diag, left, right, slope, signed, key_local, pos, cap_scale, inv_cap_scale,
                    MASK: tl.constexpr, SOFTCAP: tl.constexpr, FP32_DIST: tl.constexpr, IEEE: tl.constexpr,
                    ALIBI_SPLIT: tl.constexpr = True):
-    """The variants' logits in raw q.k units (the kernels scale after subtracting the max, as forward.py
+    """The variants' logits in raw q.k units (the kernels scale after subtracting the max, as dense/forward.py
     does): softcap (cap / scale) tanh(qk scale / cap), then ALiBi - (slope / scale) |i + diag - j| (the
     slope comes divided by the scale), then the masks: keys of the sequence, inside the window. i, j: query
     and key indices broadcast to qk's shape (the forward and dq pass [M, 1] and [1, N], dk/dv the
@@ -166,7 +166,7 @@ def _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride
                                            stride_vs)
                 k_ptrs = k_base + k_off[None, :] + offs_d[:, None]
                 v_ptrs = v_base + v_off[:, None] + offs_dv[None, :]
-            else:  # k_base, v_base: the pointer tiles of keys 0..BLOCK_N-1, moved along (as forward.py does)
+            else:  # k_base, v_base: the pointer tiles of keys 0..BLOCK_N-1, moved along (as dense/forward.py does)
                 k_ptrs = k_base + start_n * stride_ks
                 v_ptrs = v_base + start_n * stride_vs
             k = load_rows(k_ptrs, cols, seqlen_k, (offs_d < head_dim)[:, None], ROWS_ALONG_0=False, MASK_ROWS=MASK,
@@ -185,7 +185,7 @@ def _inner(acc, l_i, m_i, q, k_base, v_base, table, page_size, stride_kp, stride
             s = extra_scores(s, offs_m[:, None], cols[None, :], seqlen_q, seqlen_k, bias, stride_bm, stride_bn,
                              bias_scale, blocks, stride_km, stride_kn, mask_block, BIAS=BIAS, BLOCKS=BLOCKS)
             m_new = tl.maximum(m_i, tl.max(s, 1) + row)
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # forward.py: never (-inf) - (-inf)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # dense/forward.py: never (-inf) - (-inf)
             p = tl.math.exp2((s - (m_use - row)[:, None]) * qk_scale)
             alpha = tl.math.exp2((m_i - m_use) * qk_scale)
             l_i = l_i * alpha + tl.sum(p, 1)
@@ -331,7 +331,7 @@ def _fwd(Q, K, V, Out, Lse, Rowmax, Log2l, CuQ, CuK, BlockTable, CacheSeqlens, A
     out, lse, log2l, seen = finish_rows(acc, l_i, m_i, tl.load(Sinks + off_h), qk_scale, BIAS=BIAS)
     rows = split * stride_lsplit + off_b * stride_lb + off_h * stride_lh + bos_q + offs_m
     in_seq = offs_m < seqlen_q
-    if STATS:  # the backward's row statistics (backward.py says why m and log2 l, not lse)
+    if STATS:  # the backward's row statistics (dense/backward.py says why m and log2 l, not lse)
         tl.store(Rowmax + rows, tl.where(seen, m_i, 0.0), mask=in_seq)
         tl.store(Log2l + rows, tl.where(seen, log2l, float("inf")), mask=in_seq)
     tl.store(Lse + rows, lse, mask=in_seq)
@@ -386,7 +386,7 @@ def _combine(OutSplits, LseSplits, Out, Lse,  #
 # Two builds per set of compile-time switches: the generic one specialized on no runtime value
 # (common.generic_args: the variants' shapes, windows and page sizes vary case by case and must not each
 # cost a compile), and the fast one, specialized only on the streamed tensors' alignment
-# (common.streamed_args), for head dims that fill their padding (variant_interface.fast_build).
+# (common.streamed_args), for head dims that fill their padding (variant.interface.fast_build).
 _fwd_kernel = triton.jit(do_not_specialize=generic_args(_fwd))(_fwd)
 _fwd_kernel_fast = triton.jit(do_not_specialize=streamed_args(_fwd))(_fwd)
 _combine_kernel = triton.jit(do_not_specialize=generic_args(_combine))(_combine)

@@ -18,7 +18,7 @@ every P_ij <= 1 / l_i: the gradients stay bounded even where the logits carry no
 
 ALIBI: the forward's bias -slope |i + diag - j| on the recomputed logits, split per tile as the variant
 forward splits it (common.alibi_split: a column term an element, a row term off the row max), so that
-ALiBi, with sinks or alone, takes these kernels (variant_args.KernelVariant.backward_is_dense).
+ALiBi, with sinks or alone, takes these kernels (variant.args.KernelVariant.backward_is_dense).
 """
 import triton
 import triton.language as tl

@@ -1,12 +1,12 @@
 """The paged decode in Triton: a paged cache's few query rows with a GQA group packed into one tile's rows
-(variant_interface.packs_decode), split-KV partials written for every split. Its scores, masks and
-ending are variant_forward.py's helpers, so its numerics are the variant forward's.
+(variant.interface.packs_decode), split-KV partials written for every split. Its scores, masks and
+ending are variant/forward.py's helpers, so its numerics are the variant forward's.
 """
 import triton
 import triton.language as tl
 
 from faverify.kernels.triton.common import cast, generic_args, load_rows, streamed_args
-from faverify.kernels.triton.variant_forward import (
+from faverify.kernels.triton.variant.forward import (
     _visible,
     finish_rows,
     split_keys,
@@ -78,6 +78,6 @@ def _decode(Q, K, V, Out, Lse, BlockTable, CacheSeqlens, Alibi, Sinks,  #
     tl.store(o_ptrs, cast(out, Out.dtype.element_ty, INTERPRETED), mask=o_ok)
 
 
-# the generic and the fast build, as variant_forward.py's kernels have them
+# the generic and the fast build, as variant/forward.py's kernels have them
 _decode_kernel = triton.jit(do_not_specialize=generic_args(_decode))(_decode)
 _decode_kernel_fast = triton.jit(do_not_specialize=streamed_args(_decode))(_decode)

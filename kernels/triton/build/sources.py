@@ -1,10 +1,10 @@
-"""The sources the AOT report compiles (aot.py): each kernel variant as its launcher would launch it, as a
+"""The sources the AOT report compiles (build/aot.py): each kernel variant as its launcher would launch it, as a
 Triton ASTSource or a Gluon source with the signature, constants and alignment the launch gives it. The
 kernels and Triton's compiler are imported inside each builder: run with TRITON_INTERPRET unset only."""
 from __future__ import annotations
 
 ELEM = {"fp16": 2, "bf16": 2, "fp32": 4}
-FUSED_BWD_KERNEL = "bwd-fused-hopper"  # the fused Hopper backward (backward_fused_hopper.py): sm_90 only, as bwd-hopper
+FUSED_BWD_KERNEL = "bwd-fused-hopper"  # the fused Hopper backward (hopper/backward_fused.py): sm_90 only, as bwd-hopper
 
 
 _FP32_POINTERS = ("Lse", "Delta", "Rowmax", "Log2l", "Alibi", "Sinks", "DQsum")
@@ -31,7 +31,7 @@ def _signature(fn, dtype: str, constants: dict, pointers: dict | None = None) ->
 
 def _aligned_attrs(fn, constants: dict, sizes: tuple = ()) -> dict:
     """Pointers and strides declared divisible by 16, as for contiguous inputs (the fast build); also the
-    named sizes, for a build specialized on them (forward_hopper.kernel)."""
+    named sizes, for a build specialized on them (hopper.forward.kernel)."""
     return {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
             if (name[0].isupper() or name.startswith("stride_") or name in sizes) and name not in constants}
 
@@ -41,20 +41,22 @@ def _hopper_source(v, capability: int):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from faverify.kernels.triton import configs, hopper
+    from faverify.kernels.triton import configs
+    from faverify.kernels.triton.hopper import layouts
 
-    module = _module("forward_hopper", v.mutant)
+    module = _module("hopper.forward", v.mutant)
     on = set(v.switches.split("+")) - {""}
     tile = configs.hopper_tile(v.block_d, "softcap" in on, bool(on & {"window", "alibi"}))
-    constants, options = hopper.launch(tile)
+    constants, options = layouts.launch(tile)
     constants.update(CAUSAL=v.causal, BLOCK_D=v.block_d, WINDOW="window" in on, SOFTCAP="softcap" in on,
                      ALIBI="alibi" in on, SINKS="sinks" in on)
     fn = module._fwd_hopper_aligned  # the build bench's shapes take: seqlens multiples of 16, specialized on that
     signature = _signature(fn, v.dtype, constants)
     dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[v.dtype]
-    # host-made descriptors (hopper.descriptors)
-    for name, rows in zip(("q_desc", "k_desc", "v_desc", "o_desc"), hopper.box_rows(tile)):
-        signature[name] = f"tensordesc<{v.dtype}[1,{rows},1,{v.block_d}],{hopper.box_layout(rows, v.block_d, dtype)!r}>"
+    # host-made descriptors (layouts.descriptors)
+    for name, rows in zip(("q_desc", "k_desc", "v_desc", "o_desc"), layouts.box_rows(tile)):
+        layout = layouts.box_layout(rows, v.block_d, dtype)
+        signature[name] = f"tensordesc<{v.dtype}[1,{rows},1,{v.block_d}],{layout!r}>"
     source = GluonASTSource(fn, signature, constants, _aligned_attrs(fn, constants, module.ALIGNED))
     return source, options, str(tile)
 
@@ -75,10 +77,11 @@ def _hopper_bwd_source(v, capability: int):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from faverify.kernels.triton import backward_hopper, hopper
+    from faverify.kernels.triton.hopper import backward as hopper_backward
+    from faverify.kernels.triton.hopper import layouts
 
     fused = v.kernel == FUSED_BWD_KERNEL
-    module = _module("backward_fused_hopper" if fused else "backward_hopper", v.mutant)
+    module = _module("hopper.backward_fused" if fused else "hopper.backward", v.mutant)
     constants = dict(CAUSAL=v.causal, BLOCK_D=v.block_d)
     if not fused:
         constants["FUSED_DQ"] = v.switches == "fused-dq"
@@ -86,15 +89,16 @@ def _hopper_bwd_source(v, capability: int):
     signature = _signature(fn, v.dtype, constants)
     dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[v.dtype]
     names = ("q_desc", "k_desc", "v_desc", "do_desc") + (("dk_desc", "dv_desc") if fused else ())
-    for name, rows in zip(names, backward_hopper.box_rows() * 2):  # 64 rows each
-        signature[name] = f"tensordesc<{v.dtype}[1,{rows},1,{v.block_d}],{hopper.box_layout(rows, v.block_d, dtype)!r}>"
-    if fused:  # k in one box of the key tile, the fp32 dQ buffer (backward_fused_hopper.descriptors)
-        keys = backward_hopper.CONSUMERS.value * hopper.HALF.value
+    for name, rows in zip(names, hopper_backward.box_rows() * 2):  # 64 rows each
+        layout = layouts.box_layout(rows, v.block_d, dtype)
+        signature[name] = f"tensordesc<{v.dtype}[1,{rows},1,{v.block_d}],{layout!r}>"
+    if fused:  # k in one box of the key tile, the fp32 dQ buffer (hopper.backward_fused.descriptors)
+        keys = hopper_backward.CONSUMERS.value * layouts.HALF.value
         signature["k_desc"] = f"tensordesc<{v.dtype}[1,{keys},1,{v.block_d}],{module.k_layout(v.block_d, dtype, 4)!r}>"
-        signature["dq_desc"] = (f"tensordesc<fp32[1,{backward_hopper.BLOCK_M.value},{module.dq_cols(v.block_d)}],"
+        signature["dq_desc"] = (f"tensordesc<fp32[1,{hopper_backward.BLOCK_M.value},{module.dq_cols(v.block_d)}],"
                                 f"{module.dq_box_layout()!r}>")
     source = GluonASTSource(fn, signature, constants, _aligned_attrs(fn, constants))
-    tile = f"M{backward_hopper.BLOCK_M.value} N{backward_hopper.CONSUMERS.value * 64} hopper"
+    tile = f"M{hopper_backward.BLOCK_M.value} N{hopper_backward.CONSUMERS.value * 64} hopper"
     return source, dict(module.OPTIONS), tile + (" fused" if fused else "")
 
 
@@ -103,8 +107,8 @@ def _triton_source(v, capability: int):
     from triton.compiler import ASTSource
 
     from faverify.kernels.triton import configs
-    from faverify.kernels.triton.backward import _bwd_dkdv, _bwd_dq, _bwd_preprocess
-    from faverify.kernels.triton.forward import _fwd_kernel
+    from faverify.kernels.triton.dense.backward import _bwd_dkdv, _bwd_dq, _bwd_preprocess
+    from faverify.kernels.triton.dense.forward import _fwd_kernel
 
     fn = {"fwd": _fwd_kernel, "dkdv": _bwd_dkdv, "dq": _bwd_dq, "preprocess": _bwd_preprocess}[v.kernel]
     constants = {"BLOCK_D": v.block_d, "EVEN_D": v.even_d}
@@ -128,17 +132,17 @@ def _triton_source(v, capability: int):
 
 
 def _variant_source(v, capability: int):
-    """(source, options, tile) of a variant kernel as variant_interface launches it, with its configs.variant
+    """(source, options, tile) of a variant kernel as variant/interface.py launches it, with its configs.variant
     tile: the generic build (no divisibility declared: every runtime argument is unspecialized), or with
     even_d the fast one (the streamed tensors' pointers and strides declared divisible by 16)."""
     from triton.compiler import ASTSource
 
     from faverify.kernels.triton import configs
-    from faverify.kernels.triton import variant_backward as vb
-    from faverify.kernels.triton import variant_decode as vdec
-    from faverify.kernels.triton import variant_forward as vf
     from faverify.kernels.triton.common import STREAMED
-    from faverify.kernels.triton.variant_interface import COMBINE_SPLITS, SPLIT_BLOCK
+    from faverify.kernels.triton.variant import backward as vb
+    from faverify.kernels.triton.variant import decode as vdec
+    from faverify.kernels.triton.variant import forward as vf
+    from faverify.kernels.triton.variant.interface import COMBINE_SPLITS, SPLIT_BLOCK
 
     fast = v.even_d and v.kernel != "vcombine"
 

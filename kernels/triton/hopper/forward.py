@@ -1,41 +1,35 @@
 """Flash forward for Hopper (sm_90) in Gluon: warp-specialized, in FlashAttention-3's structure.
 
-The Triton forward (forward.py) keeps one warpgroup per block, and Triton 3.6 waits for each q k^T right
+The Triton forward (dense/forward.py) keeps one warpgroup per block, and Triton 3.6 waits for each q k^T right
 after issuing it: the tensor cores idle while the softmax runs. Here the roles get warps of their own:
     producer   (1 warp):   TMA loads: q once per block, then k and v tiles into a ring of STAGES buffers
     consumer c (4 warps):  query rows [64 c, 64 c + 64) of the block, over the same key tiles:
                            s = q k^T, online softmax, acc += p v
-Two consumers at head dim 128 (block_m 128), three at 64 (block_m 192; configs.HOPPER says why). Within a
-consumer, the softmax of key tile j runs while the tensor cores do p_{j-1} v_{j-1} (FlashAttention-3's
-intra-warpgroup overlap); across consumers, the warp schedulers interleave one's softmax with another's
-wgmmas. A k (v) stage is free again when every consumer has arrived on its `empty` barrier: k right after
-its q k^T, v after its p v. With the causal mask, a consumer skips the key tiles past its own last row's
-diagonal (it only frees their stages); a consumer whose rows all lie past seqlen_q skips every tile.
+Two consumers at head dim 128 (block_m 128), three at 64 (block_m 192; configs.HOPPER says why). Within a consumer,
+the softmax of key tile j runs while the tensor cores do p_{j-1} v_{j-1} (FlashAttention-3's intra-warpgroup
+overlap); across consumers, the warp schedulers interleave one's softmax with another's wgmmas. A k (v) stage is
+free again when every consumer has arrived on its `empty` barrier: k right after its q k^T, v after its p v. With
+the causal mask, a consumer skips the key tiles past its own last row's diagonal (it only frees their stages); a
+consumer whose rows all lie past seqlen_q skips every tile.
 
-q, k, v and out come as descriptors made on the host over their [b, s, h, d] tensors (boxes of one head),
-so no block spends its start making four on the device. Blocks follow _schedule: heads in groups of
-HEAD_GROUP (their key/value tiles stay in L2), causal blocks longest first. A program can run several
-blocks in turn (persistent: the next block's q and first key tiles load while this one's epilogue runs;
-the ring's position and the barrier phases carry over); the launcher gives each block its own program,
-which measured faster (grid).
+q, k, v and out come as descriptors made on the host over their [b, s, h, d] tensors (boxes of one head), so no
+block spends its start making four on the device. Blocks follow _schedule: heads in groups of HEAD_GROUP (their
+key/value tiles stay in L2), causal blocks longest first. A program can run several blocks in turn (persistent: the
+next block's q and first key tiles load while this one's epilogue runs; the ring's position and the barrier phases
+carry over); the launcher gives each block its own program, which measured faster (grid).
 
-The numerics are the Triton forward's, line for line (forward.py's docstring says why): raw logits, the
-running max in raw units, p = exp2((s - m') * c) with the -inf guard, l summed from the fp32 p, P rounded
-to the input dtype as the matmul operand, the same outputs (out, lse, row max, log2 l) and the same
-convention for rows that see no key. Masks: key tiles at or past `full` (the causal diagonal and the
-seqlen_k tail) are masked; the descriptors' bounds make the copy engine zero-fill everything past
-seqlen_q, seqlen_k and head_dim. A skipped tile is one whose every logit the mask would make -inf: the
-result has the same bits.
+The numerics are the Triton forward's, line for line (dense/forward.py's docstring says why): raw logits, the
+running max in raw units, p = exp2((s - m') * c) with the -inf guard, l summed from the fp32 p, P rounded to the
+input dtype as the matmul operand, the same outputs (out, lse, row max, log2 l) and the same convention for rows
+that see no key. Masks: key tiles at or past `full` (the causal diagonal and the seqlen_k tail) are masked; the
+descriptors' bounds make the copy engine zero-fill everything past seqlen_q, seqlen_k and head_dim. A skipped tile
+is one whose every logit the mask would make -inf: the result has the same bits.
 
-Applies to 16-bit inputs on sm_90 with 16-byte aligned strides and padded head dim 64 or 128
-(interface._use_hopper, configs.hopper_forward). Gluon does not run under the interpreter: the CPU never
-takes this path; the GPU tests, the fuzz run and the mutants of kernels/mutants check it there, and CI
-compiles it for sm_90 (aot.py).
+Applies to 16-bit inputs on sm_90 with 16-byte aligned strides and padded head dim 64 or 128 (interface._use_hopper,
+configs.hopper_forward). Gluon does not run under the interpreter: the CPU never takes this path; the GPU tests, the
+fuzz run and the mutants of kernels/mutants check it there, and CI compiles it for sm_90 (build/aot.py).
 
-Tried on the H200 and not kept (docs/measurements.md, "Forward"): FlashAttention-3's ping-pong
-between consumers (2-8% slower, equal at one shape), a loop without the overlap (5-10% slower), two
-blocks per SM with 104 registers per consumer, the grid with heads first, and the persistent launch of
-one program per SM (equal without a mask, 3-13% slower with the causal one).
+Tried on the H200 and not kept, with the numbers: docs/measurements.md, "Forward".
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -48,7 +42,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from faverify.kernels.triton.common import LN2
-from faverify.kernels.triton.hopper import HALF, PRODUCER_REGS, _box, _mma_layout, _schedule, _smem_layout, tanh_approx
+from faverify.kernels.triton.hopper.layouts import (
+    HALF,
+    PRODUCER_REGS,
+    _box,
+    _mma_layout,
+    _schedule,
+    _smem_layout,
+    tanh_approx,
+)
 
 
 @gluon.jit
@@ -58,7 +60,7 @@ def _key_tiles(row0, seqlen_k, diag, left, right, BLOCK_M: gl.constexpr, BLOCK_N
     consumer's): tiles [full_lo, full_hi) are seen whole by every row; [lo, full_lo) and [full_hi, hi) are
     masked; the rest are skipped. Without WINDOW, lo = full_lo = 0 and causal skips the tiles past the
     diagonal (common.key_ranges, in tiles); with it, the window [i + diag - left, i + diag + right] of
-    variant_forward.visible_tiles bounds both ends (causal is right = 0 there)."""
+    variant.forward.visible_tiles bounds both ends (causal is right = 0 there)."""
     if WINDOW:
         lo = gl.maximum(row0 + diag - left, 0) // BLOCK_N  # [mutant site: window-lo]
         end = gl.maximum(gl.minimum(row0 + BLOCK_M + diag + right, seqlen_k), lo * BLOCK_N)
@@ -121,11 +123,11 @@ def _producer(load, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, STAGES: gl.con
 def _softmax(s, m_i, l_i, j, full_lo, full_hi, first, offs_m, offs_n, seqlen_k, diag, left, right, qk_scale, cap_scale,
              inv_cap_scale, slope, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, WINDOW: gl.constexpr,
              SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
-    """One key tile j of the online softmax, forward.py's numerics (with variant_forward.variant_scores'
+    """One key tile j of the online softmax, dense/forward.py's numerics (with variant.forward.variant_scores'
     softcap, ALiBi and window): returns p, alpha, l and the new max. first: the consumer's first row."""
     if SOFTCAP:  # in raw units, as variant_scores: (cap / scale) tanh(s scale / cap)
         s = tanh_approx(s * cap_scale) * inv_cap_scale  # [mutant site: softcap]
-    if ALIBI:  # - (slope / scale) |i + diag - j|, split as variant_forward.alibi_split splits it
+    if ALIBI:  # - (slope / scale) |i + diag - j|, split as variant.forward.alibi_split splits it
         pos = offs_m + diag  # each query's position: its distances are to it  [mutant site: hopper-alibi]
         k0 = j * BLOCK_N
         row = gl.zeros_like(m_i)
@@ -160,7 +162,7 @@ def _softmax(s, m_i, l_i, j, full_lo, full_hi, first, offs_m, offs_n, seqlen_k, 
         p = gl.exp2((s - (m_use - row)[:, None]) * qk_scale)
     else:
         m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # the guard of forward.py  [mutant site: neg-inf-guard]
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # as in dense/forward.py  [mutant site: neg-inf-guard]
         p = gl.exp2((s - m_use[:, None]) * qk_scale)
     alpha = gl.exp2((m_i - m_use) * qk_scale)
     return p, alpha, l_i * alpha + gl.sum(p, 1), m_new
@@ -182,7 +184,7 @@ def _write_rows(acc, l_i, m_i, bh, offs_m, first, seqlen_q, nheads, qk_scale, Si
                 o_rows: gl.constexpr, dtype: gl.constexpr, BLOCK_D: gl.constexpr, SINKS: gl.constexpr):
     """A consumer's rows done: lse and the backward's row statistics stored, out normalized and stored."""
     seen = l_i > 0.0
-    if SINKS:  # the sink z enters the normalization, as variant_forward._fwd's ending, in raw units
+    if SINKS:  # the sink z enters the normalization, as variant.forward._fwd's ending, in raw units
         m_raw = gl.where(seen, m_i, float("-inf"))
         z_raw = gl.load(Sinks + bh % nheads)
         top = gl.maximum(m_raw, z_raw)
@@ -262,7 +264,7 @@ def _consumer(run, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.cons
         # are skipped too, which leaves the SM's tensor cores to the consumers with rows
         n_mine = gl.where(first < seqlen_q, n_mine, 0)  # [mutant site: idle-consumer]
         slope = 0.0
-        if ALIBI:  # the head's slope in raw units (variant_args.KernelVariant.runtime's bias_unit: 1 / scale)
+        if ALIBI:  # the head's slope in raw units (variant.args.KernelVariant.runtime's bias_unit: 1 / scale)
             slope = gl.load(Alibi + (bh // nheads) * stride_ab + bh % nheads) * bias_unit
         offs_m = first + gl.arange(0, HALF, layout=s_rows)
         m_i = gl.zeros([HALF], gl.float32, s_rows) + init
@@ -380,16 +382,15 @@ def _fwd_source(q_desc, k_desc, v_desc, o_desc, Lse, Rowmax, Log2l, Alibi, Sinks
                            [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
-# Two builds of one kernel, as forward.py's fast and generic ones. Triton compiles a kernel again for each
+# Two builds of one kernel, as dense/forward.py's fast and generic ones. Triton compiles a kernel again for each
 # pattern of integer arguments equal to 1 or divisible by 16: up to 3^5 patterns of these five sizes per
 # variant, which a fuzz run meets case after case, at seconds a compile (it halved the GPU fuzz rate).
 # Leaving all five unspecialized cost 7-9% at d64 causal 4096 on the H200, all of it from the seqlens
 # (`git show 0e6d4fa:devtools/hopper_specialize.py`, 2026-11-30; docs/measurements.md). So seqlens both multiples of
 # 16 take a build specialized on them (one pattern), any other pair the build specialized on nothing.
 _HEADS = ["n_bh", "nheads", "group", "left", "right", "stride_ab", "Alibi", "Sinks"]  # and the window's
-# bounds, the ALiBi slopes' batch stride and the slopes' and sinks' pointers: runtime values, as in
-# variant_forward.py
-ALIGNED = ("seqlen_q", "seqlen_k")  # the sizes _fwd_hopper_aligned is specialized on (aot.py declares them)
+# bounds, the ALiBi slopes' batch stride and the slopes' and sinks' pointers: runtime values, as in variant/forward.py
+ALIGNED = ("seqlen_q", "seqlen_k")  # the sizes _fwd_hopper_aligned is specialized on (build/aot.py declares them)
 _fwd_hopper_aligned = gluon.jit(do_not_specialize=_HEADS)(_fwd_source)
 _fwd_hopper = gluon.jit(do_not_specialize=_HEADS + list(ALIGNED))(_fwd_source)
 
