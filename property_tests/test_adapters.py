@@ -62,8 +62,8 @@ FA4_CASES = {
     "window-left-causal": Case(1, 64, 64, 2, 2, 64, dtype="bf16", causal=True, window=(5, -1), seed=3),
     "softcap-sinks": Case(1, 40, 41, 2, 1, 64, dtype="bf16", softcap=3.0, sinks="around", seed=4),
     "head-dim-v": Case(1, 20, 30, 2, 2, 64, dtype="bf16", head_dim_v=32, seed=5),
-    "varlen": Case(3, 30, 40, 2, 1, 64, dtype="bf16", seqlens=((30, 40), (0, 5), (12, 3)), causal=True, seed=6),
-    "paged": Case(2, 3, 45, 2, 1, 64, dtype="bf16", cache_seqlens=(45, 13), page_size=8, pages="random", seed=7),
+    "varlen": Case.of(3, 30, 40, 2, 1, 64, dtype="bf16", seqlens=((30, 40), (0, 5), (12, 3)), causal=True, seed=6),
+    "paged": Case.of(2, 3, 45, 2, 1, 64, dtype="bf16", cache_seqlens=(45, 13), page_size=8, pages="random", seed=7),
 }
 
 
@@ -102,7 +102,7 @@ def test_flash_attn_4_skips_a_paged_case_whose_head_dims_are_not_multiples_of_16
                      mode="fwd")
         assert r.status == "skip" and "multiples of 16" in r.reason, r.reason
     assert not fake_fa4
-    dense = dataclasses.replace(case, cache_seqlens=None, page_size=0, pages="in-order", head_dim=72)
+    dense = case.replace(cache_seqlens=None, page_size=0, pages="in-order", head_dim=72)
     assert evaluate(_on_cpu(resolve("flash-attn-4")), dense, "cpu", mode="fwd").status == "pass"
 
 
@@ -123,13 +123,13 @@ FLASHINFER_CASES = {
     "window-left": Case(1, 90, 70, 2, 1, 128, dtype="fp16", window=(9, -1), seed=2),
     "window-left-causal": Case(1, 64, 64, 2, 2, 64, dtype="bf16", causal=True, window=(5, 3), seed=3),
     "softcap": Case(1, 40, 41, 2, 1, 64, dtype="bf16", softcap=3.0, seed=4),
-    "varlen": Case(3, 30, 40, 2, 1, 64, dtype="bf16", seqlens=((30, 40), (2, 5), (12, 3)), causal=True, seed=6),
-    "varlen-tail-window": Case(2, 30, 40, 4, 2, 128, dtype="fp16", seqlens=((30, 40), (7, 25)), tail=5,
-                               window=(6, -1), softcap=4.0, seed=8),
-    "paged-prefill": Case(2, 3, 45, 2, 1, 64, dtype="bf16", cache_seqlens=(45, 13), page_size=8, pages="random",
-                          causal=True, seed=7),
-    "paged-decode": Case(3, 1, 40, 8, 2, 128, dtype="bf16", cache_seqlens=(40, 1, 17), page_size=16,
-                         pages="random", window=(9, -1), seed=9),
+    "varlen": Case.of(3, 30, 40, 2, 1, 64, dtype="bf16", seqlens=((30, 40), (2, 5), (12, 3)), causal=True, seed=6),
+    "varlen-tail-window": Case.of(2, 30, 40, 4, 2, 128, dtype="fp16", seqlens=((30, 40), (7, 25)), tail=5,
+                                  window=(6, -1), softcap=4.0, seed=8),
+    "paged-prefill": Case.of(2, 3, 45, 2, 1, 64, dtype="bf16", cache_seqlens=(45, 13), page_size=8, pages="random",
+                             causal=True, seed=7),
+    "paged-decode": Case.of(3, 1, 40, 8, 2, 128, dtype="bf16", cache_seqlens=(40, 1, 17), page_size=16,
+                            pages="random", window=(9, -1), seed=9),
 }
 FLASHINFER_API = {"varlen": "batch prefill ragged", "paged": "batch prefill paged", "dense": "single prefill"}
 
@@ -150,7 +150,7 @@ def test_flashinfer_skips_what_it_cannot_express(fake_flashinfer):
     subject = _on_cpu(resolve("flashinfer"))
     right = evaluate(subject, Case(1, 16, 16, 1, 1, 64, dtype="bf16", window=(4, 2)), "cpu", mode="fwd")
     odd = evaluate(subject, Case(1, 16, 16, 1, 1, 96, dtype="bf16"), "cpu", mode="fwd")
-    empty = evaluate(subject, Case(2, 1, 20, 2, 1, 64, dtype="bf16", cache_seqlens=(20, 0), page_size=4), "cpu",
+    empty = evaluate(subject, Case.of(2, 1, 20, 2, 1, 64, dtype="bf16", cache_seqlens=(20, 0), page_size=4), "cpu",
                      mode="fwd")
     assert right.status == "skip" and "right bound (2) without causal" in right.reason, right.reason
     assert odd.status == "skip" and "q/k 96, v 96: takes only 64, 128, 256" in odd.reason, odd.reason
@@ -194,9 +194,9 @@ FA23_CASES = {
     "rows-without-keys": Case(1, 40, 17, 2, 1, 64, dtype="fp16", causal=True, seed=2),  # lse +inf in FA2
     "window-softcap": Case(1, 64, 70, 2, 2, 64, dtype="bf16", window=(5, 3), softcap=4.0, seed=3),
     "alibi": Case(2, 20, 30, 4, 2, 32, dtype="bf16", alibi="batch-head", causal=True, seed=4),
-    "varlen": Case(3, 30, 40, 2, 1, 64, dtype="bf16", seqlens=((30, 40), (0, 5), (12, 3)), tail=3, causal=True,
-                   seed=6),
-    "paged": Case(2, 3, 300, 2, 1, 64, dtype="bf16", cache_seqlens=(300, 13), page_size=256, pages="random", seed=7),
+    "varlen": Case.of(3, 30, 40, 2, 1, 64, dtype="bf16", seqlens=((30, 40), (0, 5), (12, 3)), tail=3, causal=True,
+                      seed=6),
+    "paged": Case.of(2, 3, 300, 2, 1, 64, dtype="bf16", cache_seqlens=(300, 13), page_size=256, pages="random", seed=7),
 }
 FA23_API = {"dense": "func", "varlen": "varlen", "paged": "with_kvcache"}
 
@@ -233,7 +233,7 @@ def test_flash_attn_skips_what_it_cannot_take(fake_fa23):
     subject = _on_cpu(resolve(subject_name))
     dv = evaluate(subject, Case(1, 8, 8, 1, 1, 64, dtype="bf16", head_dim_v=32), "cpu", mode="fwd")
     assert dv.status == "skip" and "head_dim_v" in dv.reason, dv.reason
-    small_page = evaluate(subject, Case(1, 1, 20, 2, 1, 64, dtype="bf16", cache_seqlens=(20,), page_size=16), "cpu",
+    small_page = evaluate(subject, Case.of(1, 1, 20, 2, 1, 64, dtype="bf16", cache_seqlens=(20,), page_size=16), "cpu",
                           mode="fwd")
     if subject_name == "flash-attn":
         assert small_page.status == "skip" and "page" in small_page.reason, small_page.reason

@@ -16,7 +16,7 @@ def test_every_configuration_reads_the_same_cache_bytes_with_gqa_8():
     assert len(configs) == 8 and {c.cache_bytes(2) for c in configs} == {2 * 131072 * 4 * 128 * 2}
     paged = DecodeConfig("bf16", 128, 4096, 64).case(paged=True, splits=3)
     assert (paged.batch, paged.seqlen_q, paged.nheads // paged.nheads_k) == (32, 1, 8)
-    assert paged.cache_seqlens == (4096,) * 32 and paged.page_size == 64 and paged.splits == 3
+    assert paged.paged.cache_seqlens == (4096,) * 32 and paged.paged.page_size == 64 and paged.splits == 3
     dense = DecodeConfig("bf16", 128, 131072, 16).case(paged=False)
     assert dense.kind == "dense" and (dense.batch, dense.seqlen_k) == (1, 131072)
 

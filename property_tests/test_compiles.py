@@ -20,8 +20,8 @@ def test_the_compile_key_names_what_flex_compiles_on_the_cpu():
         assert compile_key(case, "cpu") != compile_key(other, "cpu")
     assert compile_key(case, "cuda") == compile_key(Case(2, 10, 13, 4, 2, 16, dtype="bf16"), "cuda")
     # a ragged case's sequences padded to a power of 4 (flex_sequence): 9x13 and 3x5 share 16, 3x40 is 64
-    assert len(compile_key(Case(2, 9, 13, 4, 2, 16, seqlens=((9, 13), (3, 5))), "cpu")) == 1
-    assert len(compile_key(Case(2, 9, 40, 4, 2, 16, seqlens=((9, 13), (3, 40))), "cpu")) == 2
+    assert len(compile_key(Case.of(2, 9, 13, 4, 2, 16, seqlens=((9, 13), (3, 5))), "cpu")) == 1
+    assert len(compile_key(Case.of(2, 9, 40, 4, 2, 16, seqlens=((9, 13), (3, 40))), "cpu")) == 2
     # softcap, ALiBi and windows compile nothing new; a mask's shape does
     assert compile_key(Case(2, 9, 13, 4, 2, 16, softcap=5.0, alibi="head"), "cpu") == compile_key(
         Case(2, 9, 13, 4, 2, 16), "cpu")

@@ -11,7 +11,7 @@ from faverify.subjects import resolve
 from property_tests.cli_helpers import cli, read_json
 
 PLANTED = "property_tests.planted_trust"
-VARLEN = Case(3, 17, 33, 2, 1, 16, dtype="fp32", causal=True, seqlens=((5, 9), (17, 33), (0, 4)), tail=7, seed=2)
+VARLEN = Case.of(3, 17, 33, 2, 1, 16, dtype="fp32", causal=True, seqlens=((5, 9), (17, 33), (0, 4)), tail=7, seed=2)
 
 
 @pytest.mark.parametrize("subject,signatures", [
@@ -33,8 +33,8 @@ def test_the_gradients_tail_rows_are_judged(subject, signatures):
 def test_a_varlen_subject_with_split_partials_is_judged_not_crashed(tmp_path):
     """flash-attn 3's varlen function takes num_splits: a subject declaring varlen and splits returns its
     partials packed as out and lse are, and a fuzz of the right one passes."""
-    r = evaluate(resolve(f"{PLANTED}:varlen_splits"), Case(2, 9, 40, 2, 2, 16, dtype="fp32", seqlens=((9, 40), (3, 0)),
-                                                            tail=1, splits=3, seed=1), "cpu")
+    case = Case.of(2, 9, 40, 2, 2, 16, dtype="fp32", seqlens=((9, 40), (3, 0)), tail=1, splits=3, seed=1)
+    r = evaluate(resolve(f"{PLANTED}:varlen_splits"), case, "cpu")
     assert r.status == "pass" and {"out_splits", "lse_splits"} <= set(r.metrics), (r.status, r.reason)
     r = cli("fuzz", "--kernel", f"{PLANTED}:varlen_splits", "--iters", "40", "--device", "cpu", "--no-db",
             "--json", tmp_path / "run.json")
@@ -112,7 +112,8 @@ def test_a_subject_raising_a_base_exception_fails_its_own_case(tmp_path, monkeyp
 def test_a_kernel_reading_the_block_mask_as_documented_passes_every_shape(tmp_path):
     """A key mask ("keys", [b, 1, 1, sk]) drawn as blocks reaches the kernel with a row of blocks for every
     query block, as the contract's [b|1, h|1, ceil(sq / n), ceil(sk / n)] says."""
-    case = Case(1, 17, 1, 1, 1, 16, dtype="fp32", mask="block", mask_shape="keys", mask_block=16, mask_rate=50, seed=1)
+    case = Case.of(1, 17, 1, 1, 1, 16, dtype="fp32", mask="block", mask_shape="keys", mask_block=16, mask_rate=50,
+                   seed=1)
     r = evaluate(resolve(f"{PLANTED}:block_mask_as_documented"), case, "cpu")
     assert r.status == "pass", r.reason
     r = cli("fuzz", "--kernel", f"{PLANTED}:block_mask_as_documented", "--iters", "60", "--device", "cpu", "--no-db",
@@ -204,7 +205,7 @@ def test_gradients_asked_for_are_judged(subject):
 
 def test_an_out_without_a_graph_passes_where_every_gradient_is_zero():
     """A sequence with no key: out is 0 whatever the inputs, so no graph is needed and zeros are its gradients."""
-    case = Case(1, 1, 0, 1, 1, 16, seqlens=((1, 0),), seed=0)
+    case = Case.of(1, 1, 0, 1, 1, 16, seqlens=((1, 0),), seed=0)
     r = evaluate(resolve("sdpa-math"), case, "cpu")
     assert r.status == "pass", r.reason
 

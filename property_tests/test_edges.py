@@ -60,6 +60,6 @@ def test_the_run_file_counts_each_edge_of_the_cases_that_ran(tmp_path):
 def test_an_edge_is_told_by_its_predicate():
     from faverify.cases.case import Case
     assert predicate("varlen: a sequence with no key, not causal")(
-        Case(2, 3, 5, 1, 1, 8, seqlens=((3, 0), (1, 5))))
+        Case.of(2, 3, 5, 1, 1, 8, seqlens=((3, 0), (1, 5))))
     assert not predicate("varlen: a sequence with no key, not causal")(
-        Case(2, 3, 5, 1, 1, 8, causal=True, seqlens=((3, 0), (1, 5))))
+        Case.of(2, 3, 5, 1, 1, 8, causal=True, seqlens=((3, 0), (1, 5))))

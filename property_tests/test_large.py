@@ -82,11 +82,12 @@ def test_the_draw_at_2_31_crosses_it_in_every_target():
         seen.add(target)
         if target == "pool":
             table, pool, _ = page_table(case)
-            elements = case.page_size * case.nheads_k * case.head_dim
-            used = {p for row, n in zip(table, case.cache_seqlens) for p in row[:n // case.page_size]}
+            paged = case.paged
+            elements = paged.page_size * case.nheads_k * case.head_dim
+            used = {p for row, n in zip(table, paged.cache_seqlens) for p in row[:n // paged.page_size]}
             firsts = [-(-m * large.BOUNDARY // elements) for m in (1, 2)]
             assert any({f - 1, f} <= used for f in firsts), case.to_json()
-            assert all(n % case.page_size == 0 for n in case.cache_seqlens)
+            assert all(n % paged.page_size == 0 for n in paged.cache_seqlens)
             continue
         entries = large.judged_entries(case)
         assert entries is not None and len(entries) <= 12 and case.batch >= 4 * len(entries), case.to_json()
@@ -104,8 +105,8 @@ def test_judged_entries_surround_each_boundary():
     assert {0, 8191, 8192, 8193, 8299} <= set(entries) and len(entries) <= 5 + large.OTHER_ENTRIES, entries
     assert large.judged_entries(Case(4, 2048, 2048, 16, 16, 256)) is None  # the largest ordinary GPU draw
     assert large.judged_entries(dataclasses.replace(case, window=(8, 0))) is None
-    assert large.judged_entries(Case(2, 1, 16, 4, 4, 64, cache_seqlens=(16, 16), page_size=16,
-                                     pages="reverse", pool=1 << 20)) is None
+    assert large.judged_entries(Case.of(2, 1, 16, 4, 4, 64, cache_seqlens=(16, 16), page_size=16,
+                                        pages="reverse", pool=1 << 20)) is None
 
 
 def test_the_partial_reference_equals_the_full_reference_on_its_entries():
@@ -202,8 +203,8 @@ def test_a_large_case_runs_only_on_a_card_with_its_memory(monkeypatch, card, run
     monkeypatch.setattr(memory, "free_memory", lambda device: card * GIB)
     cases = {"q": Case(449, 2338, 57, 16, 4, 128), "kv": Case(1685, 12, 2491, 16, 4, 128),
              "accumulator": Case(8300, 1, 17, 16, 16, 128),
-             "pool": Case(2, 16, 64, 16, 4, 128, cache_seqlens=(64, 64), page_size=16, pages="reverse",
-                          pool=(1 << 31) // (16 * 4 * 128) + 3)}
+             "pool": Case.of(2, 16, 64, 16, 4, 128, cache_seqlens=(64, 64), page_size=16, pages="reverse",
+                             pool=(1 << 31) // (16 * 4 * 128) + 3)}
     for target, case in cases.items():
         reason = memory.too_big(case, torch.device("cuda"), backward=case.kind == "dense")
         assert (reason is None) == (target in runs), (target, reason)

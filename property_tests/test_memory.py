@@ -35,7 +35,7 @@ def test_a_gpu_worker_gives_back_the_memory_of_a_large_case_only():
     from faverify.run.memory import GIVE_BACK_ABOVE, bytes_needed_by, gives_back
     cuda = torch.device("cuda")
     small = Case(1, 128, 128, 2, 2, 64, dtype="bf16")
-    large = Case(1, 1, 131072, 32, 4, 128, dtype="bf16", cache_seqlens=(131072,), page_size=16)
+    large = Case.of(1, 1, 131072, 32, 4, 128, dtype="bf16", cache_seqlens=(131072,), page_size=16)
     assert bytes_needed_by(small, cuda, True) <= GIVE_BACK_ABOVE < bytes_needed_by(large, cuda, True)
     assert gives_back(large, cuda) and not gives_back(small, cuda)
     assert not gives_back(large, torch.device("cpu"))

@@ -38,7 +38,7 @@ def test_repro_plot_writes_an_svg_with_the_tile_edges(tmp_path):
 
 
 def test_plot_refuses_what_it_cannot_draw_and_names_the_extra():
-    r = cli("repro", "--kernel", "sdpa-math", "--case", Case(1, 4, 4, 1, 1, 8, seqlens=((4, 4),)).to_json(),
+    r = cli("repro", "--kernel", "sdpa-math", "--case", Case.of(1, 4, 4, 1, 1, 8, seqlens=((4, 4),)).to_json(),
             "--device", "cpu", "--plot", "x.svg")
     assert r.exit_code == 2 and "--plot" in r.stderr and "dense" in r.stderr, r.stderr
     import sys

@@ -20,8 +20,8 @@ from faverify.judge.reference import reference
 from faverify.judge.sequences import yardsticks
 from property_tests.cli_helpers import cli
 
-VARLEN = Case(3, 4, 5, 2, 1, 16, dtype="fp32", causal=True, seqlens=((3, 5), (0, 2), (4, 1)), tail=2, seed=3)
-PAGED = Case(2, 3, 9, 2, 2, 16, dtype="fp32", cache_seqlens=(9, 4), page_size=2, pages="random", seed=5)
+VARLEN = Case.of(3, 4, 5, 2, 1, 16, dtype="fp32", causal=True, seqlens=((3, 5), (0, 2), (4, 1)), tail=2, seed=3)
+PAGED = Case.of(2, 3, 9, 2, 2, 16, dtype="fp32", cache_seqlens=(9, 4), page_size=2, pages="random", seed=5)
 
 
 @pytest.mark.parametrize("fields,argument", [
@@ -55,7 +55,7 @@ def test_bad_paged_fields_are_refused_naming_the_field(fields, argument):
 
 
 def test_ragged_cases_round_trip_through_json_and_dense_ones_print_as_before():
-    for c in (VARLEN, PAGED, dataclasses.replace(PAGED, splits=3, pages="shared", pool=40)):
+    for c in (VARLEN, PAGED, PAGED.replace(splits=3, pages="shared", pool=40)):
         assert Case.from_json(c.to_json()) == c
     dense = Case(2, 8, 8, 2, 2, 64)
     assert set(dense.to_dict()) == {"batch", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "dtype",
@@ -66,7 +66,7 @@ def test_ragged_cases_round_trip_through_json_and_dense_ones_print_as_before():
 
 def test_varlen_inputs_pack_the_sequences_with_a_nan_tail_inside_nan_margins():
     x = make_inputs(VARLEN, "cpu")
-    padded = make_inputs(dataclasses.replace(VARLEN, seqlens=None, tail=0), "cpu")  # the same draw, dense
+    padded = make_inputs(VARLEN.replace(seqlens=None, tail=0), "cpu")  # the same draw, dense
     assert x.q.shape == (7 + 2, 2, 16) and x.k.shape == (8 + 2, 1, 16)
     assert x.cu_seqlens_q.tolist() == [0, 3, 3, 7] and x.cu_seqlens_k.tolist() == [0, 5, 7, 8]
     assert x.cu_seqlens_q.dtype == torch.int32
@@ -85,13 +85,13 @@ def _gathered(x, b, n):
 
 @pytest.mark.parametrize("pages", PAGE_ORDERS)
 def test_paged_inputs_put_each_token_where_the_block_table_says_and_nan_elsewhere(pages):
-    c = dataclasses.replace(PAGED, pages=pages, page_size=2, cache_seqlens=(9, 5))
+    c = PAGED.replace(pages=pages, page_size=2, cache_seqlens=(9, 5))
     x = make_inputs(c, "cpu")
     table = x.block_table.tolist()
-    for b, n in enumerate(c.cache_seqlens):
+    for b, n in enumerate(c.paged.cache_seqlens):
         assert torch.equal(_gathered(x, b, n), x.k_logical[b, :n])
         assert torch.isnan(x.k[table[b][-1]]).all() or -(-n // 2) == len(table[b])  # entries past: an unused page
-    used = {(table[b][t // 2], t % 2) for b, n in enumerate(c.cache_seqlens) for t in range(n)}
+    used = {(table[b][t // 2], t % 2) for b, n in enumerate(c.paged.cache_seqlens) for t in range(n)}
     finite = {(p, s) for p in range(x.k.shape[0]) for s in range(2) if not torch.isnan(x.k[p, s]).any()}
     assert finite == used
     if pages == "reverse":
@@ -107,7 +107,7 @@ def test_the_reference_of_a_ragged_case_is_each_sequence_on_its_own():
     x = make_inputs(VARLEN, "cpu")
     ref, scales, base, empty = yardsticks(VARLEN, x, True, DEFAULT)
     cu_q, cu_k = x.cu_seqlens_q.tolist(), x.cu_seqlens_k.tolist()
-    for b, (sq, sk) in enumerate(VARLEN.seqlens):
+    for b, (sq, sk) in enumerate(VARLEN.varlen.seqlens):
         q = x.q[cu_q[b]:cu_q[b + 1]][None]
         k, v = (t[cu_k[b]:cu_k[b + 1]][None] for t in (x.k, x.v))
         dout = x.dout[cu_q[b]:cu_q[b + 1]][None]
@@ -147,14 +147,14 @@ def test_the_draw_reaches_the_ragged_edges():
     def draw(case):
         seen.append(case)
     draw()
-    varlen = [c for c in seen if c.kind == "varlen"]
+    varlen = [c.varlen for c in seen if c.kind == "varlen"]
     paged = [c for c in seen if c.kind == "paged"]
-    assert any(0 in (sq, sk) for c in varlen for sq, sk in c.seqlens)  # zero-length sequences
-    assert any(sq > sk for c in varlen for sq, sk in c.seqlens)
-    assert any(c.tail for c in varlen) and any(len(c.seqlens) >= 3 for c in varlen)
-    assert {c.pages for c in paged} == set(PAGE_ORDERS)
-    assert {1, 3}.issubset({c.page_size for c in paged})
-    assert any(c.seqlen_q == 1 for c in paged) and any(0 in c.cache_seqlens for c in paged)
+    assert any(0 in (sq, sk) for v in varlen for sq, sk in v.seqlens)  # zero-length sequences
+    assert any(sq > sk for v in varlen for sq, sk in v.seqlens)
+    assert any(v.tail for v in varlen) and any(len(v.seqlens) >= 3 for v in varlen)
+    assert {c.paged.pages for c in paged} == set(PAGE_ORDERS)
+    assert {1, 3}.issubset({c.paged.page_size for c in paged})
+    assert any(c.seqlen_q == 1 for c in paged) and any(0 in c.paged.cache_seqlens for c in paged)
     assert any(c.splits > c.seqlen_k for c in seen)  # empty partials
 
 
@@ -167,8 +167,9 @@ def test_gpu_limits_draw_now_and_then_a_pool_past_32_bit_offsets():
     def draw(case):
         seen.append(case)
     draw()
-    huge = [c for c in seen if c.pool and c.pool * c.page_size * c.nheads_k * c.head_dim >= 2 * INT32_ELEMENTS]
-    assert huge and all(c.pages == "random" for c in huge)
+    huge = [c for c in seen if c.paged.pool and c.paged.pool * c.paged.page_size * c.nheads_k * c.head_dim
+            >= 2 * INT32_ELEMENTS]
+    assert huge and all(c.paged.pages == "random" for c in huge)
     assert max(c.seqlen_k for c in seen) > GPU_LIMITS.max_seqlen  # long caches too
 
 
@@ -198,13 +199,14 @@ def _fuzz(kernel, tmp_path, *extra, iters=60):
 
 @pytest.mark.parametrize("bug,control,signature,names_it", [
     ("varlen_reads_next_key", "varlen_correct", "out:",
-     lambda c: c.kind == "varlen" and (len(c.seqlens) == 2 or c.tail) and len(c.seqlens) <= 2),
+     lambda c: c.kind == "varlen" and (len(c.varlen.seqlens) == 2 or c.varlen.tail) and len(c.varlen.seqlens) <= 2),
     ("varlen_writes_tail", "varlen_into_buffer", "out:written-outside",
-     lambda c: c.kind == "varlen" and c.tail == 1 and len(c.seqlens) == 1),
+     lambda c: c.kind == "varlen" and c.varlen.tail == 1 and len(c.varlen.seqlens) == 1),
     ("varlen_first_sequence_only", "varlen_into_buffer", "out:unwritten",
-     lambda c: c.kind == "varlen" and len(c.seqlens) == 2),
+     lambda c: c.kind == "varlen" and len(c.varlen.seqlens) == 2),
     ("paged_in_order", "paged_correct", "out:",
-     lambda c: c.kind == "paged" and c.pages != "in-order" and c.page_size == 1 and c.batch <= 3 and c.seqlen_k <= 2),
+     lambda c: c.kind == "paged" and c.paged.pages != "in-order" and c.paged.page_size == 1 and c.batch <= 3
+     and c.seqlen_k <= 2),
     ("paged_mtp_top_left", "paged_correct", "out:",  # the multi-token decode edge: a few queries, causal
      lambda c: c.kind == "paged" and c.causal and 2 <= c.seqlen_q <= 4),
     ("combine_nan_on_empty", "combine_correct", "out:nan",
@@ -262,7 +264,7 @@ def test_a_ragged_reproducer_replays_the_same_verdict(tmp_path):
 def test_flex_runs_a_varlen_case_one_sequence_at_a_time():
     from faverify.run.evaluate import evaluate
     from faverify.subjects import resolve
-    c = Case(2, 5, 7, 2, 2, 16, dtype="fp32", causal=True, seqlens=((5, 7), (3, 2)), tail=1, seed=4)
+    c = Case.of(2, 5, 7, 2, 2, 16, dtype="fp32", causal=True, seqlens=((5, 7), (3, 2)), tail=1, seed=4)
     r = evaluate(resolve("flex"), c, "cpu", mode="fwd")
     assert r.status == "pass", r.reason
 
@@ -272,21 +274,21 @@ def test_int32_page_offsets_fail_on_a_pool_past_two_to_the_31_elements():
     """A small pool of large pages: 129 pages of 2^16 tokens x 256 = 2^31 + 2^24 elements (4 GiB in bf16)."""
     from faverify.run.evaluate import evaluate
     from faverify.subjects import resolve
-    c = Case(1, 1, 4, 1, 1, 256, dtype="bf16", cache_seqlens=(4,), page_size=1 << 16, pages="random",
-             pool=129, seed=7)
+    c = Case.of(1, 1, 4, 1, 1, 256, dtype="bf16", cache_seqlens=(4,), page_size=1 << 16, pages="random",
+                pool=129, seed=7)
     low = [s for s in range(2000) if _page_above(c, s)]  # the one page of 129 past 2^31 elements comes first
     c = dataclasses.replace(c, seed=low[0])  # a seed whose page lies past 2^31 elements
     bug = resolve("property_tests.planted_ragged:paged_int32_offsets")
     assert evaluate(bug, c, "cuda", mode="fwd").failed
     assert evaluate(resolve("property_tests.planted_ragged:paged_correct"), c, "cuda", mode="fwd").status == "pass"
-    small = dataclasses.replace(c, pool=0, pages="in-order")
+    small = c.replace(pool=0, pages="in-order")
     assert evaluate(bug, small, "cuda", mode="fwd").status == "pass"
 
 
 def _page_above(case, seed_value):
     from faverify.cases.ragged import page_table
     table, _, _ = page_table(dataclasses.replace(case, seed=seed_value))
-    return table[0][0] * case.page_size * case.head_dim >= INT32_ELEMENTS
+    return table[0][0] * case.paged.page_size * case.head_dim >= INT32_ELEMENTS
 
 
 def test_an_unwritten_output_names_the_rows_and_the_sequence():
@@ -294,7 +296,7 @@ def test_an_unwritten_output_names_the_rows_and_the_sequence():
     a filled buffer shows which rows nobody wrote."""
     from faverify.run.evaluate import evaluate
     from faverify.subjects import resolve
-    case = Case(2, 3, 4, 2, 2, 16, dtype="fp32", seqlens=((1, 4), (3, 2)), seed=1)
+    case = Case.of(2, 3, 4, 2, 2, 16, dtype="fp32", seqlens=((1, 4), (3, 2)), seed=1)
     r = evaluate(resolve("property_tests.planted_ragged:varlen_first_sequence_only"), case, "cpu", mode="fwd")
     assert r.status == "fail" and "out:unwritten" in r.signatures, (r.signatures, r.reason)
     assert "96 elements of the out buffer never written: rows 0..2 of sequence 1" in r.reason, r.reason

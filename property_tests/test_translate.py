@@ -28,13 +28,13 @@ def test_an_empty_cache_is_unsupported_by_flashinfer():
 @pytest.mark.parametrize("pages", ["in-order", "reverse", "random", "shared"])
 def test_the_flashinfer_table_reads_each_sequence_s_own_keys(pages):
     """Keys gathered through (kv_indptr, kv_indices, kv_last_page_len) are the keys the reference reads."""
-    case = Case(3, 2, 45, 2, 1, 16, dtype="fp32", cache_seqlens=(45, 13, 32), page_size=8, pages=pages, seed=4)
+    case = Case.of(3, 2, 45, 2, 1, 16, dtype="fp32", cache_seqlens=(45, 13, 32), page_size=8, pages=pages, seed=4)
     x = make_inputs(case, "cpu")
-    indptr, indices, last = flashinfer_paged(x.block_table, x.cache_seqlens, case.page_size)
-    for b, n in enumerate(case.cache_seqlens):
+    indptr, indices, last = flashinfer_paged(x.block_table, x.cache_seqlens, case.paged.page_size)
+    for b, n in enumerate(case.paged.cache_seqlens):
         own = indices[indptr[b]:indptr[b + 1]].long()
         keys = x.k[own].reshape(-1, *x.k.shape[2:])  # [pages * page_size, hk, d]
-        assert (len(own) - 1) * case.page_size + int(last[b]) == n
+        assert (len(own) - 1) * case.paged.page_size + int(last[b]) == n
         assert torch.equal(keys[:n], x.k_logical[b, :n])
 
 

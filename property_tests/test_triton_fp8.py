@@ -1,7 +1,6 @@
 """The bundled FP8 forward (kernels/triton/fp8.py): e4m3 q, k, v with their descales, out in bf16. On the CPU
 it runs under the Triton interpreter, whose e4m3 conversion the kernel's cast corrects; for sm_90 it is
 compiled to wgmma on e4m3 operands."""
-import dataclasses
 import os
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from property_tests.cli_helpers import cli, read_json
 
 HAS_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_GPU else "cpu"
-BASE = Case(2, 70, 90, 4, 2, 64, dtype="bf16", fp8="tensor", seed=5)
+BASE = Case.of(2, 70, 90, 4, 2, 64, dtype="bf16", fp8="tensor", seed=5)
 
 
 @triton.jit
@@ -47,7 +46,7 @@ def test_the_cast_to_e4m3_rounds_as_the_gpu_under_the_interpreter_too():
                                     dict(regime="limits"), dict(regime="block-spread", causal=True),
                                     dict(regime="large"), dict(seqlen_q=1, seqlen_k=1, batch=1)])
 def test_the_fp8_forward_passes_against_fp64(change):
-    r = evaluate(resolve("triton-fp8"), dataclasses.replace(BASE, **change), DEVICE, mode="fwd")
+    r = evaluate(resolve("triton-fp8"), BASE.replace(**change), DEVICE, mode="fwd")
     assert r.status == "pass", r.reason
 
 
@@ -55,7 +54,7 @@ def test_what_it_does_not_take_is_skipped_with_the_reason():
     subject = resolve("triton-fp8")
     for change, said in ((dict(fp8="block"), "per block not taken"), (dict(fp8_format="e5m2"), "e5m2 not taken"),
                          (dict(fp8="off"), "FP8 inputs alone")):
-        r = evaluate(subject, dataclasses.replace(BASE, **change), DEVICE, mode="fwd")
+        r = evaluate(subject, BASE.replace(**change), DEVICE, mode="fwd")
         assert r.status == "skip" and said in r.reason, r.reason
     from faverify.kernels.triton.fp8 import fp8_attn_func
     q = torch.zeros(1, 4, 2, 32, dtype=torch.bfloat16)

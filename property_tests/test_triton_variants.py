@@ -113,22 +113,22 @@ def test_the_variant_kernel_with_no_variant_gives_the_dense_kernels_bits():
 
 
 RAGGED = {
-    "varlen": Case(3, 70, 97, 2, 1, 24, dtype="bf16", causal=True, seqlens=((5, 7), (0, 3), (70, 97)), tail=3,
-                   seed=8),
-    "varlen-empty-keys-sinks": Case(2, 33, 40, 2, 2, 16, dtype="fp32", sinks="around", seqlens=((33, 0), (1, 40)),
-                                    seed=9),
-    "varlen-window-dv": Case(2, 65, 65, 4, 2, 40, dtype="fp16", window=(5, 5), head_dim_v=24,
-                             seqlens=((65, 65), (64, 1)), seed=10),
+    "varlen": Case.of(3, 70, 97, 2, 1, 24, dtype="bf16", causal=True, seqlens=((5, 7), (0, 3), (70, 97)), tail=3,
+                      seed=8),
+    "varlen-empty-keys-sinks": Case.of(2, 33, 40, 2, 2, 16, dtype="fp32", sinks="around", seqlens=((33, 0), (1, 40)),
+                                       seed=9),
+    "varlen-window-dv": Case.of(2, 65, 65, 4, 2, 40, dtype="fp16", window=(5, 5), head_dim_v=24,
+                                seqlens=((65, 65), (64, 1)), seed=10),
 }
 PAGED = {
-    "decode": Case(3, 1, 200, 2, 1, 32, dtype="bf16", cache_seqlens=(17, 0, 200), page_size=7, pages="random",
-                   splits=3, seed=13),
-    "prefill-causal-window": Case(2, 9, 150, 4, 2, 24, dtype="fp16", causal=True, window=(40, -1),
-                                  cache_seqlens=(150, 9), page_size=16, pages="shared", splits=4, seed=14),
-    "softcap-alibi-one-split": Case(2, 5, 64, 2, 2, 16, dtype="fp32", softcap=3.0, alibi="head",
-                                    cache_seqlens=(64, 31), page_size=1, pages="reverse", splits=1, seed=15),
-    "more-splits-than-blocks": Case(1, 3, 40, 2, 1, 16, dtype="bf16", window=(0, 0), cache_seqlens=(40,),
-                                    page_size=3, pages="in-order", splits=16, seed=16),
+    "decode": Case.of(3, 1, 200, 2, 1, 32, dtype="bf16", cache_seqlens=(17, 0, 200), page_size=7, pages="random",
+                      splits=3, seed=13),
+    "prefill-causal-window": Case.of(2, 9, 150, 4, 2, 24, dtype="fp16", causal=True, window=(40, -1),
+                                     cache_seqlens=(150, 9), page_size=16, pages="shared", splits=4, seed=14),
+    "softcap-alibi-one-split": Case.of(2, 5, 64, 2, 2, 16, dtype="fp32", softcap=3.0, alibi="head",
+                                       cache_seqlens=(64, 31), page_size=1, pages="reverse", splits=1, seed=15),
+    "more-splits-than-blocks": Case.of(1, 3, 40, 2, 1, 16, dtype="bf16", window=(0, 0), cache_seqlens=(40,),
+                                       page_size=3, pages="in-order", splits=16, seed=16),
 }
 
 
@@ -239,8 +239,9 @@ def test_the_warm_up_compiles_each_common_variant_build_once(kind):
     from faverify.kernels.triton.common import BLOCK_DS, block_d
     from faverify.kernels.triton.subject import variant_warmup_cases
     warm = variant_warmup_cases(("bf16", "fp16"), kind)
+    switches = ("bias", "bias_dtype", "bias_grad", "mask")
     builds = {(c.dtype, block_d(c.head_dim), c.head_dim == block_d(c.head_dim), c.softcap > 0, c.seqlen_q <= 16,
-               c.window, c.causal, c.alibi, c.sinks, c.bias, c.bias_dtype, c.bias_grad, c.mask) for c in warm}
+               c.window, c.causal, c.alibi, c.sinks, *(c.flat()[f] for f in switches)) for c in warm}
     # per padded head dim, dtype and softcap, the fast build and the generic one: the paged decode's and
     # prefill's tiles; for triton, the plain build, and (generic) a bias's in the inputs' dtype and in
     # fp32, each with and without its gradient, and a block mask's
@@ -295,7 +296,7 @@ def test_the_hopper_forward_declines_what_it_does_not_run():
     import dataclasses
     base = HOPPER["window-both-bounds"]
     for case in (dataclasses.replace(base, head_dim_v=32), dataclasses.replace(base, dtype="fp32"),
-                 dataclasses.replace(base, bias="normal")):
+                 base.replace(bias="normal")):
         r = _passes(resolve("triton"), case)
         assert any(p.startswith("fwd variant") for p in r.paths) and "fwd hopper variant" not in r.paths, \
             (case, r.paths)
@@ -309,9 +310,9 @@ def test_the_paged_kernel_reads_pages_past_two_to_the_31_elements():
 
     from faverify.cases.ragged import page_table
     from faverify.cases.ragged_draws import INT32_ELEMENTS
-    c = Case(1, 1, 4, 1, 1, 256, dtype="bf16", cache_seqlens=(4,), page_size=1 << 16, pages="random", pool=129)
-    seed = next(s for s in range(2000)
-                if page_table(dataclasses.replace(c, seed=s))[0][0][0] * c.page_size * c.head_dim >= INT32_ELEMENTS)
+    c = Case.of(1, 1, 4, 1, 1, 256, dtype="bf16", cache_seqlens=(4,), page_size=1 << 16, pages="random", pool=129)
+    page = c.paged.page_size * c.head_dim
+    seed = next(s for s in range(2000) if page_table(dataclasses.replace(c, seed=s))[0][0][0] * page >= INT32_ELEMENTS)
     _passes(resolve("triton-paged"), dataclasses.replace(c, seed=seed))
 
 
@@ -361,7 +362,7 @@ def test_the_warm_up_launches_every_variant_build_a_fuzz_draws(kind, monkeypatch
     def builds(cases) -> set:
         seen.clear()
         for case in cases:  # the dense cases run the dense kernels, the sparse ones sparse.py: tests of their own
-            if case.features() and case.sparse == "off":
+            if case.features() and case.sparse is None:
                 exercise(subject, case, DEVICE)
         return set(seen)
 
@@ -418,21 +419,21 @@ def test_the_hopper_forwards_tanh_keeps_its_relative_error_and_saturates():
 
 
 DECODE_CASES = {  # paged caches with a few query rows a sequence: GQA groups packed into the decode tile
-    "gqa8-decode": Case(2, 1, 45, 8, 1, 64, dtype="bf16", cache_seqlens=(45, 13), page_size=8, pages="random",
-                        seed=7),
-    "gqa4-window-softcap-alibi-splits": Case(3, 1, 150, 8, 2, 128, dtype="fp16", cache_seqlens=(150, 1, 77),
-                                             page_size=16, pages="random", window=(9, -1), softcap=5.0,
-                                             alibi="head", seed=9, splits=3),
+    "gqa8-decode": Case.of(2, 1, 45, 8, 1, 64, dtype="bf16", cache_seqlens=(45, 13), page_size=8, pages="random",
+                           seed=7),
+    "gqa4-window-softcap-alibi-splits": Case.of(3, 1, 150, 8, 2, 128, dtype="fp16", cache_seqlens=(150, 1, 77),
+                                                page_size=16, pages="random", window=(9, -1), softcap=5.0,
+                                                alibi="head", seed=9, splits=3),
     # a tile's rows are (head, query) pairs: group and seqlen_q with a common factor, where a mapping that
     # is no bijection (row r as head r % group and query r % seqlen_q) leaves pairs uncomputed
-    "gqa4-two-queries-causal": Case(1, 2, 50, 8, 2, 64, dtype="bf16", cache_seqlens=(50,), page_size=16,
-                                    causal=True, seed=11),
-    "gqa3-five-queries-causal-window": Case(2, 5, 70, 6, 2, 40, dtype="bf16", cache_seqlens=(70, 0), page_size=7,
-                                            causal=True, window=(3, 2), alibi="batch-head", seed=3, splits=2),
-    "gqa16-rows-past-one-tile": Case(1, 3, 33, 16, 1, 32, dtype="bf16", cache_seqlens=(33,), page_size=1,
-                                     head_dim_v=64, seed=5),
-    "mha-16-rows-fp32": Case(1, 16, 100, 4, 4, 64, dtype="fp32", cache_seqlens=(100,), page_size=16, causal=True,
-                             seed=4),
+    "gqa4-two-queries-causal": Case.of(1, 2, 50, 8, 2, 64, dtype="bf16", cache_seqlens=(50,), page_size=16,
+                                       causal=True, seed=11),
+    "gqa3-five-queries-causal-window": Case.of(2, 5, 70, 6, 2, 40, dtype="bf16", cache_seqlens=(70, 0), page_size=7,
+                                               causal=True, window=(3, 2), alibi="batch-head", seed=3, splits=2),
+    "gqa16-rows-past-one-tile": Case.of(1, 3, 33, 16, 1, 32, dtype="bf16", cache_seqlens=(33,), page_size=1,
+                                        head_dim_v=64, seed=5),
+    "mha-16-rows-fp32": Case.of(1, 16, 100, 4, 4, 64, dtype="fp32", cache_seqlens=(100,), page_size=16, causal=True,
+                                seed=4),
 }
 
 
@@ -466,8 +467,8 @@ def test_the_decode_kernel_writes_every_split_partial(monkeypatch):
         return t.fill_(float("nan")) if t.is_floating_point() else t
 
     monkeypatch.setattr(torch, "empty", poisoned)
-    case = Case(2, 1, 100, 8, 2, 32, dtype="bf16", cache_seqlens=(100, 0), page_size=16, pages="random",
-                splits=9, seed=21)
+    case = Case.of(2, 1, 100, 8, 2, 32, dtype="bf16", cache_seqlens=(100, 0), page_size=16, pages="random",
+                   splits=9, seed=21)
     r = evaluate(resolve("triton-paged"), case, DEVICE, mode="fwd")
     assert r.status == "pass", (r.status, r.reason)
     assert {"out", "lse", "out_splits", "lse_splits"} <= set(r.metrics)
@@ -506,7 +507,7 @@ def test_the_warm_up_runs_both_builds_of_each_hopper_forward_it_reaches():
 
     def hopper(c) -> bool:  # interface._use_hopper and _hopper_variant, off the GPU
         return (c.dtype in ("bf16", "fp16") and c.layout == "contiguous" and c.head_dim % 16 == 0
-                and 48 <= c.head_dim <= 128 and c.head_dim_v is None and c.mask == "off" and c.bias == "off")
+                and 48 <= c.head_dim <= 128 and c.head_dim_v is None and c.mask is None and c.bias is None)
 
     builds: dict = {}
     for c in WARMUPS["triton"](("bf16", "fp16"), FEATURES):
@@ -547,7 +548,7 @@ def test_the_warm_up_compiles_only_what_the_drawn_features_need():
     Case(1, 90, 40, 2, 1, 32, dtype="bf16", causal=True, max_logit=True, seed=21),  # rows that see no key
     Case(1, 40, 64, 4, 2, 24, dtype="fp16", softcap=3.0, alibi="head", sinks="above", max_logit=True, seed=22),
     # a finfo.min bias beside a sink: log2 l overflows to +inf on a row that saw its key
-    Case(1, 1, 1, 1, 1, 16, dtype="bf16", sinks="around", bias="min", max_logit=True, seed=0),
+    Case.of(1, 1, 1, 1, 1, 16, dtype="bf16", sinks="around", bias="min", max_logit=True, seed=0),
     Case(1, 33, 47, 2, 2, 40, dtype="fp32", window=(5, 2), softmax_scale=0.3, max_logit=True, seed=23),
 ], ids=["dense-causal-empty-rows", "softcap-alibi-sinks", "min-bias-sink", "window-fp32"])
 def test_the_max_logit_is_each_rows_largest_scaled_logit(case):
@@ -559,10 +560,10 @@ def test_the_max_logit_is_each_rows_largest_scaled_logit(case):
 
 
 @pytest.mark.parametrize("case", [
-    Case(2, 5, 40, 4, 2, 32, dtype="bf16", sparse="duplicates", topk=20, seed=31),  # keys listed twice
-    Case(1, 9, 30, 2, 1, 24, dtype="fp16", sparse="invalid", topk=17, lse_grad="with", seed=32),  # -1 slots, rows
-    Case(1, 6, 12, 2, 2, 40, dtype="fp32", sparse="out-of-range", topk=12, head_dim_v=24, seed=33),
-    Case(1, 4, 7, 3, 1, 16, dtype="bf16", sparse="distinct", topk=9, max_logit=True, seed=34),  # topk > keys
+    Case.of(2, 5, 40, 4, 2, 32, dtype="bf16", sparse="duplicates", topk=20, seed=31),  # keys listed twice
+    Case.of(1, 9, 30, 2, 1, 24, dtype="fp16", sparse="invalid", topk=17, lse_grad="with", seed=32),  # -1 slots, rows
+    Case.of(1, 6, 12, 2, 2, 40, dtype="fp32", sparse="out-of-range", topk=12, head_dim_v=24, seed=33),
+    Case.of(1, 4, 7, 3, 1, 16, dtype="bf16", sparse="distinct", topk=9, max_logit=True, seed=34),  # topk > keys
 ], ids=["duplicates", "invalid-lse-grad", "out-of-range-dv", "distinct-past-the-keys"])
 def test_the_sparse_kernel_gathers_the_listed_keys_forward_and_backward(case):
     """kernels/triton/sparse.py against the FP64 reference of the listed keys: duplicates weigh twice, -1 and
@@ -573,6 +574,6 @@ def test_the_sparse_kernel_gathers_the_listed_keys_forward_and_backward(case):
 
 
 def test_the_sparse_kernel_skips_a_variant_it_does_not_take_naming_it():
-    case = Case(1, 4, 8, 2, 1, 16, dtype="bf16", sparse="distinct", topk=4, softcap=5.0, seed=35)
+    case = Case.of(1, 4, 8, 2, 1, 16, dtype="bf16", sparse="distinct", topk=4, softcap=5.0, seed=35)
     result = evaluate(resolve("triton"), case, DEVICE, mode="fwd")
     assert result.status == "skip" and "softcap" in result.reason and "indices" in result.reason, result.reason

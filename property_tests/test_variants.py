@@ -263,8 +263,8 @@ def test_flex_runs_the_variants_it_declares_forward_only_on_the_cpu():
         Case(2, 33, 47, 2, 2, 32, dtype="bf16", softcap=2.0, alibi="batch-head", seed=2),
         Case(2, 33, 47, 2, 2, 32, dtype="bf16", softcap=7.0, alibi="batch-head", window=(3, 4), seed=3),
         # the case's own mask_mod (per batch element) and score_mod, compiled as the reference applies them
-        Case(2, 33, 47, 2, 2, 32, dtype="bf16", mask="padding", mask_lengths=[[20, 1], [33, 40]], mask_shape="heads",
-             score_mod="relative", seed=4))]
+        Case.of(2, 33, 47, 2, 2, 32, dtype="bf16", mask="padding", mask_lengths=[[20, 1], [33, 40]], mask_shape="heads",
+                score_mod="relative", seed=4))]
     assert [r.status for r in results] == ["pass"] * 4, [r.reason for r in results]
     assert all(r.reason.startswith("forward only") and set(r.metrics) == {"out"} for r in results)
     assert results[0].phases.get("compile", 0) > 0 and "compile" not in results[2].phases

@@ -59,7 +59,8 @@ def _step(draw, step: str, prev: Case, fresh: Case, case_args: dict) -> Case:
         "refill": {"seed": fresh.seed},
         "layout": {"layout": fresh.layout},
         "dtype": {"dtype": fresh.dtype},
-        "batch": {"batch": fresh.batch} if prev.kind == "dense" and prev.mask_lengths is None else None,
+        "batch": {"batch": fresh.batch} if prev.kind == "dense" and (prev.mask is None or prev.mask.lengths is None)
+        else None,
         "extreme": _extreme(draw, case_args),
         "empty-rows": _empty_rows(prev, case_args),
     }.get(step)
@@ -78,7 +79,7 @@ def _extreme(draw, case_args: dict) -> dict | None:
 
 def _empty_rows(prev: Case, case_args: dict) -> dict | None:
     """More query rows than keys, causal: the first rows see no key (out 0, lse -inf)."""
-    if prev.kind != "dense" or case_args.get("causal") is False or prev.mask != "off" or prev.score_mod != "off":
+    if prev.kind != "dense" or case_args.get("causal") is False or prev.mask is not None or prev.score_mod != "off":
         return None
     if case_args.get("equal_seqlens") or case_args.get("seqlen_multiple", 1) > 1:  # lengths it does not take
         return None

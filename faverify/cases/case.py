@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 
 from faverify.cases.checks import check
+from faverify.cases.groups import FP8, GROUPS, Bias, Mask, Paged, Sparse, Varlen, flattened, grouped
 from faverify.cases.vocabulary import FEATURES, VARIANT_DEFAULTS
 from faverify.errors import UsageError
 
@@ -35,40 +36,18 @@ class Case:
     alibi: str = "off"
     sinks: str = "off"
     head_dim_v: int | None = None  # None: head_dim
-    # varlen: (seqlen_q, seqlen_k) per sequence, packed along the token axis; batch, seqlen_q and seqlen_k
-    # are then their count and their maxima (flash-attn's max_seqlen_q, max_seqlen_k)
-    seqlens: tuple | None = None
-    tail: int = 0  # varlen: unused tokens of q and k past the last offset (NaN; never read nor written)
-    # paged: the keys of each sequence's cache (seqlen_k is their maximum), in pages of page_size tokens
-    # laid out in the pool per `pages`; the pool has `pool` pages (0: those used, and one unused)
-    cache_seqlens: tuple | None = None
-    page_size: int = 0
-    pages: str = "in-order"
-    pool: int = 0
+    # the feature groups (groups.py), each None where its feature is off; the case's JSON holds their fields flat
+    varlen: Varlen | None = None  # sequences of their own lengths packed along the token axis
+    paged: Paged | None = None  # keys in a paged cache
     splits: int = 1  # split-KV: each sequence's keys cut into this many ranges (Case.split_ranges)
     shards: str = "off"  # or cut into `splits` context-parallel shards (vocabulary.SHARDS; Case.shard_keys)
-    # masks and biases (masks.py draws them from the seed): the pattern and its shape; the block size of
-    # "block"; the percent of blocks or elements masked ("block", "random"); the lengths of "padding"
-    # ([q_len, k_len] per batch element), "document" ([q_len, k_len] per document, in order) and "prefix"
-    # ([prefix]); mask_nan: keys that no row may see hold NaN in k and v
-    mask: str = "off"
-    mask_shape: str = "full"
-    mask_block: int = 0
-    mask_rate: int = 0
-    mask_lengths: tuple | None = None
-    mask_nan: bool = False
-    bias: str = "off"
-    bias_shape: str = "full"  # MASK_SHAPES but "keys"
-    bias_dtype: str = "input"
-    bias_grad: bool = False  # the bias requires grad: dbias is judged with the other gradients
+    mask: Mask | None = None  # a boolean keep-mask drawn as a pattern
+    bias: Bias | None = None  # an additive bias
     score_mod: str = "off"
-    fp8: str = "off"  # q, k, v in float8_e4m3fn with descale factors of this granularity (vocabulary.FP8)
-    fp8_format: str = "e4m3"  # or float8_e5m2 (vocabulary.FP8_FORMATS)
+    fp8: FP8 | None = None  # q, k, v in FP8 with descale factors
     lse_grad: str = "off"  # a loss on lse as well as on out, or on lse alone (vocabulary.LSE_GRADS)
     max_logit: bool = False  # the call asks for the largest logit each row sees (return_max_logit=True)
-    # sparse key indices (cases/sparse.py): what they hold (vocabulary.SPARSE) and how many a row lists
-    sparse: str = "off"
-    topk: int = 0
+    sparse: Sparse | None = None  # the keys a row sees given as indices
     kv_shared: bool = False  # v is k[..., :head_dim_v], a view of k's own storage (MLA's absorbed form)
     # a call sequence (`fuzz --sequence`): the calls this process makes before this one, oldest first, each
     # a case of its own with no `before`; every call is judged, so a bug carried from one call into the next
@@ -105,33 +84,30 @@ class Case:
     def features(self) -> tuple:
         """The variant features this case uses, in FEATURES order."""
         on = {"window": self.window != (-1, -1), "softcap": self.softcap > 0, "alibi": self.alibi != "off",
-              "sinks": self.sinks != "off", "head_dim_v": self.head_dim_v is not None,
-              "varlen": self.seqlens is not None, "paged": self.cache_seqlens is not None, "splits": self.splits > 1,
-              "shards": self.shards != "off",
-              "mask": self.mask != "off", "mask_nan": self.mask_nan, "bias": self.bias != "off",
-              "bias_grad": self.bias_grad, "score_mod": self.score_mod != "off", "fp8": self.fp8 != "off",
-              "lse_grad": self.lse_grad != "off", "max_logit": self.max_logit, "sparse": self.sparse != "off",
-              "kv_shared": self.kv_shared}
+              "sinks": self.sinks != "off", "head_dim_v": self.head_dim_v is not None, "splits": self.splits > 1,
+              "shards": self.shards != "off", "mask_nan": self.mask is not None and self.mask.nan,
+              "bias_grad": self.bias is not None and self.bias.grad, "score_mod": self.score_mod != "off",
+              "lse_grad": self.lse_grad != "off", "max_logit": self.max_logit, "kv_shared": self.kv_shared,
+              **{name: getattr(self, name) is not None for name in GROUPS}}
         return tuple(f for f in FEATURES if on[f])
 
     @property
     def kind(self) -> str:
-        return "varlen" if self.seqlens is not None else "paged" if self.cache_seqlens is not None else "dense"
+        return "varlen" if self.varlen is not None else "paged" if self.paged is not None else "dense"
 
     @property
     def sequences(self) -> tuple:
         """(seqlen_q, seqlen_k) of each sequence: a dense batch's are all the same."""
-        if self.seqlens is not None:
-            return self.seqlens
-        if self.cache_seqlens is not None:
-            return tuple((self.seqlen_q, n) for n in self.cache_seqlens)
+        if self.varlen is not None:
+            return self.varlen.seqlens
+        if self.paged is not None:
+            return tuple((self.seqlen_q, n) for n in self.paged.cache_seqlens)
         return ((self.seqlen_q, self.seqlen_k),) * self.batch
 
     def sequence(self, i: int) -> "Case":
         """Sequence i as a dense case of batch 1 (its masks, empty rows and visible keys)."""
         sq, sk = self.sequences[i]
-        return dataclasses.replace(self, batch=1, seqlen_q=max(1, sq), seqlen_k=sk, seqlens=None, tail=0,
-                                   cache_seqlens=None, page_size=0, pages="in-order", pool=0)
+        return dataclasses.replace(self, batch=1, seqlen_q=max(1, sq), seqlen_k=sk, varlen=None, paged=None)
 
     @property
     def total_q(self) -> int:
@@ -145,17 +121,18 @@ class Case:
     @property
     def pages_used(self) -> int:
         """Pages a paged case's sequences occupy in the pool (shared pages once)."""
-        if self.cache_seqlens is None:
+        if self.paged is None:
             return 0
-        own = [-(-n // self.page_size) for n in self.cache_seqlens]
+        own = [-(-n // self.paged.page_size) for n in self.paged.cache_seqlens]
         return sum(own) - sum(self.shared_pages(b) for b in range(len(own)))
 
     def shared_pages(self, b: int) -> int:
         """Under pages="shared", sequence b > 0 reads its first this many pages from sequence 0's (the
         full pages both have)."""
-        if self.pages != "shared" or b == 0 or self.cache_seqlens is None:
+        if self.paged is None or self.paged.pages != "shared" or b == 0:
             return 0
-        return min(self.cache_seqlens[0], self.cache_seqlens[b]) // self.page_size
+        lengths = self.paged.cache_seqlens
+        return min(lengths[0], lengths[b]) // self.paged.page_size
 
     def split_ranges(self, seqlen_k: int, block: int = 1) -> list:
         """The key ranges [lo, hi) of the splits of one sequence of seqlen_k keys: whole blocks of `block`
@@ -209,8 +186,38 @@ class Case:
     def has_masked_rows(self) -> bool:
         return self.masked_rows > 0
 
+    @classmethod
+    def of(cls, *shape, **fields) -> "Case":
+        """A case from its flat fields, the keys of its JSON (`Case.of(1, 4, 9, 2, 1, 64, cache_seqlens=(9,),
+        page_size=4)`): each group where one of its fields is given a value other than its off value, None
+        where none is. The leading fields may be given by position, as to Case."""
+        for name, group in GROUPS.items():
+            given = {key: fields.pop(key) for key in group.FLAT if key in fields}
+            if given:
+                fields[name] = grouped(group, given)
+        return cls(*shape, **fields)
+
+    @classmethod
+    def flat_names(cls) -> tuple:
+        """The flat fields of a case, in the order of its JSON: each group's in its place."""
+        return tuple(n for f in dataclasses.fields(cls) for n in (GROUPS[f.name].FLAT if f.name in GROUPS else
+                                                                   (f.name,)))
+
+    def flat(self) -> dict:
+        """Every flat field and its value (a group's off values where it is None), in flat_names order."""
+        d = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            d.update(flattened(GROUPS[f.name], value) if f.name in GROUPS else {f.name: value})
+        return d
+
+    def replace(self, **changes) -> "Case":
+        """This case with some flat fields changed (dataclasses.replace over the flat fields): a group is
+        made, changed or dropped as Case.of makes it."""
+        return type(self).of(**{**self.flat(), **changes})
+
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
+        d = self.flat()
         if self.before:  # each earlier call as its own JSON, its variant fields left out when off
             d["before"] = [c.to_dict() for c in self.before]
         for name, off in VARIANT_DEFAULTS.items():
@@ -229,7 +236,7 @@ class Case:
     def from_dict(cls, data: object) -> "Case":
         if not isinstance(data, dict):
             raise UsageError("case", data, "must be a JSON object with the fields of a Case")
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = set(cls.flat_names())
         unknown = sorted(set(data) - names)
         if unknown:
             raise UsageError("case", unknown, f"unknown field(s); a Case has {', '.join(sorted(names))}")
@@ -239,7 +246,7 @@ class Case:
             raise UsageError("case", missing, "missing required field(s)")
         if isinstance(data.get("before"), (list, tuple)):
             data = {**data, "before": tuple(cls.from_dict(c) for c in data["before"])}
-        return cls(**data)
+        return cls.of(**data)
 
     @classmethod
     def from_json(cls, text: str) -> "Case":
@@ -269,24 +276,24 @@ class Case:
             flags.append(f"sinks={self.sinks}")
         if self.head_dim_v is not None:
             flags.append(f"dv={self.head_dim_v}")
-        if self.seqlens is not None:
-            flags.append("varlen " + ",".join(f"{a}/{b}" for a,
-                                              b in self.seqlens) + (f" tail={self.tail}" if self.tail else ""))
-        if self.cache_seqlens is not None:
-            cache = ",".join(map(str, self.cache_seqlens))
-            flags.append(f"paged cache={cache} page={self.page_size} pages={self.pages}"
-                         + (f" pool={self.pool}" if self.pool else ""))
+        if self.varlen is not None:
+            v = self.varlen
+            flags.append("varlen " + ",".join(f"{a}/{b}" for a, b in v.seqlens) + (f" tail={v.tail}" if v.tail else ""))
+        if self.paged is not None:
+            p = self.paged
+            flags.append(f"paged cache={','.join(map(str, p.cache_seqlens))} page={p.page_size} pages={p.pages}"
+                         + (f" pool={p.pool}" if p.pool else ""))
         if self.splits > 1:
             flags.append(f"splits={self.splits}" if self.shards == "off" else f"{self.shards} shards={self.splits}")
         flags += self._mask_flags()
-        if self.fp8 != "off":
-            flags.append(f"fp8 {self.fp8_format} descale per {self.fp8}")
+        if self.fp8 is not None:
+            flags.append(f"fp8 {self.fp8.format} descale per {self.fp8.granularity}")
         if self.lse_grad != "off":
             flags.append("loss on lse" + (" alone" if self.lse_grad == "alone" else " and out"))
         if self.max_logit:
             flags.append("max_logit")
-        if self.sparse != "off":
-            flags.append(f"sparse={self.sparse} topk={self.topk}")
+        if self.sparse is not None:
+            flags.append(f"sparse={self.sparse.indices} topk={self.sparse.topk}")
         if self.kv_shared:
             flags.append("v=k[..., :dv] (kv_shared)")
         calls = f"after {len(self.before)} call{'s' if len(self.before) > 1 else ''}: " if self.before else ""
@@ -297,25 +304,26 @@ class Case:
     def mask_kinds(self) -> tuple:
         """What the case masks and adds by, in words ("padding mask", "min bias", "relative score_mod"): a
         run counts its cases by them."""
-        return tuple(f"{value} {word}" for value, word in ((self.mask, "mask"), (self.bias, "bias"),
-                                                           (self.score_mod, "score_mod")) if value != "off")
+        flat = self.flat()
+        return tuple(f"{flat[word]} {word}" for word in ("mask", "bias", "score_mod") if flat[word] != "off")
 
     def _mask_flags(self) -> list:
         """"padding mask [1 1, 2 0] keys" and the like: a minimal failure reads as its pattern."""
         flags = []
-        if self.mask != "off":
-            words = [f"{self.mask} mask"]
-            if self.mask_lengths is not None:
-                words.append(",".join("/".join(map(str, p)) for p in self.mask_lengths))
-            if self.mask == "block":
-                words.append(f"block={self.mask_block}")
-            if self.mask in ("block", "random"):
-                words.append(f"masked={self.mask_rate}%")
-            words.append(f"shape={self.mask_shape}" + (" nan-keys" if self.mask_nan else ""))
+        m, b = self.mask, self.bias
+        if m is not None:
+            words = [f"{m.pattern} mask"]
+            if m.lengths is not None:
+                words.append(",".join("/".join(map(str, p)) for p in m.lengths))
+            if m.pattern == "block":
+                words.append(f"block={m.block}")
+            if m.pattern in ("block", "random"):
+                words.append(f"masked={m.rate}%")
+            words.append(f"shape={m.shape}" + (" nan-keys" if m.nan else ""))
             flags.append(" ".join(words))
-        if self.bias != "off":
-            flags.append(f"bias={self.bias} shape={self.bias_shape}" + (" fp32" if self.bias_dtype == "fp32" else "")
-                         + (" grad" if self.bias_grad else ""))
+        if b is not None:
+            flags.append(f"bias={b.values} shape={b.shape}" + (" fp32" if b.dtype == "fp32" else "")
+                         + (" grad" if b.grad else ""))
         if self.score_mod != "off":
             flags.append(f"score_mod={self.score_mod}")
         return flags

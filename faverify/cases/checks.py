@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from faverify.cases.groups import GROUPS, Bias, Mask, flattened, is_off
 from faverify.cases.vocabulary import (
     ALIBI,
     BIAS_DTYPES,
@@ -32,10 +33,10 @@ from faverify.cases.vocabulary import (
     SHARDS,
     SINKS,
     SPARSE,
-    VARIANT_DEFAULTS,
 )
 from faverify.errors import UsageError
 
+FP8_FORMAT_RULE = f"must be one of {', '.join(FP8_FORMATS)}, with fp8 on"
 
 def check(case) -> None:
     """Refuse a case no kernel call could mean (UsageError names the field, its value and the rule);
@@ -74,7 +75,7 @@ def _check_kv_shared(case) -> None:
     """v as the leading head_dim_v columns of k's storage: v no wider than k, one dense batch."""
     if not isinstance(case.kv_shared, bool):
         raise UsageError("kv_shared", case.kv_shared, "must be true or false")
-    if case.kv_shared and (case.dv > case.head_dim or case.kind != "dense" or case.fp8 != "off"):
+    if case.kv_shared and (case.dv > case.head_dim or case.kind != "dense" or case.fp8 is not None):
         raise UsageError("kv_shared", True, f"needs head_dim_v <= head_dim (got {case.dv} > {case.head_dim})"
                          if case.dv > case.head_dim else "takes a dense batch of 16-bit or fp32 inputs")
 
@@ -86,43 +87,42 @@ def _check_outputs(case) -> None:
     if not isinstance(case.max_logit, bool):
         raise UsageError("max_logit", case.max_logit, "must be true or false")
     for name, on in (("lse_grad", case.lse_grad != "off"), ("max_logit", case.max_logit)):
-        if on and (case.kind != "dense" or case.splits > 1 or case.fp8 != "off"):
+        if on and (case.kind != "dense" or case.splits > 1 or case.fp8 is not None):
             raise UsageError(name, getattr(case, name), "takes dense cases with one split and no FP8 (a value of "
                                                         "each whole row of a dense batch); this case is "
                                                         + (case.kind if case.kind != "dense" else "split or FP8"))
 
 
 def _check_sparse(case) -> None:
-    if case.sparse not in SPARSE:
-        raise UsageError("sparse", case.sparse, f"must be one of {', '.join(SPARSE)}")
-    if case.sparse == "off":
-        if case.topk:
-            raise UsageError("topk", case.topk, "is a sparse case's (sparse is off)")
+    if case.sparse is None:
         return
-    _require_int("topk", case.topk, minimum=1, maximum=MAX_TOPK)
+    if case.sparse.indices not in SPARSE:
+        raise UsageError("sparse", case.sparse.indices, f"must be one of {', '.join(SPARSE)}")
+    _require_int("topk", case.sparse.topk, minimum=1, maximum=MAX_TOPK)
     others = [f for f in case.features() if f in ("window", "varlen", "paged", "splits", "mask", "bias",
                                                   "score_mod", "fp8")]
     if case.causal or others:
-        raise UsageError("sparse", case.sparse, "the indices alone say which keys a row sees: no causal mask, "
-                                                "window, mask, bias or ragged batch beside them; this case has "
-                                                + ", ".join((["causal"] if case.causal else []) + others))
+        raise UsageError("sparse", case.sparse.indices, "the indices alone say which keys a row sees: no causal "
+                                                        "mask, window, mask, bias or ragged batch beside them; this "
+                                                        "case has " + ", ".join((["causal"] if case.causal else [])
+                                                                                + others))
 
 
 def _check_fp8(case) -> None:
-    if case.fp8 not in FP8:
-        raise UsageError("fp8", case.fp8, f"must be one of {', '.join(FP8)}")
-    if case.fp8_format not in FP8_FORMATS or (case.fp8 == "off" and case.fp8_format != "e4m3"):
-        raise UsageError("fp8_format", case.fp8_format, f"must be one of {', '.join(FP8_FORMATS)}, with fp8 on")
-    if case.fp8 == "off":
+    if case.fp8 is None:
         if case.regime in FP8_OWN_REGIMES:
             raise UsageError("regime", case.regime, "is an FP8 case's regime (fp8 is off)")
         return
+    if case.fp8.granularity not in FP8:
+        raise UsageError("fp8", case.fp8.granularity, f"must be one of {', '.join(FP8)}")
+    if case.fp8.format not in FP8_FORMATS:
+        raise UsageError("fp8_format", case.fp8.format, FP8_FORMAT_RULE)
     if case.dtype != "bf16":
         raise UsageError("dtype", case.dtype, "an FP8 case's output is bf16, as flash-attn 3 and 4 return it")
     others = [f for f in case.features() if f != "fp8"]
     if others or case.kind != "dense":
-        raise UsageError("fp8", case.fp8, "takes dense attention alone; this case has "
-                                          + (", ".join(others) or case.kind))
+        raise UsageError("fp8", case.fp8.granularity, "takes dense attention alone; this case has "
+                                                      + (", ".join(others) or case.kind))
 
 
 # the most calls a sequence makes before its last (`fuzz --sequence`: 1..MAX_CALLS calls in all)
@@ -160,80 +160,104 @@ def _check_variants(case) -> None:
         _require_int("head_dim_v", case.head_dim_v, minimum=1)
         if case.head_dim_v > MAX_HEAD_DIM_V:
             raise UsageError("head_dim_v", case.head_dim_v, f"must be in 1..{MAX_HEAD_DIM_V}, or null for head_dim")
+    _check_groups(case)
     _check_ragged(case)
     _check_masks(case)
 
 
 def _check_masks(case) -> None:
+    m, b = case.mask, case.bias
+    flat = {**flattened(Mask, m), **flattened(Bias, b), "score_mod": case.score_mod}
     for name, allowed in (("mask", MASKS), ("mask_shape", MASK_SHAPES), ("bias", BIASES),
                           ("bias_shape", MASK_SHAPES[:-1]), ("bias_dtype", BIAS_DTYPES), ("score_mod", SCORE_MODS)):
-        if getattr(case, name) not in allowed:
-            raise UsageError(name, getattr(case, name), f"must be one of {', '.join(allowed)}")
+        if flat[name] not in allowed:
+            raise UsageError(name, flat[name], f"must be one of {', '.join(allowed)}")
     for name in ("mask_nan", "bias_grad"):
-        if not isinstance(getattr(case, name), bool):
-            raise UsageError(name, getattr(case, name), "must be true or false")
-    _require_int("mask_block", case.mask_block, minimum=0)
-    _require_int("mask_rate", case.mask_rate, minimum=0)
-    if case.mask_rate > 100:
-        raise UsageError("mask_rate", case.mask_rate, "must be a percent in 0..100")
-    used = [n for n in ("mask", "bias", "score_mod") if getattr(case, n) != "off"]
+        if not isinstance(flat[name], bool):
+            raise UsageError(name, flat[name], "must be true or false")
+    _require_int("mask_block", flat["mask_block"], minimum=0)
+    _require_int("mask_rate", flat["mask_rate"], minimum=0)
+    if flat["mask_rate"] > 100:
+        raise UsageError("mask_rate", flat["mask_rate"], "must be a percent in 0..100")
+    used = [n for n in ("mask", "bias", "score_mod") if flat[n] != "off"]
     if used and (case.kind != "dense" or case.splits > 1):
-        raise UsageError(used[0], getattr(case, used[0]), "is for dense cases only (not varlen, paged or split)")
-    if case.mask != "off" and case.bias != "off":
-        raise UsageError("bias", case.bias, "a case has a mask or a bias, not both (SDPA takes one attn_mask)")
+        raise UsageError(used[0], flat[used[0]], "is for dense cases only (not varlen, paged or split)")
+    if m is not None and b is not None:
+        raise UsageError("bias", b.values, "a case has a mask or a bias, not both (SDPA takes one attn_mask)")
     if case.score_mod != "off" and (case.softcap or case.alibi != "off"):
         raise UsageError("score_mod", case.score_mod, "replaces softcap and alibi: leave those off")
-    if case.mask == "off":
-        for name in ("mask_shape", "mask_block", "mask_rate", "mask_lengths", "mask_nan"):
-            if getattr(case, name) != VARIANT_DEFAULTS[name]:
-                raise UsageError(name, getattr(case, name), "is for cases with a mask (mask is off)")
-    if case.bias == "off":
-        for name in ("bias_shape", "bias_dtype", "bias_grad"):
-            if getattr(case, name) != VARIANT_DEFAULTS[name]:
-                raise UsageError(name, getattr(case, name), "is for cases with a bias (bias is off)")
-    if case.mask_shape == "keys" and case.mask not in KEY_MASKS:
+    if m is None:
+        return
+    if m.shape == "keys" and m.pattern not in KEY_MASKS:
         raise UsageError("mask_shape", "keys", f"takes a key mask: mask must be one of {', '.join(KEY_MASKS)}")
-    if case.mask == "block":
-        _require_int("mask_block", case.mask_block, minimum=1)
-    elif case.mask_block:
-        raise UsageError("mask_block", case.mask_block, "is for mask \"block\" only")
-    if case.mask_rate and case.mask not in ("block", "random"):
-        raise UsageError("mask_rate", case.mask_rate, "is for masks \"block\" and \"random\" only")
-    _check_mask_lengths(case)
+    if m.pattern == "block":
+        _require_int("mask_block", m.block, minimum=1)
+    elif m.block:
+        raise UsageError("mask_block", m.block, "is for mask \"block\" only")
+    if m.rate and m.pattern not in ("block", "random"):
+        raise UsageError("mask_rate", m.rate, "is for masks \"block\" and \"random\" only")
+    _check_mask_lengths(case, m)
 
 
-def _check_mask_lengths(case) -> None:
+def _check_mask_lengths(case, m) -> None:
     """padding: [q_len, k_len] per batch element; document: [q_len, k_len] per document; prefix: [n]."""
-    lengths = case.mask_lengths
-    if case.mask not in ("padding", "document", "prefix"):
+    lengths = m.lengths
+    if m.pattern not in ("padding", "document", "prefix"):
         if lengths is not None:
             raise UsageError("mask_lengths", lengths, "is for masks padding, document and prefix only")
         return
-    width = 1 if case.mask == "prefix" else 2
+    width = 1 if m.pattern == "prefix" else 2
     rule = "[prefix]" if width == 1 else "a list of [q_len, k_len] pairs"
     if not isinstance(lengths, (list, tuple)) or not lengths or not all(
             isinstance(p, (list, tuple)) and len(p) == width for p in lengths):
-        raise UsageError("mask_lengths", lengths, f"must be {rule} for mask {case.mask}"
+        raise UsageError("mask_lengths", lengths, f"must be {rule} for mask {m.pattern}"
                          if width == 2 else "must be [[prefix]] for mask prefix")
     for pair in lengths:
         for n in pair:
             _require_int("mask_lengths", n, minimum=0)
     lengths = tuple(tuple(p) for p in lengths)
-    object.__setattr__(case, "mask_lengths", lengths)
-    if case.mask == "padding" and len(lengths) != case.batch:
+    object.__setattr__(m, "lengths", lengths)
+    if m.pattern == "padding" and len(lengths) != case.batch:
         raise UsageError("mask_lengths", list(map(list, lengths)),
                          f"must have one pair per batch element ({case.batch})")
-    if case.mask == "padding" and any(a > case.seqlen_q or b > case.seqlen_k for a, b in lengths):
+    if m.pattern == "padding" and any(a > case.seqlen_q or b > case.seqlen_k for a, b in lengths):
         raise UsageError("mask_lengths", list(map(list, lengths)),
                          f"each [q_len, k_len] must be within [{case.seqlen_q}, {case.seqlen_k}]")
-    if case.mask == "prefix" and len(lengths) != 1:
+    if m.pattern == "prefix" and len(lengths) != 1:
         raise UsageError("mask_lengths", list(map(list, lengths)), "must be [[prefix]] for mask prefix")
 
 
+# what a group whose feature is off says of its other fields (Case.of makes one where any of them is set)
+OFF_RULES = {"varlen": "is for varlen cases only (seqlens is not set)",
+             "paged": "is for paged cases only (cache_seqlens is not set)",
+             "mask": "is for cases with a mask (mask is off)", "bias": "is for cases with a bias (bias is off)",
+             "fp8": FP8_FORMAT_RULE, "sparse": "is a sparse case's (sparse is off)"}
+
+
+def _check_groups(case) -> None:
+    """Each group is of its class, and on: its first field is not at its off value (a case without the feature
+    has None there), so a flat field set without the feature it qualifies is refused by its name."""
+    for name, group in GROUPS.items():
+        value = getattr(case, name)
+        if value is None:
+            continue
+        if type(value) is not group:
+            raise UsageError(name, value, f"must be a {group.__name__} or None (Case.of makes it from the flat "
+                                          "fields)")
+        key, *rest = group.FLAT
+        flat = flattened(group, value)
+        if not is_off(key, flat[key]):
+            continue
+        for field in rest:
+            if not is_off(field, flat[field]):
+                raise UsageError(field, flat[field], OFF_RULES[name])
+        raise UsageError(key, flat[key], f"is off: a case without {name} has {name} None, not a {group.__name__}")
+
+
 def _check_ragged(case) -> None:
-    if case.seqlens is not None and case.cache_seqlens is not None:
-        raise UsageError("seqlens", list(case.seqlens), "a case is varlen or paged, not both (cache_seqlens is set)")
-    _require_int("tail", case.tail, minimum=0)
+    varlen, paged = case.varlen, case.paged
+    if varlen is not None and paged is not None:
+        raise UsageError("seqlens", list(varlen.seqlens), "a case is varlen or paged, not both (cache_seqlens is set)")
     _require_int("splits", case.splits, minimum=1)
     if case.splits > MAX_SPLITS:
         raise UsageError("splits", case.splits, f"must be in 1..{MAX_SPLITS}")
@@ -243,39 +267,42 @@ def _check_ragged(case) -> None:
         raise UsageError("shards", case.shards, f"must be one of {', '.join(SHARDS)}")
     if case.shards != "off" and (case.splits < 2 or case.kind != "dense"):
         raise UsageError("shards", case.shards, "needs splits >= 2 (the shard count) and a dense batch")
-    if case.seqlens is not None:
-        pairs = case.seqlens
-        if not isinstance(pairs, (list, tuple)) or not pairs or not all(
-                isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
-            raise UsageError("seqlens", pairs, "must be a non-empty list of [seqlen_q, seqlen_k] pairs")
-        for pair in pairs:
-            for n in pair:
-                _require_int("seqlens", n, minimum=0)
-        pairs = tuple(tuple(p) for p in pairs)
-        object.__setattr__(case, "seqlens", pairs)
-        _require_shape(case, "seqlens", list(map(list, pairs)), len(pairs), max(p[0] for p in pairs),
-                            max(p[1] for p in pairs))
-    elif case.tail:
-        raise UsageError("tail", case.tail, "is for varlen cases only (seqlens is not set)")
-    if case.cache_seqlens is None:
-        for name in ("page_size", "pages", "pool"):
-            if getattr(case, name) != VARIANT_DEFAULTS[name]:
-                raise UsageError(name, getattr(case, name), "is for paged cases only (cache_seqlens is not set)")
-        return
-    lengths = case.cache_seqlens
+    if varlen is not None:
+        _check_varlen(case, varlen)
+    if paged is not None:
+        _check_paged(case, paged)
+
+
+def _check_varlen(case, varlen) -> None:
+    _require_int("tail", varlen.tail, minimum=0)
+    pairs = varlen.seqlens
+    if not isinstance(pairs, (list, tuple)) or not pairs or not all(
+            isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+        raise UsageError("seqlens", pairs, "must be a non-empty list of [seqlen_q, seqlen_k] pairs")
+    for pair in pairs:
+        for n in pair:
+            _require_int("seqlens", n, minimum=0)
+    pairs = tuple(tuple(p) for p in pairs)
+    object.__setattr__(varlen, "seqlens", pairs)
+    _require_shape(case, "seqlens", list(map(list, pairs)), len(pairs), max(p[0] for p in pairs),
+                   max(p[1] for p in pairs))
+
+
+def _check_paged(case, paged) -> None:
+    lengths = paged.cache_seqlens
     if not isinstance(lengths, (list, tuple)) or not lengths:
         raise UsageError("cache_seqlens", lengths, "must be a non-empty list of key counts, one per sequence")
     for n in lengths:
         _require_int("cache_seqlens", n, minimum=0)
-    object.__setattr__(case, "cache_seqlens", tuple(lengths))
+    object.__setattr__(paged, "cache_seqlens", tuple(lengths))
     _require_shape(case, "cache_seqlens", list(lengths), len(lengths), case.seqlen_q, max(lengths))
-    _require_int("page_size", case.page_size, minimum=1)
-    if case.pages not in PAGE_ORDERS:
-        raise UsageError("pages", case.pages, f"must be one of {', '.join(PAGE_ORDERS)}")
-    _require_int("pool", case.pool, minimum=0)
+    _require_int("page_size", paged.page_size, minimum=1)
+    if paged.pages not in PAGE_ORDERS:
+        raise UsageError("pages", paged.pages, f"must be one of {', '.join(PAGE_ORDERS)}")
+    _require_int("pool", paged.pool, minimum=0)
     need = case.pages_used + 1
-    if case.pool and case.pool < need:
-        raise UsageError("pool", case.pool, f"must be 0 or at least {need} (the pages used, and one unused)")
+    if paged.pool and paged.pool < need:
+        raise UsageError("pool", paged.pool, f"must be 0 or at least {need} (the pages used, and one unused)")
 
 
 def _require_shape(case, name: str, value: list, batch: int, seqlen_q: int, seqlen_k: int) -> None:

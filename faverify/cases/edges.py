@@ -24,12 +24,20 @@ def _mask_empties_rows(c: Case) -> bool:
     """Whether the case's mask pattern leaves a query row without a key, from its fields alone: a padding
     length short of the rows or with no key, documents that leave no key for the rows past them, a block
     or random mask that masks everything."""
-    if c.mask == "padding":
-        return any(q < c.seqlen_q or k == 0 for q, k in c.mask_lengths)
-    if c.mask == "document":
-        return sum(q for q, _ in c.mask_lengths) < c.seqlen_q and sum(k for _, k in c.mask_lengths) >= c.seqlen_k \
-            or any(q > 0 and k == 0 for q, k in c.mask_lengths)
-    return c.mask in ("block", "random") and c.mask_rate == 100
+    m = c.mask
+    if m is None:
+        return False
+    if m.pattern == "padding":
+        return any(q < c.seqlen_q or k == 0 for q, k in m.lengths)
+    if m.pattern == "document":
+        return sum(q for q, _ in m.lengths) < c.seqlen_q and sum(k for _, k in m.lengths) >= c.seqlen_k \
+            or any(q > 0 and k == 0 for q, k in m.lengths)
+    return m.pattern in ("block", "random") and m.rate == 100
+
+
+def _bias(c: Case) -> str:
+    """What the case's bias holds ("normal", "large", "min"), or "off"."""
+    return "off" if c.bias is None else c.bias.values
 
 
 def _power_of_two(n: int) -> bool:
@@ -71,21 +79,22 @@ EDGES: dict[str, tuple] = {
         ("v wider", lambda c: c.head_dim_v is not None and c.head_dim_v > c.head_dim),
     ),
     "varlen": (
-        ("a sequence with no key, not causal", lambda c: c.kind == "varlen" and not c.causal
-         and any(k == 0 for _, k in c.seqlens)),
-        ("a sequence with no query", lambda c: c.kind == "varlen" and any(q == 0 for q, _ in c.seqlens)),
-        ("a sequence with seqlen_q > seqlen_k", lambda c: c.kind == "varlen" and any(q > k for q, k in c.seqlens)),
-        ("a tail", lambda c: c.kind == "varlen" and c.tail > 0),
-        ("one sequence", lambda c: c.kind == "varlen" and len(c.seqlens) == 1),
-        ("three sequences or more", lambda c: c.kind == "varlen" and len(c.seqlens) >= 3),
+        ("a sequence with no key, not causal", lambda c: c.varlen is not None and not c.causal
+         and any(k == 0 for _, k in c.varlen.seqlens)),
+        ("a sequence with no query", lambda c: c.varlen is not None and any(q == 0 for q, _ in c.varlen.seqlens)),
+        ("a sequence with seqlen_q > seqlen_k", lambda c: c.varlen is not None
+         and any(q > k for q, k in c.varlen.seqlens)),
+        ("a tail", lambda c: c.varlen is not None and c.varlen.tail > 0),
+        ("one sequence", lambda c: c.varlen is not None and len(c.varlen.seqlens) == 1),
+        ("three sequences or more", lambda c: c.varlen is not None and len(c.varlen.seqlens) >= 3),
     ),
     "paged": (
-        ("page size 1", lambda c: c.kind == "paged" and c.page_size == 1),
-        ("page size not a power of two", lambda c: c.kind == "paged" and not _power_of_two(c.page_size)),
-        ("an empty cache", lambda c: c.kind == "paged" and 0 in c.cache_seqlens),
+        ("page size 1", lambda c: c.paged is not None and c.paged.page_size == 1),
+        ("page size not a power of two", lambda c: c.paged is not None and not _power_of_two(c.paged.page_size)),
+        ("an empty cache", lambda c: c.paged is not None and 0 in c.paged.cache_seqlens),
         ("one query", lambda c: c.kind == "paged" and c.seqlen_q == 1),
         ("several queries", lambda c: c.kind == "paged" and c.seqlen_q > 1),
-    ) + tuple((f"pages {order}", lambda c, o=order: c.kind == "paged" and c.pages == o)
+    ) + tuple((f"pages {order}", lambda c, o=order: c.paged is not None and c.paged.pages == o)
               for order in ("reverse", "random", "shared")),
     "splits": (
         ("an empty split", lambda c: c.splits > 1 and any(lo == hi for _, k in c.sequences
@@ -103,32 +112,34 @@ EDGES: dict[str, tuple] = {
         ("K = V", lambda c: c.kv_shared and c.dv == c.head_dim),
     ),
     "mask": (
-        ("a mask per batch element and head, several of each", lambda c: c.mask != "off" and c.mask_shape == "full"
-         and c.batch >= 2 and c.nheads >= 2),
-        ("a mask broadcast over batch or heads", lambda c: c.mask_shape in ("batch", "heads", "shared")),
-        ("a key mask", lambda c: c.mask != "off" and c.mask_shape == "keys"),
+        ("a mask per batch element and head, several of each", lambda c: c.mask is not None
+         and c.mask.shape == "full" and c.batch >= 2 and c.nheads >= 2),
+        ("a mask broadcast over batch or heads", lambda c: c.mask is not None
+         and c.mask.shape in ("batch", "heads", "shared")),
+        ("a key mask", lambda c: c.mask is not None and c.mask.shape == "keys"),
         ("a mask that leaves rows without a key", lambda c: _mask_empties_rows(c)),
-        ("a block mask with a tail block", lambda c: c.mask == "block" and (c.seqlen_q % c.mask_block
-                                                                           or c.seqlen_k % c.mask_block)),
+        ("a block mask with a tail block", lambda c: c.mask is not None and c.mask.pattern == "block"
+         and bool(c.seqlen_q % c.mask.block or c.seqlen_k % c.mask.block)),
     ),
-    "mask_nan": (("NaN keys", lambda c: c.mask_nan),),
+    "mask_nan": (("NaN keys", lambda c: c.mask is not None and c.mask.nan),),
     "bias": (
-        ("a min bias", lambda c: c.bias == "min"),
-        ("a large bias", lambda c: c.bias == "large"),
-        ("a bias broadcast over batch or heads", lambda c: c.bias != "off" and c.bias_shape != "full"),
-        ("a min bias, batch or heads >= 2", lambda c: c.bias == "min" and max(c.batch, c.nheads) >= 2),
-        ("a min bias broadcast over batch or heads", lambda c: c.bias == "min" and c.bias_shape != "full"),
-        ("an fp32 bias", lambda c: c.bias != "off" and c.bias_dtype == "fp32"),
+        ("a min bias", lambda c: _bias(c) == "min"),
+        ("a large bias", lambda c: _bias(c) == "large"),
+        ("a bias broadcast over batch or heads", lambda c: c.bias is not None and c.bias.shape != "full"),
+        ("a min bias, batch or heads >= 2", lambda c: _bias(c) == "min" and max(c.batch, c.nheads) >= 2),
+        ("a min bias broadcast over batch or heads", lambda c: _bias(c) == "min" and c.bias.shape != "full"),
+        ("an fp32 bias", lambda c: c.bias is not None and c.bias.dtype == "fp32"),
     ),
-    "bias_grad": (("the gradient of a broadcast bias", lambda c: c.bias_grad and c.bias_shape != "full"),),
+    "bias_grad": (("the gradient of a broadcast bias", lambda c: c.bias is not None and c.bias.grad
+                   and c.bias.shape != "full"),),
     "score_mod": tuple((f"{m} score_mod", lambda c, m=m: c.score_mod == m) for m in ("relative", "alibi",
                                                                                       "softcap")),
     "sparse": (
         ("invalid indices: -1 slots (rows of them alone) or past seqlen_k",
-         lambda c: c.sparse in ("invalid", "out-of-range")),
-        ("a key listed twice", lambda c: c.sparse == "duplicates"),
-        ("one index a row, or more than the keys", lambda c: c.sparse != "off" and (c.topk == 1
-                                                                                    or c.topk > c.seqlen_k)),
+         lambda c: c.sparse is not None and c.sparse.indices in ("invalid", "out-of-range")),
+        ("a key listed twice", lambda c: c.sparse is not None and c.sparse.indices == "duplicates"),
+        ("one index a row, or more than the keys", lambda c: c.sparse is not None
+         and (c.sparse.topk == 1 or c.sparse.topk > c.seqlen_k)),
     ),
     "lse_grad": (
         ("a loss on lse alone (dv exactly 0)", lambda c: c.lse_grad == "alone"),

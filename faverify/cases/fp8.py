@@ -27,17 +27,17 @@ def quantize(case: Case, t: torch.Tensor, heads_k: int, keys: bool = False) -> t
     FP8_BLOCK keys."""
     b, s, h, d = t.shape
     grouped = t.reshape(b, s, heads_k, h // heads_k, d)
-    if case.fp8 == "block" and keys:
+    if case.fp8.granularity == "block" and keys:
         blocks = -(-s // FP8_BLOCK)
         padded = torch.nn.functional.pad(grouped.abs(), (0, 0, 0, 0, 0, 0, 0, blocks * FP8_BLOCK - s))
         amax = padded.reshape(b, blocks, FP8_BLOCK, heads_k, -1).amax(dim=(2, 4)).transpose(1, 2)
-    elif case.fp8 in ("head", "block"):
+    elif case.fp8.granularity in ("head", "block"):
         amax = grouped.abs().amax(dim=(1, 3, 4))
     else:
         amax = t.abs().amax().expand(b, heads_k)
-    top = FP8_FORMATS[case.fp8_format]
+    top = FP8_FORMATS[case.fp8.format]
     scale = torch.where(amax > 0, amax / top, torch.ones_like(amax)).float().contiguous()
-    q8 = (grouped / per_position(scale, s)).clamp(-top, top).to(TORCH_FP8[case.fp8_format])
+    q8 = (grouped / per_position(scale, s)).clamp(-top, top).to(TORCH_FP8[case.fp8.format])
     return q8.reshape(b, s, h, d), scale
 
 

@@ -115,10 +115,10 @@ def make_inputs(case: Case, device: torch.device | str, *, requires_grad: bool =
     dtype = TORCH[case.dtype]
     drawn = draw_values(case, device)
     values = Inputs(*(t.to(dtype) for t in drawn[:4]), *drawn[4:])
-    if case.fp8 != "off":  # q, k, v in e4m3 with their descales; dO in the output's dtype
+    if case.fp8 is not None:  # q, k, v in e4m3 with their descales; dO in the output's dtype
         (values.q, values.q_descale), (values.k, values.k_descale), (values.v, values.v_descale) = (
             fp8.quantize(case, t, case.nheads_k, keys=i > 0) for i, t in enumerate(drawn[:3]))
-    if case.mask != "off" or case.bias != "off" or case.score_mod != "off":
+    if case.mask is not None or case.bias is not None or case.score_mod != "off":
         values = _with_masks(case, values, device)
     return lay_out(case, values, requires_grad=requires_grad)
 
@@ -127,7 +127,7 @@ def _with_masks(case: Case, values: Inputs, device: torch.device) -> Inputs:
     """The case's mask, bias and score_mod (masks.draw); with mask_nan, NaN in k and v at every key that
     no row may see, which a kernel must not let into any output."""
     drawn = masks.draw(case, device)
-    if case.mask_nan:
+    if case.mask is not None and case.mask.nan:
         dead = masks.dead_keys(case, drawn["attn_mask"])[..., None]  # [b, sk, hk, 1]
         values.k = torch.where(dead, torch.full_like(values.k, float("nan")), values.k)
         values.v = torch.where(dead, torch.full_like(values.v, float("nan")), values.v)
@@ -150,7 +150,7 @@ def lay_out(case: Case, values: Inputs, *, requires_grad: bool = False) -> Input
     sinks = _sinks_leaf(case, values.sinks, requires_grad)
     bias = values.bias
     if bias is not None:
-        bias = bias.detach().clone().requires_grad_(requires_grad and case.bias_grad)
+        bias = bias.detach().clone().requires_grad_(requires_grad and case.bias is not None and case.bias.grad)
     # dlse and the indices come from streams of their own, here: a golden file's stored inputs hold neither
     dlse = values.dlse if values.dlse is not None or case.lse_grad == "off" else _dlse(case, q.device)
     if case.lse_grad == "alone":  # the loss on lse alone: no gradient reaches out
@@ -158,7 +158,7 @@ def lay_out(case: Case, values: Inputs, *, requires_grad: bool = False) -> Input
     return Inputs(q, k, v, dout, values.alibi_slopes, sinks, case.sinks == "zero", mask_mod=values.mask_mod,
                   attn_mask=values.attn_mask, block_mask=values.block_mask, bias=bias, score_mod=values.score_mod,
                   q_descale=values.q_descale, k_descale=values.k_descale, v_descale=values.v_descale, dlse=dlse,
-                  indices=values.indices if values.indices is not None or case.sparse == "off"
+                  indices=values.indices if values.indices is not None or case.sparse is None
                   else sparse.draw(case, q.device))
 
 

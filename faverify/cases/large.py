@@ -107,7 +107,7 @@ def _large(draw, targets: tuple, dtypes: tuple, max_heads: int, dims: tuple, reg
     common = dict(head_dim=head_dim, dtype=draw(st.sampled_from(dtypes)), causal=draw(st.booleans()),
                   regime=draw(st.sampled_from(regimes)), seed=draw(st.integers(0, 2**31 - 1)))
     if target == "pool":
-        return Case(**common, **draw(_pool(nheads_k, group, head_dim, boundary)))
+        return Case.of(**common, **draw(_pool(nheads_k, group, head_dim, boundary)))
     # the heads one entry of the large space holds, cut so that MIN_BEFORE entries fit before the boundary
     block = {"q": head_dim, "kv": head_dim, "accumulator": ACCUMULATOR_ROWS * head_dim}[target]
     heads = max(1, boundary // (MIN_BEFORE * block))

@@ -27,7 +27,7 @@ MIN_RATE, MIN_ROW_RATE = 0.25, 0.125  # "min": positions, and whole rows, set to
 def mask_shape(case: Case, which: str = "mask") -> tuple:
     """[B, H, SQ, SK] of the mask (or the bias), 1 where it broadcasts."""
     b, h, sq, sk = case.batch, case.nheads, case.seqlen_q, case.seqlen_k
-    kind = case.mask_shape if which == "mask" else case.bias_shape
+    kind = case.mask.shape if which == "mask" else case.bias.shape
     return {"full": (b, h, sq, sk), "batch": (1, h, sq, sk), "heads": (b, 1, sq, sk), "shared": (1, 1, sq, sk),
             "keys": (b, 1, 1, sk)}[kind]
 
@@ -44,11 +44,11 @@ def draw(case: Case, device) -> dict:
     "block" pattern's blocks), bias (a tensor), score_mod (mods.py). Drawn in that order."""
     g = generator(case, device)
     out = {}
-    if case.mask != "off":
-        blocks = block_keep(case, device, g) if case.mask == "block" else None
+    if case.mask is not None:
+        blocks = block_keep(case, device, g) if case.mask.pattern == "block" else None
         keep = mask_mod(case, device, g, blocks)
         if blocks is not None:  # the documented shape: a key mask's one row of blocks for every query block
-            blocks = blocks.expand(*blocks.shape[:2], -(-case.seqlen_q // case.mask_block), blocks.shape[3])
+            blocks = blocks.expand(*blocks.shape[:2], -(-case.seqlen_q // case.mask.block), blocks.shape[3])
         out.update(mask_mod=keep, attn_mask=evaluate(keep, mask_shape(case), device), block_mask=blocks)
     out.update(bias=draw_bias(case, device, g), score_mod=score_mod(case, device, g))
     return {name: value for name, value in out.items() if value is not None}
@@ -59,29 +59,29 @@ def mask_mod(case: Case, device, g: torch.Generator, blocks: torch.Tensor | None
     scalars). Dimensions the mask's shape broadcasts over are read at index 0. blocks: a "block"
     pattern's (block_keep)."""
     B, H, SQ, SK = mask_shape(case)
-    sq, sk = case.seqlen_q, case.seqlen_k
-    keys_only = case.mask_shape == "keys"
+    sq, sk, m = case.seqlen_q, case.seqlen_k, case.mask
+    keys_only = m.shape == "keys"
 
     def at(index, n):  # index 0 where the mask broadcasts over the dimension
         return index if n > 1 else index * 0
 
-    if case.mask == "padding":
+    if m.pattern == "padding":
         # each its own tensor: a column of one [b, 2] tensor has stride 2, and inductor's CPU FlexAttention
         # fails to lower a mask_mod that reads a size-1 tensor of stride 2 (docs/torch-backends.md)
-        q_len, k_len = (torch.tensor([p[side] for p in case.mask_lengths], dtype=torch.int64, device=device)
+        q_len, k_len = (torch.tensor([p[side] for p in m.lengths], dtype=torch.int64, device=device)
                         for side in (0, 1))
         if keys_only:
             return lambda b, h, i, j: j < k_len[at(b, B)]
         return lambda b, h, i, j: (i < q_len[at(b, B)]) & (j < k_len[at(b, B)])
-    if case.mask == "document":
-        doc_q, doc_k = (_document_ids(case.mask_lengths, n, side, device) for n, side in ((sq, 0), (sk, 1)))
+    if m.pattern == "document":
+        doc_q, doc_k = (_document_ids(m.lengths, n, side, device) for n, side in ((sq, 0), (sk, 1)))
         return lambda b, h, i, j: doc_q[i] == doc_k[j]
-    if case.mask == "prefix":  # the prefix every row sees, then causal (bottom-right)
-        prefix, offset = case.mask_lengths[0][0], sk - sq
+    if m.pattern == "prefix":  # the prefix every row sees, then causal (bottom-right)
+        prefix, offset = m.lengths[0][0], sk - sq
         return lambda b, h, i, j: (j < prefix) | (j <= i + offset)
-    masked = case.mask_rate / 100.0
-    if case.mask == "block":
-        n = case.mask_block
+    masked = m.rate / 100.0
+    if m.pattern == "block":
+        n = m.block
         return lambda b, h, i, j: blocks[at(b, B), at(h, H), at(i, SQ) // n, j // n]
     keep = torch.rand(B, H, SQ, SK, generator=g, device=device) >= masked  # "random"
     return lambda b, h, i, j: keep[at(b, B), at(h, H), at(i, SQ), j]
@@ -91,8 +91,8 @@ def block_keep(case: Case, device, g: torch.Generator) -> torch.Tensor:
     """The block pattern of a "block" mask: bool [B, H, ceil(SQ / n), ceil(SK / n)], the last blocks the
     tails. What a subject that takes block_mask is given, with block_size n."""
     B, H, SQ, SK = mask_shape(case)
-    n = case.mask_block
-    return torch.rand(B, H, -(-SQ // n), -(-SK // n), generator=g, device=device) >= case.mask_rate / 100.0
+    n = case.mask.block
+    return torch.rand(B, H, -(-SQ // n), -(-SK // n), generator=g, device=device) >= case.mask.rate / 100.0
 
 
 def evaluate(keep: Callable, shape: tuple, device) -> torch.Tensor:
@@ -115,15 +115,15 @@ def _document_ids(lengths: tuple, n: int, side: int, device) -> torch.Tensor:
 
 
 def draw_bias(case: Case, device, g: torch.Generator) -> torch.Tensor | None:
-    """The additive bias [B, H, SQ, SK] in the input dtype or fp32 (case.bias_dtype), or None."""
-    if case.bias == "off":
+    """The additive bias [B, H, SQ, SK] in the input dtype or fp32 (case.bias.dtype), or None."""
+    if case.bias is None:
         return None
     shape = mask_shape(case, "bias")
-    dtype = torch.float32 if case.bias_dtype == "fp32" else TORCH[case.dtype]
+    dtype = torch.float32 if case.bias.dtype == "fp32" else TORCH[case.dtype]
     bias = torch.randn(shape, generator=g, device=device)
-    if case.bias == "large":
+    if case.bias.values == "large":
         bias = bias * BIAS_LARGE
-    elif case.bias == "min":
+    elif case.bias.values == "min":
         low = torch.finfo(dtype).min
         spots = torch.rand(shape, generator=g, device=device) < MIN_RATE
         rows = torch.rand(*shape[:3], 1, generator=g, device=device) < MIN_ROW_RATE

@@ -23,11 +23,11 @@ PAGE_SEED_SALT = 0x5DEECE66D  # the page order's generator is the case seed's, a
 
 def pack(case: Case, q, k, v, dout, requires_grad: bool) -> dict:
     """The varlen tensors from a padded [batch, s, heads, d] draw: q, k, v, dout and cu_seqlens_q/k."""
-    seqs = case.seqlens
+    seqs = case.varlen.seqlens
 
     def packed(t, side: int, leaf: bool):
         parts = [t[i, :n[side]] for i, n in enumerate(seqs)]
-        parts.append(torch.full((case.tail, *t.shape[2:]), float("nan"), dtype=t.dtype, device=t.device))
+        parts.append(torch.full((case.varlen.tail, *t.shape[2:]), float("nan"), dtype=t.dtype, device=t.device))
         whole = torch.cat(parts)
         return margined(whole, requires_grad, token_dims=1) if leaf else whole
 
@@ -39,25 +39,26 @@ def pack(case: Case, q, k, v, dout, requires_grad: bool) -> dict:
 def offsets(case: Case, side: int) -> list:
     """A varlen case's cu_seqlens of q (side 0) or of k and v (side 1), on the host: 0, then each
     sequence's end in the packed tokens."""
-    return list(itertools.accumulate((n[side] for n in case.seqlens), initial=0))
+    return list(itertools.accumulate((n[side] for n in case.varlen.seqlens), initial=0))
 
 
 def page_table(case: Case) -> tuple:
     """(block table as lists, pages in the pool, the unused page that entries past a sequence point at)."""
-    ps = case.page_size
-    own = [(b, p) for b, n in enumerate(case.cache_seqlens) for p in range(case.shared_pages(b), -(-n // ps))]
+    paged = case.paged
+    ps = paged.page_size
+    own = [(b, p) for b, n in enumerate(paged.cache_seqlens) for p in range(case.shared_pages(b), -(-n // ps))]
     need = len(own)
-    pool = case.pool or (2 * need + 1 if case.pages == "random" else need + 1)
-    if case.pages == "reverse":
+    pool = paged.pool or (2 * need + 1 if paged.pages == "random" else need + 1)
+    if paged.pages == "reverse":
         physical = [pool - 1 - i for i in range(need + 1)]
-    elif case.pages == "random":
+    elif paged.pages == "random":
         g = torch.Generator().manual_seed((case.seed ^ PAGE_SEED_SALT) % (1 << 63))
         physical = torch.randperm(pool, generator=g)[:need + 1].tolist()
     else:
         physical = list(range(need + 1))
     spare = physical[need]
-    width = max(1, max(-(-n // ps) for n in case.cache_seqlens))
-    table = [[spare] * width for _ in case.cache_seqlens]
+    width = max(1, max(-(-n // ps) for n in paged.cache_seqlens))
+    table = [[spare] * width for _ in paged.cache_seqlens]
     for (b, p), page in zip(own, physical):
         table[b][p] = page
     for b in range(1, len(table)):
@@ -71,20 +72,20 @@ def page(case: Case, k, v) -> dict:
     block_table, cache_seqlens, and the keys each sequence must read (k_logical, v_logical: the draw,
     with the shared pages' keys the first sequence's), which the reference uses."""
     table, pool, _ = page_table(case)
-    ps, device = case.page_size, k.device
+    ps, device = case.paged.page_size, k.device
     block_table = torch.tensor(table, dtype=torch.int32, device=device)
     k_log, v_log = k.clone(), v.clone()
     caches = []
     for t, logical in ((k, k_log), (v, v_log)):
         cache = poisoned((pool, ps, *t.shape[2:]), t.dtype, device, token_dims=2)
-        for b, n in enumerate(case.cache_seqlens):
+        for b, n in enumerate(case.paged.cache_seqlens):
             first = case.shared_pages(b) * ps  # the shared pages hold the first sequence's keys
             logical[b, :first] = logical[0, :first]
             tokens = torch.arange(first, n, device=device)
             if tokens.numel():
                 cache[block_table[b, tokens // ps].long(), tokens % ps] = t[b, first:n]
         caches.append(cache)
-    lengths = torch.tensor(case.cache_seqlens, dtype=torch.int32, device=device)
+    lengths = torch.tensor(case.paged.cache_seqlens, dtype=torch.int32, device=device)
     return dict(k=caches[0], v=caches[1], block_table=block_table, cache_seqlens=lengths,
                 k_logical=k_log, v_logical=v_log)
 
@@ -112,7 +113,7 @@ TAIL_GRAD_RULES = ("zero", "finite")
 def tail_gradients(case: Case, got: dict, rule: str = "zero") -> list:
     """(signature, reason) per gradient of a varlen case whose tail rows break the rule: dq's past total_q,
     dk's and dv's past total_k ("dq:tail", "7 rows past the last sequence: 896 elements not 0, 896 NaN")."""
-    if case.kind != "varlen" or not case.tail:
+    if case.varlen is None or not case.varlen.tail:
         return []
     tails, counts = [], []
     for name, start in (("dq", case.total_q), ("dk", case.total_k), ("dv", case.total_k)):

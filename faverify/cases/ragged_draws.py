@@ -77,6 +77,6 @@ def ragged(draw, kinds: tuple, dense: dict, limits, cap: int, ragged_only: bool 
     huge = -(-2 * INT32_ELEMENTS // page_elements)  # half the pool past the 32-bit offsets
     if (huge * page_elements <= limits.max_pool_elements
             and draw(st.sampled_from(range(HUGE_POOL_ODDS))) == HUGE_POOL_ODDS - 1):
-        used = Case(**{**dense, **shape}).pages_used
+        used = Case.of(**{**dense, **shape}).pages_used
         shape.update(pool=max(huge, used + 1), pages="random")
     return shape

@@ -22,19 +22,20 @@ STREAM = 0x5BA25E  # the indices' seed, offset from the case's: the other inputs
 def draw(case: Case, device) -> torch.Tensor:
     """The case's indices, drawn on the CPU from the seed (the same on every device)."""
     g = generator((case.seed + STREAM) % MAX_SEED, "cpu")
-    b, sq, hk, k, sk = case.batch, case.seqlen_q, case.nheads_k, case.topk, case.seqlen_k
-    if case.sparse == "duplicates" or sk == 0:
+    b, sq, hk, k, sk = case.batch, case.seqlen_q, case.nheads_k, case.sparse.topk, case.seqlen_k
+    holds = case.sparse.indices
+    if holds == "duplicates" or sk == 0:
         idx = torch.randint(0, max(sk, 1), (b, sq, hk, k), generator=g)
     else:  # distinct keys per row: the first topk of a random permutation, -1 past seqlen_k
         order = torch.rand(b, sq, hk, max(sk, k), generator=g).argsort(dim=-1)[..., :k]
         idx = torch.where(order < sk, order, torch.full_like(order, -1))
     if sk == 0:
         idx = torch.full_like(idx, -1)
-    if case.sparse == "invalid":
+    if holds == "invalid":
         idx = torch.where(torch.rand(idx.shape, generator=g) < 0.3, torch.full_like(idx, -1), idx)
         whole = torch.rand(b, sq, hk, 1, generator=g) < 0.2  # rows with no valid index at all
         idx = torch.where(whole, torch.full_like(idx, -1), idx)
-    elif case.sparse == "out-of-range":
+    elif holds == "out-of-range":
         past = sk + torch.randint(0, 1 << 20, idx.shape, generator=g)
         idx = torch.where(torch.rand(idx.shape, generator=g) < 0.3, past, idx)
     return idx.to(torch.int32).to(device)

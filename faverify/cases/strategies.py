@@ -174,7 +174,7 @@ def cases(draw, *, dtypes: tuple = DTYPES, limits: Limits = CPU_LIMITS, regimes:
     shared = forced == "kv_shared" or (forced is None and "kv_shared" in features and draw(st.sampled_from(ON)))
     if shared and dense_batch:
         _share_kv(draw, dense, variant, limits, mla and not mask_features, fit)
-    return Case(**{**dense, **variant, **shape})
+    return Case.of(**{**dense, **variant, **shape})
 
 
 def _fp8_case(draw, dense: dict, regimes: tuple, fp8_formats: tuple, fp8_scales: tuple) -> Case:
@@ -184,7 +184,7 @@ def _fp8_case(draw, dense: dict, regimes: tuple, fp8_formats: tuple, fp8_scales:
             "regime": draw(st.sampled_from(fp8_regimes))}
     if len(fp8_formats) > 1:  # drawn last: a draw of e4m3 alone is as it was
         case["fp8_format"] = draw(st.sampled_from(fp8_formats + ("e4m3",)))
-    return Case(**case)
+    return Case.of(**case)
 
 
 def _share_kv(draw, dense: dict, variant: dict, limits: Limits, mla: bool, fit: "Lengths") -> None:

@@ -51,8 +51,8 @@ class DecodeConfig:
         batch = 1 if small else self.batch
         ragged = dict(cache_seqlens=(self.cache_len,) * batch, page_size=self.page_size, pages="random",
                       splits=splits) if paged else {}
-        return Case(batch=batch, seqlen_q=1, seqlen_k=self.cache_len, nheads=NHEADS, nheads_k=NHEADS_K,
-                    head_dim=self.head_dim, dtype=self.dtype, seed=1, **ragged)
+        return Case.of(batch=batch, seqlen_q=1, seqlen_k=self.cache_len, nheads=NHEADS, nheads_k=NHEADS_K,
+                       head_dim=self.head_dim, dtype=self.dtype, seed=1, **ragged)
 
     def cache_bytes(self, elem: int) -> float:
         """Bytes of k and v the decode reads: every key of every sequence, each kv head once."""

@@ -40,8 +40,8 @@ def naive(case: Case, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, desc
     m = torch.where(seen, m, torch.zeros_like(m))
     p = torch.exp(s - m)
     total = p.sum(dim=-1, keepdim=True)
-    top = FP8_FORMATS[case.fp8_format]  # P in the inputs' format: e5m2's P is coarser, and so is its baseline
-    p8 = (p * top).to(TORCH_FP8[case.fp8_format]).float()
+    top = FP8_FORMATS[case.fp8.format]  # P in the inputs' format: e5m2's P is coarser, and so is its baseline
+    p8 = (p * top).to(TORCH_FP8[case.fp8.format]).float()
     if vd.shape[-1] == 1:
         out = (p8 @ v) / top * vd
     else:  # a block's v descale scales its columns of P, as a kernel scales each block's partial product

@@ -94,20 +94,21 @@ def checked_case(case: Case, dtype: str) -> Case:
     longest sequences (and first batch entry), an FP8 case unquantized, in the contiguous layout, with normal
     values."""
     if dense_form(case):
-        case = dataclasses.replace(case, batch=1, seqlens=None, tail=0, cache_seqlens=None, page_size=0,
-                                   pages="in-order", pool=0, splits=1)
-    if case.fp8 != "off":  # FP8 inputs are forward-only: the backward is checked on the same case unquantized
-        case = dataclasses.replace(case, fp8="off", fp8_format="e4m3",
-                                   regime="normal" if case.regime in FP8_OWN_REGIMES else case.regime)
+        case = dataclasses.replace(case, batch=1, varlen=None, paged=None, splits=1)
+    if case.fp8 is not None:  # FP8 inputs are forward-only: the backward is checked on the same case unquantized
+        case = dataclasses.replace(case, fp8=None, regime="normal" if case.regime in FP8_OWN_REGIMES else case.regime)
     # a finfo.min bias leaves a difference quotient nothing to see (s + h rounds to s next to 3.4e38, while the
     # softmax still depends on s), and NaN keys would make every quotient NaN: the check takes normal ones.
     # A sink far above every logit leaves each key a weight of e^-30 of it or less, near and under fp32's
     # smallest normal, which a GPU flushes to zero (ex2.approx.ftz): terms that appear and vanish between
     # x - he and x + he. The sink "around" the rows' log-sum-exp keeps it in the softmax with normal weights.
     # a loss on out alone: the check follows the forward's out (the FP64 judge has the loss on lse)
-    return dataclasses.replace(case, dtype=dtype, regime="normal", layout="contiguous", mask_nan=False,
-                               lse_grad="off", bias="normal" if case.bias == "min" else case.bias,
-                               sinks="around" if case.sinks == "above" else case.sinks)
+    mask = None if case.mask is None else dataclasses.replace(case.mask, nan=False)
+    bias = case.bias
+    if bias is not None and bias.values == "min":
+        bias = dataclasses.replace(bias, values="normal")
+    return dataclasses.replace(case, dtype=dtype, regime="normal", layout="contiguous", mask=mask, lse_grad="off",
+                               bias=bias, sinks="around" if case.sinks == "above" else case.sinks)
 
 
 def signs(grad: torch.Tensor, g: torch.Generator) -> torch.Tensor:

@@ -56,7 +56,7 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
     the reference's tensors, of a dense case, as "reference". A dense case whose offsets cross `boundary`
     (cases/large.py) is judged on the batch entries around it alone (partial.py)."""
     q, k, v = (t.detach() for t in x.tensors())
-    if case.fp8 != "off":  # the values the e4m3 tensors stand for, exactly: the attention is judged on them
+    if case.fp8 is not None:  # the values the e4m3 tensors stand for, exactly: the attention is judged on them
         q, k, v = (dequantized(t, d) for t, d in zip((q, k, v), (x.q_descale, x.k_descale, x.v_descale)))
     backward = any(got.get(t) is not None for t in ("dq", "dk", "dv"))
     dout = x.dout if backward else None
@@ -80,11 +80,11 @@ def judge(case: Case, x: Inputs, got: dict, tolerance: Tolerance, tensors: tuple
     with torch.no_grad():
         if given is None:
             ref, scales = reference(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant, dlse=dlse,
-                                    max_logit=case.max_logit, dot=FP8_DOT if case.fp8 != "off" else FP32_DOT)
+                                    max_logit=case.max_logit, dot=FP8_DOT if case.fp8 is not None else FP32_DOT)
         else:
             ref, scales = given
         lap("reference")
-        if case.fp8 != "off":
+        if case.fp8 is not None:
             base = fp8.naive(case, *(t.detach() for t in x.tensors()), (x.q_descale, x.k_descale, x.v_descale))
         else:
             base = naive(q, k, v, dout, causal=case.causal, scale=case.scale, variant=variant, dlse=dlse,
@@ -123,7 +123,7 @@ def _within_hull(m, out, qkv: tuple, case: Case, variant) -> None:
     H100, triton-fp8 at b2 sq1583 sk105 d128 large)."""
     with torch.no_grad():
         lo, hi = value_hull(*qkv, causal=case.causal, variant=variant)
-        units = 2 * FLOOR_UNIT[case.dtype] + (fp8.P_UNIT[case.fp8_format] if case.fp8 != "off" else 0.0)
+        units = 2 * FLOOR_UNIT[case.dtype] + (fp8.P_UNIT[case.fp8.format] if case.fp8 is not None else 0.0)
         slack = units * torch.maximum(lo.abs(), hi.abs()) + FLUSHED
         got = out.detach().double()
         outside = int(((got < lo - slack) | (got > hi + slack)).sum())

@@ -168,8 +168,8 @@ class KernelStats:
             self.edges.update(edges_of(r.case))
             keys = [(self.regimes, r.case.regime), (self.layouts, r.case.layout)]
             keys += [(self.masks, kind) for kind in r.case.mask_kinds()]
-            if r.case.fp8 != "off":
-                keys.append((self.fp8, f"{r.case.fp8_format} {r.case.fp8} {r.case.regime}"))
+            if r.case.fp8 is not None:
+                keys.append((self.fp8, f"{r.case.fp8.format} {r.case.fp8.granularity} {r.case.regime}"))
             for counts, key in keys:
                 row = counts.setdefault(key, {"cases": 0, "failed": 0})
                 row["cases"] += 1

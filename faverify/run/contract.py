@@ -50,15 +50,15 @@ def on_device(name: str, t, device: torch.device) -> str | None:
 
 def expected_out_shape(case: Case) -> tuple:
     """out's shape: [b, s, h, head_dim_v]; a varlen case's packed [total_q + tail, h, head_dim_v]."""
-    if case.kind == "varlen":
-        return case.total_q + case.tail, case.nheads, case.dv
+    if case.varlen is not None:
+        return case.total_q + case.varlen.tail, case.nheads, case.dv
     return case.batch, case.seqlen_q, case.nheads, case.dv
 
 
 def expected_lse_shape(case: Case) -> tuple:
     """lse's shape: [b, h, seqlen_q]; a varlen case's [h, total_q + tail] (flash-attn's)."""
-    if case.kind == "varlen":
-        return case.nheads, case.total_q + case.tail
+    if case.varlen is not None:
+        return case.nheads, case.total_q + case.varlen.tail
     return case.batch, case.nheads, case.seqlen_q
 
 
@@ -77,7 +77,7 @@ def check_outputs(case: Case, q: torch.Tensor, out, lse) -> str | None:
         return f"out has shape {tuple(out.shape)}, expected {want_out} ({layout})"
     want_dtype = TORCH[case.dtype]  # the inputs' dtype, or an FP8 case's output dtype
     if out.dtype != want_dtype:
-        if case.fp8 != "off":
+        if case.fp8 is not None:
             return f"out has dtype {out.dtype}, expected {want_dtype} (FP8 inputs give bf16 out)"
         return f"out has dtype {out.dtype}, expected the input dtype {want_dtype}"
     if lse is not None:
@@ -129,7 +129,7 @@ def unwritten(case: Case, first, second, rows: int) -> str | None:
         return None
     if case.kind == "varlen":
         starts, label = [0], "sequence"
-        for s, _ in case.seqlens:
+        for s, _ in case.varlen.seqlens:
             starts.append(starts[-1] + s)
     else:
         starts, label = list(range(0, case.batch * case.seqlen_q + 1, case.seqlen_q)), "batch entry"

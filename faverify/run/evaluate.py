@@ -285,7 +285,7 @@ def _what_runs(subject: Subject, case: Case, device: torch.device, mode: str) ->
     if reason is None and mode == "bwd" and subject.caps.combine:
         reason = "a split-KV combine has no backward"
     judged_on_less = ""
-    for forward_only, why in ((case.kind == "paged", PAGED_FORWARD), (case.fp8 != "off", FP8_FORWARD)):
+    for forward_only, why in ((case.kind == "paged", PAGED_FORWARD), (case.fp8 is not None, FP8_FORWARD)):
         if reason is None and forward_only and backward:
             if mode == "bwd":
                 reason = why

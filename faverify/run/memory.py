@@ -24,7 +24,7 @@ def gives_back(case: Case, device) -> bool:
     this one find it taken: a 2000-case triton-paged fuzz on the H200 (6 workers, each keeping what its
     cases had taken) skipped 72 cases for memory, 0.1-29 GiB of 139 free when each was drawn."""
     device = torch.device(device)
-    return device.type == "cuda" and (bool(case.kind == "paged" and case.pool)
+    return device.type == "cuda" and (bool(case.paged is not None and case.paged.pool)
                                       or bytes_needed_by(case, device, backward=True) > GIVE_BACK_ABOVE)
 
 
@@ -37,12 +37,12 @@ def bytes_needed_by(case: Case, device: torch.device, backward: bool) -> int:
                         itemsize, device.type, backward, judged=None if judged is None else len(judged))
     if judged is not None:
         need += workspace(case, itemsize, backward)
-    if case.kind == "paged":  # the pools, k and v, twice (the inputs and their untouched copy)
-        pages = case.pool or case.pages_used + 1
-        need += 2 * pages * case.page_size * case.nheads_k * (case.head_dim + case.dv) * itemsize
-    if case.kind == "varlen":  # the tail's tokens of q, k, v and dO, in the inputs, copies and gradients
+    if case.paged is not None:  # the pools, k and v, twice (the inputs and their untouched copy)
+        pages = case.paged.pool or case.pages_used + 1
+        need += 2 * pages * case.paged.page_size * case.nheads_k * (case.head_dim + case.dv) * itemsize
+    if case.varlen is not None:  # the tail's tokens of q, k, v and dO, in the inputs, copies and gradients
         token = case.nheads * (case.head_dim + case.dv) + case.nheads_k * (case.head_dim + case.dv)
-        need += 4 * case.tail * token * itemsize
+        need += 4 * case.varlen.tail * token * itemsize
     return need
 
 

@@ -33,7 +33,7 @@ from faverify.subjects.base import Subject
 
 
 def _plain(case: Case) -> bool:
-    return case.kind == "dense" and case.mask == "off" and case.bias == "off" and case.score_mod == "off"
+    return case.kind == "dense" and case.mask is None and case.bias is None and case.score_mod == "off"
 
 
 def batch_relation(subject: Subject, case: Case, pristine: Inputs, got: dict, backward: bool) -> dict:

@@ -191,17 +191,17 @@ class Capabilities:
         lengths = self.lengths_refused(case)
         if lengths:
             return lengths
-        if self.page_sizes is not None and case.kind == "paged" and case.page_size not in self.page_sizes:
-            return f"page size {case.page_size} not supported (supports {', '.join(map(str, self.page_sizes))})"
+        if self.page_sizes is not None and case.paged is not None and case.paged.page_size not in self.page_sizes:
+            return f"page size {case.paged.page_size} not supported (supports {', '.join(map(str, self.page_sizes))})"
         if not self.dense and case.kind == "dense":
             return "dense cases not supported (the subject declares dense: false, varlen or paged only)"
         if self.combine and case.splits < 2:
             return "a split-KV combine is judged on split cases only (splits >= 2)"
-        if self.fp8 and case.fp8 != "off" and case.fp8 not in self.fp8:
-            return f"FP8 descales per {case.fp8} not taken (takes: per {', '.join(self.fp8)})"
-        if case.fp8 != "off" and case.fp8_format not in self.fp8_formats:
-            return f"FP8 format {case.fp8_format} not taken (takes: {', '.join(self.fp8_formats)})"
-        if self.fp8_only and case.fp8 == "off":
+        if self.fp8 and case.fp8 is not None and case.fp8.granularity not in self.fp8:
+            return f"FP8 descales per {case.fp8.granularity} not taken (takes: per {', '.join(self.fp8)})"
+        if case.fp8 is not None and case.fp8.format not in self.fp8_formats:
+            return f"FP8 format {case.fp8.format} not taken (takes: {', '.join(self.fp8_formats)})"
+        if self.fp8_only and case.fp8 is None:
             return "takes FP8 inputs alone (fp8_only)"
         return None
 
@@ -221,7 +221,8 @@ class Capabilities:
     def mask_form(self, case: Case) -> str | None:
         """How this subject takes the case's mask: "attn_mask" (a bool tensor), "mask_mod" (a function),
         "block_mask" (a block pattern's blocks), or None when it cannot."""
-        if self.block_mask and case.mask == "block":  # the form that lets a kernel skip the empty blocks
+        # the form that lets a kernel skip the empty blocks
+        if self.block_mask and case.mask is not None and case.mask.pattern == "block":
             return "block_mask"
         if self.mask:
             return "attn_mask"

@@ -132,9 +132,10 @@ def compile_key(case, device_type: str) -> tuple:
     ragged case's one per sequence (per_sequence.py calls them one at a time), padded to its bucket
     (flex_sequence)."""
     # softcap, ALiBi and windows are values in tensors the adapter's own mods read: they compile nothing new
+    m = case.mask
     base = (case.dtype, case.head_dim, case.dv, case.nheads, case.nheads_k, case.softmax_scale, case.layout,
-            case.mask, case.mask_shape if case.mask != "off" else "", case.mask_block if case.mask == "block" else 0,
-            case.score_mod)
+            "off" if m is None else m.pattern, "" if m is None else m.shape,
+            m.block if m is not None and m.pattern == "block" else 0, case.score_mod)
     if device_type != "cpu":
         return (base,)
     calls = [(case.batch, case.seqlen_q, case.seqlen_k)] if case.kind == "dense" else \

@@ -41,7 +41,7 @@ def variant_keywords(case: Case, extras: dict, caps) -> dict:
     if "mask" in used:
         form = caps.mask_form(case)
         if form == "block_mask":
-            kwargs.update(block_mask=extras["block_mask"], block_size=case.mask_block)
+            kwargs.update(block_mask=extras["block_mask"], block_size=case.mask.block)
         elif form is not None:  # attn_mask or mask_mod: extras holds each by its keyword
             kwargs[form] = extras[form]
     if "bias" in used:

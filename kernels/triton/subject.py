@@ -131,17 +131,17 @@ def variant_warmup_cases(dtypes: tuple, kind: str = "triton") -> list:
                     common = dict(nheads=2, nheads_k=1, head_dim=head_dim, dtype=dtype, window=(16, -1),
                                   softcap=softcap, alibi="head")
                     if kind == "triton-paged":
-                        out += [Case(batch=1, seqlen_q=sq, seqlen_k=97, cache_seqlens=(97,), page_size=16, splits=2,
-                                     **common) for sq in (1, 97)]
+                        out += [Case.of(batch=1, seqlen_q=sq, seqlen_k=97, cache_seqlens=(97,), page_size=16,
+                                        splits=2, **common) for sq in (1, 97)]
                     elif kind == "triton-varlen":
-                        out.append(Case(batch=1, seqlen_q=97, seqlen_k=97, seqlens=((97, 97),),
-                                        sinks="around" if extras else "off", **common))
+                        out.append(Case.of(batch=1, seqlen_q=97, seqlen_k=97, seqlens=((97, 97),),
+                                           sinks="around" if extras else "off", **common))
                     else:
                         out.append(Case(batch=1, seqlen_q=97, seqlen_k=97, sinks="around" if extras else "off",
                                         **common))
                         # the builds with a bias (BIAS; DBIAS in dq when it requires grad; a bool mask runs
                         # as an fp32 one), a build per dtype of the bias pointer, and with a block mask (BLOCKS)
-                        out += [Case(batch=1, seqlen_q=97, seqlen_k=97, **common, **masks) for masks in (
+                        out += [Case.of(batch=1, seqlen_q=97, seqlen_k=97, **common, **masks) for masks in (
                             *(dict(bias="normal", bias_grad=grad, bias_dtype=bias_dtype)
                               for bias_dtype in BIAS_DTYPES for grad in (True, False)),
                             dict(mask="block", mask_block=16, mask_rate=50, mask_shape="shared"))
@@ -154,8 +154,8 @@ def sparse_warmup_cases(dtypes: tuple) -> list:
     and padded head dims of q/k and of v; the group's rows pad to 16 for every group drawn."""
     from faverify.cases.case import Case
     from faverify.kernels.triton.common import BLOCK_DS
-    return [Case(batch=1, seqlen_q=33, seqlen_k=97, nheads=2, nheads_k=1, head_dim=bd, dtype=dtype,
-                 head_dim_v=None if bdv == bd else bdv, sparse="distinct", topk=40)
+    return [Case.of(batch=1, seqlen_q=33, seqlen_k=97, nheads=2, nheads_k=1, head_dim=bd, dtype=dtype,
+                    head_dim_v=None if bdv == bd else bdv, sparse="distinct", topk=40)
             for bd in BLOCK_DS for bdv in BLOCK_DS for dtype in dtypes]
 
 
