@@ -26,7 +26,6 @@ HAS_GPU = torch.cuda.is_available()
 AOT_TEST = "test_every_variant_compiles_for_sm80_and_sm90"
 CUDA_COMPILE_TEST = "test_every_cu_file_compiles_for_sm80_and_sm90_without_spills"
 MUTANTS_TEST = "test_every_mutant_is_killed_and_the_control_passes"
-BACKGROUND_NICE = 10  # the background runs' niceness (_background)
 # test_mutants.py's full run (its docstring says why these settings), in a folder of its own
 MUTANTS_ARGS = ["--iters", "100", "--control-iters", "20", "--shrink-budget", "1", "--workers", "2"]
 
@@ -73,10 +72,8 @@ def _background(module_args: list, env: dict, cwd: str | None = None):
     import sys
     import tempfile
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    # niced: the suite's own tests are the longer path through a CI run, and at equal priority they got half
-    # a core while these ran; niced, these take what the tests leave and finish about when the tests do
     proc = subprocess.Popen([sys.executable, "-m", *module_args], stdout=out, stderr=err, text=True, env=env,
-                            cwd=cwd, start_new_session=True, preexec_fn=lambda: os.nice(BACKGROUND_NICE))
+                            cwd=cwd, start_new_session=True)
     proc.files = (out, err)
     return proc
 
