@@ -74,9 +74,9 @@ def test_a_subjects_head_dim_multiple_rounds_its_drawn_head_dims_and_skips_other
 
     from faverify.subjects.base import Capabilities
 
-    caps = Capabilities(head_dim_multiple=8, head_dim_v=True)
+    caps = Capabilities.of(head_dim_multiple=8, head_dim_v=True)
     # v's head dims no larger than the subject takes (its max_head_dim, 256)
-    assert caps.draw() == {"head_dim_multiple": 8, "max_head_dim_v": 256} and Capabilities().draw() == {}
+    assert caps.draw() == {"head_dim_multiple": 8, "max_head_dim_v": 256} and Capabilities.of().draw() == {}
 
     @settings(max_examples=80, deadline=None, database=None)
     @given(cases(features=("head_dim_v",), **caps.draw()))
@@ -92,7 +92,7 @@ def test_a_subjects_head_dim_multiple_rounds_its_drawn_head_dims_and_skips_other
         f"head dims must be multiples of 8 (q/k {odd.head_dim}, v {odd.head_dim})"
     assert caps.reason_unsupported(dataclasses.replace(odd, head_dim=odd.head_dim + 5), torch.device("cpu")) is None
     with pytest.raises(ValueError, match="head_dim_multiple must be an integer >= 1"):
-        Capabilities(head_dim_multiple=0)
+        Capabilities.of(head_dim_multiple=0)
 
 
 def test_a_subjects_listed_head_dims_are_all_it_draws_and_the_rest_are_skipped():
@@ -103,7 +103,7 @@ def test_a_subjects_listed_head_dims_are_all_it_draws_and_the_rest_are_skipped()
 
     from faverify.subjects.base import Capabilities
 
-    caps = Capabilities(head_dims=[64, 128], head_dim_v=True)
+    caps = Capabilities.of(head_dims=[64, 128], head_dim_v=True)
     assert caps.head_dims == (64, 128) and caps.draw() == {"head_dims": (64, 128), "exact_head_dims": True,
                                                            "max_head_dim_v": 256}
 
@@ -118,9 +118,9 @@ def test_a_subjects_listed_head_dims_are_all_it_draws_and_the_rest_are_skipped()
         "head dims q/k 64, v 96: takes only 64, 128"
     assert "takes only" in caps.reason_unsupported(Case(1, 4, 4, 1, 1, 80), cpu)
     with pytest.raises(ValueError, match="head_dims must be a list of integers in min_head_dim..max_head_dim"):
-        Capabilities(head_dims=[64, 512])
+        Capabilities.of(head_dims=[64, 512])
     with pytest.raises(ValueError, match="head_dims must be"):
-        Capabilities(head_dims=["64"])
+        Capabilities.of(head_dims=["64"])
 
 
 def test_a_shape_budget_draws_every_case_in_one_of_its_shapes_the_same_for_the_same_seed():

@@ -113,7 +113,7 @@ def test_a_sequence_counts_the_compiles_and_configurations_of_every_call():
     def compiling(q, k, v, *, causal, softmax_scale):
         counted.append(1)
         return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
-    s = Subject("compiling", compiling, Capabilities(), compiles=lambda: counted.pop() if counted else 0,
+    s = Subject("compiling", compiling, Capabilities.of(), compiles=lambda: counted.pop() if counted else 0,
                 compile_key=lambda case, kind: ((case.seqlen_q,),))
     one, two = Case(1, 4, 4, 1, 1, 8, dtype="fp32"), Case(1, 6, 4, 1, 1, 8, dtype="fp32")
     r = evaluate(s, Case(1, 4, 4, 1, 1, 8, dtype="fp32", before=(one, two)), torch.device("cpu"), mode="fwd")

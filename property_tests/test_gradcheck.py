@@ -82,11 +82,11 @@ def test_a_steep_softcap_passes_where_the_quotient_cannot_resolve_the_derivative
 def test_a_backward_one_percent_off_fails_the_check(case):
     """The direction is the sign of the subject's own gradient, so a backward off by a factor shows its whole
     error, whatever the size of the case; the correct subject passes the same cases."""
-    s = Subject("one-percent-off", one_percent_off, Capabilities())
+    s = Subject("one-percent-off", one_percent_off, Capabilities.of())
     g = directional(s, case, torch.device("cpu"))
     assert not g.passed and "directional derivative" in g.reason, (g.rel_err, g.allowed)
     assert 0.009 < g.rel_err < 0.011, g.rel_err
-    right = directional(Subject("correct", correct, Capabilities()), case, torch.device("cpu"))
+    right = directional(Subject("correct", correct, Capabilities.of()), case, torch.device("cpu"))
     assert right.passed and right.rel_err < right.allowed / 4, (right.rel_err, right.allowed)
 
 
@@ -96,16 +96,16 @@ def test_directional_derivative_agrees_for_a_correct_backward():
 
 
 def test_directional_derivative_catches_a_backward_that_is_not_the_forward_s():
-    s = Subject("wrong-dk", wrong_dk, Capabilities())
+    s = Subject("wrong-dk", wrong_dk, Capabilities.of())
     g = directional(s, Case(1, 16, 16, 1, 1, 16, seed=1), torch.device("cpu"))
     assert not g.passed and "directional derivative" in g.reason
 
 
 def test_low_precision_subjects_are_checked_in_their_widest_dtype():
-    s = Subject("fp16-only", correct, Capabilities(dtypes=("bf16", "fp16")))
+    s = Subject("fp16-only", correct, Capabilities.of(dtypes=("bf16", "fp16")))
     g = directional(s, Case(1, 16, 24, 2, 2, 32, seed=2), torch.device("cpu"))
     assert g.dtype == "fp16" and g.passed, g.reason
-    b = directional(Subject("bf16-only", correct, Capabilities(dtypes=("bf16",))), Case(1, 16, 24, 2, 2, 32, seed=2),
+    b = directional(Subject("bf16-only", correct, Capabilities.of(dtypes=("bf16",))), Case(1, 16, 24, 2, 2, 32, seed=2),
                     torch.device("cpu"))
     assert b.dtype == "bf16" and b.passed, b.reason
 
@@ -138,7 +138,7 @@ def test_a_sink_above_every_logit_is_checked_around_the_rows_lse_where_fp32_flus
 def test_a_forward_without_an_autograd_graph_is_skipped_not_a_crash():
     def detached(q, k, v, *, causal, softmax_scale):
         return correct(q, k, v, causal=causal, softmax_scale=softmax_scale).detach()
-    g = directional(Subject("detached", detached, Capabilities()), Case(1, 8, 8, 1, 1, 16), torch.device("cpu"))
+    g = directional(Subject("detached", detached, Capabilities.of()), Case(1, 8, 8, 1, 1, 16), torch.device("cpu"))
     assert g.skipped and "no autograd graph" in g.reason
 
 
@@ -152,7 +152,7 @@ def test_a_subject_that_raises_in_the_checks_dtype_fails_the_check_not_the_worke
         if q.dtype == torch.float32:
             raise RuntimeError("No valid triton configs: out of resource")
         return correct(q, k, v, causal=causal, softmax_scale=softmax_scale)
-    s = Subject("no-fp32-kernel", fp32_out_of_resources, Capabilities())
+    s = Subject("no-fp32-kernel", fp32_out_of_resources, Capabilities.of())
     r = evaluate(s, Case(1, 16, 16, 1, 1, 16, dtype="bf16", seed=1), torch.device("cpu"), gradcheck=True)
     assert r.status == "fail" and r.signatures == ["gradcheck:error:RuntimeError"], (r.status, r.signatures)
     assert "fp32: the subject raised RuntimeError: No valid triton configs" in r.reason, r.reason
@@ -170,7 +170,7 @@ def test_a_correct_low_precision_subject_passes_where_the_step_rounds_and_the_fo
     rounding over 2h outgrows the dtype's allowance: the quotient is compared with the gradient along the
     step it took, and a correct forward's rounding (the naive baseline's at both ends) is allowed. Without
     those, 46 of these 300 seeds failed the correct subject in fp16."""
-    s = Subject(f"{dtype}-only", correct, Capabilities(dtypes=(dtype,)))
+    s = Subject(f"{dtype}-only", correct, Capabilities.of(dtypes=(dtype,)))
     checks = [directional(s, dataclasses.replace(PEAKED_ROW, seed=seed), torch.device("cpu")) for seed in range(300)]
     assert all(g.passed and not g.skipped for g in checks), [g.reason for g in checks if not g.passed][:3]
     h = {"fp16": 2.0**-6, "bf16": 2.0**-5}[dtype]
@@ -181,7 +181,7 @@ def test_a_correct_low_precision_subject_passes_where_the_step_rounds_and_the_fo
 def test_the_forwards_rounding_allowance_leaves_a_fifth_off_backward_caught():
     """The allowance for the forward's rounding is the smallest over the steps: a backward 20% off, where
     fp16 resolves the quotient worst (a single peaked row), still fails most seeds."""
-    s = Subject("fifth-off", fifth_off, Capabilities(dtypes=("fp16",)))
+    s = Subject("fifth-off", fifth_off, Capabilities.of(dtypes=("fp16",)))
     caught = sum(not directional(s, dataclasses.replace(PEAKED_ROW, seed=seed), torch.device("cpu")).passed
                  for seed in range(40))
     assert caught >= 24, caught

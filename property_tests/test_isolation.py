@@ -205,7 +205,7 @@ def _warm_up_of(cases, plan):
     from faverify.run.request import SubjectPlan
     from faverify.subjects.base import Capabilities, Subject
 
-    subject = Subject("x", fn=None, caps=Capabilities(dtypes=("bf16", "fp16", "fp32")), warmup=cases)
+    subject = Subject("x", fn=None, caps=Capabilities.of(dtypes=("bf16", "fp16", "fp32")), warmup=cases)
     return SubjectPlan(subject, plan).warmup_cases()
 
 

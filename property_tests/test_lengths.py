@@ -14,7 +14,7 @@ ONE_LENGTH = "property_tests.planted:one_length_128"
 
 @pytest.mark.parametrize("limits", [CPU_LIMITS, GPU_LIMITS])
 def test_the_draw_makes_only_the_lengths_declared_ragged_batches_too(limits):
-    caps = Capabilities(equal_seqlens=True, seqlen_multiple=128, varlen=True, paged=True, splits=True)
+    caps = Capabilities.of(equal_seqlens=True, seqlen_multiple=128, varlen=True, paged=True, splits=True)
     plan = FuzzPlan(iters=300, seed=0, dtypes=("bf16",), limits=limits, database=None, narrow=caps.draw(),
                     features=caps.features())
     drawn = draw_cases(plan)
@@ -31,7 +31,7 @@ def test_the_draw_makes_only_the_lengths_declared_ragged_batches_too(limits):
 
 def test_every_call_of_a_drawn_sequence_has_the_lengths_declared():
     """--sequence: no step between calls (more query rows than keys, for rows with no key) leaves them."""
-    caps = Capabilities(equal_seqlens=True, seqlen_multiple=128)
+    caps = Capabilities.of(equal_seqlens=True, seqlen_multiple=128)
     plan = FuzzPlan(iters=200, seed=0, dtypes=("bf16",), limits=CPU_LIMITS, database=None, narrow=caps.draw(),
                     features=caps.features(), sequence=4)
     calls = [c for case in draw_cases(plan) for c in (*case.before, case)]
@@ -40,12 +40,12 @@ def test_every_call_of_a_drawn_sequence_has_the_lengths_declared():
 
 def test_a_case_of_other_lengths_is_skipped_with_the_reason():
     from faverify.cases.case import Case
-    caps = Capabilities(equal_seqlens=True, seqlen_multiple=128)
+    caps = Capabilities.of(equal_seqlens=True, seqlen_multiple=128)
     assert "takes q and k of one length" in caps.lengths_refused(Case(1, 128, 256, 1, 1, 16))
     assert "multiples of 128" in caps.lengths_refused(Case(1, 100, 100, 1, 1, 16))
     assert caps.lengths_refused(Case(1, 256, 256, 1, 1, 16)) is None
     with pytest.raises(ValueError, match="seqlen_multiple"):
-        Capabilities(seqlen_multiple=0)
+        Capabilities.of(seqlen_multiple=0)
 
 
 def test_a_subject_declaring_one_length_a_multiple_of_128_runs_nine_in_ten_of_its_cases(tmp_path):

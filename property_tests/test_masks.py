@@ -149,17 +149,17 @@ def test_each_subject_gets_the_mask_in_the_form_it_declares():
                                        **{n: t for n, t in kwargs.items() if n == "attn_mask"})
     block = Case.of(1, 20, 20, 1, 1, 8, mask="block", mask_block=16, mask_rate=0, mask_shape="shared")
     bias = Case.of(1, 4, 4, 1, 1, 8, bias="normal", bias_shape="shared")
-    assert evaluate(Subject("m", fn, Capabilities(mask=True, bias=True)), block, "cpu").status == "pass"
-    assert evaluate(Subject("m", fn, Capabilities(mask=True, bias=True)), bias, "cpu").status == "pass"
+    assert evaluate(Subject("m", fn, Capabilities.of(mask=True, bias=True)), block, "cpu").status == "pass"
+    assert evaluate(Subject("m", fn, Capabilities.of(mask=True, bias=True)), bias, "cpu").status == "pass"
     assert seen == [{"attn_mask": torch.bool}, {"attn_mask": torch.float32 if bias.dtype == "fp32" else torch.bfloat16}]
     seen.clear()
-    evaluate(Subject("b", fn, Capabilities(block_mask=True)), block, "cpu")
-    evaluate(Subject("f", fn, Capabilities(mask_mod=True)), block, "cpu")
+    evaluate(Subject("b", fn, Capabilities.of(block_mask=True)), block, "cpu")
+    evaluate(Subject("f", fn, Capabilities.of(mask_mod=True)), block, "cpu")
     assert seen == [{"block_mask": torch.bool, "block_size": "int"}, {"mask_mod": "function"}]
-    r = evaluate(Subject("b", fn, Capabilities(block_mask=True)),
+    r = evaluate(Subject("b", fn, Capabilities.of(block_mask=True)),
                  Case.of(1, 4, 4, 1, 1, 8, mask="random", mask_rate=20, mask_shape="shared"), "cpu")
     assert r.status == "skip" and "mask not declared" in r.reason
-    r = evaluate(Subject("n", fn, Capabilities(mask=True)), Case.of(1, 4, 4, 1, 1, 8, bias="normal", bias_grad=True),
+    r = evaluate(Subject("n", fn, Capabilities.of(mask=True)), Case.of(1, 4, 4, 1, 1, 8, bias="normal", bias_grad=True),
                  "cpu")
     assert r.status == "skip" and "bias, bias_grad not declared" in r.reason
 

@@ -55,7 +55,7 @@ def test_plot_refuses_what_it_cannot_draw_and_names_the_extra():
         else:
             sys.modules["matplotlib"] = saved
     with pytest.raises(ValueError, match="tile"):
-        Capabilities(tile=(64,))
+        Capabilities.of(tile=(64,))
 
 
 def test_the_markdown_report_of_a_dense_failure_says_how_to_draw_it(tmp_path):

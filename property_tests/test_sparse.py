@@ -31,7 +31,7 @@ def test_a_key_listed_twice_weighs_as_the_subject_declares(dtype):
     case = Case.of(1, 6, 5, 2, 1, 16, dtype=dtype, sparse="duplicates", topk=8, seed=3)
     for name, other in (("gather_correct", {"sparse_duplicates": "once"}), ("mask_correct", "flash-attn-3")):
         declared = resolve(f"{PLANTED}:{name}")
-        swapped = Subject(name, declared.fn, Capabilities(**{**declared.caps.to_dict(), "conventions": other}))
+        swapped = Subject(name, declared.fn, Capabilities.of(**{**declared.caps.to_dict(), "conventions": other}))
         assert evaluate(declared, case, "cpu", mode="fwd").status == "pass"
         assert evaluate(swapped, case, "cpu", mode="fwd").status == "fail"
 

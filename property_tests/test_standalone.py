@@ -71,7 +71,7 @@ def test_the_flash_attn_4_script_calls_the_library_as_its_users_do():
     from faverify.reports.case_result import CaseResult
     from faverify.subjects.base import Capabilities, Subject
     from faverify.subjects.flash_attn_4 import STANDALONE
-    subject = Subject("flash-attn-4", fn=None, caps=Capabilities(lse=True, conventions="flash-attn-4"),
+    subject = Subject("flash-attn-4", fn=None, caps=Capabilities.of(lse=True, conventions="flash-attn-4"),
                       standalone=STANDALONE)
     case = Case.from_dict(CASE)
     metrics = {t: SimpleNamespace(allowed=0.01) for t in ("out", "lse")}  # what the script reads of them
@@ -81,7 +81,7 @@ def test_the_flash_attn_4_script_calls_the_library_as_its_users_do():
     assert "from flash_attn.cute import flash_attn_func" in text
     assert "import faverify" not in text and "from faverify" not in text
     assert "ALLOWED = {'out': 0.01, 'lse': 0.01}" in text
-    other = Subject("lse-base-2", fn=None, caps=Capabilities(lse=True, conventions={"lse_base": "2"}),
+    other = Subject("lse-base-2", fn=None, caps=Capabilities.of(lse=True, conventions={"lse_base": "2"}),
                     standalone=STANDALONE)
     assert "ALLOWED = {'out': 0.01}" in script(other, case, CaseResult("x", case, "fail", metrics=metrics),
                                                torch.device("cuda"), "r.pt")

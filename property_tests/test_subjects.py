@@ -132,8 +132,44 @@ def test_a_subject_hands_over_what_its_calls_did_since_the_last_take_in_one_valu
     hook emptied by it; a subject without the hooks tells nothing."""
     from faverify.subjects.base import Capabilities, Since, Subject, drain
     log, compiled = ["fwd triton", "bwd triton"], [2]
-    subject = Subject("s", fn=None, caps=Capabilities(), paths=lambda: drain(log),
+    subject = Subject("s", fn=None, caps=Capabilities.of(), paths=lambda: drain(log),
                       compiles=lambda: compiled.pop() if compiled else 0, compile_seconds=lambda: 1.5)
     assert subject.take() == Since(("fwd triton", "bwd triton"), 2, {"compile": 1.5})
     assert subject.take() == Since((), 0, {"compile": 1.5}) and log == []
-    assert Subject("plain", fn=None, caps=Capabilities()).take() == Since()
+    assert Subject("plain", fn=None, caps=Capabilities.of()).take() == Since()
+
+
+def test_capabilities_keep_a_flat_declaration_in_groups_and_give_it_back():
+    """Capabilities.of takes the flat keys a declaration gives (faverify_capabilities) and keeps the ragged,
+    mask and FP8 ones in their groups; to_dict gives the same keys back, and each feature's declaration reads
+    the same from the group as from the flat key."""
+    import dataclasses
+
+    from faverify.cases.vocabulary import FEATURES
+    from faverify.subjects import Capabilities, builtin_names
+    from faverify.subjects.groups import GROUPS
+    flat = dict(varlen=True, varlen_tail_grads="finite", paged=True, page_sizes=[16, 64], splits=True,
+                split_block=4, mask=True, mask_nan=True, bias_grad=True, fp8=["tensor"], fp8_formats=["e4m3", "e5m2"],
+                fp8_only=True, window=True)
+    caps = Capabilities.of(**flat)
+    assert caps.ragged.tail_grads == "finite" and caps.ragged.page_sizes == (16, 64) and caps.ragged.split_block == 4
+    assert caps.masks.nan and caps.masks.bias_grad and not caps.masks.bias
+    assert caps.fp8.granularities == ("tensor",) and caps.fp8.formats == ("e4m3", "e5m2") and caps.fp8.only
+    back = caps.to_dict()
+    assert {k: back[k] for k in flat} == {k: tuple(v) if isinstance(v, list) else v for k, v in flat.items()}
+    # the flat keys: every field but the groups, each group's keys in its place
+    fields = [f.name for f in dataclasses.fields(Capabilities)]
+    assert list(back) == [k for name in fields for k in (GROUPS[name].FLAT if name in GROUPS else (name,))]
+    assert [f for f in FEATURES if caps.declares(f)] == ["window", "varlen", "paged", "splits", "mask", "mask_nan",
+                                                         "bias_grad", "fp8"]
+    from faverify.errors import EnvironmentProblem
+    checked = []
+    for name in builtin_names():
+        try:
+            declared = resolve(name).caps
+        except EnvironmentProblem:  # an adapter whose library is not installed here
+            continue
+        checked.append(name)
+        assert Capabilities.of(**declared.to_dict()) == declared, name
+        assert all(declared.declares(f) == bool(declared.to_dict()[f]) for f in FEATURES), name
+    assert {"sdpa-math", "triton", "triton-paged", "triton-fp8", "flex"} <= set(checked), checked

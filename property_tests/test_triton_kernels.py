@@ -223,7 +223,8 @@ def test_the_hopper_backward_subjects_ask_for_it_in_their_mode(monkeypatch):
         caps = subject.caps
         assert caps.devices == ("cuda",) and caps.dtypes == ("bf16", "fp16") and caps.head_dims == (48, 64, 80, 96, 112,
                                                                                                     128)
-        assert not any((caps.window, caps.softcap, caps.alibi, caps.sinks, caps.head_dim_v, caps.mask, caps.bias))
+        assert not any((caps.window, caps.softcap, caps.alibi, caps.sinks, caps.head_dim_v, caps.masks.mask,
+                        caps.masks.bias))
         subject.fn(q, q, q, causal=True)
         assert seen[-1] == dict(return_lse=True, causal=True, launch=launch)
 

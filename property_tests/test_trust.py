@@ -66,7 +66,14 @@ def test_the_subject_is_blamed_in_this_process(bug, message):
     ("{'gqa': 'no'}", "gqa must be true or false"),
     ("{'writes': ['out']}", "writes must be a list of q, k, v, dout"),
     ("{'max_head_dim': 0}", "max_head_dim must be an integer >= 1"),
-    ("{'colour': 'red'}", "unexpected keyword argument 'colour'"),
+    ("{'colour': 'red'}", "unknown key 'colour' (the keys: alibi, backward"),
+    # the grouped keys (subjects/groups.py), by the names a declaration gives them
+    ("{'mask': 'yes'}", "mask must be true or false, got 'yes'"),
+    ("{'varlen': True, 'varlen_tail_grads': 'nan'}", "varlen_tail_grads must be zero or finite, got 'nan'"),
+    ("{'paged': True, 'page_sizes': [16, 0]}", "page_sizes must be a list of integers >= 1, got [16, 0]"),
+    ("{'splits': True, 'split_block': 0}", "split_block must be an integer >= 1, got 0"),
+    ("{'fp8': ['row']}", "fp8 must be a list of tensor, head, block, got ('row',)"),
+    ("{'fp8_only': True}", "fp8_only needs fp8"),
 ])
 def test_capabilities_that_are_not_valid_are_refused_when_the_kernel_loads(tmp_path, monkeypatch, declared, message):
     module = f"badcaps_{abs(hash(declared))}"  # a module of its own per declaration: imports are cached

@@ -129,12 +129,12 @@ def test_keywords_are_passed_only_for_the_features_a_case_uses():
         seen.append(sorted(kwargs))
         return resolve("sdpa-math").fn(q, k, v, causal=causal, softmax_scale=softmax_scale, **kwargs)
     from faverify.subjects.base import Capabilities, Subject
-    s = Subject("recorder", fn, Capabilities(window=True, softcap=True, alibi=True, sinks=True, head_dim_v=True))
+    s = Subject("recorder", fn, Capabilities.of(window=True, softcap=True, alibi=True, sinks=True, head_dim_v=True))
     for c in (Case(1, 4, 4, 1, 1, 8), Case(1, 4, 4, 1, 1, 8, window=(1, 0)),
               Case(1, 4, 4, 1, 1, 8, softcap=3.0, alibi="head", sinks="around")):
         assert evaluate(s, c, "cpu").status == "pass"
     assert seen == [[], ["window_size"], ["alibi_slopes", "sinks", "softcap"]]
-    dense_only = Subject("dense", fn, Capabilities())
+    dense_only = Subject("dense", fn, Capabilities.of())
     r = evaluate(dense_only, Case(1, 4, 4, 1, 1, 8, sinks="above", head_dim_v=4), "cpu")
     assert r.status == "skip" and "sinks, head_dim_v not declared by the subject" in r.reason
 
@@ -222,7 +222,7 @@ def test_a_subject_passes_under_the_conventions_it_declares(kernel, features, ca
     declaration, and the report says what it judged by."""
     from faverify.subjects.base import Capabilities, Subject
     declared = resolve(f"property_tests.planted:{kernel}")
-    default = Subject("default", declared.fn, Capabilities(**{**declared.caps.to_dict(),
+    default = Subject("default", declared.fn, Capabilities.of(**{**declared.caps.to_dict(),
                                                               "conventions": "flash-attn-3"}))
     assert evaluate(declared, case, "cpu", mode="fwd").status == "pass"
     assert evaluate(default, case, "cpu", mode="fwd").status == "fail"
@@ -244,7 +244,7 @@ def test_an_lse_in_the_other_base_is_named_as_such():
 def test_conventions_that_are_not_valid_are_refused_when_the_subject_loads(declared, message):
     from faverify.subjects.base import Capabilities
     with pytest.raises(ValueError) as e:
-        Capabilities(conventions=declared)
+        Capabilities.of(conventions=declared)
     assert message in str(e.value)
 
 
@@ -305,7 +305,7 @@ def test_a_max_logit_over_masked_keys_is_caught_and_the_declared_shapes_pass(tmp
         assert r.exit_code == 0, r.stdout[-2000:]
     from faverify.subjects.base import Capabilities, Subject
     declared = resolve("property_tests.planted:max_logit_per_head")
-    rows = Subject("rows", declared.fn, Capabilities(**{**declared.caps.to_dict(), "conventions": "flash-attn-3"}))
+    rows = Subject("rows", declared.fn, Capabilities.of(**{**declared.caps.to_dict(), "conventions": "flash-attn-3"}))
     case = Case(2, 5, 7, 2, 1, 16, dtype="fp32", max_logit=True, seed=3)
     assert evaluate(declared, case, "cpu", mode="fwd").status == "pass"
     r = evaluate(rows, case, "cpu", mode="fwd")

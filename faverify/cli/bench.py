@@ -138,7 +138,7 @@ def _decode(kernel: str, lengths: list, head_dims: list, dtype: str, page_sizes:
             for config in todo:
                 for subject in subjects:
                     # the dense path has no pages: its row once per cache length
-                    if subject.caps.paged or config.page_size == page_sizes[0]:
+                    if subject.caps.ragged.paged or config.page_size == page_sizes[0]:
                         rows.append(bench_decode.time_row(subject, config, target, peak))
                     progress.update(task, advance=1)
         except KeyboardInterrupt:  # the rows measured so far are still written

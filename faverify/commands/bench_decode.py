@@ -73,7 +73,7 @@ def copy_bandwidth(device) -> float:
 
 def _splits(subject: Subject, case: Case, device) -> int:
     """The split count a split-KV subject is timed with: flash_attn_with_kvcache's rule."""
-    if not subject.caps.splits:
+    if not subject.caps.ragged.splits:
         return 1
     from faverify.kernels.triton.build.target import sm_count
     from faverify.kernels.triton.interface import num_splits_for
@@ -83,7 +83,7 @@ def _splits(subject: Subject, case: Case, device) -> int:
 def time_row(subject: Subject, config: DecodeConfig, device, peak: float) -> dict:
     """Validate on a smaller instance, then time one subject's decode; a configuration it cannot run has
     the reason as its note."""
-    paged = subject.caps.paged
+    paged = subject.caps.ragged.paged
     row = {"kernel": subject.name, **dataclasses.asdict(config), "batch": config.batch, "nheads": NHEADS,
            "nheads_k": NHEADS_K, "layout": "paged" if paged else "contiguous"}
     if not paged:

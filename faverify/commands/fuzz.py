@@ -168,7 +168,7 @@ def _check_outputs(r: FuzzRequest) -> None:
 def _check_subjects(r: FuzzRequest, subjects: list, wanted: tuple | None, fp8_only: bool) -> None:
     """Each subject takes what the options draw: FP8 cases, the lengths, the features named."""
     for s in subjects if fp8_only else ():
-        if not s.caps.fp8:
+        if not s.caps.fp8.granularities:
             raise UsageError("--dtype", "fp8", f"{s.name} does not declare fp8, so it takes no FP8 case")
     for s in subjects if r.max_seqlen is not None else ():
         if r.max_seqlen < s.caps.seqlen_multiple:

@@ -31,7 +31,7 @@ def judge_splits(case: Case, x: Inputs, splits, tolerance: Tolerance, caps, lap=
     """The split-KV partials, each against the FP64 attention over its split's keys (empty ones must be
     out 0, lse -inf): metrics "out_splits" and "lse_splits", judged as out and lse are. lap: as judge's."""
     with torch.no_grad():
-        ref, scales, base, empty = split_yardsticks(case, x, caps.conventions, caps.split_block)
+        ref, scales, base, empty = split_yardsticks(case, x, caps.conventions, caps.ragged.split_block)
         lap("reference")
         out, lse = splits
         if case.kind == "varlen":  # the tail cut off, as out's and lse's are

@@ -163,7 +163,7 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
     reason, mode, backward, judged_on_less = _what_runs(subject, case, device, mode)
     if reason:
         return CaseResult(name, case, "skip", reason)
-    if subject.caps.combine:
+    if subject.caps.ragged.combine:
         return _evaluate_combine(subject, case, device, tolerance, clock, in_worker)
 
     try:
@@ -204,7 +204,7 @@ def _evaluate(subject: Subject, case: Case, device: torch.device, mode: str, tol
             return stopped
     failing = changed_inputs(x, pristine, subject.caps.writes)
     if backward:
-        failing += tail_gradients(case, got, subject.caps.varlen_tail_grads)
+        failing += tail_gradients(case, got, subject.caps.ragged.tail_grads)
     if buffer is not None:
         failing += _buffer_checks(subject, case, pristine, buffer, out, in_worker)
     if relations is not None and (subject.caps.relations or measure):
@@ -281,8 +281,8 @@ def _what_runs(subject: Subject, case: Case, device: torch.device, mode: str) ->
     """(why the case is skipped or None, the mode it runs in, whether its backward runs, why a case asked
     for its backward is judged on its forward alone or "")."""
     reason = subject.unsupported(case, device)
-    backward = mode != "fwd" and not subject.caps.combine  # a combine has no gradients to ask
-    if reason is None and mode == "bwd" and subject.caps.combine:
+    backward = mode != "fwd" and not subject.caps.ragged.combine  # a combine has no gradients to ask
+    if reason is None and mode == "bwd" and subject.caps.ragged.combine:
         reason = "a split-KV combine has no backward"
     judged_on_less = ""
     for forward_only, why in ((case.kind == "paged", PAGED_FORWARD), (case.fp8 is not None, FP8_FORWARD)):
@@ -348,7 +348,7 @@ def _evaluate_combine(subject: Subject, case: Case, device: torch.device, tolera
     x = make_inputs(case, device)
     clock.lap("inputs")
     with torch.no_grad():
-        parts, _, _, _ = split_yardsticks(case, x, conventions, subject.caps.split_block)
+        parts, _, _, _ = split_yardsticks(case, x, conventions, subject.caps.ragged.split_block)
     shape = split_shape(case)
     outs = parts["out"].reshape(shape[0]).float()
     lses = parts["lse"].reshape(shape[1]).float()

@@ -32,7 +32,7 @@ def directional(subject: Subject, case: Case, device: torch.device) -> GradCheck
     dtype = dtype_for(subject.caps.dtypes)
     if dtype is None or not subject.caps.backward_on(torch.device(device).type):
         return skip(dtype or "-", "subject has no backward here or no supported dtype")
-    if dense_form(case) and not subject.caps.dense:
+    if dense_form(case) and not subject.caps.ragged.dense:
         return skip(dtype, "the finite-difference check runs on dense cases; the subject takes none")
     h, clamp, allowed = SETTINGS[dtype]
     c = checked_case(case, dtype)

@@ -85,7 +85,7 @@ def repeat_relation(subject: Subject, case: Case, pristine: Inputs, got: dict, b
 
 def splits_relation(subject: Subject, case: Case, pristine: Inputs, got: dict, backward: bool) -> dict:
     """The call with one split against the case's; as batch_relation. Forward only: splits are a decode's."""
-    if case.splits < 2 or not subject.caps.splits:
+    if case.splits < 2 or not subject.caps.ragged.splits:
         return {"checked": 0}
     one = dataclasses.replace(case, splits=1)
     x = lay_out(case, pristine, requires_grad=False)

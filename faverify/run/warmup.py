@@ -201,7 +201,7 @@ def warmup_cases(subject, dtypes: tuple, features: tuple, gradcheck: bool) -> li
     if subject.warmup is None:
         return []
     cases = list(subject.warmup(tuple(dtypes), tuple(features)))
-    checked = gradcheck and subject.caps.backward_on("cuda") and subject.caps.dense
+    checked = gradcheck and subject.caps.backward_on("cuda") and subject.caps.ragged.dense
     check = dtype_for(subject.caps.dtypes) if checked else None
     if check is not None:
         cases += [checked_case(c, check) for c in subject.warmup((check,), tuple(features))]

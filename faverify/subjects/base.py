@@ -8,7 +8,8 @@ autograd gives through it (dsinks too, when sinks require grad).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -16,12 +17,13 @@ import torch
 from faverify.cases import conventions as _conventions
 from faverify.cases.case import Case
 from faverify.cases.inputs import EXTRAS
-from faverify.cases.vocabulary import DTYPES, FEATURES, FP8, FP8_DRAWN, FP8_FORMATS, INITS, MAX_HEAD_DIM_V, MLA_HEAD_DIM
+from faverify.cases.vocabulary import DTYPES, FEATURES, FP8_DRAWN, INITS, MAX_HEAD_DIM_V, MLA_HEAD_DIM
 
 INPUTS = ("q", "k", "v", "dout")  # what a subject is given: dout through autograd
 # the relations between calls a subject may promise (run/relations.py)
 RELATIONS = ("batch", "decode", "repeat", "splits")
 from faverify.errors import Unsupported
+from faverify.subjects.groups import GROUPS, FP8Caps, MaskCaps, RaggedCaps, flattened, split_flat
 from faverify.subjects.keywords import KEYWORDS, missing_keywords, takes_init, variant_keywords
 
 
@@ -58,38 +60,11 @@ class Capabilities:
     alibi: bool = False
     sinks: bool = False
     head_dim_v: bool = False
-    # ragged and split (docs/design.md, "Ragged and paged"): packed varlen batches; a paged KV cache, of
-    # the page sizes listed (None: any); split-KV partial results returned beside out and lse, the keys cut
-    # into whole blocks of split_block keys
-    varlen: bool = False
-    # the varlen gradients' tail rows, past the last sequence: "zero" (their gradient, by definition) or
-    # "finite" (a subject that declares it leaves them as they were)
-    varlen_tail_grads: str = "zero"
-    paged: bool = False
-    dense: bool = True  # False: varlen or paged cases only (flash_attn_varlen_func takes nothing else)
-    page_sizes: tuple | None = None
-    splits: bool = False
-    split_block: int = 1
-    # a split-KV combine alone: fn(out_splits, lse_splits) -> (out, lse), judged on split cases' partials
-    combine: bool = False
-    # a combine judged on context-parallel shards' partials too (Case.shards), each from a call of its own
-    shards: bool = False
+    ragged: RaggedCaps = RaggedCaps()  # varlen, paged and split-KV batches (groups.RaggedCaps)
     # takes out=, a buffer to write into (varlen: [total_q + tail, h, dv]); it must not write past the
     # last sequence's tokens
     out_buffer: bool = False
-    # masks and biases (docs/design.md, "Masks and biases"), in torch SDPA's and FlexAttention's names:
-    # mask: attn_mask, a bool [b|1, h|1, sq|1, sk] (True: keep); bias: attn_mask, a float one added to the
-    # logits, and bias_grad: its gradient (dbias, judged); mask_nan: keys no row sees may hold NaN, and
-    # must not reach any output; score_mod: a FlexAttention score_mod(score, b, h, q_idx, kv_idx); mask_mod:
-    # every mask as a FlexAttention mask_mod(b, h, q_idx, kv_idx) instead of a tensor; block_mask: block
-    # patterns as their blocks, block_mask bool [b|1, h|1, ceil(sq/n), ceil(sk/n)] and block_size n
-    mask: bool = False
-    mask_nan: bool = False
-    bias: bool = False
-    bias_grad: bool = False
-    score_mod: bool = False
-    mask_mod: bool = False
-    block_mask: bool = False
+    masks: MaskCaps = MaskCaps()  # masks and biases (groups.MaskCaps)
     # where causal aligns, lse's base, the lse of a row that sees no key, ALiBi's form: a preset's name
     # (conventions.PRESETS: "flash-attn-2", "flashinfer", ...) or a dict of conventions.Conventions' fields
     conventions: object = _conventions.DEFAULT
@@ -109,14 +84,7 @@ class Capabilities:
     # takes v as the leading head_dim_v columns of k's storage (v = k[..., :dv]); with max_head_dim 576 its
     # cases also draw MLA's head dims (576 for q/k beside 512 for v) and K = V at 512
     kv_shared: bool = False
-    # FP8 inputs (cases/fp8.py): the descale granularities it takes, "tensor" and "head" (flash-attn 3's
-    # [batch, nheads_k] q_descale, k_descale, v_descale, passed by those keywords) and "block" (k's and v's
-    # [batch, nheads_k, blocks], one per FP8_BLOCK keys); empty: none
-    fp8: tuple = ()
-    # the FP8 formats it takes: e4m3, and e5m2 where it declares it (drawn then, beside e4m3)
-    fp8_formats: tuple = ("e4m3",)
-    # takes FP8 inputs alone (an FP8 kernel): every case drawn for it is an FP8 case
-    fp8_only: bool = False
+    fp8: FP8Caps = FP8Caps()  # FP8 inputs (groups.FP8Caps)
     # its tile, (query rows, keys), where it has one: `repro --plot` marks the tile edges; empty: none declared
     tile: tuple = ()
 
@@ -124,26 +92,19 @@ class Capabilities:
         """Each field of the type it must have: a declaration that is not valid is refused when the subject
         loads, not as a failure of every case."""
         object.__setattr__(self, "conventions", _conventions.parse(self.conventions))
-        lists = ("dtypes", "devices", "backward_devices", "writes", "relations", "fp8", "fp8_formats")
+        lists = ("dtypes", "devices", "backward_devices", "writes", "relations")
         for name in lists + (("init_modes",) if self.init_modes is not None else ()):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, value := tuple(value))
             allowed = {"dtypes": DTYPES, "devices": ("cpu", "cuda"), "backward_devices": ("cpu", "cuda"),
-                       "writes": INPUTS + EXTRAS, "init_modes": INITS,
-                       "relations": RELATIONS, "fp8": FP8[1:], "fp8_formats": tuple(FP8_FORMATS)}[name]
+                       "writes": INPUTS + EXTRAS, "init_modes": INITS, "relations": RELATIONS}[name]
             if not isinstance(value, tuple) or not all(isinstance(x, str) and x in allowed for x in value):
                 raise ValueError(f"{name} must be a list of {', '.join(allowed)}, got {value!r}")
         self._integers("tile", lambda n: n >= 1, "[query rows, keys], two integers >= 1", count=(0, 2))
-        if self.fp8_only and not self.fp8:
-            raise ValueError("fp8_only needs fp8: the descale granularities its FP8 cases take")
         if self.lse_grad and not self.lse:
             raise ValueError("lse_grad needs lse: true (a loss on lse needs the subject to return lse)")
-        if self.varlen_tail_grads not in ("zero", "finite"):
-            raise ValueError(f"varlen_tail_grads must be zero or finite, got {self.varlen_tail_grads!r}")
-        if self.page_sizes is not None:
-            self._integers("page_sizes", lambda n: n >= 1, "a list of integers >= 1")
-        for name in ("min_head_dim", "max_head_dim", "split_block", "head_dim_multiple", "seqlen_multiple"):
+        for name in ("min_head_dim", "max_head_dim", "head_dim_multiple", "seqlen_multiple"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -151,11 +112,27 @@ class Capabilities:
             raise ValueError(f"min_head_dim {self.min_head_dim} is above max_head_dim {self.max_head_dim}")
         self._integers("head_dims", lambda d: self.min_head_dim <= d <= self.max_head_dim,
                        f"a list of integers in min_head_dim..max_head_dim ({self.min_head_dim}..{self.max_head_dim})")
-        flags = tuple(f for f in FEATURES if f != "fp8")  # fp8 lists its granularities (checked above)
-        for name in ("gqa", "backward", "lse", "combine", "out_buffer", "dense", "mask_mod", "block_mask",
-                     "fp8_only", "equal_seqlens") + flags:
+        flags = ("window", "softcap", "alibi", "sinks", "head_dim_v", "lse_grad", "max_logit", "sparse", "kv_shared")
+        for name in ("gqa", "backward", "lse", "out_buffer", "equal_seqlens") + flags:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        # each feature's declaration, by its name in vocabulary.FEATURES: "fp8" where it takes any descales
+        flat = {**flattened(self.ragged), **flattened(self.masks), "fp8": bool(self.fp8.granularities)}
+        object.__setattr__(self, "_declared", {f: bool(flat.get(f, getattr(self, f, False))) for f in FEATURES})
+
+    @classmethod
+    def of(cls, **fields) -> "Capabilities":
+        """Capabilities from a flat declaration (faverify_capabilities' keys: varlen, mask, fp8, ...), each
+        group made from its FLAT names. An unknown key is a TypeError, as a dataclass's own keyword is."""
+        known = {f.name for f in dataclasses.fields(cls)} - set(GROUPS) | {n for g in GROUPS.values() for n in g.FLAT}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise TypeError(f"unknown key {unknown[0]!r} (the keys: {', '.join(sorted(known))})")
+        return cls(**split_flat(fields))
+
+    def declares(self, feature: str) -> bool:
+        """Whether it declares the feature (a name of vocabulary.FEATURES)."""
+        return self._declared[feature]
 
     def _integers(self, name: str, ok: Callable, rule: str, count: tuple | None = None) -> None:
         """The field as a tuple of integers that are `ok` (a list is taken as one), of a length in `count`."""
@@ -180,7 +157,7 @@ class Capabilities:
             return "GQA/MQA (nheads_k != nheads) not supported"
         if self.init_modes is not None and case.init not in self.init_modes:
             return f"init {case.init} not supported"
-        missing = [f for f in case.features() if not (self.mask_form(case) if f == "mask" else getattr(self, f))]
+        missing = [f for f in case.features() if not (self.mask_form(case) if f == "mask" else self.declares(f))]
         if missing:
             return f"{', '.join(missing)} not declared by the subject (faverify_capabilities)"
         if case.dv != case.head_dim and not self.min_head_dim <= case.dv <= self.max_head_dim:
@@ -191,17 +168,19 @@ class Capabilities:
         lengths = self.lengths_refused(case)
         if lengths:
             return lengths
-        if self.page_sizes is not None and case.paged is not None and case.paged.page_size not in self.page_sizes:
-            return f"page size {case.paged.page_size} not supported (supports {', '.join(map(str, self.page_sizes))})"
-        if not self.dense and case.kind == "dense":
+        sizes = self.ragged.page_sizes
+        if sizes is not None and case.paged is not None and case.paged.page_size not in sizes:
+            return f"page size {case.paged.page_size} not supported (supports {', '.join(map(str, sizes))})"
+        if not self.ragged.dense and case.kind == "dense":
             return "dense cases not supported (the subject declares dense: false, varlen or paged only)"
-        if self.combine and case.splits < 2:
+        if self.ragged.combine and case.splits < 2:
             return "a split-KV combine is judged on split cases only (splits >= 2)"
-        if self.fp8 and case.fp8 is not None and case.fp8.granularity not in self.fp8:
-            return f"FP8 descales per {case.fp8.granularity} not taken (takes: per {', '.join(self.fp8)})"
-        if case.fp8 is not None and case.fp8.format not in self.fp8_formats:
-            return f"FP8 format {case.fp8.format} not taken (takes: {', '.join(self.fp8_formats)})"
-        if self.fp8_only and case.fp8 is None:
+        fp8 = self.fp8
+        if fp8.granularities and case.fp8 is not None and case.fp8.granularity not in fp8.granularities:
+            return f"FP8 descales per {case.fp8.granularity} not taken (takes: per {', '.join(fp8.granularities)})"
+        if case.fp8 is not None and case.fp8.format not in fp8.formats:
+            return f"FP8 format {case.fp8.format} not taken (takes: {', '.join(fp8.formats)})"
+        if fp8.only and case.fp8 is None:
             return "takes FP8 inputs alone (fp8_only)"
         return None
 
@@ -222,38 +201,43 @@ class Capabilities:
         """How this subject takes the case's mask: "attn_mask" (a bool tensor), "mask_mod" (a function),
         "block_mask" (a block pattern's blocks), or None when it cannot."""
         # the form that lets a kernel skip the empty blocks
-        if self.block_mask and case.mask is not None and case.mask.pattern == "block":
+        if self.masks.block_mask and case.mask is not None and case.mask.pattern == "block":
             return "block_mask"
-        if self.mask:
+        if self.masks.mask:
             return "attn_mask"
-        if self.mask_mod:
+        if self.masks.mask_mod:
             return "mask_mod"
         return None
 
     def features(self) -> tuple:
         """The features its cases may draw ("mask": in any form it takes)."""
-        return tuple(f for f in FEATURES if getattr(self, f) or (f == "mask" and (self.mask_mod or self.block_mask)))
+        return tuple(f for f in FEATURES if self.declares(f) or (f == "mask" and self.masks.any_mask()))
 
     def draw(self) -> dict:
         """strategies.cases' arguments that every case of this subject needs: split cases for a combine,
         ragged ones for a subject that takes no dense batch, block patterns for one that takes masks as
         blocks only, its head dims where it lists them, v's no larger than it takes, the lengths it takes."""
-        return {**({"always_split": True} if self.combine else {}),
+        ragged, masks, fp8 = self.ragged, self.masks, self.fp8
+        return {**({"always_split": True} if ragged.combine else {}),
                 **({"max_head_dim_v": self.max_head_dim}
                    if self.head_dim_v and self.max_head_dim < MAX_HEAD_DIM_V else {}),
                 **({"head_dim_multiple": self.head_dim_multiple} if self.head_dim_multiple > 1 else {}),
                 **({"seqlen_multiple": self.seqlen_multiple} if self.seqlen_multiple > 1 else {}),
                 **({"equal_seqlens": True} if self.equal_seqlens else {}),
                 **({"head_dims": self.head_dims, "exact_head_dims": True} if self.head_dims else {}),
-                **({"ragged_only": True} if not self.dense and (self.varlen or self.paged) else {}),
-                **({"masks": ("block",)} if self.block_mask and not (self.mask or self.mask_mod) else {}),
+                **({"ragged_only": True} if not ragged.dense and (ragged.varlen or ragged.paged) else {}),
+                **({"masks": ("block",)} if masks.block_mask and not (masks.mask or masks.mask_mod) else {}),
                 **({"mla": True} if self.kv_shared and self.max_head_dim >= MLA_HEAD_DIM else {}),
-                **({"fp8_formats": self.fp8_formats} if self.fp8 and len(self.fp8_formats) > 1 else {}),
-                **({"fp8_scales": self.fp8} if self.fp8 and tuple(self.fp8) != FP8_DRAWN else {}),
-                **({"fp8_only": True} if self.fp8_only else {})}
+                **({"fp8_formats": fp8.formats} if fp8.granularities and len(fp8.formats) > 1 else {}),
+                **({"fp8_scales": fp8.granularities} if fp8.granularities and fp8.granularities != FP8_DRAWN else {}),
+                **({"fp8_only": True} if fp8.only else {})}
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        """The flat declaration, each group's fields by their FLAT names in the group's place."""
+        d = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            d.update(flattened(value) if f.name in GROUPS else {f.name: value})
         d["conventions"] = self.conventions.to_dict()
         return d
 
@@ -325,7 +309,7 @@ class Subject:
         kwargs.update(variant_keywords(case, extras or {}, self.caps))
         if out is not None:
             kwargs["out"] = out
-        if self.caps.splits:  # even 1: a split subject's own default might cut the keys otherwise
+        if self.caps.ragged.splits:  # even 1: a split subject's own default might cut the keys otherwise
             kwargs["num_splits"] = case.splits
         if case.max_logit:
             kwargs["return_max_logit"] = True
@@ -340,7 +324,7 @@ class Subject:
 
     def _parts(self, result) -> tuple:
         """(out, lse or None, splits or None) of what the subject's function returned."""
-        if self.caps.splits:
+        if self.caps.ragged.splits:
             if not isinstance(result, (tuple, list)) or len(result) != 4:
                 raise TypeError(f"{self.name} declares splits: it must return (out, lse, out_splits, lse_splits)")
             return result[0], result[1], (result[2], result[3])

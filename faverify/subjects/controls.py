@@ -103,4 +103,4 @@ def _all_cases(dtype: str) -> list:
 
 
 def subject(name: str) -> Subject:
-    return Subject(f"control: {name}", CONTROLS[name], Capabilities(backward=False))
+    return Subject(f"control: {name}", CONTROLS[name], Capabilities.of(backward=False))

@@ -88,7 +88,7 @@ def flash_attn_call(lib, version: int):
 def make(name: str) -> Subject:
     lib = _library(name)
     version = 2 if name == "flash-attn" else 3
-    caps = Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",), min_head_dim=8 if version == 3 else 1,
+    caps = Capabilities.of(dtypes=("bf16", "fp16"), devices=("cuda",), min_head_dim=8 if version == 3 else 1,
                         max_head_dim=256, lse=True, window=True, softcap=True, alibi=version == 2, varlen=True,
                         paged=True, page_sizes=(FA2_PAGE,) if version == 2 else None,
                         conventions=f"flash-attn-{version}")

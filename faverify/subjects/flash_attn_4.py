@@ -70,7 +70,7 @@ def _version(cute) -> str:
 
 def make() -> Subject:
     cute = _library()
-    caps = Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",), min_head_dim=ALIGNMENT, max_head_dim=256,
+    caps = Capabilities.of(dtypes=("bf16", "fp16"), devices=("cuda",), min_head_dim=ALIGNMENT, max_head_dim=256,
                         head_dim_multiple=ALIGNMENT, lse=True,
                         window=True, softcap=True, sinks=True, head_dim_v=True, varlen=True, paged=True,
                         conventions="flash-attn-4")

@@ -146,7 +146,7 @@ def compile_key(case, device_type: str) -> tuple:
 def make() -> Subject:
     from faverify.subjects.per_sequence import ragged
     # lse is returned on a GPU and judged there; not declared, since the CPU's compiled FlexAttention has none
-    caps = Capabilities(window=True, softcap=True, alibi=True, head_dim_v=True, varlen=True, paged=True,
+    caps = Capabilities.of(window=True, softcap=True, alibi=True, head_dim_v=True, varlen=True, paged=True,
                         mask_mod=True, score_mod=True, backward_devices=("cuda",))
     return Subject(name="flex", fn=ragged(flex, flex_sequence), caps=caps,
                    description="torch FlexAttention, compiled (forward only on "

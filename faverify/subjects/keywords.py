@@ -62,10 +62,10 @@ def missing_keywords(fn: Callable, caps) -> list:
         return []
     if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return []
-    if caps.combine:  # called as fn(out_splits, lse_splits)
+    if caps.ragged.combine:  # called as fn(out_splits, lse_splits)
         return []
     wanted = [w for f in caps.features() if f != "mask" for w in KEYWORDS.get(f, ())]
-    wanted += [w for form in ("mask", "mask_mod", "block_mask") if getattr(caps, form) for w in KEYWORDS[form]]
+    wanted += [w for form in ("mask", "mask_mod", "block_mask") if getattr(caps.masks, form) for w in KEYWORDS[form]]
     if caps.out_buffer:
         wanted.append("out")
     return [w for w in wanted if w not in params]

@@ -21,16 +21,16 @@ _BACKENDS = {
     # the math backend is differentiable in a float mask: windows, ALiBi, softcap and sinks go through one
     "sdpa-math": ("MATH", "torch SDPA math backend (reference-style, materializes the score matrix; variants "
                           "through an fp32 float mask)",
-                  Capabilities(max_head_dim=576, window=True, softcap=True, alibi=True, sinks=True,
+                  Capabilities.of(max_head_dim=576, window=True, softcap=True, alibi=True, sinks=True,
                                head_dim_v=True, varlen=True, paged=True, mask=True, bias=True, bias_grad=True,
                                fp8=("tensor", "head", "block"), fp8_formats=("e4m3", "e5m2"), sparse=True,
                                kv_shared=True)),
     "sdpa-flash": ("FLASH_ATTENTION", "torch SDPA FlashAttention-2 backend",
-                   Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",))),
+                   Capabilities.of(dtypes=("bf16", "fp16"), devices=("cuda",))),
     "sdpa-efficient": ("EFFICIENT_ATTENTION", "torch SDPA memory-efficient (xformers) backend",
-                       Capabilities(devices=("cuda",), mask=True, bias=True, bias_grad=True)),
+                       Capabilities.of(devices=("cuda",), mask=True, bias=True, bias_grad=True)),
     "sdpa-cudnn": ("CUDNN_ATTENTION", "torch SDPA cuDNN backend",
-                   Capabilities(dtypes=("bf16", "fp16"), devices=("cuda",), mask=True, bias=True)),
+                   Capabilities.of(dtypes=("bf16", "fp16"), devices=("cuda",), mask=True, bias=True)),
 }
 
 
@@ -100,7 +100,7 @@ def make(name: str) -> Subject:
             raise
         return out.transpose(1, 2).to(q.dtype)
 
-    if caps.varlen or caps.paged:  # one sequence at a time (a reference path: per_sequence.py)
+    if caps.ragged.varlen or caps.ragged.paged:  # one sequence at a time (a reference path: per_sequence.py)
         from faverify.subjects.per_sequence import ragged
         fn = ragged(fn)
     return Subject(name=name, fn=fn, caps=caps, description=description,

@@ -45,7 +45,7 @@ def load(spec: str) -> Subject:
     try:
         if "init_modes" not in declared and takes_init(fn):
             declared["init_modes"] = ("-inf", "-1e30")
-        caps = Capabilities(**declared)
+        caps = Capabilities.of(**declared)
     except (TypeError, ValueError) as e:
         raise UsageError("--kernel", spec, f"faverify_capabilities is not valid: {e}") from None
     missing = missing_keywords(fn, caps)

@@ -24,5 +24,5 @@ def make(name: str) -> Subject:
         return flash_attn_func(q, k, v, causal=causal, softmax_scale=softmax_scale, init=init, return_lse=True,
                                variant=variant)
 
-    caps = Capabilities(dtypes=dtypes, devices=("cuda",), init_modes=("-inf", "-1e30"), lse=True)
+    caps = Capabilities.of(dtypes=dtypes, devices=("cuda",), init_modes=("-inf", "-1e30"), lse=True)
     return Subject(name=name, fn=fn, caps=caps, description=description)

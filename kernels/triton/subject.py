@@ -62,7 +62,7 @@ def _wrap(name: str, interface, description: str, kind: str = "triton") -> Subje
             return interface.flash_attn_with_kvcache(q, k, v, cache_seqlens, block_table, return_splits=True,
                                                      **kwargs)
     extra = dict(split_block=interface._var.SPLIT_BLOCK) if kind == "triton-paged" else {}
-    caps = Capabilities(**{"devices": ("cpu",) if INTERPRET else ("cuda",), "lse": True, **VARIANTS, **KINDS[kind],
+    caps = Capabilities.of(**{"devices": ("cpu",) if INTERPRET else ("cuda",), "lse": True, **VARIANTS, **KINDS[kind],
                            **extra})
     mode = "under the Triton interpreter (CPU)" if INTERPRET else "compiled for the GPU"
     if kind in HOPPER_BACKWARDS:  # GPU only, whatever this machine has
@@ -252,7 +252,7 @@ def fp8_subject(name: str = "triton-fp8", attn=None, description: str = "bundled
         return attn(q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, causal=causal,
                     softmax_scale=softmax_scale)
 
-    caps = Capabilities(dtypes=("bf16",), devices=("cpu",) if INTERPRET else ("cuda",), lse=True, backward=False,
+    caps = Capabilities.of(dtypes=("bf16",), devices=("cpu",) if INTERPRET else ("cuda",), lse=True, backward=False,
                         fp8=("tensor", "head"), fp8_only=True, window=False, softcap=False, alibi=False,
                         head_dim_v=False, tile=(fp8.BLOCK_M, fp8.BLOCK_N))
     mode = "under the Triton interpreter (CPU)" if INTERPRET else "compiled for the GPU (sm_89 and later)"
