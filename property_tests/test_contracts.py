@@ -180,17 +180,20 @@ def test_a_declared_lse_is_required(tmp_path, monkeypatch):
 
 
 def test_the_timeout_is_the_subjects_alone_not_faverifys_reference():
-    """A kernel that returns at once on a case whose FP64 reference takes seconds: judged (zeros fail on
-    their values), not timed out; --timeout counts the subject's time only."""
+    """A kernel that returns at once in a worker whose judging takes 3 s: judged (zeros fail on their values),
+    not timed out; --timeout counts the subject's time only."""
     from faverify.run.isolation import Worker
     from faverify.run.plan import Judging
-    case = Case(1, 2048, 2048, 8, 8, 128, dtype="bf16", seed=1)  # its reference: 2 s on the CPU
-    worker = Worker(f"{PLANTED}:zeros", "cpu", Judging(mode="fwd", timeout=1.0))
+    from property_tests.planted_slow_judge import JUDGING_SECONDS
+    timeout = 1.0
+    assert JUDGING_SECONDS > timeout + 1
+    worker = Worker("property_tests.planted_slow_judge:zeros", "cpu", Judging(mode="fwd", timeout=timeout))
     try:
-        r = worker.evaluate(case)
+        r = worker.evaluate(Case(1, 17, 33, 2, 1, 16, dtype="bf16", seed=1))
     finally:
         worker.stop()
     assert r.status == "fail" and "out:" in " ".join(r.signatures), (r.status, r.reason)
+    assert r.seconds > JUDGING_SECONDS, r.seconds  # the judging did take longer than the timeout
 
 
 @pytest.mark.parametrize("subject", ["detached", "zero_gradients"])
