@@ -7,8 +7,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from property_tests import background  # noqa: E402
-
 # CPU runs of the Triton kernels go through the interpreter; set before anything imports triton.
 os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
 # One CPU thread per torch, here and in the worker processes the tests spawn (they inherit the variable):
@@ -32,56 +30,81 @@ MUTANTS_TEST = "test_every_mutant_is_killed_and_the_control_passes"
 MUTANTS_ARGS = ["--iters", "100", "--control-iters", "20", "--shrink-budget", "1", "--workers", "2"]
 
 
-def pytest_configure(config):
-    config._faverify_owns_background = background.open_session()
-
-
-@pytest.hookimpl(trylast=True)  # after -m/-k deselection: start the background runs only when their tests run
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: start the background compiles only when their tests run
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
             item.add_marker(skip_gpu)
-    # Compiling every Triton variant, and every .cu file, takes minutes of CPU, and so does the full mutants
-    # run: start them now, beside the rest of the suite; the tests that collect their results run last, so
-    # that no test process waits on them while other tests are left.
+    # Compiling every Triton variant, and every .cu file, takes minutes of CPU, and the full mutants run
+    # (one mutant after another, on one core) about 6: start them now, beside the rest of the suite, which
+    # mostly keeps one core busy; the tests collect the results.
     names = {item.name for item in items}
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     if AOT_TEST in names:
-        background.start("aot", ["faverify.kernels.triton.build.aot", "--jobs", str(os.cpu_count() or 2)], env)
+        jobs = str(os.cpu_count() or 2)
+        config._faverify_aot = _background(["faverify.kernels.triton.build.aot", "--jobs", jobs], env)
     if CUDA_COMPILE_TEST in names:
-        background.start("cuda", ["faverify.kernels.cuda.compile_report"], env)
+        config._faverify_cuda = _background(["faverify.kernels.cuda.compile_report"], env)
     if MUTANTS_TEST in names:
-        cwd = os.path.join(background.folder(), "mutants")
-        os.makedirs(cwd, exist_ok=True)
-        background.start("mutants", ["faverify", "mutants", *MUTANTS_ARGS, "--device", "cuda" if HAS_GPU else "cpu",
-                                     "--json", os.path.join(cwd, "mutants.json")], dict(os.environ), cwd=cwd)
-    items.sort(key=lambda item: item.name in (AOT_TEST, CUDA_COMPILE_TEST, MUTANTS_TEST))
+        import tempfile
+        folder = tempfile.mkdtemp(prefix="faverify-mutants-")
+        config._faverify_mutants_json = os.path.join(folder, "mutants.json")
+        config._faverify_mutants = _background(
+            ["faverify", "mutants", *MUTANTS_ARGS, "--device", "cuda" if HAS_GPU else "cpu",
+             "--json", config._faverify_mutants_json], dict(os.environ), cwd=folder)
 
 
 def pytest_unconfigure(config):
-    """A background run no test collected (the session stopped first) ends with the session."""
-    if getattr(config, "_faverify_owns_background", False):
-        background.close_session()
+    """A background run whose test did not collect it (the session stopped first) ends with the session."""
+    for attribute in ("_faverify_aot", "_faverify_cuda", "_faverify_mutants"):
+        proc = getattr(config, attribute, None)
+        if proc is not None and proc.poll() is None:
+            import signal
+            os.killpg(proc.pid, signal.SIGKILL)  # its worker processes too: it leads a session of its own
+            proc.wait()
+
+
+def _background(module_args: list, env: dict, cwd: str | None = None):
+    """The module run in a session of its own, its output into files: a pipe nobody reads until the test
+    collects it would stall a run that prints more than the pipe holds."""
+    import subprocess
+    import sys
+    import tempfile
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([sys.executable, "-m", *module_args], stdout=out, stderr=err, text=True, env=env,
+                            cwd=cwd, start_new_session=True)
+    proc.files = (out, err)
+    return proc
+
+
+def _collect(request, attribute: str, what: str):
+    proc = getattr(request.config, attribute, None)
+    assert proc is not None, f"the {what} was not started at collection"
+    proc.wait(timeout=1800)
+    texts = []
+    for f in proc.files:
+        f.seek(0)
+        texts.append(f.read())
+    return proc.returncode, *texts
 
 
 @pytest.fixture
-def aot_compile():
+def aot_compile(request):
     """(returncode, stdout, stderr) of the Triton AOT compile started at collection."""
-    return background.collect("aot", "Triton AOT compile")
+    return _collect(request, "_faverify_aot", "Triton AOT compile")
 
 
 @pytest.fixture
-def cuda_compile():
+def cuda_compile(request):
     """(returncode, stdout, stderr) of the CUDA compile report started at collection."""
-    return background.collect("cuda", "CUDA compile report")
+    return _collect(request, "_faverify_cuda", "CUDA compile report")
 
 
 @pytest.fixture
-def mutants_run():
+def mutants_run(request):
     """(returncode, stdout, stderr, path of its JSON report) of the full mutants run started at collection."""
-    return (*background.collect("mutants", "full mutants run"),
-            os.path.join(background.folder(), "mutants", "mutants.json"))
+    return (*_collect(request, "_faverify_mutants", "full mutants run"), request.config._faverify_mutants_json)
 
 
 @pytest.fixture

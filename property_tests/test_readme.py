@@ -13,7 +13,7 @@ def readme_commands() -> list:
 def test_readme_gives_the_install_and_test_commands():
     main_job, tests = readme_commands()
     assert main_job.endswith("faverify fuzz") and "pip install" in main_job
-    assert tests.endswith("python -m pytest -n auto") and "'.[test]'" in tests
+    assert tests.endswith("python -m pytest") and "'.[test]'" in tests
 
 
 def test_ci_runs_the_readme_test_command():
