@@ -338,7 +338,7 @@ def test_failures_shrunk_at_once_match_those_shrunk_one_by_one(tmp_path, monkeyp
         monkeypatch.setattr(shrink, "MAX_PARALLEL_SHRINKS", parallel)
         cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "30", "--device", "cpu", "--no-db",
             "--workers", "3", "--shrink-budget", "25", "--gradcheck-every", "0", "--all-failures",
-            "--json", tmp_path / "r.json")
+            "--max-seqlen", "32", "--json", tmp_path / "r.json")
         failures = read_json(tmp_path / "r.json")["kernels"][0]["failures"]
         found[parallel] = [(f["signature"], f["minimal"]["case"], f["shrink_steps"], f["note"]) for f in failures]
     assert len(found[64]) >= 3  # several signatures: out and the gradients
@@ -372,8 +372,9 @@ def _planted_runs(tmp_path, monkeypatch, patched_map) -> list:
     for patch in (None, patched_map):
         if patch:
             monkeypatch.setattr(Pool, "map", patch)
+        # short sequences: what is checked is the scheduling, and the cases' sizes only cost time
         cli("fuzz", "--kernel", "property_tests.planted:wrong_scale", "--iters", "12", "--all-failures", "--device",
-            "cpu", "--no-db",
+            "cpu", "--no-db", "--max-seqlen", "32",
             "--workers", "2", "--shrink-budget", "0", "--gradcheck-every", "0", "--json", tmp_path / "r.json")
         runs.append(read_json(tmp_path / "r.json")["kernels"][0])
     return runs
