@@ -79,7 +79,7 @@ def test_no_keys_at_all(name):
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_backward_is_deterministic(name):
-    case = Case(2, 97, 131, 4, 1, 64, dtype="bf16", causal=True, seed=2)
+    case = Case(2, 97, 131, 2, 1, 64, dtype="bf16", causal=True, seed=2)  # two query heads on one kv head
     _, a = run(name, case)
     _, b = run(name, case)
     for t in ("dq", "dk", "dv"):

@@ -94,7 +94,8 @@ def test_parallel_workers_give_the_same_cases_as_one(tmp_path):
     stats = []
     for workers in (2, 3):
         cli("fuzz", "--kernel", "sdpa-math", "--iters", "24", "--device", "cpu", "--no-db", "--seed", "3",
-            "--workers", str(workers), "--gradcheck-every", "0", "--json", tmp_path / f"{workers}.json")
+            "--workers", str(workers), "--gradcheck-every", "0", "--max-seqlen", "32",
+            "--json", tmp_path / f"{workers}.json")
         kernel = read_json(tmp_path / f"{workers}.json")["kernels"][0]
         stats.append(sorted((r["dtype"], r["tensor"], r["cases"], r["max_abs"]) for r in kernel["stats"]))
         assert kernel["summary"]["ms_per_case"]["draw"] > 0  # the drawing thread's time, a phase of its own
