@@ -361,10 +361,9 @@ def test_the_warm_up_launches_every_variant_build_a_fuzz_draws(kind, monkeypatch
     # the dense kernels, which cases with a feature they take launch (ALiBi alone, a loss on lse, the max
     # logit), run nothing either: their builds are test_triton_kernels.py's to check, and under the
     # interpreter they were nearly all of this test's time
-    dense: set = set()
     for module, name in ((dforward, "_fwd_kernel"), (dbackward, "_bwd_preprocess"), (dbackward, "_bwd_dkdv"),
                          (dbackward, "_bwd_dq")):
-        monkeypatch.setattr(module, name, _Recorder(name, dense))
+        monkeypatch.setattr(module, name, _Recorder(name, set()))  # recorded nowhere
     subject = resolve(kind)
     dtypes = ("bf16", "fp16")
 

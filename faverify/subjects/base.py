@@ -23,7 +23,18 @@ INPUTS = ("q", "k", "v", "dout")  # what a subject is given: dout through autogr
 # the relations between calls a subject may promise (run/relations.py)
 RELATIONS = ("batch", "decode", "repeat", "splits")
 from faverify.errors import Unsupported
-from faverify.subjects.groups import GROUPS, FP8Caps, MaskCaps, RaggedCaps, flattened, split_flat
+from faverify.subjects.groups import (
+    GROUPS,
+    FP8Caps,
+    MaskCaps,
+    RaggedCaps,
+    check_flags,
+    check_integers,
+    check_names,
+    check_positive,
+    flattened,
+    split_flat,
+)
 from faverify.subjects.keywords import KEYWORDS, missing_keywords, takes_init, variant_keywords
 
 
@@ -92,33 +103,26 @@ class Capabilities:
         """Each field of the type it must have: a declaration that is not valid is refused when the subject
         loads, not as a failure of every case."""
         object.__setattr__(self, "conventions", _conventions.parse(self.conventions))
-        lists = ("dtypes", "devices", "backward_devices", "writes", "relations")
-        for name in lists + (("init_modes",) if self.init_modes is not None else ()):
-            value = getattr(self, name)
-            if isinstance(value, list):
-                object.__setattr__(self, name, value := tuple(value))
-            allowed = {"dtypes": DTYPES, "devices": ("cpu", "cuda"), "backward_devices": ("cpu", "cuda"),
-                       "writes": INPUTS + EXTRAS, "init_modes": INITS, "relations": RELATIONS}[name]
-            if not isinstance(value, tuple) or not all(isinstance(x, str) and x in allowed for x in value):
-                raise ValueError(f"{name} must be a list of {', '.join(allowed)}, got {value!r}")
-        self._integers("tile", lambda n: n >= 1, "[query rows, keys], two integers >= 1", count=(0, 2))
+        allowed = {"dtypes": DTYPES, "devices": ("cpu", "cuda"), "backward_devices": ("cpu", "cuda"),
+                   "writes": INPUTS + EXTRAS, "relations": RELATIONS}
+        if self.init_modes is not None:
+            allowed["init_modes"] = INITS
+        for name, names in allowed.items():
+            check_names(self, name, names)
+        check_integers(self, "tile", lambda n: n >= 1, "[query rows, keys], two integers >= 1", count=(0, 2))
         if self.lse_grad and not self.lse:
             raise ValueError("lse_grad needs lse: true (a loss on lse needs the subject to return lse)")
         for name in ("min_head_dim", "max_head_dim", "head_dim_multiple", "seqlen_multiple"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            check_positive(self, name)
         if self.min_head_dim > self.max_head_dim:
             raise ValueError(f"min_head_dim {self.min_head_dim} is above max_head_dim {self.max_head_dim}")
-        self._integers("head_dims", lambda d: self.min_head_dim <= d <= self.max_head_dim,
+        check_integers(self, "head_dims", lambda d: self.min_head_dim <= d <= self.max_head_dim,
                        f"a list of integers in min_head_dim..max_head_dim ({self.min_head_dim}..{self.max_head_dim})")
-        flags = ("window", "softcap", "alibi", "sinks", "head_dim_v", "lse_grad", "max_logit", "sparse", "kv_shared")
-        for name in ("gqa", "backward", "lse", "out_buffer", "equal_seqlens") + flags:
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        check_flags(self, "gqa", "backward", "lse", "out_buffer", "equal_seqlens", "window", "softcap", "alibi",
+                    "sinks", "head_dim_v", "lse_grad", "max_logit", "sparse", "kv_shared")
         # each feature's declaration, by its name in vocabulary.FEATURES: "fp8" where it takes any descales
         flat = {**flattened(self.ragged), **flattened(self.masks), "fp8": bool(self.fp8.granularities)}
-        object.__setattr__(self, "_declared", {f: bool(flat.get(f, getattr(self, f, False))) for f in FEATURES})
+        object.__setattr__(self, "_declared", {f: bool(flat[f] if f in flat else getattr(self, f)) for f in FEATURES})
 
     @classmethod
     def of(cls, **fields) -> "Capabilities":
@@ -133,15 +137,6 @@ class Capabilities:
     def declares(self, feature: str) -> bool:
         """Whether it declares the feature (a name of vocabulary.FEATURES)."""
         return self._declared[feature]
-
-    def _integers(self, name: str, ok: Callable, rule: str, count: tuple | None = None) -> None:
-        """The field as a tuple of integers that are `ok` (a list is taken as one), of a length in `count`."""
-        value = getattr(self, name)
-        if isinstance(value, list):
-            object.__setattr__(self, name, value := tuple(value))
-        if not isinstance(value, tuple) or (count is not None and len(value) not in count) or not all(
-                isinstance(n, int) and not isinstance(n, bool) and ok(n) for n in value):
-            raise ValueError(f"{name} must be {rule}, got {value!r}")
 
     def reason_unsupported(self, case: Case, device: torch.device) -> str | None:
         if case.dtype not in self.dtypes:

@@ -13,7 +13,7 @@ from faverify.subjects.base import Capabilities, Subject
 
 # the features whose partials a combine sees: any case but a varlen one or with sinks
 CAPS = Capabilities.of(combine=True, splits=True, shards=True, backward=False, lse=True, window=True, softcap=True,
-                    alibi=True, head_dim_v=True, paged=True, max_head_dim=512)
+                       alibi=True, head_dim_v=True, paged=True, max_head_dim=512)
 
 
 def combine(out_splits, lse_splits):

@@ -89,9 +89,9 @@ def make(name: str) -> Subject:
     lib = _library(name)
     version = 2 if name == "flash-attn" else 3
     caps = Capabilities.of(dtypes=("bf16", "fp16"), devices=("cuda",), min_head_dim=8 if version == 3 else 1,
-                        max_head_dim=256, lse=True, window=True, softcap=True, alibi=version == 2, varlen=True,
-                        paged=True, page_sizes=(FA2_PAGE,) if version == 2 else None,
-                        conventions=f"flash-attn-{version}")
+                           max_head_dim=256, lse=True, window=True, softcap=True, alibi=version == 2, varlen=True,
+                           paged=True, page_sizes=(FA2_PAGE,) if version == 2 else None,
+                           conventions=f"flash-attn-{version}")
     return Subject(name=name, fn=flash_attn_call(lib, version), caps=caps, paths=functools.partial(drain, LAUNCHED),
                    description=f"flash-attn {getattr(lib, '__version__', version)}: flash_attn_func, varlen and "
                                "with_kvcache (paged, forward only)")

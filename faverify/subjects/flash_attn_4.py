@@ -71,9 +71,9 @@ def _version(cute) -> str:
 def make() -> Subject:
     cute = _library()
     caps = Capabilities.of(dtypes=("bf16", "fp16"), devices=("cuda",), min_head_dim=ALIGNMENT, max_head_dim=256,
-                        head_dim_multiple=ALIGNMENT, lse=True,
-                        window=True, softcap=True, sinks=True, head_dim_v=True, varlen=True, paged=True,
-                        conventions="flash-attn-4")
+                           head_dim_multiple=ALIGNMENT, lse=True,
+                           window=True, softcap=True, sinks=True, head_dim_v=True, varlen=True, paged=True,
+                           conventions="flash-attn-4")
     return Subject(name="flash-attn-4", fn=flash_attn_4, caps=caps,
                    description=f"flash-attn 4 ({_version(cute)}), CuTe-DSL kernels", standalone=STANDALONE)
 

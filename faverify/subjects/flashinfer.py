@@ -121,8 +121,8 @@ def flashinfer_attention(q, k, v, *, causal: bool, softmax_scale=None, window_si
 def make() -> Subject:
     flashinfer = _library()
     caps = Capabilities.of(dtypes=("bf16", "fp16"), devices=("cuda",), min_head_dim=64, max_head_dim=256,
-                        head_dims=HEAD_DIMS, lse=True,
-                        backward=False, window=True, softcap=True, varlen=True, paged=True, conventions="flashinfer")
+                           head_dims=HEAD_DIMS, lse=True,
+                           backward=False, window=True, softcap=True, varlen=True, paged=True, conventions="flashinfer")
     return Subject(name="flashinfer", fn=flashinfer_attention, caps=caps, paths=functools.partial(drain, LAUNCHED),
                    description=f"FlashInfer {getattr(flashinfer, '__version__', '?')}: single prefill, batch "
                                "prefill (ragged and paged KV), batch decode (paged KV); forward only")

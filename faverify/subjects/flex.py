@@ -147,7 +147,7 @@ def make() -> Subject:
     from faverify.subjects.per_sequence import ragged
     # lse is returned on a GPU and judged there; not declared, since the CPU's compiled FlexAttention has none
     caps = Capabilities.of(window=True, softcap=True, alibi=True, head_dim_v=True, varlen=True, paged=True,
-                        mask_mod=True, score_mod=True, backward_devices=("cuda",))
+                           mask_mod=True, score_mod=True, backward_devices=("cuda",))
     return Subject(name="flex", fn=ragged(flex, flex_sequence), caps=caps,
                    description="torch FlexAttention, compiled (forward only on "
                    "the CPU)", compile_seconds=lambda: _take("seconds"), compiles=lambda: _take("count"),

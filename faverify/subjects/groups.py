@@ -1,11 +1,12 @@
 """The groups of a subject's Capabilities: the ragged and split-KV batches it takes, its masks and biases,
-its FP8 inputs. A declaration stays flat (faverify_capabilities, the JSON of `faverify kernels`): each
-group's FLAT names, in order, are its fields' names there; Capabilities.of builds the groups from them."""
+its FP8 inputs. A declaration stays flat (faverify_capabilities): each group's FLAT names, in order, are its
+fields' names there; Capabilities.of builds the groups from them. The checks below refuse a field that is not
+valid by the name the declaration gives it, for the groups and for Capabilities alike."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 from faverify.cases.vocabulary import FP8, FP8_FORMATS
 
@@ -35,15 +36,14 @@ class RaggedCaps:
     def __post_init__(self) -> None:
         if self.tail_grads not in ("zero", "finite"):
             raise ValueError(f"varlen_tail_grads must be zero or finite, got {self.tail_grads!r}")
-        if self.page_sizes is not None:
+        if self.page_sizes is not None:  # checked here, not by check_integers: the message shows the list as declared
             sizes = tuple(self.page_sizes) if isinstance(self.page_sizes, list) else self.page_sizes
             if not isinstance(sizes, tuple) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
                                                        for n in sizes):
                 raise ValueError(f"page_sizes must be a list of integers >= 1, got {self.page_sizes!r}")
             object.__setattr__(self, "page_sizes", sizes)
-        if isinstance(self.split_block, bool) or not isinstance(self.split_block, int) or self.split_block < 1:
-            raise ValueError(f"split_block must be an integer >= 1, got {self.split_block!r}")
-        _flags(self, "varlen", "paged", "dense", "splits", "combine", "shards")
+        check_positive(self, "split_block")
+        check_flags(self, "varlen", "paged", "dense", "splits", "combine", "shards")
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class MaskCaps:
     block_mask: bool = False
 
     def __post_init__(self) -> None:
-        _flags(self, *(f.name for f in dataclasses.fields(self)))
+        check_flags(self, *(f.name for f in dataclasses.fields(self)))
 
     def any_mask(self) -> bool:
         """Whether it takes masks in some form."""
@@ -86,13 +86,9 @@ class FP8Caps:
     only: bool = False
 
     def __post_init__(self) -> None:
-        for field, flat, allowed in (("granularities", "fp8", FP8[1:]), ("formats", "fp8_formats", FP8_FORMATS)):
-            value = getattr(self, field)
-            if isinstance(value, list):
-                object.__setattr__(self, field, value := tuple(value))
-            if not isinstance(value, tuple) or not all(isinstance(x, str) and x in allowed for x in value):
-                raise ValueError(f"{flat} must be a list of {', '.join(allowed)}, got {value!r}")
-        _flags(self, "only")
+        check_names(self, "granularities", FP8[1:])
+        check_names(self, "formats", tuple(FP8_FORMATS))
+        check_flags(self, "only")
         if self.only and not self.granularities:
             raise ValueError("fp8_only needs fp8: the descale granularities its FP8 cases take")
 
@@ -100,12 +96,47 @@ class FP8Caps:
 GROUPS = {"ragged": RaggedCaps, "masks": MaskCaps, "fp8": FP8Caps}
 
 
-def _flags(group: object, *fields: str) -> None:
-    """Each field a bool; the message names it as a declaration does."""
-    flat = dict(zip((f.name for f in dataclasses.fields(group)), type(group).FLAT))
-    for name in fields:
-        if not isinstance(getattr(group, name), bool):
-            raise ValueError(f"{flat[name]} must be true or false, got {getattr(group, name)!r}")
+def declared_name(owner: object, field: str) -> str:
+    """The field's name in a declaration: a group's FLAT name for it, else the field's own."""
+    flat = getattr(type(owner), "FLAT", None)
+    return dict(zip((f.name for f in dataclasses.fields(owner)), flat))[field] if flat else field
+
+
+def check_flags(owner: object, *fields: str) -> None:
+    """Each field a bool."""
+    for field in fields:
+        if not isinstance(getattr(owner, field), bool):
+            raise ValueError(f"{declared_name(owner, field)} must be true or false, got {getattr(owner, field)!r}")
+
+
+def check_positive(owner: object, field: str) -> None:
+    """The field an integer >= 1 (not a bool)."""
+    value = getattr(owner, field)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{declared_name(owner, field)} must be an integer >= 1, got {value!r}")
+
+
+def _as_tuple(owner: object, field: str):
+    """The field's value, a list kept as a tuple (a frozen dataclass's field set in its __post_init__)."""
+    value = getattr(owner, field)
+    if isinstance(value, list):
+        object.__setattr__(owner, field, value := tuple(value))
+    return value
+
+
+def check_names(owner: object, field: str, allowed: tuple) -> None:
+    """The field a tuple of names among `allowed` (a list is taken as one)."""
+    value = _as_tuple(owner, field)
+    if not isinstance(value, tuple) or not all(isinstance(x, str) and x in allowed for x in value):
+        raise ValueError(f"{declared_name(owner, field)} must be a list of {', '.join(allowed)}, got {value!r}")
+
+
+def check_integers(owner: object, field: str, ok: Callable, rule: str, count: tuple | None = None) -> None:
+    """The field a tuple of integers that are `ok` (a list is taken as one), of a length in `count`."""
+    value = _as_tuple(owner, field)
+    if not isinstance(value, tuple) or (count is not None and len(value) not in count) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and ok(n) for n in value):
+        raise ValueError(f"{declared_name(owner, field)} must be {rule}, got {value!r}")
 
 
 def split_flat(fields: dict) -> dict:

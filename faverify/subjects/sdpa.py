@@ -22,9 +22,9 @@ _BACKENDS = {
     "sdpa-math": ("MATH", "torch SDPA math backend (reference-style, materializes the score matrix; variants "
                           "through an fp32 float mask)",
                   Capabilities.of(max_head_dim=576, window=True, softcap=True, alibi=True, sinks=True,
-                               head_dim_v=True, varlen=True, paged=True, mask=True, bias=True, bias_grad=True,
-                               fp8=("tensor", "head", "block"), fp8_formats=("e4m3", "e5m2"), sparse=True,
-                               kv_shared=True)),
+                                  head_dim_v=True, varlen=True, paged=True, mask=True, bias=True, bias_grad=True,
+                                  fp8=("tensor", "head", "block"), fp8_formats=("e4m3", "e5m2"), sparse=True,
+                                  kv_shared=True)),
     "sdpa-flash": ("FLASH_ATTENTION", "torch SDPA FlashAttention-2 backend",
                    Capabilities.of(dtypes=("bf16", "fp16"), devices=("cuda",))),
     "sdpa-efficient": ("EFFICIENT_ATTENTION", "torch SDPA memory-efficient (xformers) backend",

@@ -253,8 +253,8 @@ def fp8_subject(name: str = "triton-fp8", attn=None, description: str = "bundled
                     softmax_scale=softmax_scale)
 
     caps = Capabilities.of(dtypes=("bf16",), devices=("cpu",) if INTERPRET else ("cuda",), lse=True, backward=False,
-                        fp8=("tensor", "head"), fp8_only=True, window=False, softcap=False, alibi=False,
-                        head_dim_v=False, tile=(fp8.BLOCK_M, fp8.BLOCK_N))
+                           fp8=("tensor", "head"), fp8_only=True, window=False, softcap=False, alibi=False,
+                           head_dim_v=False, tile=(fp8.BLOCK_M, fp8.BLOCK_N))
     mode = "under the Triton interpreter (CPU)" if INTERPRET else "compiled for the GPU (sm_89 and later)"
     clock.install()
     return Subject(name=name, fn=fn, caps=caps, description=f"{description}, {mode}", paths=take_paths,
